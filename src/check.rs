@@ -1,0 +1,69 @@
+//! `scheduler check` and `scheduler next`: what the file says, read back.
+
+use std::io::Write;
+
+use chrono::{DateTime, Utc};
+
+use crate::config::{Config, Job};
+use crate::period::utc_text;
+
+/// `<job>:<label>`, unique in the database.
+pub fn period_key(job: &str, label: &str) -> String {
+    format!("{job}:{label}")
+}
+
+/// One line per fire: local time in the job's zone, UTC, period key.
+pub fn fire_line(job: &Job, fire: DateTime<Utc>) -> String {
+    let local = fire.with_timezone(&job.schedule.zone());
+    let period = job.period.period_of(&job.schedule, fire);
+    format!(
+        "{}  {}  {}",
+        local.format("%Y-%m-%d %H:%M:%S %Z"),
+        utc_text(fire),
+        period_key(&job.name, &period.label)
+    )
+}
+
+/// Lists every job with its zone, schedule, period rule and next fire.
+pub fn check(config: &Config, now: DateTime<Utc>, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}: {} job{} OK",
+        config.path.display(),
+        config.jobs.len(),
+        if config.jobs.len() == 1 { "" } else { "s" }
+    )?;
+    for job in &config.jobs {
+        let next = job
+            .schedule
+            .next_after(now)
+            .map_or_else(|| "never".to_owned(), |fire| fire_line(job, fire));
+        writeln!(
+            out,
+            "{}  zone {}  schedule `{}`  period {} ({})  next {}",
+            job.name,
+            job.schedule.zone(),
+            job.schedule.source(),
+            job.period.unit,
+            job.period.covers,
+            next
+        )?;
+    }
+    Ok(())
+}
+
+/// The next `count` fires of `job` after `after`.
+pub fn next(
+    job: &Job,
+    after: DateTime<Utc>,
+    count: u32,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let fires = std::iter::successors(job.schedule.next_after(after), |t| {
+        job.schedule.next_after(*t)
+    });
+    for fire in fires.take(count as usize) {
+        writeln!(out, "{}", fire_line(job, fire))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! A period-keyed cron scheduler.
+//!
+//! Every run of a job covers a *period* (`billing:2026-07`) that is claimed in
+//! the database before any work starts, so overlapping fires, restarts,
+//! reruns, replicas and double-started containers collapse into one execution
+//! per period.
+//!
+//! The map of the crate:
+//! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column.
+//! - [`schedule`]: cron + zone + DST rule → fire instants (pure).
+//! - [`period`]: fire instant → period label, start and end; labels given by hand (pure).
+//! - [`template`]: `${VAR}` and `{placeholder}` strings.
+//! - [`cli`]: the command line; [`app`] runs a parsed command.
+//! - [`check`]: `check` and `next`.
+//! - [`error`]: error kinds and exit codes.
+
+pub mod app;
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod period;
+pub mod schedule;
+pub mod suggest;
+pub mod template;

@@ -1,0 +1,327 @@
+//! Fire times: a cron pattern read on a job's local wall clock, mapped to UTC
+//! instants under the job's daylight-saving rule. Pure: no clock, no I/O.
+//!
+//! croner walks the *wall clock* (`NaiveDateTime`), so it never guesses about
+//! daylight saving; this module decides what each matching wall-clock time
+//! means: one instant, none (a spring-forward gap), or two (a fall-back repeat).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeDelta, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use serde::Deserialize;
+
+/// What a wall-clock fire time inside a spring-forward gap does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gap {
+    /// Fire once, at the first instant after the gap.
+    #[default]
+    Shift,
+    /// Do not fire.
+    Skip,
+}
+
+/// Which occurrence of a wall-clock time that a fall-back repeats fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Repeat {
+    /// The earlier instant only.
+    #[default]
+    First,
+    /// The later instant only.
+    Last,
+    /// Both instants.
+    Both,
+}
+
+/// A job's daylight-saving rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DstRule {
+    /// What a time in a gap does.
+    pub gap: Gap,
+    /// What a repeated time does.
+    pub repeat: Repeat,
+}
+
+/// A cron pattern that did not parse, or never matches.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CronPatternError(String);
+
+/// Offsets of every zone lie within ±14 h of UTC; a search window of this
+/// size around a wall-clock time always contains its instants.
+const OFFSET_SPAN: TimeDelta = TimeDelta::hours(15);
+
+/// How far ahead (or behind) the offset is compared to detect a nearby
+/// daylight-saving fold.
+const FOLD_HORIZON: TimeDelta = TimeDelta::hours(26);
+
+/// A parsed cron pattern in a time zone with a daylight-saving rule.
+///
+/// Identical patterns share one parsed `Cron` (about 5.6 KB of bitfields
+/// each), so ten thousand jobs on `* * * * *` hold one copy.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: Arc<Cron>,
+    source: Arc<str>,
+    zone: Tz,
+    dst: DstRule,
+}
+
+impl Schedule {
+    /// Parses a 5- or 6-field pattern (seconds first) or an `@` alias.
+    pub fn parse(pattern: &str, zone: Tz, dst: DstRule) -> Result<Self, CronPatternError> {
+        let pattern = pattern.trim();
+        let cron = shared_cron(pattern)?;
+        let schedule = Schedule {
+            cron,
+            source: pattern.into(),
+            zone,
+            dst,
+        };
+        // A pattern such as `0 0 30 2 *` parses but never fires.
+        let probe = (DateTime::UNIX_EPOCH + TimeDelta::days(365 * 56)).naive_utc();
+        if schedule.cron.find_next_occurrence(&probe, false).is_err() {
+            return Err(CronPatternError(format!(
+                "`{pattern}` never matches a real date"
+            )));
+        }
+        Ok(schedule)
+    }
+
+    /// The pattern as written.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The zone the pattern is read in.
+    pub fn zone(&self) -> Tz {
+        self.zone
+    }
+
+    /// The daylight-saving rule.
+    pub fn dst(&self) -> DstRule {
+        self.dst
+    }
+
+    /// The first fire strictly after `t`.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // A fall-back ahead of `t` maps earlier wall-clock times to later
+        // instants, so the walk starts that much earlier on the wall clock.
+        let slack = (offset_at(self.zone, t) - offset_at(self.zone, t + FOLD_HORIZON))
+            .max(TimeDelta::zero());
+        let mut cursor = local(self.zone, t) - slack;
+        let mut best: Option<(NaiveDateTime, DateTime<Utc>)> = None;
+        loop {
+            let wall = self.cron.find_next_occurrence(&cursor, false).ok();
+            let Some(wall) = wall else {
+                return best.map(|(_, at)| at);
+            };
+            if let Some((best_wall, at)) = best
+                && wall > best_wall + slack
+            {
+                return Some(at);
+            }
+            if let Some(at) = self.instants(wall).into_iter().flatten().find(|at| *at > t)
+                && best.is_none_or(|(_, b)| at < b)
+            {
+                if slack.is_zero() {
+                    return Some(at);
+                }
+                best = Some((wall, at));
+            }
+            cursor = wall;
+        }
+    }
+
+    /// The last fire strictly before `t`.
+    pub fn prev_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let slack = (offset_at(self.zone, t - FOLD_HORIZON) - offset_at(self.zone, t))
+            .max(TimeDelta::zero());
+        let mut cursor = local(self.zone, t) + slack;
+        let mut best: Option<(NaiveDateTime, DateTime<Utc>)> = None;
+        loop {
+            let wall = self.cron.find_previous_occurrence(&cursor, false).ok();
+            let Some(wall) = wall else {
+                return best.map(|(_, at)| at);
+            };
+            if let Some((best_wall, at)) = best
+                && wall < best_wall - slack
+            {
+                return Some(at);
+            }
+            if let Some(at) = self
+                .instants(wall)
+                .into_iter()
+                .flatten()
+                .filter(|at| *at < t)
+                .max()
+                && best.is_none_or(|(_, b)| at > b)
+            {
+                if slack.is_zero() {
+                    return Some(at);
+                }
+                best = Some((wall, at));
+            }
+            cursor = wall;
+        }
+    }
+
+    /// The fires in `(after, until]`, oldest first.
+    pub fn fires_between(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> impl Iterator<Item = DateTime<Utc>> + '_ {
+        std::iter::successors(self.next_after(after), move |t| self.next_after(*t))
+            .take_while(move |t| *t <= until)
+    }
+
+    /// The instants a matching wall-clock time fires at, per the DST rule.
+    fn instants(&self, wall: NaiveDateTime) -> [Option<DateTime<Utc>>; 2] {
+        match self.zone.from_local_datetime(&wall) {
+            LocalResult::Single(at) => [Some(at.to_utc()), None],
+            LocalResult::Ambiguous(first, last) => match self.dst.repeat {
+                Repeat::First => [Some(first.to_utc()), None],
+                Repeat::Last => [Some(last.to_utc()), None],
+                Repeat::Both => [Some(first.to_utc()), Some(last.to_utc())],
+            },
+            LocalResult::None => match self.dst.gap {
+                Gap::Shift => [Some(end_of_gap(self.zone, wall)), None],
+                Gap::Skip => [None, None],
+            },
+        }
+    }
+}
+
+/// The instant a wall-clock time names: the earlier one in a repeat, the end
+/// of the gap in a gap. Used for period boundaries.
+pub fn earliest_instant(zone: Tz, wall: NaiveDateTime) -> DateTime<Utc> {
+    match zone.from_local_datetime(&wall) {
+        LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => at.to_utc(),
+        LocalResult::None => end_of_gap(zone, wall),
+    }
+}
+
+/// The wall-clock time in `zone` at `t`.
+pub fn local(zone: Tz, t: DateTime<Utc>) -> NaiveDateTime {
+    t.with_timezone(&zone).naive_local()
+}
+
+fn offset_at(zone: Tz, t: DateTime<Utc>) -> TimeDelta {
+    TimeDelta::seconds(i64::from(
+        zone.offset_from_utc_datetime(&t.naive_utc())
+            .fix()
+            .local_minus_utc(),
+    ))
+}
+
+/// The first instant whose wall-clock time is past `wall`, a time that a
+/// spring-forward skipped: the instant the clocks jumped.
+fn end_of_gap(zone: Tz, wall: NaiveDateTime) -> DateTime<Utc> {
+    // Whole seconds: every zone's transitions fall on a second.
+    let at = |secs: i64| DateTime::from_timestamp(secs, 0).unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let mut low = (wall.and_utc() - OFFSET_SPAN).timestamp();
+    let mut high = (wall.and_utc() + OFFSET_SPAN).timestamp();
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if local(zone, at(mid)) > wall {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    at(high)
+}
+
+/// Parses a pattern once per distinct text, for the life of the process.
+fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Cron>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(cron) = cache.lock().map_err(poisoned)?.get(pattern) {
+        return Ok(cron.clone());
+    }
+    let cron = CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(pattern)
+        .map_err(|e| {
+            let reason = e.to_string();
+            CronPatternError(format!(
+                "`{pattern}` is not a cron pattern ({})",
+                reason.trim_end_matches('.')
+            ))
+        })?;
+    let cron = Arc::new(cron);
+    cache
+        .lock()
+        .map_err(poisoned)?
+        .insert(pattern.to_owned(), cron.clone());
+    Ok(cron)
+}
+
+fn poisoned<T>(_: T) -> CronPatternError {
+    CronPatternError("the cron pattern cache was poisoned by a panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().to_utc()
+    }
+
+    fn fires(pattern: &str, zone: &str, dst: DstRule, from: &str, to: &str) -> Vec<String> {
+        let schedule = Schedule::parse(pattern, zone.parse().unwrap(), dst).unwrap();
+        schedule
+            .fires_between(at(from), at(to))
+            .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .collect()
+    }
+
+    #[test]
+    fn five_and_six_field_patterns_and_aliases_parse() {
+        for p in [
+            "*/5 * * * *",
+            "30 */5 * * * *",
+            "@daily",
+            "0 0 L * *",
+            "0 9 * * 1#2",
+        ] {
+            Schedule::parse(p, Tz::UTC, DstRule::default()).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_pattern_that_never_matches_is_refused() {
+        let err = Schedule::parse("0 0 30 2 *", Tz::UTC, DstRule::default()).unwrap_err();
+        assert!(err.to_string().contains("never matches"), "{err}");
+    }
+
+    #[test]
+    fn fires_between_is_exclusive_of_the_start_and_inclusive_of_the_end() {
+        let got = fires(
+            "0 * * * *",
+            "UTC",
+            DstRule::default(),
+            "2026-07-15T10:00:00Z",
+            "2026-07-15T12:00:00Z",
+        );
+        assert_eq!(got, ["2026-07-15T11:00:00Z", "2026-07-15T12:00:00Z"]);
+    }
+
+    #[test]
+    fn prev_before_steps_back_one_fire() {
+        let s = Schedule::parse("0 2 1 * *", Tz::UTC, DstRule::default()).unwrap();
+        assert_eq!(
+            s.prev_before(at("2026-07-01T02:00:00Z")),
+            Some(at("2026-06-01T02:00:00Z"))
+        );
+    }
+}

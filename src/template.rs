@@ -1,0 +1,196 @@
+//! Strings from `jobs.toml` that reach an action: `${VAR}` expanded once at
+//! load, `{placeholder}`s checked at load and filled in for each run.
+
+use std::fmt;
+
+/// The placeholders a template may name.
+pub const PLACEHOLDERS: [&str; 7] = [
+    "job",
+    "period",
+    "period_key",
+    "period_start",
+    "period_end",
+    "scheduled_at",
+    "attempt",
+];
+
+/// A string whose placeholders are known to be valid.
+///
+/// Its `Debug` output hides the text: it may hold an expanded secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Template(String);
+
+impl fmt::Debug for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Template(…)")
+    }
+}
+
+/// A problem in a template string, with its byte offset in that string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateError {
+    /// What went wrong, in words.
+    pub message: String,
+    /// Where in the string.
+    pub offset: usize,
+}
+
+/// The values placeholders are replaced by for one run.
+pub trait Values {
+    /// The value of a placeholder named in [`PLACEHOLDERS`].
+    fn value(&self, name: &str) -> String;
+}
+
+impl Template {
+    /// Expands `${NAME}` from `env` (`$${` is a literal `${`) and checks that
+    /// every `{name}` is a known placeholder.
+    pub fn load(
+        raw: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Template, TemplateError> {
+        let expanded = expand_env(raw, env)?;
+        for (offset, name) in placeholders(&expanded) {
+            if !PLACEHOLDERS.contains(&name) {
+                let hint = crate::suggest::nearest(name, PLACEHOLDERS)
+                    .map(|s| format!("; did you mean `{{{s}}}`?"))
+                    .unwrap_or_default();
+                return Err(TemplateError {
+                    message: format!(
+                        "unknown placeholder `{{{name}}}`: expected one of {}{hint}",
+                        PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                    ),
+                    offset: raw.find(&format!("{{{name}}}")).unwrap_or(offset),
+                });
+            }
+        }
+        Ok(Template(expanded))
+    }
+
+    /// The text with each placeholder replaced by its value.
+    pub fn render(&self, values: &dyn Values) -> String {
+        let mut out = String::with_capacity(self.0.len());
+        let mut rest = self.0.as_str();
+        for (offset, name) in placeholders(&self.0) {
+            let consumed = self.0.len() - rest.len();
+            out.push_str(&rest[..offset - consumed]);
+            out.push_str(&values.value(name));
+            rest = &self.0[offset + name.len() + 2..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+/// `{name}` occurrences, where name is `[a-z_]+`, with their byte offsets.
+/// Other braces (JSON bodies, shell `${x}`) are left alone.
+fn placeholders(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.match_indices('{').filter_map(move |(offset, _)| {
+        let rest = &text[offset + 1..];
+        let end = rest.find('}')?;
+        let name = &rest[..end];
+        let is_name = !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        let after_dollar = offset > 0 && text.as_bytes()[offset - 1] == b'$';
+        (is_name && !after_dollar).then_some((offset, name))
+    })
+}
+
+/// Expands `${NAME}` from `env`; `$${` is a literal `${`.
+pub fn expand_env(
+    raw: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, TemplateError> {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(literal) = tail.strip_prefix("$${") {
+            out.push_str("${");
+            rest = literal;
+        } else if let Some(open) = tail.strip_prefix("${") {
+            let offset = raw.len() - tail.len();
+            let Some(close) = open.find('}') else {
+                return Err(TemplateError {
+                    message: "`${` without a closing `}`: write `${NAME}` for an environment variable or `$${` for a literal `${`".into(),
+                    offset,
+                });
+            };
+            let name = &open[..close];
+            let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(TemplateError {
+                    message: format!(
+                        "`${{{name}}}` is not an environment variable name: expected letters, digits and `_`"
+                    ),
+                    offset,
+                });
+            }
+            let value = env(name).ok_or_else(|| TemplateError {
+                message: format!(
+                    "environment variable `{name}` is not set (named by `${{{name}}}`)"
+                ),
+                offset,
+            })?;
+            out.push_str(&value);
+            rest = &open[close + 1..];
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed;
+    impl Values for Fixed {
+        fn value(&self, name: &str) -> String {
+            format!("<{name}>")
+        }
+    }
+
+    fn env(name: &str) -> Option<String> {
+        (name == "TOKEN").then(|| "s3cret".to_owned())
+    }
+
+    #[test]
+    fn placeholders_are_replaced_and_other_braces_kept() {
+        let t = Template::load(r#"{"k": "{period}"} ${TOKEN} $${HOME} {job}"#, &env).unwrap();
+        assert_eq!(
+            t.render(&Fixed),
+            r#"{"k": "<period>"} s3cret ${HOME} <job>"#
+        );
+    }
+
+    #[test]
+    fn an_unknown_placeholder_is_refused_with_the_nearest_name() {
+        let err = Template::load("x {perod}", &env).unwrap_err();
+        assert!(
+            err.message.contains("did you mean `{period}`"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.offset, 2);
+    }
+
+    #[test]
+    fn an_unset_variable_is_refused() {
+        let err = Template::load("a ${MISSING}", &env).unwrap_err();
+        assert!(
+            err.message.contains("`MISSING` is not set"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn debug_output_hides_the_text() {
+        let t = Template::load("${TOKEN}", &env).unwrap();
+        assert!(!format!("{t:?}").contains("s3cret"));
+    }
+}

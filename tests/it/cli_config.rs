@@ -1,0 +1,319 @@
+//! Bad input, as a user meets it: every mistake in jobs.toml or on the
+//! command line exits 2 with its place, what was expected and, where there is
+//! one, the nearest valid value; the database is never touched.
+
+use crate::support::{Said, Workspace};
+
+const GOOD_JOB: &str = "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"true\"]\n";
+
+/// Runs `scheduler check` on `toml` and returns stderr, asserting exit 2 and
+/// that no database file appeared.
+fn check_fails(toml: &str) -> String {
+    let ws = Workspace::new(toml);
+    let out = ws.run(&["check"]);
+    assert_eq!(
+        out.code(),
+        2,
+        "stdout: {}\nstderr: {}",
+        out.stdout(),
+        out.stderr()
+    );
+    assert!(
+        !ws.path().join("scheduler.db").exists(),
+        "the database was touched"
+    );
+    out.stderr()
+}
+
+fn assert_says(stderr: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(stderr.contains(part), "expected {part:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn config_mistakes_name_their_place_and_the_expected_value() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "[[job]]\nname = \"a\"\nschedul = \"* * * * *\"\ncommand = [\"x\"]\n",
+            &[
+                "jobs.toml:3:1",
+                "unknown field `schedul`",
+                "did you mean `schedule`?",
+            ],
+        ),
+        (
+            "[scheduler]\nleese = \"60s\"\n",
+            &[
+                "jobs.toml:2:1",
+                "unknown field `leese`",
+                "did you mean `lease`?",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nperiod = \"mnth\"\ncommand = [\"x\"]\n",
+            &[
+                "jobs.toml:4:10",
+                "unknown variant `mnth`",
+                "did you mean `month`?",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncovers = \"prev\"\ncommand = [\"x\"]\n",
+            &[
+                "jobs.toml:4:10",
+                "expected `current` or `previous`",
+                "did you mean `previous`?",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nmissed = \"none\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:4:10", "`all`, `latest`, `skip`"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ndst = { gap = \"jump\" }\ncommand = [\"x\"]\n",
+            &["jobs.toml:4:15", "expected `shift` or `skip`"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ntimezone = \"Europe/Berln\"\ncommand = [\"x\"]\n",
+            &[
+                "jobs.toml:4:12",
+                "not a time zone",
+                "did you mean `Europe/Berlin`?",
+            ],
+        ),
+        (
+            "[scheduler]\ntimezone = \"Mars/Olympus\"\n",
+            &["jobs.toml:2:12", "not a time zone", "IANA name"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * *\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:3:12", "not a cron pattern", "expected 5 fields"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"61 * * * *\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:3:12", "not a cron pattern"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"0 0 30 2 *\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:3:12", "never matches"],
+        ),
+        (
+            "[[job]]\nname = \"Billing!\"\nschedule = \"* * * * *\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:2:8", "not a valid job name", "a-z, 0-9"],
+        ),
+        (
+            &format!("{GOOD_JOB}{GOOD_JOB}"),
+            &["jobs.toml:7:8", "`billing` is already used at line 2"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\n",
+            &[
+                "jobs.toml:2:8",
+                "no action",
+                "exactly one of `command`, `shell`, `http` or `sql`",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"x\"]\nshell = \"x\"\n",
+            &[
+                "jobs.toml:5:9",
+                "has `command` and `shell`",
+                "exactly one action",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = []\n",
+            &["jobs.toml:4:11", "`command` is empty"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"x\", \"{perod}\"]\n",
+            &[
+                "jobs.toml:4:18",
+                "unknown placeholder `{perod}`",
+                "did you mean `{period}`?",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nshell = \"echo ${SCHEDULER_TEST_UNSET_VAR}\"\n",
+            &["jobs.toml:4:15", "`SCHEDULER_TEST_UNSET_VAR` is not set"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ntimeout = \"5 parsecs\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:4:11", "not a duration", "e.g. `90s`"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ntimeout = \"0s\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:4:11", "longer than zero"],
+        ),
+        (
+            "[scheduler]\nlease = 60\n",
+            &[
+                "jobs.toml:2:9",
+                "invalid type: integer `60`, expected a string",
+            ],
+        ),
+        (
+            "[scheduler]\nmax_running = 0\n",
+            &["jobs.toml:2:15", "out of range", "from 1"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nconcurrency = -1\ncommand = [\"x\"]\n",
+            &["jobs.toml:4:15", "out of range"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nretry = { attempts = 3, backof = \"1m\" }\ncommand = [\"x\"]\n",
+            &[
+                "jobs.toml:4:",
+                "unknown field `backof`",
+                "did you mean `backoff`?",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nhttp = { url = \"ftp://x\" }\n",
+            &["jobs.toml:4:", "http:// or https://"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nhttp = { url = \"http://x\", method = \"FETCH\" }\n",
+            &["jobs.toml:4:", "not an HTTP method"],
+        ),
+        (
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nsql = { statement = \"select 1\" }\nworkdir = \"/tmp\"\n",
+            &[
+                "jobs.toml:5:11",
+                "`workdir` applies only to `command` and `shell`",
+            ],
+        ),
+        (
+            "[[job]]\nname = \"a\n",
+            &["jobs.toml:2:10", "invalid basic string"],
+        ),
+    ];
+    for (toml, parts) in cases {
+        assert_says(&check_fails(toml), parts);
+    }
+}
+
+#[test]
+fn a_missing_config_file_is_a_configuration_error() {
+    let ws = Workspace::new(GOOD_JOB);
+    let out = ws.run(&["--config", "nope.toml", "check"]);
+    assert_eq!(out.code(), 2);
+    assert_says(
+        &out.stderr(),
+        &[
+            "nope.toml",
+            "cannot read the configuration file",
+            "--config",
+        ],
+    );
+}
+
+#[test]
+fn scheduler_config_names_the_file_when_no_flag_does() {
+    let ws = Workspace::new("");
+    std::fs::write(ws.path().join("other.toml"), GOOD_JOB).unwrap();
+    let out = ws
+        .command(&["check"])
+        .env("SCHEDULER_CONFIG", "other.toml")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert_says(&out.stdout(), &["other.toml: 1 job OK", "billing"]);
+}
+
+#[test]
+fn bad_flags_exit_2_and_name_the_flag() {
+    let ws = Workspace::new(GOOD_JOB);
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["chek"],
+            &["unrecognized subcommand 'chek'", "similar", "check"],
+        ),
+        (&["check", "--jason"], &["unexpected argument '--jason'"]),
+        (
+            &["next", "billing", "-n", "zero"],
+            &["'-n <COUNT>'", "invalid"],
+        ),
+        (
+            &["next", "billing", "-n", "0"],
+            &["'-n <COUNT>'", "not in 1..=10000"],
+        ),
+        (
+            &["next", "billing", "--after", "yesterday"],
+            &["'--after <AFTER>'", "invalid"],
+        ),
+        (
+            &["--log-format", "xml", "check"],
+            &["'--log-format <LOG_FORMAT>'", "text, json"],
+        ),
+        (&["run"], &["required", "<JOB>"]),
+        (&["run", "billing", "--all"], &["cannot be used with"]),
+        (&["run", "billing", "--from", "2026-01"], &["--to"]),
+    ];
+    for (args, parts) in cases {
+        let out = ws.run(args);
+        assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr());
+        assert_says(&out.stderr(), parts);
+    }
+}
+
+#[test]
+fn an_unknown_job_name_suggests_the_nearest() {
+    let ws = Workspace::new(GOOD_JOB);
+    let out = ws.run(&["next", "biling"]);
+    assert_eq!(out.code(), 2);
+    assert_says(
+        &out.stderr(),
+        &["no job named `biling`", "did you mean `billing`?"],
+    );
+}
+
+#[test]
+fn check_lists_each_job_with_zone_period_rule_and_next_fire() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\ntimezone = \"Europe/Berlin\"\nperiod = \"month\"\ncovers = \"previous\"\ncommand = [\"true\"]\n",
+    );
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert_says(
+        &out.stdout(),
+        &[
+            "1 job OK",
+            "billing",
+            "Europe/Berlin",
+            "month (previous)",
+            "next 20",
+        ],
+    );
+}
+
+#[test]
+fn next_prints_fires_in_the_zone_and_in_utc_with_period_keys() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\ntimezone = \"Europe/Berlin\"\nperiod = \"month\"\ncovers = \"previous\"\ncommand = [\"true\"]\n",
+    );
+    let out = ws.run(&[
+        "next",
+        "billing",
+        "-n",
+        "2",
+        "--after",
+        "2026-06-15T00:00:00+02:00",
+    ]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert_eq!(
+        out.stdout(),
+        "2026-07-01 02:00:00 CEST  2026-07-01T00:00:00Z  billing:2026-06\n\
+         2026-08-01 02:00:00 CEST  2026-08-01T00:00:00Z  billing:2026-07\n"
+    );
+}
+
+#[test]
+fn the_shipped_jobs_toml_is_valid() {
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/jobs.toml")).unwrap();
+    let ws = Workspace::new(&shipped);
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+}

@@ -1,0 +1,9 @@
+//! All integration tests in one binary: the pure core (periods, DST,
+//! properties), the command line as a user runs it, and the store on both
+//! backends.
+
+mod cli_config;
+mod dst;
+mod labels;
+mod properties;
+mod support;
