@@ -12,14 +12,24 @@
 //! - [`template`]: `${VAR}` and `{placeholder}` strings.
 //! - [`cli`]: the command line; [`app`] runs a parsed command.
 //! - [`check`]: `check` and `next`.
+//! - [`store`]: claims, leases and attempts on SQLite or PostgreSQL (all SQL lives here).
+//! - [`due`]: which periods are due at an instant (shared by `run` and `serve`).
+//! - [`runner`]: runs a claimed period's action with heartbeats ([`heartbeat`]) and records it.
+//! - [`oneshot`]: `run`; [`inspect`]: `status`, `history`, `release`, `pause`, `prune`.
 //! - [`error`]: error kinds and exit codes.
 
 pub mod app;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod due;
 pub mod error;
+pub mod heartbeat;
+pub mod inspect;
+pub mod oneshot;
 pub mod period;
+pub mod runner;
 pub mod schedule;
+pub mod store;
 pub mod suggest;
 pub mod template;

@@ -236,6 +236,15 @@ impl PeriodRule {
         }
     }
 
+    /// The period after `period`.
+    pub fn following(&self, schedule: &Schedule, period: &Period) -> Period {
+        if self.unit == Unit::Fire {
+            return self.fire_period(schedule, period.end);
+        }
+        let start = self.unit.floor(local(schedule.zone(), period.end));
+        self.calendar_period(schedule, start)
+    }
+
     /// The fire that covers `period`, if the schedule has one.
     pub fn fire_for(&self, schedule: &Schedule, period: &Period) -> Option<DateTime<Utc>> {
         let from = match (self.unit, self.covers) {

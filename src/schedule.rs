@@ -110,6 +110,8 @@ impl Schedule {
 
     /// The first fire strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // Fires fall on whole seconds, and croner walks whole seconds.
+        let t = whole_second(t);
         // A fall-back ahead of `t` maps earlier wall-clock times to later
         // instants, so the walk starts that much earlier on the wall clock.
         let slack = (offset_at(self.zone, t) - offset_at(self.zone, t + FOLD_HORIZON))
@@ -140,6 +142,12 @@ impl Schedule {
 
     /// The last fire strictly before `t`.
     pub fn prev_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let floor = whole_second(t);
+        let t = if floor < t {
+            floor + TimeDelta::seconds(1)
+        } else {
+            t
+        };
         let slack = (offset_at(self.zone, t - FOLD_HORIZON) - offset_at(self.zone, t))
             .max(TimeDelta::zero());
         let mut cursor = local(self.zone, t) + slack;
@@ -205,6 +213,11 @@ pub fn earliest_instant(zone: Tz, wall: NaiveDateTime) -> DateTime<Utc> {
         LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => at.to_utc(),
         LocalResult::None => end_of_gap(zone, wall),
     }
+}
+
+/// `t` without its fraction of a second.
+pub fn whole_second(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.timestamp(), 0).unwrap_or(t)
 }
 
 /// The wall-clock time in `zone` at `t`.

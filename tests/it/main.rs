@@ -6,4 +6,5 @@ mod cli_config;
 mod dst;
 mod labels;
 mod properties;
+mod store;
 mod support;

@@ -71,3 +71,97 @@ impl Said for Output {
         String::from_utf8_lossy(&self.stderr).into_owned()
     }
 }
+
+/// Where the tests find PostgreSQL.
+pub fn postgres_admin_url() -> String {
+    std::env::var("SCHEDULER_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A database of a test's own: a SQLite file in a temp dir, or a fresh
+/// PostgreSQL database dropped when the test ends.
+pub struct TestDb {
+    pub url: String,
+    pg_name: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("test.db").display());
+        TestDb {
+            url,
+            pg_name: None,
+            _dir: Some(dir),
+        }
+    }
+
+    /// `None` (with a note) where no server answers, unless `CI=true`.
+    pub async fn postgres() -> Option<TestDb> {
+        use sqlx::Connection;
+        let admin = postgres_admin_url();
+        let mut conn = match sqlx::PgConnection::connect(&admin).await {
+            Ok(conn) => conn,
+            Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+                eprintln!(
+                    "skipping: no PostgreSQL at {admin} ({e}); set SCHEDULER_TEST_DATABASE_URL"
+                );
+                return None;
+            }
+            Err(e) => panic!("CI=true but PostgreSQL at {admin} is unreachable: {e}"),
+        };
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "scheduler_test_{}_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+            chrono::Utc::now().timestamp_micros() % 1_000_000
+        );
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        let mut url = url::Url::parse(&admin).expect("admin url");
+        url.set_path(&name);
+        Some(TestDb {
+            url: url.to_string(),
+            pg_name: Some(name),
+            _dir: None,
+        })
+    }
+
+    pub async fn store(&self) -> scheduler::store::Store {
+        let store = scheduler::store::Store::connect(&self.url)
+            .await
+            .expect("connect");
+        store.migrate().await.expect("migrate");
+        store
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some(name) = self.pg_name.take() else {
+            return;
+        };
+        // Dropping needs its own runtime: the test's may be gone.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async {
+                    use sqlx::Connection;
+                    if let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await {
+                        let _ =
+                            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                                .execute(&mut conn)
+                                .await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}

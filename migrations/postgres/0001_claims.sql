@@ -1,0 +1,125 @@
+-- Claims: one row per period key, decided by the primary key.
+CREATE TABLE scheduler_claims (
+    period_key   TEXT PRIMARY KEY,
+    job          TEXT NOT NULL,
+    period       TEXT NOT NULL,
+    period_start TIMESTAMPTZ NOT NULL,
+    period_end   TIMESTAMPTZ NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('running', 'succeeded', 'failed', 'released')),
+    attempt      INTEGER NOT NULL,
+    failures     INTEGER NOT NULL DEFAULT 0,
+    trigger      TEXT NOT NULL,
+    owner        TEXT NOT NULL,
+    lease_until  TIMESTAMPTZ,
+    retry_at     TIMESTAMPTZ,
+    started_at   TIMESTAMPTZ NOT NULL,
+    finished_at  TIMESTAMPTZ
+);
+
+-- Expired-lease and concurrency look-ups touch running rows only.
+CREATE INDEX scheduler_claims_running ON scheduler_claims (job, lease_until) WHERE state = 'running';
+CREATE INDEX scheduler_claims_retry ON scheduler_claims (retry_at) WHERE state = 'failed';
+CREATE INDEX scheduler_claims_job ON scheduler_claims (job, period_start);
+
+-- Every attempt, kept until pruned.
+CREATE TABLE scheduler_attempts (
+    period_key   TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    job          TEXT NOT NULL,
+    trigger      TEXT NOT NULL,
+    owner        TEXT NOT NULL,
+    scheduled_at TIMESTAMPTZ,
+    started_at   TIMESTAMPTZ NOT NULL,
+    finished_at  TIMESTAMPTZ,
+    outcome      TEXT NOT NULL CHECK (outcome IN ('running', 'succeeded', 'failed', 'released', 'lost')),
+    exit_code    INTEGER,
+    http_status  INTEGER,
+    error        TEXT,
+    output       TEXT,
+    PRIMARY KEY (period_key, attempt)
+);
+CREATE INDEX scheduler_attempts_job ON scheduler_attempts (job, started_at);
+
+-- Jobs as the database has seen them: when first, and whether paused.
+CREATE TABLE scheduler_jobs (
+    name       TEXT PRIMARY KEY,
+    first_seen TIMESTAMPTZ NOT NULL,
+    paused     BOOLEAN NOT NULL DEFAULT FALSE
+);
+
+-- The claim: one call, one round trip, one commit. A per-job advisory lock
+-- makes the concurrency count and the insert one decision across replicas;
+-- the key itself is decided by the primary key (INSERT … ON CONFLICT), which
+-- also takes over an expired lease, a released claim, a failed claim whose
+-- retry is due (any failed one for a manual run) and, with force, a
+-- succeeded one. The result is the row as it stands after the call.
+CREATE FUNCTION scheduler_claim(
+    p_key TEXT, p_job TEXT, p_period TEXT, p_start TIMESTAMPTZ, p_end TIMESTAMPTZ,
+    p_owner TEXT, p_lease_ms BIGINT, p_trigger TEXT, p_concurrency INTEGER,
+    p_force BOOLEAN, p_manual BOOLEAN, p_scheduled_at TIMESTAMPTZ)
+RETURNS TABLE (
+    o_won BOOLEAN, o_state TEXT, o_attempt INTEGER, o_failures INTEGER, o_trigger TEXT,
+    o_owner TEXT, o_lease_until TIMESTAMPTZ, o_retry_at TIMESTAMPTZ,
+    o_finished_at TIMESTAMPTZ, o_now TIMESTAMPTZ)
+LANGUAGE plpgsql AS $$
+DECLARE
+    busy INTEGER;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('scheduler_claims:' || p_job, 0));
+    SELECT count(*) INTO busy FROM scheduler_claims c
+     WHERE c.job = p_job AND c.state = 'running' AND c.lease_until >= now()
+       AND c.period_key <> p_key;
+    IF busy < p_concurrency THEN
+        RETURN QUERY
+        WITH claimed AS (
+            INSERT INTO scheduler_claims AS c
+                (period_key, job, period, period_start, period_end, state, attempt,
+                 failures, trigger, owner, lease_until, started_at)
+            VALUES (p_key, p_job, p_period, p_start, p_end, 'running', 1, 0, p_trigger,
+                    p_owner, now() + p_lease_ms * interval '1 millisecond', now())
+            ON CONFLICT (period_key) DO UPDATE SET
+                state = 'running',
+                attempt = c.attempt + 1,
+                trigger = CASE
+                    WHEN p_manual THEN p_trigger
+                    WHEN c.state IN ('running', 'released') THEN 'recovery'
+                    WHEN c.state = 'failed' THEN 'retry'
+                    ELSE p_trigger END,
+                owner = excluded.owner,
+                lease_until = excluded.lease_until,
+                retry_at = NULL,
+                started_at = now(),
+                finished_at = NULL
+            WHERE (c.state = 'running' AND c.lease_until < now())
+               OR c.state = 'released'
+               OR (c.state = 'failed' AND (p_manual OR c.retry_at <= now()))
+               OR (c.state = 'succeeded' AND p_force)
+            RETURNING c.*
+        ), logged AS (
+            INSERT INTO scheduler_attempts
+                (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
+            SELECT period_key, attempt, job, trigger, owner, p_scheduled_at, started_at, 'running'
+              FROM claimed
+        ), lost AS (
+            UPDATE scheduler_attempts a SET outcome = 'lost', finished_at = now()
+              FROM claimed
+             WHERE a.period_key = claimed.period_key AND a.outcome = 'running'
+               AND a.attempt < claimed.attempt
+        )
+        SELECT TRUE, claimed.state, claimed.attempt, claimed.failures, claimed.trigger,
+               claimed.owner, claimed.lease_until, claimed.retry_at, claimed.finished_at, now()
+          FROM claimed;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT FALSE, c.state, c.attempt, c.failures, c.trigger, c.owner, c.lease_until,
+           c.retry_at, c.finished_at, now()
+      FROM scheduler_claims c WHERE c.period_key = p_key;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT FALSE, NULL::TEXT, 0, 0, NULL::TEXT, NULL::TEXT,
+            NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, now();
+    END IF;
+END
+$$;

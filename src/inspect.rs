@@ -1,0 +1,185 @@
+//! The operator's commands on the database: `status`, `history`, `release`,
+//! `pause`/`resume` and `prune`.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use crate::check::period_key;
+use crate::config::{Config, Job};
+use crate::due::due;
+use crate::error::{Error, Outcome};
+use crate::period::utc_text;
+use crate::store::{Claim, ClaimRow, Store};
+
+/// How many recent periods `status` shows per job.
+const RECENT: u32 = 5;
+
+fn time(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(|| "-".to_owned(), utc_text)
+}
+
+/// `scheduler status [JOB] [--json]`.
+pub async fn status(
+    config: &Config,
+    store: &Store,
+    only: Option<&str>,
+    as_json: bool,
+    now: DateTime<Utc>,
+) -> Result<Outcome, Error> {
+    for job in config
+        .jobs
+        .iter()
+        .filter(|j| only.is_none_or(|name| j.name == name))
+    {
+        let recent = store.recent(&job.name, RECENT).await?;
+        let overdue = overdue(config, store, job, now).await?;
+        let running: Vec<&ClaimRow> = recent
+            .iter()
+            .filter(|r| matches!(r.as_claim(), Claim::Held { .. }))
+            .collect();
+        let failed: Vec<&ClaimRow> = recent.iter().filter(|r| r.state == "failed").collect();
+        let next = job.schedule.next_after(now);
+        if as_json {
+            let value = json!({
+                "job": job.name,
+                "schedule": job.schedule.source(),
+                "timezone": job.schedule.zone().name(),
+                "next_fire": next.map(utc_text),
+                "recent": recent,
+                "running": running,
+                "failed": failed,
+                "overdue": overdue,
+            });
+            println!("{value}");
+            continue;
+        }
+        println!(
+            "{}  `{}` {}  next {}",
+            job.name,
+            job.schedule.source(),
+            job.schedule.zone(),
+            time(next)
+        );
+        for row in &recent {
+            let detail = match row.as_claim() {
+                Claim::Held { owner, until } => {
+                    format!("running on {owner} until {}", utc_text(until))
+                }
+                _ if row.state == "failed" => format!("failed (retry at {})", time(row.retry_at)),
+                _ => format!("{} at {}", row.state, time(row.finished_at)),
+            };
+            println!("  {}  attempt {}  {detail}", row.period_key, row.attempt);
+        }
+        if !overdue.is_empty() {
+            println!("  overdue: {}", overdue.join(", "));
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+/// Periods due within the catch-up window with no success and nothing running.
+async fn overdue(
+    config: &Config,
+    store: &Store,
+    job: &Job,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, Error> {
+    let window = now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
+    let due = due(job, now, window, true);
+    let keys: Vec<String> = due
+        .iter()
+        .map(|d| period_key(&job.name, &d.period.label))
+        .collect();
+    let rows: HashMap<String, ClaimRow> = store
+        .rows(&keys)
+        .await?
+        .into_iter()
+        .map(|r| (r.period_key.clone(), r))
+        .collect();
+    Ok(keys
+        .into_iter()
+        .filter(|key| match rows.get(key).map(ClaimRow::as_claim) {
+            None => true,
+            Some(Claim::Succeeded { .. } | Claim::Held { .. }) => false,
+            Some(_) => true,
+        })
+        .collect())
+}
+
+/// `scheduler history JOB [--limit N] [--json]`.
+pub async fn history(
+    store: &Store,
+    job: &str,
+    limit: u32,
+    as_json: bool,
+) -> Result<Outcome, Error> {
+    for attempt in store.history(job, limit).await? {
+        if as_json {
+            println!("{}", json!(attempt));
+            continue;
+        }
+        let code = match (attempt.exit_code, attempt.http_status) {
+            (Some(code), _) => format!("  exit {code}"),
+            (_, Some(status)) => format!("  HTTP {status}"),
+            _ => String::new(),
+        };
+        let error = attempt.error.map(|e| format!("  {e}")).unwrap_or_default();
+        println!(
+            "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}",
+            attempt.period_key,
+            attempt.attempt,
+            attempt.outcome,
+            attempt.trigger,
+            utc_text(attempt.started_at),
+            time(attempt.finished_at),
+            attempt.owner
+        );
+    }
+    Ok(Outcome::Done)
+}
+
+/// `scheduler release JOB --period LABEL`.
+pub async fn release(
+    config: &Config,
+    store: &Store,
+    job: &str,
+    label: &str,
+) -> Result<Outcome, Error> {
+    let job = config.job(job)?;
+    let period = job
+        .period
+        .parse_label(&job.schedule, label)
+        .map_err(|e| Error::Usage(format!("--period: {e}")))?;
+    let key = period_key(&job.name, &period.label);
+    match store.release_key(&key).await? {
+        Some(owner) => {
+            println!("{key}: released (was running on {owner}); it can be claimed again now")
+        }
+        None => println!("{key}: no running claim to release"),
+    }
+    Ok(Outcome::Done)
+}
+
+/// `scheduler pause JOB` / `scheduler resume JOB`.
+pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, Error> {
+    store.set_paused(job, paused).await?;
+    println!("{job}: {}", if paused { "paused" } else { "resumed" });
+    Ok(Outcome::Done)
+}
+
+/// `scheduler prune`.
+pub async fn prune(config: &Config, store: &Store) -> Result<Outcome, Error> {
+    for job in &config.jobs {
+        if let Some(keep) = job.keep {
+            let pruned = store.prune(&job.name, keep).await?;
+            println!(
+                "{}: pruned {pruned} finished claim(s) older than {}",
+                job.name,
+                humantime::format_duration(keep)
+            );
+        }
+    }
+    Ok(Outcome::Done)
+}

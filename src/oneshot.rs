@@ -1,0 +1,447 @@
+//! `scheduler run`: the one-shot mode for a platform cron container, and
+//! manual backfill of one period or a range.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::check::period_key;
+use crate::cli::RunArgs;
+use crate::config::{Config, Job};
+use crate::due::{Due, due};
+use crate::error::{Error, Outcome};
+use crate::period::{Period, utc_text};
+use crate::runner::{Context, Ending, Run};
+use crate::store::{Claim, ClaimRequest, ClaimRow, Store, Trigger};
+
+/// How often `--wait` looks at a claim held elsewhere.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// One job's periods to go through, oldest first.
+struct Plan<'a> {
+    job: &'a Job,
+    due: Vec<Due>,
+    manual: bool,
+}
+
+/// What happened to one period, printed as one line.
+struct Line {
+    key: String,
+    status: &'static str,
+    detail: String,
+    attempt: Option<i32>,
+}
+
+/// Runs `scheduler run` to the end.
+pub async fn run(
+    config: &Config,
+    store: &Store,
+    args: &RunArgs,
+    owner: &str,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Outcome, Error> {
+    let now = Utc::now();
+    let plans = plan(config, store, args, now).await?;
+    let total: usize = plans.iter().map(|p| p.due.len()).sum();
+    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    if total < 2 {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} periods, {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let context = Context::new(
+        store.clone(),
+        config.settings.lease,
+        config.settings.shutdown_grace,
+    )?;
+    let mut outcome = Outcome::Done;
+    for plan in &plans {
+        let keys: Vec<String> = plan
+            .due
+            .iter()
+            .map(|d| period_key(&plan.job.name, &d.period.label))
+            .collect();
+        // One statement tells which periods are finished, so a repeated
+        // backfill claims nothing.
+        let rows: HashMap<String, ClaimRow> = store
+            .rows(&keys)
+            .await?
+            .into_iter()
+            .map(|row| (row.period_key.clone(), row))
+            .collect();
+        for (due, key) in plan.due.iter().zip(keys) {
+            if *shutdown.borrow() {
+                return Ok(Outcome::RunFailed);
+            }
+            let line = if args.dry_run {
+                dry_run_line(&key, rows.get(&key), args, plan.manual)
+            } else if let Some(skip) = rows
+                .get(&key)
+                .and_then(|row| skip_line(&key, row, args, plan.manual))
+            {
+                skip
+            } else {
+                let period_run = PeriodRun {
+                    context: &context,
+                    job: plan.job,
+                    due,
+                    key: &key,
+                    owner,
+                    manual: plan.manual,
+                };
+                period_run.go(config, args, shutdown.clone()).await?
+            };
+            if matches!(line.status, "failed" | "released") {
+                outcome = Outcome::RunFailed;
+            }
+            bar.suspend(|| print_line(&line, args.json));
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(outcome)
+}
+
+/// Works out which periods `args` asks for.
+async fn plan<'a>(
+    config: &'a Config,
+    store: &Store,
+    args: &RunArgs,
+    now: DateTime<Utc>,
+) -> Result<Vec<Plan<'a>>, Error> {
+    let jobs: Vec<&Job> = match &args.job {
+        Some(name) => vec![config.job(name)?],
+        None => config.jobs.iter().collect(),
+    };
+    let mut plans = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let manual = args.period.is_some() || args.from.is_some();
+        let due = if let Some(label) = &args.period {
+            let period = parse_label(job, label, "--period")?;
+            refuse_future(&period, now, "--period")?;
+            vec![manual_due(job, period, now)]
+        } else if let (Some(from), Some(to)) = (&args.from, &args.to) {
+            range(job, from, to, now)?
+        } else {
+            let seen = store.see_job(&job.name).await?;
+            if seen.paused {
+                eprintln!(
+                    "{}: paused; `scheduler resume {}` to run it again",
+                    job.name, job.name
+                );
+                continue;
+            }
+            let window =
+                now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
+            due(job, now, window.max(seen.first_seen), true)
+        };
+        plans.push(Plan { job, due, manual });
+    }
+    Ok(plans)
+}
+
+fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
+    job.period.parse_label(&job.schedule, label).map_err(|e| {
+        Error::Usage(format!(
+            "{flag}: {e} (job `{}` has {} periods)",
+            job.name, job.period.unit
+        ))
+    })
+}
+
+fn refuse_future(period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), Error> {
+    if period.start > now {
+        return Err(Error::Usage(format!(
+            "{flag}: period {} starts at {}, after now; only a period that has started can be run",
+            period.label,
+            utc_text(period.start)
+        )));
+    }
+    Ok(())
+}
+
+fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Due {
+    let fire = job
+        .period
+        .fire_for(&job.schedule, &period)
+        .filter(|f| *f <= now)
+        .unwrap_or(now);
+    Due {
+        period,
+        fire,
+        trigger: Trigger::Manual,
+    }
+}
+
+/// The periods from `from` to `to`, inclusive, oldest first.
+fn range(job: &Job, from: &str, to: &str, now: DateTime<Utc>) -> Result<Vec<Due>, Error> {
+    let first = parse_label(job, from, "--from")?;
+    let last = parse_label(job, to, "--to")?;
+    if last.start < first.start {
+        return Err(Error::Usage(format!(
+            "--to: {} comes before --from {}",
+            last.label, first.label
+        )));
+    }
+    refuse_future(&last, now, "--to")?;
+    let mut periods = vec![first];
+    while let Some(current) = periods.last() {
+        if current.label == last.label || current.start >= last.start {
+            break;
+        }
+        periods.push(job.period.following(&job.schedule, current));
+    }
+    Ok(periods
+        .into_iter()
+        .map(|p| manual_due(job, p, now))
+        .collect())
+}
+
+/// Why a period is passed over without a claim, from its row, if it is.
+fn skip_line(key: &str, row: &ClaimRow, args: &RunArgs, manual: bool) -> Option<Line> {
+    let detail = match row.as_claim() {
+        Claim::Succeeded { at } if !args.force => format!("already succeeded at {}", utc_text(at)),
+        Claim::Held { owner, until } if !args.wait => {
+            format!("running on {owner} until {}", utc_text(until))
+        }
+        Claim::Failed {
+            retry_at: Some(at), ..
+        } if !manual => format!("failed, retry at {}", utc_text(at)),
+        Claim::Failed {
+            retry_at: None,
+            failures,
+        } if !manual => {
+            format!("failed {failures} time(s), no retries left; `run --period` runs it again")
+        }
+        _ => return None,
+    };
+    Some(Line {
+        key: key.to_owned(),
+        status: "skipped",
+        detail,
+        attempt: Some(row.attempt),
+    })
+}
+
+fn dry_run_line(key: &str, row: Option<&ClaimRow>, args: &RunArgs, manual: bool) -> Line {
+    let (status, detail) = match row {
+        None => ("would claim", "new period".to_owned()),
+        Some(row) => match skip_line(key, row, args, manual) {
+            Some(skip) => ("skipped", skip.detail),
+            None => (
+                "would claim",
+                match row.as_claim() {
+                    Claim::Succeeded { .. } => {
+                        "already succeeded; --force runs it again".to_owned()
+                    }
+                    Claim::Failed { .. } => format!("retry of attempt {}", row.attempt),
+                    Claim::Held { owner, .. } => format!("after waiting for {owner}"),
+                    _ if row.state == "running" => {
+                        format!("recovery: the lease of {} expired", row.owner)
+                    }
+                    _ if row.state == "released" => "recovery: released".to_owned(),
+                    _ => format!("retry of attempt {}", row.attempt),
+                },
+            ),
+        },
+    };
+    Line {
+        key: key.to_owned(),
+        status,
+        detail,
+        attempt: row.map(|r| r.attempt),
+    }
+}
+
+/// One period being claimed and run by this process.
+struct PeriodRun<'a> {
+    context: &'a Context,
+    job: &'a Job,
+    due: &'a Due,
+    key: &'a str,
+    owner: &'a str,
+    manual: bool,
+}
+
+impl PeriodRun<'_> {
+    async fn go(
+        &self,
+        config: &Config,
+        args: &RunArgs,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Line, Error> {
+        let request = ClaimRequest {
+            job: &self.job.name,
+            period: &self.due.period,
+            owner: self.owner,
+            lease: config.settings.lease,
+            trigger: self.due.trigger,
+            concurrency: self.job.concurrency,
+            force: args.force,
+            manual: self.manual,
+            scheduled_at: self.due.fire,
+        };
+        let line = |status, detail: String, attempt| Line {
+            key: self.key.to_owned(),
+            status,
+            detail,
+            attempt,
+        };
+        loop {
+            let lease = match self.context.store.claim(&request).await? {
+                Claim::Won(lease) => lease,
+                Claim::Held { owner, until } if args.wait => {
+                    tracing::info!(period_key = self.key, %owner, "waiting for the run elsewhere");
+                    let _ = until;
+                    match self.wait_elsewhere(shutdown.clone()).await? {
+                        Some(done) => return Ok(done),
+                        None => continue,
+                    }
+                }
+                other => return Ok(line("skipped", not_won(&other), None)),
+            };
+            let started = Instant::now();
+            let run = Run {
+                job: self.job,
+                period: &self.due.period,
+                key: self.key,
+                lease: &lease,
+                scheduled_at: self.due.fire,
+            };
+            tracing::info!(
+                period_key = self.key,
+                attempt = lease.attempt,
+                trigger = lease.trigger.as_str(),
+                "claimed"
+            );
+            let ending = self.context.execute(&run, shutdown.clone()).await?;
+            let took = format!("{:.2}s", started.elapsed().as_secs_f64());
+            let attempt = Some(lease.attempt);
+            let trigger = lease.trigger.as_str();
+            return Ok(match ending {
+                Ending::Recorded {
+                    succeeded: true, ..
+                } => line(
+                    "succeeded",
+                    format!("attempt {}, trigger {trigger}, {took}", lease.attempt),
+                    attempt,
+                ),
+                Ending::Recorded {
+                    succeeded: false,
+                    error,
+                    retry_after,
+                } => {
+                    let retry = match retry_after {
+                        Some(after) => format!("retry in {}", humantime::format_duration(after)),
+                        None => "no retries left".to_owned(),
+                    };
+                    let error = error.unwrap_or_default();
+                    line(
+                        "failed",
+                        format!(
+                            "{error} (attempt {}, trigger {trigger}, {took}; {retry})",
+                            lease.attempt
+                        ),
+                        attempt,
+                    )
+                }
+                Ending::Lost => line(
+                    "lost",
+                    "the claim was taken over; this attempt's outcome was discarded".into(),
+                    attempt,
+                ),
+                Ending::Released => line(
+                    "released",
+                    "interrupted by shutdown; the claim was released".into(),
+                    attempt,
+                ),
+            });
+        }
+    }
+
+    /// Polls a claim held elsewhere until it ends; `None` when it became
+    /// claimable (expired or released), so the caller claims again.
+    async fn wait_elsewhere(
+        &self,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<Line>, Error> {
+        let line = |status, detail: String, attempt| {
+            Some(Line {
+                key: self.key.to_owned(),
+                status,
+                detail,
+                attempt,
+            })
+        };
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(WAIT_POLL) => {}
+                _ = shutdown.wait_for(|down| *down) => {
+                    return Ok(line("skipped", "interrupted while waiting".into(), None));
+                }
+            }
+            let rows = self.context.store.rows(&[self.key.to_owned()]).await?;
+            let Some(row) = rows.first() else {
+                return Ok(None);
+            };
+            return Ok(match row.as_claim() {
+                Claim::Held { .. } => continue,
+                Claim::Succeeded { at } => line(
+                    "succeeded",
+                    format!(
+                        "on {} at {} (attempt {})",
+                        row.owner,
+                        utc_text(at),
+                        row.attempt
+                    ),
+                    Some(row.attempt),
+                ),
+                Claim::Failed { .. } => line(
+                    "failed",
+                    format!("on {} (attempt {})", row.owner, row.attempt),
+                    Some(row.attempt),
+                ),
+                _ => None,
+            });
+        }
+    }
+}
+
+fn not_won(claim: &Claim) -> String {
+    match claim {
+        Claim::Succeeded { at } => format!("already succeeded at {}", utc_text(*at)),
+        Claim::Held { owner, until } => format!("running on {owner} until {}", utc_text(*until)),
+        Claim::Failed {
+            retry_at: Some(at), ..
+        } => format!("failed, retry at {}", utc_text(*at)),
+        Claim::Failed {
+            retry_at: None,
+            failures,
+        } => format!("failed {failures} time(s), no retries left"),
+        Claim::Busy => "waiting for a concurrency slot".into(),
+        Claim::Won(_) => "won".into(),
+    }
+}
+
+fn print_line(line: &Line, as_json: bool) {
+    if as_json {
+        let (job, period) = line.key.split_once(':').unwrap_or((&line.key, ""));
+        let value = json!({
+            "period_key": line.key,
+            "job": job,
+            "period": period,
+            "status": line.status,
+            "detail": line.detail,
+            "attempt": line.attempt,
+        });
+        println!("{value}");
+    } else {
+        println!("{}  {}: {}", line.key, line.status, line.detail);
+    }
+}

@@ -1,0 +1,367 @@
+//! The claim store: one interface, one module per backend, all SQL inside.
+//!
+//! A claim is decided by the period key's primary key in one atomic step;
+//! every later write names the attempt it belongs to and changes nothing once
+//! the claim has moved on (the attempt number is the fencing token). Lease
+//! expiry is measured on the database's clock.
+
+mod postgres;
+mod sqlite;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::error::{Error, mask_password_in, mask_url};
+use crate::period::Period;
+
+/// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trigger {
+    /// The latest fire.
+    Schedule,
+    /// An older fire, or one that waited for a concurrency slot.
+    CatchUp,
+    /// A failed period whose retry came due.
+    Retry,
+    /// Taking over an expired or released claim.
+    Recovery,
+    /// `run --period` or `--from/--to`.
+    Manual,
+}
+
+impl Trigger {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Schedule => "schedule",
+            Trigger::CatchUp => "catch-up",
+            Trigger::Retry => "retry",
+            Trigger::Recovery => "recovery",
+            Trigger::Manual => "manual",
+        }
+    }
+
+    fn parse(s: &str) -> Trigger {
+        match s {
+            "catch-up" => Trigger::CatchUp,
+            "retry" => Trigger::Retry,
+            "recovery" => Trigger::Recovery,
+            "manual" => Trigger::Manual,
+            _ => Trigger::Schedule,
+        }
+    }
+}
+
+/// What a claim asks for.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The job's name.
+    pub job: &'a str,
+    /// The period to claim.
+    pub period: &'a Period,
+    /// Who claims: host, pid and a start stamp.
+    pub owner: &'a str,
+    /// How long the claim lives without a heartbeat.
+    pub lease: Duration,
+    /// Why, if the claim is new or a manual run.
+    pub trigger: Trigger,
+    /// Periods of the job allowed to run at once.
+    pub concurrency: u32,
+    /// Also take a succeeded period.
+    pub force: bool,
+    /// Ignore backoff and the retry budget of a failed period.
+    pub manual: bool,
+    /// The fire this run stands for.
+    pub scheduled_at: DateTime<Utc>,
+}
+
+/// A won claim: the key and the attempt that fences every later write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// `<job>:<label>`.
+    pub key: String,
+    /// The fencing token.
+    pub attempt: i32,
+    /// Reported failures so far.
+    pub failures: i32,
+    /// Why this attempt runs.
+    pub trigger: Trigger,
+}
+
+/// The outcome of a claim: expected outcomes are values, not errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This caller runs the period.
+    Won(Lease),
+    /// Already succeeded.
+    Succeeded {
+        /// When it finished.
+        at: DateTime<Utc>,
+    },
+    /// A live claim elsewhere.
+    Held {
+        /// Who holds it.
+        owner: String,
+        /// Its lease end.
+        until: DateTime<Utc>,
+    },
+    /// Failed; retried at `retry_at`, or never (`None`: budget spent or permanent).
+    Failed {
+        /// When the retry is due.
+        retry_at: Option<DateTime<Utc>>,
+        /// Failures so far.
+        failures: i32,
+    },
+    /// Claimable, but the job's concurrency slots are full.
+    Busy,
+}
+
+/// How a run ended, to be recorded with its attempt.
+#[derive(Debug, Clone, Default)]
+pub struct Finish {
+    /// Exit 0, HTTP 2xx, SQL committed.
+    pub succeeded: bool,
+    /// When to retry a failure, if at all.
+    pub retry_after: Option<Duration>,
+    /// The process exit code.
+    pub exit_code: Option<i32>,
+    /// The HTTP status.
+    pub http_status: Option<i32>,
+    /// What went wrong, in words.
+    pub error: Option<String>,
+    /// The last 4 KiB of output.
+    pub output: Option<String>,
+}
+
+/// One recorded attempt, for `history` and `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    /// `<job>:<label>`.
+    pub period_key: String,
+    /// The attempt number.
+    pub attempt: i32,
+    /// Why it ran.
+    pub trigger: String,
+    /// Who ran it.
+    pub owner: String,
+    /// The fire it stood for.
+    pub scheduled_at: Option<DateTime<Utc>>,
+    /// When it was claimed.
+    pub started_at: DateTime<Utc>,
+    /// When it ended.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// running | succeeded | failed | released | lost
+    pub outcome: String,
+    /// The process exit code.
+    pub exit_code: Option<i32>,
+    /// The HTTP status.
+    pub http_status: Option<i32>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// The output tail.
+    pub output: Option<String>,
+}
+
+/// A claim row as it stands, for `status`, `--dry-run` and `--wait`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClaimRow {
+    /// `<job>:<label>`.
+    pub period_key: String,
+    /// The period label.
+    pub period: String,
+    /// running | succeeded | failed | released
+    pub state: String,
+    /// The latest attempt.
+    pub attempt: i32,
+    /// Reported failures.
+    pub failures: i32,
+    /// Who holds or held it.
+    pub owner: String,
+    /// Lease end of a running claim.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// When a failed claim's retry is due.
+    pub retry_at: Option<DateTime<Utc>>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The database's clock when read.
+    pub now: DateTime<Utc>,
+}
+
+impl ClaimRow {
+    /// Classifies the row as the claim statement would for a caller that did
+    /// not win it.
+    pub fn as_claim(&self) -> Claim {
+        match self.state.as_str() {
+            "succeeded" => Claim::Succeeded {
+                at: self.finished_at.unwrap_or(self.now),
+            },
+            "running" if self.lease_until.is_some_and(|until| until >= self.now) => Claim::Held {
+                owner: self.owner.clone(),
+                until: self.lease_until.unwrap_or(self.now),
+            },
+            "failed" if self.retry_at.is_none_or(|at| at > self.now) => Claim::Failed {
+                retry_at: self.retry_at,
+                failures: self.failures,
+            },
+            _ => Claim::Busy,
+        }
+    }
+}
+
+/// A job as the database has seen it.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRecord {
+    /// When a `run` or `serve` first saw it.
+    pub first_seen: DateTime<Utc>,
+    /// Paused for every replica.
+    pub paused: bool,
+}
+
+/// The database, SQLite or PostgreSQL.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// An embedded SQLite file.
+    Sqlite(sqlite::SqliteStore),
+    /// A PostgreSQL server.
+    Postgres(postgres::PgStore),
+}
+
+/// Calls the same method on whichever backend this is.
+macro_rules! dispatch {
+    ($self:ident . $method:ident ( $($arg:expr),* )) => {
+        match $self {
+            Store::Sqlite(s) => s.$method($($arg),*).await,
+            Store::Postgres(s) => s.$method($($arg),*).await,
+        }
+    };
+}
+
+impl Store {
+    /// Opens the database at `url` (`sqlite://FILE` or `postgres://…`).
+    pub async fn connect(url: &str) -> Result<Store, Error> {
+        let store = if url.starts_with("sqlite:") {
+            Store::Sqlite(
+                sqlite::SqliteStore::connect(url)
+                    .await
+                    .map_err(|e| db_error(url, "open", e))?,
+            )
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Store::Postgres(
+                postgres::PgStore::connect(url)
+                    .await
+                    .map_err(|e| db_error(url, "connect to", e))?,
+            )
+        } else {
+            return Err(Error::Usage(format!(
+                "--database-url: `{}` is not a database URL: expected sqlite://FILE or postgres://USER@HOST/DB",
+                mask_url(url)
+            )));
+        };
+        Ok(store)
+    }
+
+    /// Applies pending migrations; refuses a database migrated by a newer version.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let result = dispatch!(self.migrate());
+        result.map_err(|e| match e {
+            sqlx::migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
+                "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"
+            )),
+            other => Error::Database(format!("cannot migrate the database: {other}")),
+        })
+    }
+
+    /// Claims a period: wins it, or says who has it and why not.
+    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, Error> {
+        dispatch!(self.claim(request)).map_err(query_error)
+    }
+
+    /// Renews the leases of `leases`; returns, in order, whether each is still ours.
+    pub async fn renew(&self, leases: &[&Lease], lease: Duration) -> Result<Vec<bool>, Error> {
+        dispatch!(self.renew(leases, lease)).map_err(query_error)
+    }
+
+    /// Records how an attempt ended; `false` if the claim had moved on.
+    pub async fn finish(&self, lease: &Lease, finish: &Finish) -> Result<bool, Error> {
+        dispatch!(self.finish(lease, finish)).map_err(query_error)
+    }
+
+    /// Runs `statement` with `params` and records success in one
+    /// transaction. `Ok(Err(e))` is the statement's own failure, rolled back
+    /// and not recorded; `Ok(Ok(false))` means the claim had moved on.
+    pub async fn finish_with_sql(
+        &self,
+        lease: &Lease,
+        statement: &str,
+        params: &[String],
+    ) -> Result<Result<bool, String>, Error> {
+        dispatch!(self.finish_with_sql(lease, statement, params)).map_err(query_error)
+    }
+
+    /// Ends a running attempt without an outcome (shutdown), so the period
+    /// can be taken at once; spends no retry.
+    pub async fn release(&self, lease: &Lease) -> Result<bool, Error> {
+        dispatch!(self.release(lease)).map_err(query_error)
+    }
+
+    /// Ends whatever attempt is running for `key` (`scheduler release`);
+    /// returns the owner it was taken from.
+    pub async fn release_key(&self, key: &str) -> Result<Option<String>, Error> {
+        dispatch!(self.release_key(key)).map_err(query_error)
+    }
+
+    /// The claim rows of `keys` that exist.
+    pub async fn rows(&self, keys: &[String]) -> Result<Vec<ClaimRow>, Error> {
+        dispatch!(self.rows(keys)).map_err(query_error)
+    }
+
+    /// Records `job` as seen (now, on the database's clock) if it is new.
+    pub async fn see_job(&self, job: &str) -> Result<JobRecord, Error> {
+        dispatch!(self.see_job(job)).map_err(query_error)
+    }
+
+    /// Pauses or resumes `job` for every replica.
+    pub async fn set_paused(&self, job: &str, paused: bool) -> Result<(), Error> {
+        dispatch!(self.set_paused(job, paused)).map_err(query_error)
+    }
+
+    /// The attempts of `job`, newest first.
+    pub async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, Error> {
+        dispatch!(self.history(job, limit)).map_err(query_error)
+    }
+
+    /// The most recent claim rows of `job`, newest period first.
+    pub async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, Error> {
+        dispatch!(self.recent(job, limit)).map_err(query_error)
+    }
+
+    /// Deletes finished claims of `job` (and their attempts) that finished
+    /// more than `keep` ago; returns how many claims went.
+    pub async fn prune(&self, job: &str, keep: Duration) -> Result<u64, Error> {
+        dispatch!(self.prune(job, keep)).map_err(query_error)
+    }
+}
+
+fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {
+    let text = mask_password_in(&e.to_string(), url);
+    Error::Database(format!(
+        "cannot {verb} the database at {}: {text}",
+        mask_url(url)
+    ))
+}
+
+fn query_error(e: sqlx::Error) -> Error {
+    Error::Database(format!("database error: {e}"))
+}
+
+/// Keeps the last `limit` bytes of `text`, cut at a character boundary.
+pub fn tail(text: &str, limit: usize) -> &str {
+    let mut start = text.len().saturating_sub(limit);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}

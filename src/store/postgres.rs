@@ -1,0 +1,328 @@
+//! The PostgreSQL backend: the claim is one call of `scheduler_claim` (see
+//! the migration), every other write one statement, so a run costs two round
+//! trips and two commits besides heartbeats.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Trigger};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+/// A pool of connections to one PostgreSQL database.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
+    Ok(ClaimRow {
+        period_key: row.try_get("period_key")?,
+        period: row.try_get("period")?,
+        state: row.try_get("state")?,
+        attempt: row.try_get("attempt")?,
+        failures: row.try_get("failures")?,
+        owner: row.try_get("owner")?,
+        lease_until: row.try_get("lease_until")?,
+        retry_at: row.try_get("retry_at")?,
+        finished_at: row.try_get("finished_at")?,
+        now: row.try_get("now")?,
+    })
+}
+
+/// Records the outcome and the attempt row in one statement, fenced by the attempt.
+const RECORD: &str = "
+    WITH c AS (
+        UPDATE scheduler_claims
+           SET state = $3, finished_at = now(), lease_until = NULL,
+               failures = failures + $4,
+               retry_at = now() + $5 * interval '1 millisecond'
+         WHERE period_key = $1 AND attempt = $2 AND state = 'running'
+     RETURNING period_key, attempt)
+    UPDATE scheduler_attempts a
+       SET outcome = $3, finished_at = now(), exit_code = $6, http_status = $7,
+           error = $8, output = $9
+      FROM c
+     WHERE a.period_key = c.period_key AND a.attempt = c.attempt
+    RETURNING 1";
+
+impl PgStore {
+    pub(super) async fn connect(url: &str) -> Result<PgStore, sqlx::Error> {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await?;
+        Ok(PgStore { pool })
+    }
+
+    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        MIGRATOR.run(&self.pool).await
+    }
+
+    pub(super) async fn claim(&self, r: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
+        let key = crate::check::period_key(r.job, &r.period.label);
+        let row = sqlx::query(
+            "SELECT * FROM scheduler_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(&key)
+        .bind(r.job)
+        .bind(&r.period.label)
+        .bind(r.period.start)
+        .bind(r.period.end)
+        .bind(r.owner)
+        .bind(millis(r.lease))
+        .bind(r.trigger.as_str())
+        .bind(i32::try_from(r.concurrency).unwrap_or(i32::MAX))
+        .bind(r.force)
+        .bind(r.manual)
+        .bind(r.scheduled_at)
+        .fetch_one(&self.pool)
+        .await?;
+        if row.try_get("o_won")? {
+            return Ok(Claim::Won(Lease {
+                key,
+                attempt: row.try_get("o_attempt")?,
+                failures: row.try_get("o_failures")?,
+                trigger: Trigger::parse(row.try_get("o_trigger")?),
+            }));
+        }
+        let Some(state) = row.try_get::<Option<String>, _>("o_state")? else {
+            return Ok(Claim::Busy);
+        };
+        let current = ClaimRow {
+            period_key: key,
+            period: r.period.label.clone(),
+            state,
+            attempt: row.try_get("o_attempt")?,
+            failures: row.try_get("o_failures")?,
+            owner: row
+                .try_get::<Option<String>, _>("o_owner")?
+                .unwrap_or_default(),
+            lease_until: row.try_get("o_lease_until")?,
+            retry_at: row.try_get("o_retry_at")?,
+            finished_at: row.try_get("o_finished_at")?,
+            now: row.try_get("o_now")?,
+        };
+        Ok(current.as_claim())
+    }
+
+    pub(super) async fn renew(
+        &self,
+        leases: &[&Lease],
+        lease: Duration,
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
+        let attempts: Vec<i32> = leases.iter().map(|l| l.attempt).collect();
+        let renewed: Vec<(String, i32)> = sqlx::query_as(
+            "UPDATE scheduler_claims c
+                SET lease_until = now() + $3 * interval '1 millisecond'
+               FROM unnest($1::text[], $2::int[]) AS h(key, attempt)
+              WHERE c.period_key = h.key AND c.attempt = h.attempt AND c.state = 'running'
+          RETURNING c.period_key, c.attempt",
+        )
+        .bind(&keys)
+        .bind(&attempts)
+        .bind(millis(lease))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(leases
+            .iter()
+            .map(|l| {
+                renewed
+                    .iter()
+                    .any(|(key, attempt)| *key == l.key && *attempt == l.attempt)
+            })
+            .collect())
+    }
+
+    pub(super) async fn finish(&self, lease: &Lease, f: &Finish) -> Result<bool, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        record(&mut conn, lease, f).await
+    }
+
+    pub(super) async fn finish_with_sql(
+        &self,
+        lease: &Lease,
+        statement: &str,
+        params: &[String],
+    ) -> Result<Result<bool, String>, sqlx::Error> {
+        let mut tx: Transaction<'static, Postgres> = self.pool.begin().await?;
+        let mut query = sqlx::query(statement);
+        for p in params {
+            query = query.bind(p);
+        }
+        if let Err(e) = query.execute(&mut *tx).await {
+            tx.rollback().await?;
+            return Ok(Err(e.to_string()));
+        }
+        let finish = Finish {
+            succeeded: true,
+            ..Finish::default()
+        };
+        let recorded = record(&mut tx, lease, &finish).await?;
+        if recorded {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(Ok(recorded))
+    }
+
+    pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+        let released = sqlx::query(
+            "WITH c AS (
+                UPDATE scheduler_claims
+                   SET state = 'released', lease_until = NULL, finished_at = now()
+                 WHERE period_key = $1 AND attempt = $2 AND state = 'running'
+             RETURNING period_key, attempt)
+             UPDATE scheduler_attempts a SET outcome = 'released', finished_at = now()
+               FROM c WHERE a.period_key = c.period_key AND a.attempt = c.attempt
+             RETURNING 1",
+        )
+        .bind(&lease.key)
+        .bind(lease.attempt)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(released.is_some())
+    }
+
+    pub(super) async fn release_key(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "WITH c AS (
+                UPDATE scheduler_claims
+                   SET state = 'released', lease_until = NULL, finished_at = now()
+                 WHERE period_key = $1 AND state = 'running'
+             RETURNING period_key, attempt, owner),
+             a AS (
+                UPDATE scheduler_attempts a SET outcome = 'released', finished_at = now()
+                  FROM c WHERE a.period_key = c.period_key AND a.attempt = c.attempt)
+             SELECT owner FROM c",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+    }
+
+    pub(super) async fn rows(&self, keys: &[String]) -> Result<Vec<ClaimRow>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT c.*, now() AS now FROM scheduler_claims c WHERE c.period_key = ANY($1)",
+        )
+        .bind(keys)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_row).collect()
+    }
+
+    pub(super) async fn see_job(&self, job: &str) -> Result<JobRecord, sqlx::Error> {
+        let row = sqlx::query(
+            "INSERT INTO scheduler_jobs (name, first_seen) VALUES ($1, now())
+             ON CONFLICT (name) DO UPDATE SET name = excluded.name
+             RETURNING first_seen, paused",
+        )
+        .bind(job)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(JobRecord {
+            first_seen: row.try_get("first_seen")?,
+            paused: row.try_get("paused")?,
+        })
+    }
+
+    pub(super) async fn set_paused(&self, job: &str, paused: bool) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO scheduler_jobs (name, first_seen, paused) VALUES ($1, now(), $2)
+             ON CONFLICT (name) DO UPDATE SET paused = excluded.paused",
+        )
+        .bind(job)
+        .bind(paused)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT * FROM scheduler_attempts WHERE job = $1
+              ORDER BY started_at DESC, attempt DESC LIMIT $2",
+        )
+        .bind(job)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Attempt {
+                    period_key: row.try_get("period_key")?,
+                    attempt: row.try_get("attempt")?,
+                    trigger: row.try_get("trigger")?,
+                    owner: row.try_get("owner")?,
+                    scheduled_at: row.try_get("scheduled_at")?,
+                    started_at: row.try_get("started_at")?,
+                    finished_at: row.try_get("finished_at")?,
+                    outcome: row.try_get("outcome")?,
+                    exit_code: row.try_get("exit_code")?,
+                    http_status: row.try_get("http_status")?,
+                    error: row.try_get("error")?,
+                    output: row.try_get("output")?,
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT c.*, now() AS now FROM scheduler_claims c WHERE c.job = $1
+              ORDER BY c.period_start DESC LIMIT $2",
+        )
+        .bind(job)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_row).collect()
+    }
+
+    pub(super) async fn prune(&self, job: &str, keep: Duration) -> Result<u64, sqlx::Error> {
+        let pruned: Option<i64> = sqlx::query_scalar(
+            "WITH c AS (
+                DELETE FROM scheduler_claims
+                 WHERE job = $1 AND state IN ('succeeded', 'failed')
+                   AND finished_at < now() - $2 * interval '1 millisecond'
+             RETURNING period_key),
+             a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key)
+             SELECT count(*) FROM c",
+        )
+        .bind(job)
+        .bind(millis(keep))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(pruned.unwrap_or(0) as u64)
+    }
+}
+
+async fn record(
+    conn: &mut sqlx::PgConnection,
+    lease: &Lease,
+    f: &Finish,
+) -> Result<bool, sqlx::Error> {
+    let state = if f.succeeded { "succeeded" } else { "failed" };
+    let row = sqlx::query(RECORD)
+        .bind(&lease.key)
+        .bind(lease.attempt)
+        .bind(state)
+        .bind(i32::from(!f.succeeded))
+        .bind(f.retry_after.map(millis))
+        .bind(f.exit_code)
+        .bind(f.http_status)
+        .bind(&f.error)
+        .bind(&f.output)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.is_some())
+}

@@ -1,0 +1,450 @@
+//! The SQLite backend: one writer connection per process, WAL, and short
+//! `BEGIN IMMEDIATE` transactions so several processes can share one file.
+//! Times are milliseconds since the epoch on SQLite's clock.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Trigger};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+/// SQLite's clock in milliseconds.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// A handle on one SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+fn opt_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    Ok(row.try_get::<Option<i64>, _>(column)?.map(time))
+}
+
+fn claim_row(row: &SqliteRow) -> Result<ClaimRow, sqlx::Error> {
+    Ok(ClaimRow {
+        period_key: row.try_get("period_key")?,
+        period: row.try_get("period")?,
+        state: row.try_get("state")?,
+        attempt: row.try_get("attempt")?,
+        failures: row.try_get("failures")?,
+        owner: row.try_get("owner")?,
+        lease_until: opt_time(row, "lease_until")?,
+        retry_at: opt_time(row, "retry_at")?,
+        finished_at: opt_time(row, "finished_at")?,
+        now: time(row.try_get("now")?),
+    })
+}
+
+impl SqliteStore {
+    pub(super) async fn connect(url: &str) -> Result<SqliteStore, sqlx::Error> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: an acknowledged claim survives a power cut; a lost one
+            // would be a double run.
+            .synchronous(SqliteSynchronous::Full)
+            // Writers from other processes take turns; a wait can approach
+            // the whole timeout under contention, so it is generous.
+            .busy_timeout(Duration::from_secs(30));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options)
+            .await?;
+        Ok(SqliteStore { pool })
+    }
+
+    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        // Processes starting together on a new file race to migrate; the
+        // loser finds the work done on its next try.
+        let mut tries = 0;
+        loop {
+            match MIGRATOR.run(&self.pool).await {
+                Err(e)
+                    if tries < 5
+                        && !matches!(e, sqlx::migrate::MigrateError::VersionMissing(_)) =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    pub(super) async fn claim(&self, r: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let busy: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM scheduler_claims
+              WHERE job = ?1 AND state = 'running' AND lease_until >= {NOW} AND period_key <> ?2"
+        ))
+        .bind(r.job)
+        .bind(period_key(r))
+        .fetch_one(&mut *tx)
+        .await?;
+        if busy < i64::from(r.concurrency) {
+            let won = sqlx::query(&format!(
+                "INSERT INTO scheduler_claims
+                    (period_key, job, period, period_start, period_end, state, attempt, failures,
+                     trigger, owner, lease_until, started_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW})
+                 ON CONFLICT (period_key) DO UPDATE SET
+                    state = 'running',
+                    attempt = scheduler_claims.attempt + 1,
+                    trigger = CASE
+                        WHEN ?9 THEN ?6
+                        WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
+                        WHEN scheduler_claims.state = 'failed' THEN 'retry'
+                        ELSE ?6 END,
+                    owner = excluded.owner,
+                    lease_until = excluded.lease_until,
+                    retry_at = NULL,
+                    started_at = excluded.started_at,
+                    finished_at = NULL
+                 WHERE (scheduler_claims.state = 'running' AND scheduler_claims.lease_until < {NOW})
+                    OR scheduler_claims.state = 'released'
+                    OR (scheduler_claims.state = 'failed' AND (?9 OR scheduler_claims.retry_at <= {NOW}))
+                    OR (scheduler_claims.state = 'succeeded' AND ?10)
+                 RETURNING attempt, failures, trigger, started_at"
+            ))
+            .bind(period_key(r))
+            .bind(r.job)
+            .bind(&r.period.label)
+            .bind(ms(r.period.start))
+            .bind(ms(r.period.end))
+            .bind(r.trigger.as_str())
+            .bind(r.owner)
+            .bind(r.lease.as_millis() as i64)
+            .bind(r.manual)
+            .bind(r.force)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(row) = won {
+                let lease = Lease {
+                    key: period_key(r),
+                    attempt: row.try_get("attempt")?,
+                    failures: row.try_get("failures")?,
+                    trigger: Trigger::parse(row.try_get("trigger")?),
+                };
+                sqlx::query(&format!(
+                    "UPDATE scheduler_attempts SET outcome = 'lost', finished_at = {NOW}
+                      WHERE period_key = ?1 AND outcome = 'running' AND attempt < ?2"
+                ))
+                .bind(&lease.key)
+                .bind(lease.attempt)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO scheduler_attempts
+                        (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running')",
+                )
+                .bind(&lease.key)
+                .bind(lease.attempt)
+                .bind(r.job)
+                .bind(lease.trigger.as_str())
+                .bind(r.owner)
+                .bind(ms(r.scheduled_at))
+                .bind(row.try_get::<i64, _>("started_at")?)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                return Ok(Claim::Won(lease));
+            }
+        }
+        let row = sqlx::query(&format!(
+            "SELECT *, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1"
+        ))
+        .bind(period_key(r))
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(match row {
+            Some(row) => claim_row(&row)?.as_claim(),
+            None => Claim::Busy,
+        })
+    }
+
+    pub(super) async fn renew(
+        &self,
+        leases: &[&Lease],
+        lease: Duration,
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let mut renewed = Vec::with_capacity(leases.len());
+        for l in leases {
+            let done = sqlx::query(&format!(
+                "UPDATE scheduler_claims SET lease_until = {NOW} + ?3
+                  WHERE period_key = ?1 AND attempt = ?2 AND state = 'running'"
+            ))
+            .bind(&l.key)
+            .bind(l.attempt)
+            .bind(lease.as_millis() as i64)
+            .execute(&mut *tx)
+            .await?;
+            renewed.push(done.rows_affected() == 1);
+        }
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
+    pub(super) async fn finish(&self, lease: &Lease, finish: &Finish) -> Result<bool, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let recorded = record(&mut tx, lease, finish).await?;
+        tx.commit().await?;
+        Ok(recorded)
+    }
+
+    pub(super) async fn finish_with_sql(
+        &self,
+        lease: &Lease,
+        statement: &str,
+        params: &[String],
+    ) -> Result<Result<bool, String>, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let mut query = sqlx::query(statement);
+        for p in params {
+            query = query.bind(p);
+        }
+        if let Err(e) = query.execute(&mut *tx).await {
+            tx.rollback().await?;
+            return Ok(Err(e.to_string()));
+        }
+        let finish = Finish {
+            succeeded: true,
+            ..Finish::default()
+        };
+        let recorded = record(&mut tx, lease, &finish).await?;
+        if recorded {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(Ok(recorded))
+    }
+
+    pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let done = sqlx::query(&format!(
+            "UPDATE scheduler_claims SET state = 'released', lease_until = NULL, finished_at = {NOW}
+              WHERE period_key = ?1 AND attempt = ?2 AND state = 'running'"
+        ))
+        .bind(&lease.key)
+        .bind(lease.attempt)
+        .execute(&mut *tx)
+        .await?;
+        let released = done.rows_affected() == 1;
+        if released {
+            mark_attempt(&mut tx, &lease.key, lease.attempt, "released").await?;
+        }
+        tx.commit().await?;
+        Ok(released)
+    }
+
+    pub(super) async fn release_key(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query(&format!(
+            "UPDATE scheduler_claims SET state = 'released', lease_until = NULL, finished_at = {NOW}
+              WHERE period_key = ?1 AND state = 'running' RETURNING owner, attempt"
+        ))
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let owner = match row {
+            Some(row) => {
+                mark_attempt(&mut tx, key, row.try_get("attempt")?, "released").await?;
+                Some(row.try_get("owner")?)
+            }
+            None => None,
+        };
+        tx.commit().await?;
+        Ok(owner)
+    }
+
+    pub(super) async fn rows(&self, keys: &[String]) -> Result<Vec<ClaimRow>, sqlx::Error> {
+        // One statement for many keys: the keys travel as one JSON array.
+        let keys = serde_json::to_string(keys).unwrap_or_else(|_| "[]".into());
+        let rows = sqlx::query(&format!(
+            "SELECT c.*, {NOW} AS now FROM scheduler_claims c
+              WHERE c.period_key IN (SELECT value FROM json_each(?1))"
+        ))
+        .bind(keys)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_row).collect()
+    }
+
+    pub(super) async fn see_job(&self, job: &str) -> Result<JobRecord, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query(&format!(
+            "INSERT INTO scheduler_jobs (name, first_seen) VALUES (?1, {NOW})
+             ON CONFLICT (name) DO UPDATE SET name = excluded.name
+             RETURNING first_seen, paused"
+        ))
+        .bind(job)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(JobRecord {
+            first_seen: time(row.try_get("first_seen")?),
+            paused: row.try_get("paused")?,
+        })
+    }
+
+    pub(super) async fn set_paused(&self, job: &str, paused: bool) -> Result<(), sqlx::Error> {
+        sqlx::query(&format!(
+            "INSERT INTO scheduler_jobs (name, first_seen, paused) VALUES (?1, {NOW}, ?2)
+             ON CONFLICT (name) DO UPDATE SET paused = excluded.paused"
+        ))
+        .bind(job)
+        .bind(paused)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT * FROM scheduler_attempts WHERE job = ?1
+              ORDER BY started_at DESC, attempt DESC LIMIT ?2",
+        )
+        .bind(job)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Attempt {
+                    period_key: row.try_get("period_key")?,
+                    attempt: row.try_get("attempt")?,
+                    trigger: row.try_get("trigger")?,
+                    owner: row.try_get("owner")?,
+                    scheduled_at: opt_time(row, "scheduled_at")?,
+                    started_at: time(row.try_get("started_at")?),
+                    finished_at: opt_time(row, "finished_at")?,
+                    outcome: row.try_get("outcome")?,
+                    exit_code: row.try_get("exit_code")?,
+                    http_status: row.try_get("http_status")?,
+                    error: row.try_get("error")?,
+                    output: row.try_get("output")?,
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, sqlx::Error> {
+        let rows = sqlx::query(&format!(
+            "SELECT c.*, {NOW} AS now FROM scheduler_claims c WHERE c.job = ?1
+              ORDER BY c.period_start DESC LIMIT ?2"
+        ))
+        .bind(job)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_row).collect()
+    }
+
+    pub(super) async fn prune(&self, job: &str, keep: Duration) -> Result<u64, sqlx::Error> {
+        let mut tx = self.begin().await?;
+        let cutoff = format!("{NOW} - {}", keep.as_millis());
+        sqlx::query(&format!(
+            "DELETE FROM scheduler_attempts WHERE period_key IN (
+                SELECT period_key FROM scheduler_claims
+                 WHERE job = ?1 AND state IN ('succeeded', 'failed') AND finished_at < {cutoff})"
+        ))
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
+        let done = sqlx::query(&format!(
+            "DELETE FROM scheduler_claims
+              WHERE job = ?1 AND state IN ('succeeded', 'failed') AND finished_at < {cutoff}"
+        ))
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn period_key(r: &ClaimRequest<'_>) -> String {
+    crate::check::period_key(r.job, &r.period.label)
+}
+
+/// Writes an attempt's outcome if the claim is still at that attempt.
+async fn record(
+    tx: &mut Transaction<'static, Sqlite>,
+    lease: &Lease,
+    f: &Finish,
+) -> Result<bool, sqlx::Error> {
+    let state = if f.succeeded { "succeeded" } else { "failed" };
+    let done = sqlx::query(&format!(
+        "UPDATE scheduler_claims SET state = ?3, finished_at = {NOW}, lease_until = NULL,
+                failures = failures + ?4, retry_at = {NOW} + ?5
+          WHERE period_key = ?1 AND attempt = ?2 AND state = 'running'"
+    ))
+    .bind(&lease.key)
+    .bind(lease.attempt)
+    .bind(state)
+    .bind(i32::from(!f.succeeded))
+    .bind(f.retry_after.map(|d| d.as_millis() as i64))
+    .execute(&mut **tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    sqlx::query(&format!(
+        "UPDATE scheduler_attempts SET outcome = ?3, finished_at = {NOW}, exit_code = ?4,
+                http_status = ?5, error = ?6, output = ?7
+          WHERE period_key = ?1 AND attempt = ?2"
+    ))
+    .bind(&lease.key)
+    .bind(lease.attempt)
+    .bind(state)
+    .bind(f.exit_code)
+    .bind(f.http_status)
+    .bind(&f.error)
+    .bind(&f.output)
+    .execute(&mut **tx)
+    .await?;
+    Ok(true)
+}
+
+async fn mark_attempt(
+    tx: &mut Transaction<'static, Sqlite>,
+    key: &str,
+    attempt: i32,
+    outcome: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "UPDATE scheduler_attempts SET outcome = ?3, finished_at = {NOW}
+          WHERE period_key = ?1 AND attempt = ?2"
+    ))
+    .bind(key)
+    .bind(attempt)
+    .bind(outcome)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

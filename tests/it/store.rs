@@ -1,0 +1,384 @@
+//! The store conformance suite: the same tests against SQLite and a fresh
+//! PostgreSQL database each.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use scheduler::period::Period;
+use scheduler::store::{Claim, ClaimRequest, Finish, Lease, Store, Trigger};
+
+use crate::support::{TestDb, job};
+
+fn month(label: &str) -> Period {
+    let job = job("schedule = \"0 2 1 * *\"\nperiod = \"month\"");
+    job.period.parse_label(&job.schedule, label).unwrap()
+}
+
+fn request<'a>(period: &'a Period, owner: &'a str) -> ClaimRequest<'a> {
+    ClaimRequest {
+        job: "billing",
+        period,
+        owner,
+        lease: Duration::from_secs(60),
+        trigger: Trigger::Schedule,
+        concurrency: 1,
+        force: false,
+        manual: false,
+        scheduled_at: Utc::now(),
+    }
+}
+
+async fn won(store: &Store, request: &ClaimRequest<'_>) -> Lease {
+    match store.claim(request).await.unwrap() {
+        Claim::Won(lease) => lease,
+        other => panic!("expected to win, got {other:?}"),
+    }
+}
+
+fn succeeded() -> Finish {
+    Finish {
+        succeeded: true,
+        ..Finish::default()
+    }
+}
+
+fn failed(retry_after: Option<Duration>) -> Finish {
+    Finish {
+        error: Some("boom".into()),
+        exit_code: Some(3),
+        retry_after,
+        ..Finish::default()
+    }
+}
+
+async fn a_new_key_is_won_once_and_then_held(store: Store) {
+    let period = month("2026-07");
+    let lease = won(&store, &request(&period, "a")).await;
+    assert_eq!(
+        (lease.key.as_str(), lease.attempt, lease.trigger),
+        ("billing:2026-07", 1, Trigger::Schedule)
+    );
+    match store.claim(&request(&period, "b")).await.unwrap() {
+        Claim::Held { owner, .. } => assert_eq!(owner, "a"),
+        other => panic!("expected held, got {other:?}"),
+    }
+}
+
+async fn a_succeeded_period_is_done_and_force_takes_it_again(store: Store) {
+    let period = month("2026-07");
+    let lease = won(&store, &request(&period, "a")).await;
+    assert!(store.finish(&lease, &succeeded()).await.unwrap());
+    assert!(matches!(
+        store.claim(&request(&period, "b")).await.unwrap(),
+        Claim::Succeeded { .. }
+    ));
+    let forced = ClaimRequest {
+        force: true,
+        manual: true,
+        trigger: Trigger::Manual,
+        ..request(&period, "b")
+    };
+    let again = won(&store, &forced).await;
+    assert_eq!((again.attempt, again.trigger), (2, Trigger::Manual));
+}
+
+async fn an_expired_lease_is_recovered_and_the_old_attempt_is_fenced(store: Store) {
+    let period = month("2026-07");
+    let short = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..request(&period, "a")
+    };
+    let old = won(&store, &short).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let new = won(&store, &request(&period, "b")).await;
+    assert_eq!(
+        (new.attempt, new.trigger, new.failures),
+        (2, Trigger::Recovery, 0)
+    );
+    assert_eq!(
+        store.renew(&[&old], Duration::from_secs(60)).await.unwrap(),
+        [false]
+    );
+    assert!(
+        !store.finish(&old, &failed(None)).await.unwrap(),
+        "a late writer must change nothing"
+    );
+    assert!(store.finish(&new, &succeeded()).await.unwrap());
+    let history = store.history("billing", 10).await.unwrap();
+    let outcomes: Vec<(i32, &str)> = history
+        .iter()
+        .map(|a| (a.attempt, a.outcome.as_str()))
+        .collect();
+    assert_eq!(outcomes, [(2, "succeeded"), (1, "lost")]);
+}
+
+async fn a_failed_period_waits_for_its_retry_unless_run_by_hand(store: Store) {
+    let period = month("2026-07");
+    let first = won(&store, &request(&period, "a")).await;
+    assert!(
+        store
+            .finish(&first, &failed(Some(Duration::from_secs(3600))))
+            .await
+            .unwrap()
+    );
+    match store.claim(&request(&period, "b")).await.unwrap() {
+        Claim::Failed {
+            retry_at: Some(_),
+            failures: 1,
+        } => {}
+        other => panic!("expected a pending retry, got {other:?}"),
+    }
+    let manual = ClaimRequest {
+        manual: true,
+        trigger: Trigger::Manual,
+        ..request(&period, "b")
+    };
+    let second = won(&store, &manual).await;
+    assert_eq!(
+        (second.attempt, second.failures, second.trigger),
+        (2, 1, Trigger::Manual)
+    );
+}
+
+async fn a_due_retry_is_claimed_with_trigger_retry(store: Store) {
+    let period = month("2026-07");
+    let first = won(&store, &request(&period, "a")).await;
+    assert!(
+        store
+            .finish(&first, &failed(Some(Duration::from_millis(100))))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let retry = won(&store, &request(&period, "b")).await;
+    assert_eq!((retry.attempt, retry.trigger), (2, Trigger::Retry));
+    assert!(store.finish(&retry, &failed(None)).await.unwrap());
+    match store.claim(&request(&period, "c")).await.unwrap() {
+        Claim::Failed {
+            retry_at: None,
+            failures: 2,
+        } => {}
+        other => panic!("expected the budget spent, got {other:?}"),
+    }
+}
+
+async fn a_released_claim_is_taken_at_once_and_spends_no_retry(store: Store) {
+    let period = month("2026-07");
+    let first = won(&store, &request(&period, "a")).await;
+    assert!(store.release(&first).await.unwrap());
+    let second = won(&store, &request(&period, "b")).await;
+    assert_eq!(
+        (second.attempt, second.failures, second.trigger),
+        (2, 0, Trigger::Recovery)
+    );
+    assert_eq!(
+        store
+            .renew(&[&first, &second], Duration::from_secs(60))
+            .await
+            .unwrap(),
+        [false, true]
+    );
+}
+
+async fn release_by_key_ends_whatever_attempt_runs(store: Store) {
+    let period = month("2026-07");
+    let first = won(&store, &request(&period, "a")).await;
+    assert_eq!(
+        store
+            .release_key("billing:2026-07")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a")
+    );
+    assert_eq!(store.release_key("billing:2026-07").await.unwrap(), None);
+    assert!(!store.finish(&first, &succeeded()).await.unwrap());
+}
+
+async fn concurrency_limits_running_periods_of_a_job(store: Store) {
+    let (july, august) = (month("2026-07"), month("2026-08"));
+    let first = won(&store, &request(&july, "a")).await;
+    assert_eq!(
+        store.claim(&request(&august, "b")).await.unwrap(),
+        Claim::Busy
+    );
+    let two = ClaimRequest {
+        concurrency: 2,
+        ..request(&august, "b")
+    };
+    let second = won(&store, &two).await;
+    assert!(store.finish(&first, &succeeded()).await.unwrap());
+    assert!(store.finish(&second, &succeeded()).await.unwrap());
+    won(&store, &request(&month("2026-09"), "c")).await;
+}
+
+async fn concurrent_claims_of_one_key_have_one_winner(store: Store) {
+    let period = month("2026-07");
+    let claims = (0..16).map(|i| {
+        let store = store.clone();
+        let period = period.clone();
+        tokio::spawn(async move {
+            let owner = format!("owner-{i}");
+            store.claim(&request(&period, &owner)).await.unwrap()
+        })
+    });
+    let mut winners = 0;
+    for claim in claims {
+        if matches!(claim.await.unwrap(), Claim::Won(_)) {
+            winners += 1;
+        }
+    }
+    assert_eq!(winners, 1);
+}
+
+async fn an_sql_action_commits_with_the_outcome_or_not_at_all(store: Store) {
+    let period = month("2026-07");
+    let lease = won(&store, &request(&period, "a")).await;
+    let bad = store
+        .finish_with_sql(
+            &lease,
+            "INSERT INTO no_such_table VALUES ($1)",
+            &["x".into()],
+        )
+        .await
+        .unwrap();
+    assert!(bad.is_err(), "a failing statement is reported");
+    assert_eq!(
+        store
+            .renew(&[&lease], Duration::from_secs(60))
+            .await
+            .unwrap(),
+        [true],
+        "and the claim still runs"
+    );
+    let statement = "UPDATE scheduler_jobs SET paused = paused WHERE name = $1";
+    assert_eq!(
+        store
+            .finish_with_sql(&lease, statement, &["billing".into()])
+            .await
+            .unwrap(),
+        Ok(true)
+    );
+    assert!(matches!(
+        store.claim(&request(&period, "b")).await.unwrap(),
+        Claim::Succeeded { .. }
+    ));
+}
+
+async fn rows_reads_many_keys_in_one_call(store: Store) {
+    for label in ["2026-05", "2026-06"] {
+        let period = month(label);
+        let lease = won(&store, &request(&period, "a")).await;
+        store.finish(&lease, &succeeded()).await.unwrap();
+    }
+    let keys: Vec<String> = ["billing:2026-05", "billing:2026-06", "billing:2026-07"]
+        .map(String::from)
+        .to_vec();
+    let mut found: Vec<String> = store
+        .rows(&keys)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.period_key)
+        .collect();
+    found.sort();
+    assert_eq!(found, ["billing:2026-05", "billing:2026-06"]);
+}
+
+async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
+    let first = store.see_job("billing").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = store.see_job("billing").await.unwrap();
+    assert_eq!(first.first_seen, again.first_seen);
+    assert!(!again.paused);
+    store.set_paused("billing", true).await.unwrap();
+    assert!(store.see_job("billing").await.unwrap().paused);
+}
+
+async fn prune_deletes_only_old_finished_claims(store: Store) {
+    let (done, running) = (month("2026-06"), month("2026-07"));
+    let lease = won(&store, &request(&done, "a")).await;
+    store.finish(&lease, &succeeded()).await.unwrap();
+    won(&store, &request(&running, "a")).await;
+    assert_eq!(
+        store
+            .prune("billing", Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        store
+            .prune("billing", Duration::from_millis(10))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.history("billing", 10).await.unwrap().len(),
+        1,
+        "the running attempt stays"
+    );
+}
+
+/// Runs each test function against SQLite and PostgreSQL.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let db = crate::support::TestDb::sqlite();
+                    super::$name(db.store().await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(db) = crate::support::TestDb::postgres().await else { return };
+                    super::$name(db.store().await).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    a_new_key_is_won_once_and_then_held,
+    a_succeeded_period_is_done_and_force_takes_it_again,
+    an_expired_lease_is_recovered_and_the_old_attempt_is_fenced,
+    a_failed_period_waits_for_its_retry_unless_run_by_hand,
+    a_due_retry_is_claimed_with_trigger_retry,
+    a_released_claim_is_taken_at_once_and_spends_no_retry,
+    release_by_key_ends_whatever_attempt_runs,
+    concurrency_limits_running_periods_of_a_job,
+    concurrent_claims_of_one_key_have_one_winner,
+    an_sql_action_commits_with_the_outcome_or_not_at_all,
+    rows_reads_many_keys_in_one_call,
+    a_job_is_first_seen_once_and_pause_is_shared,
+    prune_deletes_only_old_finished_claims,
+);
+
+#[tokio::test]
+async fn a_database_migrated_by_a_newer_version_is_refused() {
+    let db = TestDb::sqlite();
+    let store = db.store().await;
+    drop(store);
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    sqlx::query("INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (99999, 'future', 1, x'00', 0)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let store = Store::connect(&db.url).await.unwrap();
+    let err = store.migrate().await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("migrated by a newer version of scheduler"),
+        "{err}"
+    );
+    assert_eq!(err.exit_code(), 3);
+}
