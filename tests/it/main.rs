@@ -3,6 +3,7 @@
 //! backends.
 
 mod cli_config;
+mod cli_run;
 mod dst;
 mod labels;
 mod properties;

@@ -165,3 +165,68 @@ impl Drop for TestDb {
         .join();
     }
 }
+
+impl TestDb {
+    /// The same from synchronous code.
+    pub fn postgres_blocking() -> Option<TestDb> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(TestDb::postgres())
+    }
+}
+
+/// The databases a multi-process test runs against: SQLite always,
+/// PostgreSQL where a server answers.
+pub fn databases() -> Vec<TestDb> {
+    let mut dbs = vec![TestDb::sqlite()];
+    dbs.extend(TestDb::postgres_blocking());
+    dbs
+}
+
+/// Waits for `child` to exit, failing the test if it takes longer than a
+/// generous bound (hang detection only).
+pub fn wait(mut child: std::process::Child, bound: std::time::Duration) -> Output {
+    let start = std::time::Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if start.elapsed() > bound {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "process still running after {bound:?}\nstdout: {}\nstderr: {}",
+                out.stdout(),
+                out.stderr()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Polls `check` until it is true, failing after `bound`.
+pub fn eventually(what: &str, bound: std::time::Duration, mut check: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !check() {
+        assert!(start.elapsed() < bound, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether a process with this pid still exists (and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}
+
+/// The lines of a file in the workspace, or none.
+pub fn lines(path: impl AsRef<Path>) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}

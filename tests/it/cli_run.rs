@@ -1,0 +1,423 @@
+//! `scheduler run` as a user (or a platform cron container) runs it: real
+//! processes against a real SQLite file and a real PostgreSQL database.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::{Said, TestDb, Workspace, alive, databases, eventually, lines, wait};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+fn workspace(job_body: &str) -> Workspace {
+    Workspace::new(&format!(
+        "[scheduler]\nlease = \"2s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n{job_body}\n"
+    ))
+}
+
+fn run(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["--database-url", db.url.as_str(), "run", "billing"];
+    all.extend_from_slice(args);
+    wait(
+        ws.command(&all)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        BOUND,
+    )
+}
+
+#[test]
+fn sixteen_concurrent_runs_of_one_period_execute_it_once() {
+    for db in databases() {
+        let ws = workspace("shell = \"echo run >> runs.txt; sleep 0.3\"");
+        let children: Vec<_> = (0..16)
+            .map(|_| {
+                ws.command(&[
+                    "--database-url",
+                    &db.url,
+                    "run",
+                    "billing",
+                    "--period",
+                    "2026-07",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+            })
+            .collect();
+        for child in children {
+            let out = wait(child, BOUND);
+            assert_eq!(
+                out.code(),
+                0,
+                "{}: {}{}",
+                db.url,
+                out.stdout(),
+                out.stderr()
+            );
+        }
+        assert_eq!(lines(ws.path().join("runs.txt")).len(), 1, "{}", db.url);
+    }
+}
+
+#[test]
+fn a_killed_runner_holds_its_period_until_the_lease_ends_then_attempt_2_takes_it() {
+    for db in databases() {
+        let ws = workspace(
+            "shell = \"echo $SCHEDULER_ATTEMPT >> attempts.txt; if [ $SCHEDULER_ATTEMPT = 1 ]; then echo $$ > job.pid; exec sleep 30; fi\"",
+        );
+        let runner = ws
+            .command(&[
+                "--database-url",
+                &db.url,
+                "run",
+                "billing",
+                "--period",
+                "2026-07",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid_file = ws.path().join("job.pid");
+        eventually("the job to start", BOUND, || lines(&pid_file).len() == 1);
+        let job_pid: i32 = lines(&pid_file)[0].parse().unwrap();
+        kill(Pid::from_raw(runner.id() as i32), Signal::SIGKILL).unwrap();
+        wait(runner, BOUND);
+        eventually(
+            "the job to die with its runner",
+            Duration::from_secs(10),
+            || !alive(job_pid),
+        );
+
+        let held = run(&ws, &db, &["--period", "2026-07"]);
+        assert_eq!(held.code(), 0, "{}", held.stderr());
+        assert!(
+            held.stdout().contains("skipped: running on"),
+            "{}",
+            held.stdout()
+        );
+
+        std::thread::sleep(Duration::from_millis(2500));
+        let taken = run(&ws, &db, &["--period", "2026-07"]);
+        assert_eq!(taken.code(), 0, "{}", taken.stderr());
+        assert!(
+            taken.stdout().contains("succeeded: attempt 2"),
+            "{}",
+            taken.stdout()
+        );
+        assert_eq!(
+            lines(ws.path().join("attempts.txt")),
+            ["1", "2"],
+            "{}",
+            db.url
+        );
+    }
+}
+
+#[test]
+fn a_frozen_runner_cannot_overwrite_the_takeover_and_its_job_is_stopped() {
+    for db in databases() {
+        let ws = workspace(
+            "shell = \"if [ $SCHEDULER_ATTEMPT = 1 ]; then echo $$ > job.pid; sleep 8; echo late >> late.txt; else echo ok >> done.txt; fi\"",
+        );
+        let frozen = ws
+            .command(&[
+                "--database-url",
+                &db.url,
+                "run",
+                "billing",
+                "--period",
+                "2026-07",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid_file = ws.path().join("job.pid");
+        eventually("the job to start", BOUND, || lines(&pid_file).len() == 1);
+        let job_pid: i32 = lines(&pid_file)[0].parse().unwrap();
+        let frozen_pid = Pid::from_raw(frozen.id() as i32);
+        kill(frozen_pid, Signal::SIGSTOP).unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+
+        let takeover = run(&ws, &db, &["--period", "2026-07"]);
+        assert!(
+            takeover.stdout().contains("succeeded: attempt 2"),
+            "{}",
+            takeover.stdout()
+        );
+
+        kill(frozen_pid, Signal::SIGCONT).unwrap();
+        let out = wait(frozen, BOUND);
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        assert!(out.stdout().contains("lost"), "{}", out.stdout());
+        eventually(
+            "the frozen runner's job to be stopped",
+            Duration::from_secs(5),
+            || !alive(job_pid),
+        );
+        std::thread::sleep(Duration::from_secs(6));
+        assert!(
+            lines(ws.path().join("late.txt")).is_empty(),
+            "the stopped job finished anyway"
+        );
+
+        let history = wait(
+            ws.command(&["--database-url", &db.url, "history", "billing"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+            BOUND,
+        );
+        let text = history.stdout();
+        assert!(text.contains("attempt 2  succeeded"), "{text}");
+        assert!(text.contains("attempt 1  lost"), "{text}");
+    }
+}
+
+#[test]
+fn a_failure_exits_1_and_a_manual_run_retries_with_a_higher_attempt() {
+    for db in databases() {
+        let ws = workspace("shell = \"echo $SCHEDULER_ATTEMPT >> attempts.txt; test ! -e fail\"");
+        std::fs::write(ws.path().join("fail"), "").unwrap();
+        let failed = run(&ws, &db, &["--period", "2026-07"]);
+        assert_eq!(failed.code(), 1, "{}", failed.stderr());
+        assert!(
+            failed
+                .stdout()
+                .contains("failed: exited with status 1 (attempt 1"),
+            "{}",
+            failed.stdout()
+        );
+
+        std::fs::remove_file(ws.path().join("fail")).unwrap();
+        let retried = run(&ws, &db, &["--period", "2026-07"]);
+        assert_eq!(retried.code(), 0, "{}", retried.stderr());
+        assert!(
+            retried
+                .stdout()
+                .contains("succeeded: attempt 2, trigger manual"),
+            "{}",
+            retried.stdout()
+        );
+
+        let again = run(&ws, &db, &["--period", "2026-07"]);
+        assert!(
+            again.stdout().contains("skipped: already succeeded at"),
+            "{}",
+            again.stdout()
+        );
+        let forced = run(&ws, &db, &["--period", "2026-07", "--force"]);
+        assert!(
+            forced.stdout().contains("succeeded: attempt 3"),
+            "{}",
+            forced.stdout()
+        );
+        assert_eq!(lines(ws.path().join("attempts.txt")), ["1", "2", "3"]);
+    }
+}
+
+#[test]
+fn dry_run_claims_nothing() {
+    for db in databases() {
+        let ws = workspace("shell = \"echo run >> runs.txt\"");
+        let out = run(
+            &ws,
+            &db,
+            &["--from", "2026-06", "--to", "2026-07", "--dry-run"],
+        );
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        assert_eq!(
+            out.stdout(),
+            "billing:2026-06  would claim: new period\nbilling:2026-07  would claim: new period\n"
+        );
+        assert!(lines(ws.path().join("runs.txt")).is_empty());
+        let real = run(&ws, &db, &["--period", "2026-07"]);
+        assert!(
+            real.stdout().contains("attempt 1"),
+            "nothing was claimed before: {}",
+            real.stdout()
+        );
+    }
+}
+
+#[test]
+fn a_range_runs_oldest_first_and_a_repeat_runs_none() {
+    for db in databases() {
+        let ws = workspace("command = [\"sh\", \"-c\", \"echo {period} >> runs.txt\"]");
+        let out = run(&ws, &db, &["--from", "2026-02", "--to", "2026-06"]);
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        assert_eq!(
+            lines(ws.path().join("runs.txt")),
+            ["2026-02", "2026-03", "2026-04", "2026-05", "2026-06"]
+        );
+        let repeat = run(
+            &ws,
+            &db,
+            &["--from", "2026-02", "--to", "2026-06", "--json"],
+        );
+        assert_eq!(repeat.code(), 0);
+        let statuses: Vec<serde_json::Value> = repeat
+            .stdout()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(statuses.len(), 5);
+        assert!(
+            statuses.iter().all(|s| s["status"] == "skipped"),
+            "{}",
+            repeat.stdout()
+        );
+        assert_eq!(lines(ws.path().join("runs.txt")).len(), 5);
+    }
+}
+
+#[test]
+fn the_job_sees_its_period_in_placeholders_and_environment() {
+    let db = TestDb::sqlite();
+    let ws = workspace(
+        "command = [\"sh\", \"-c\", \"env | grep ^SCHEDULER_ | sort > env.txt; echo $0 > args.txt\", \"{period_key}|{period_start}|{period_end}|{attempt}\"]",
+    );
+    let out = run(&ws, &db, &["--period", "2026-07"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert_eq!(
+        lines(ws.path().join("args.txt")),
+        ["billing:2026-07|2026-07-01T00:00:00Z|2026-08-01T00:00:00Z|1"]
+    );
+    let env = lines(ws.path().join("env.txt"));
+    for expected in [
+        "SCHEDULER_ATTEMPT=1",
+        "SCHEDULER_JOB=billing",
+        "SCHEDULER_PERIOD=2026-07",
+        "SCHEDULER_PERIOD_END=2026-08-01T00:00:00Z",
+        "SCHEDULER_PERIOD_KEY=billing:2026-07",
+        "SCHEDULER_PERIOD_START=2026-07-01T00:00:00Z",
+        "SCHEDULER_SCHEDULED_AT=2026-08-01T02:00:00Z",
+        "SCHEDULER_TRIGGER=manual",
+    ] {
+        assert!(
+            env.iter().any(|l| l == expected),
+            "{expected} missing from {env:?}"
+        );
+    }
+}
+
+#[test]
+fn a_first_seen_job_runs_its_latest_due_period_with_trigger_schedule() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nshell = \"echo $SCHEDULER_TRIGGER >> runs.txt\"\n",
+    );
+    let out = wait(
+        ws.command(&["--database-url", &db.url, "run", "tick"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        BOUND,
+    );
+    assert_eq!(out.code(), 0);
+    assert_eq!(
+        out.stdout().lines().count(),
+        1,
+        "only the latest period: {}",
+        out.stdout()
+    );
+    assert_eq!(lines(ws.path().join("runs.txt")), ["schedule"]);
+}
+
+#[test]
+fn a_timeout_kills_the_job_and_counts_as_a_failure() {
+    let db = TestDb::sqlite();
+    let ws = workspace("timeout = \"1s\"\nshell = \"echo $$ > job.pid; sleep 30 & wait\"");
+    let started = std::time::Instant::now();
+    let out = run(&ws, &db, &["--period", "2026-07"]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    assert!(
+        out.stdout().contains("timed out after 1s"),
+        "{}",
+        out.stdout()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the group was not killed"
+    );
+}
+
+#[test]
+fn an_unreachable_database_exits_3_with_the_password_masked() {
+    let ws = workspace("command = [\"true\"]");
+    let out = ws.run(&[
+        "--database-url",
+        "postgres://postgres:s3cret@127.0.0.1:1/test",
+        "run",
+        "billing",
+    ]);
+    assert_eq!(out.code(), 3, "{}", out.stderr());
+    assert!(
+        out.stderr()
+            .contains("cannot connect to the database at postgres://postgres:***@127.0.0.1:1/test"),
+        "{}",
+        out.stderr()
+    );
+    assert!(!out.stderr().contains("s3cret") && !out.stdout().contains("s3cret"));
+}
+
+#[test]
+fn a_database_url_that_is_neither_sqlite_nor_postgres_is_a_usage_error() {
+    let ws = workspace("command = [\"true\"]");
+    let out = ws.run(&[
+        "--database-url",
+        "mysql://root:pw@localhost/x",
+        "run",
+        "billing",
+    ]);
+    assert_eq!(out.code(), 2);
+    assert!(
+        out.stderr().contains("--database-url")
+            && out.stderr().contains("mysql://root:***@localhost/x"),
+        "{}",
+        out.stderr()
+    );
+}
+
+#[test]
+fn a_future_period_is_refused_before_any_claim() {
+    let db = TestDb::sqlite();
+    let ws = workspace("command = [\"true\"]");
+    let out = run(&ws, &db, &["--period", "2999-01"]);
+    assert_eq!(out.code(), 2);
+    assert!(
+        out.stderr()
+            .contains("--period: period 2999-01 starts at 2999-01-01T00:00:00Z, after now"),
+        "{}",
+        out.stderr()
+    );
+}
+
+#[test]
+fn the_database_url_flag_wins_over_the_environment_which_wins_over_the_file() {
+    let ws = Workspace::new(
+        "[scheduler]\ndatabase_url = \"sqlite://file.db\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"true\"]\n",
+    );
+    let with_env = |args: &[&str]| {
+        ws.command(args)
+            .env("DATABASE_URL", "sqlite://env.db")
+            .output()
+            .unwrap()
+    };
+    assert_eq!(
+        with_env(&["--database-url", "sqlite://flag.db", "migrate"]).code(),
+        0
+    );
+    assert!(ws.path().join("flag.db").exists() && !ws.path().join("env.db").exists());
+    assert_eq!(with_env(&["migrate"]).code(), 0);
+    assert!(ws.path().join("env.db").exists() && !ws.path().join("file.db").exists());
+    assert_eq!(ws.run(&["migrate"]).code(), 0);
+    assert!(ws.path().join("file.db").exists());
+}
