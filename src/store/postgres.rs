@@ -56,6 +56,9 @@ impl PgStore {
     pub(super) async fn connect(url: &str) -> Result<PgStore, sqlx::Error> {
         let pool = PgPoolOptions::new()
             .max_connections(8)
+            // A broken connection fails its query and is replaced; a ping
+            // before every use would cost a round trip per statement.
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;

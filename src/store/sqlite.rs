@@ -65,6 +65,9 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(30));
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
+            // A broken connection fails its query and is replaced; a ping
+            // before every use would cost a round trip per statement.
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(60))
             .connect_with(options)
             .await?;
@@ -95,58 +98,56 @@ impl SqliteStore {
 
     pub(super) async fn claim(&self, r: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
         let mut tx = self.begin().await?;
-        let busy: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM scheduler_claims
-              WHERE job = ?1 AND state = 'running' AND lease_until >= {NOW} AND period_key <> ?2"
+        // The concurrency count gates the row the upsert inserts: with no
+        // free slot there is no row, so no insert and no takeover either.
+        let won = sqlx::query(&format!(
+            "INSERT INTO scheduler_claims
+                (period_key, job, period, period_start, period_end, state, attempt, failures,
+                 trigger, owner, lease_until, started_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
+              WHERE (SELECT count(*) FROM scheduler_claims
+                      WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
+                        AND period_key <> ?1) < ?11
+             ON CONFLICT (period_key) DO UPDATE SET
+                state = 'running',
+                attempt = scheduler_claims.attempt + 1,
+                trigger = CASE
+                    WHEN ?9 THEN ?6
+                    WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
+                    WHEN scheduler_claims.state = 'failed' THEN 'retry'
+                    ELSE ?6 END,
+                owner = excluded.owner,
+                lease_until = excluded.lease_until,
+                retry_at = NULL,
+                started_at = excluded.started_at,
+                finished_at = NULL
+             WHERE (scheduler_claims.state = 'running' AND scheduler_claims.lease_until < {NOW})
+                OR scheduler_claims.state = 'released'
+                OR (scheduler_claims.state = 'failed' AND (?9 OR scheduler_claims.retry_at <= {NOW}))
+                OR (scheduler_claims.state = 'succeeded' AND ?10)
+             RETURNING attempt, failures, trigger, started_at"
         ))
-        .bind(r.job)
         .bind(period_key(r))
-        .fetch_one(&mut *tx)
+        .bind(r.job)
+        .bind(&r.period.label)
+        .bind(ms(r.period.start))
+        .bind(ms(r.period.end))
+        .bind(r.trigger.as_str())
+        .bind(r.owner)
+        .bind(r.lease.as_millis() as i64)
+        .bind(r.manual)
+        .bind(r.force)
+        .bind(r.concurrency)
+        .fetch_optional(&mut *tx)
         .await?;
-        if busy < i64::from(r.concurrency) {
-            let won = sqlx::query(&format!(
-                "INSERT INTO scheduler_claims
-                    (period_key, job, period, period_start, period_end, state, attempt, failures,
-                     trigger, owner, lease_until, started_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW})
-                 ON CONFLICT (period_key) DO UPDATE SET
-                    state = 'running',
-                    attempt = scheduler_claims.attempt + 1,
-                    trigger = CASE
-                        WHEN ?9 THEN ?6
-                        WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
-                        WHEN scheduler_claims.state = 'failed' THEN 'retry'
-                        ELSE ?6 END,
-                    owner = excluded.owner,
-                    lease_until = excluded.lease_until,
-                    retry_at = NULL,
-                    started_at = excluded.started_at,
-                    finished_at = NULL
-                 WHERE (scheduler_claims.state = 'running' AND scheduler_claims.lease_until < {NOW})
-                    OR scheduler_claims.state = 'released'
-                    OR (scheduler_claims.state = 'failed' AND (?9 OR scheduler_claims.retry_at <= {NOW}))
-                    OR (scheduler_claims.state = 'succeeded' AND ?10)
-                 RETURNING attempt, failures, trigger, started_at"
-            ))
-            .bind(period_key(r))
-            .bind(r.job)
-            .bind(&r.period.label)
-            .bind(ms(r.period.start))
-            .bind(ms(r.period.end))
-            .bind(r.trigger.as_str())
-            .bind(r.owner)
-            .bind(r.lease.as_millis() as i64)
-            .bind(r.manual)
-            .bind(r.force)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(row) = won {
-                let lease = Lease {
-                    key: period_key(r),
-                    attempt: row.try_get("attempt")?,
-                    failures: row.try_get("failures")?,
-                    trigger: Trigger::parse(row.try_get("trigger")?),
-                };
+        if let Some(row) = won {
+            let lease = Lease {
+                key: period_key(r),
+                attempt: row.try_get("attempt")?,
+                failures: row.try_get("failures")?,
+                trigger: Trigger::parse(row.try_get("trigger")?),
+            };
+            if lease.attempt > 1 {
                 sqlx::query(&format!(
                     "UPDATE scheduler_attempts SET outcome = 'lost', finished_at = {NOW}
                       WHERE period_key = ?1 AND outcome = 'running' AND attempt < ?2"
@@ -155,23 +156,23 @@ impl SqliteStore {
                 .bind(lease.attempt)
                 .execute(&mut *tx)
                 .await?;
-                sqlx::query(
-                    "INSERT INTO scheduler_attempts
-                        (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running')",
-                )
-                .bind(&lease.key)
-                .bind(lease.attempt)
-                .bind(r.job)
-                .bind(lease.trigger.as_str())
-                .bind(r.owner)
-                .bind(ms(r.scheduled_at))
-                .bind(row.try_get::<i64, _>("started_at")?)
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                return Ok(Claim::Won(lease));
             }
+            sqlx::query(
+                "INSERT INTO scheduler_attempts
+                    (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running')",
+            )
+            .bind(&lease.key)
+            .bind(lease.attempt)
+            .bind(r.job)
+            .bind(lease.trigger.as_str())
+            .bind(r.owner)
+            .bind(ms(r.scheduled_at))
+            .bind(row.try_get::<i64, _>("started_at")?)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(Claim::Won(lease));
         }
         let row = sqlx::query(&format!(
             "SELECT *, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1"
