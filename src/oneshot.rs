@@ -129,7 +129,10 @@ async fn plan<'a>(
         } else if let (Some(from), Some(to)) = (&args.from, &args.to) {
             range(job, from, to, now)?
         } else {
-            let seen = store.see_job(&job.name).await?;
+            let seen = store.see_jobs(std::slice::from_ref(&job.name)).await?;
+            let Some(seen) = seen.get(&job.name) else {
+                continue;
+            };
             if seen.paused {
                 eprintln!(
                     "{}: paused; `scheduler resume {}` to run it again",

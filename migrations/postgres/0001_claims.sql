@@ -5,6 +5,7 @@ CREATE TABLE scheduler_claims (
     period       TEXT NOT NULL,
     period_start TIMESTAMPTZ NOT NULL,
     period_end   TIMESTAMPTZ NOT NULL,
+    scheduled_at TIMESTAMPTZ NOT NULL,
     state        TEXT NOT NULL CHECK (state IN ('running', 'succeeded', 'failed', 'released')),
     attempt      INTEGER NOT NULL,
     failures     INTEGER NOT NULL DEFAULT 0,
@@ -19,6 +20,8 @@ CREATE TABLE scheduler_claims (
 -- Expired-lease and concurrency look-ups touch running rows only.
 CREATE INDEX scheduler_claims_running ON scheduler_claims (job, lease_until) WHERE state = 'running';
 CREATE INDEX scheduler_claims_retry ON scheduler_claims (retry_at) WHERE state = 'failed';
+CREATE INDEX scheduler_claims_released
+    ON scheduler_claims (job) WHERE state = 'released';
 CREATE INDEX scheduler_claims_job ON scheduler_claims (job, period_start);
 
 -- Every attempt, kept until pruned.
@@ -73,9 +76,9 @@ BEGIN
         RETURN QUERY
         WITH claimed AS (
             INSERT INTO scheduler_claims AS c
-                (period_key, job, period, period_start, period_end, state, attempt,
-                 failures, trigger, owner, lease_until, started_at)
-            VALUES (p_key, p_job, p_period, p_start, p_end, 'running', 1, 0, p_trigger,
+                (period_key, job, period, period_start, period_end, scheduled_at, state,
+                 attempt, failures, trigger, owner, lease_until, started_at)
+            VALUES (p_key, p_job, p_period, p_start, p_end, p_scheduled_at, 'running', 1, 0, p_trigger,
                     p_owner, now() + p_lease_ms * interval '1 millisecond', now())
             ON CONFLICT (period_key) DO UPDATE SET
                 state = 'running',
@@ -98,7 +101,7 @@ BEGIN
         ), logged AS (
             INSERT INTO scheduler_attempts
                 (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
-            SELECT period_key, attempt, job, trigger, owner, p_scheduled_at, started_at, 'running'
+            SELECT period_key, attempt, job, trigger, owner, scheduled_at, started_at, 'running'
               FROM claimed
         ), lost AS (
             UPDATE scheduler_attempts a SET outcome = 'lost', finished_at = now()

@@ -6,6 +6,7 @@ CREATE TABLE IF NOT EXISTS scheduler_claims (
     period       TEXT NOT NULL,
     period_start INTEGER NOT NULL,
     period_end   INTEGER NOT NULL,
+    scheduled_at INTEGER NOT NULL,
     state        TEXT NOT NULL CHECK (state IN ('running', 'succeeded', 'failed', 'released')),
     attempt      INTEGER NOT NULL,
     failures     INTEGER NOT NULL DEFAULT 0,
@@ -22,6 +23,8 @@ CREATE INDEX IF NOT EXISTS scheduler_claims_running
     ON scheduler_claims (job, lease_until) WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS scheduler_claims_retry
     ON scheduler_claims (retry_at) WHERE state = 'failed';
+CREATE INDEX IF NOT EXISTS scheduler_claims_released
+    ON scheduler_claims (job) WHERE state = 'released';
 CREATE INDEX IF NOT EXISTS scheduler_claims_job
     ON scheduler_claims (job, period_start);
 

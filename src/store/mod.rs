@@ -8,6 +8,7 @@
 mod postgres;
 mod sqlite;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -211,6 +212,18 @@ impl ClaimRow {
     }
 }
 
+/// A period whose claim can be taken again now: its lease expired, it was
+/// released, or its retry is due.
+#[derive(Debug, Clone)]
+pub struct Reclaimable {
+    /// The job's name.
+    pub job: String,
+    /// The period, as claimed before.
+    pub period: Period,
+    /// The fire it stood for.
+    pub scheduled_at: DateTime<Utc>,
+}
+
 /// A job as the database has seen it.
 #[derive(Debug, Clone, Copy)]
 pub struct JobRecord {
@@ -318,9 +331,32 @@ impl Store {
         dispatch!(self.rows(keys)).map_err(query_error)
     }
 
-    /// Records `job` as seen (now, on the database's clock) if it is new.
-    pub async fn see_job(&self, job: &str) -> Result<JobRecord, Error> {
-        dispatch!(self.see_job(job)).map_err(query_error)
+    /// Periods of `jobs` that can be claimed again now, oldest first.
+    pub async fn reclaimable(
+        &self,
+        jobs: &[String],
+        limit: u32,
+    ) -> Result<Vec<Reclaimable>, Error> {
+        dispatch!(self.reclaimable(jobs, limit)).map_err(query_error)
+    }
+
+    /// Records `jobs` as seen (now, on the database's clock) where new, in
+    /// one statement, and returns each one's record.
+    pub async fn see_jobs(&self, jobs: &[String]) -> Result<HashMap<String, JobRecord>, Error> {
+        dispatch!(self.see_jobs(jobs)).map_err(query_error)
+    }
+
+    /// The jobs paused for every replica.
+    pub async fn paused_jobs(&self) -> Result<Vec<String>, Error> {
+        dispatch!(self.paused_jobs()).map_err(query_error)
+    }
+
+    /// For each of `jobs` with claims, the newest fire a claim was made for.
+    pub async fn last_fires(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, Error> {
+        dispatch!(self.last_fires(jobs)).map_err(query_error)
     }
 
     /// Pauses or resumes `job` for every replica.

@@ -2,12 +2,18 @@
 //! the migration), every other write one statement, so a run costs two round
 //! trips and two commits besides heartbeats.
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
-use super::{Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Trigger};
+use super::{
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Trigger,
+};
+use crate::period::Period;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -223,19 +229,79 @@ impl PgStore {
         rows.iter().map(claim_row).collect()
     }
 
-    pub(super) async fn see_job(&self, job: &str) -> Result<JobRecord, sqlx::Error> {
-        let row = sqlx::query(
-            "INSERT INTO scheduler_jobs (name, first_seen) VALUES ($1, now())
-             ON CONFLICT (name) DO UPDATE SET name = excluded.name
-             RETURNING first_seen, paused",
+    pub(super) async fn reclaimable(
+        &self,
+        jobs: &[String],
+        limit: u32,
+    ) -> Result<Vec<Reclaimable>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
+              WHERE job = ANY($1)
+                AND ((state = 'running' AND lease_until < now())
+                     OR state = 'released'
+                     OR (state = 'failed' AND retry_at <= now()))
+              ORDER BY period_start LIMIT $2",
         )
-        .bind(job)
-        .fetch_one(&self.pool)
+        .bind(jobs)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
         .await?;
-        Ok(JobRecord {
-            first_seen: row.try_get("first_seen")?,
-            paused: row.try_get("paused")?,
-        })
+        rows.iter()
+            .map(|row| {
+                Ok(Reclaimable {
+                    job: row.try_get("job")?,
+                    period: Period {
+                        label: row.try_get("period")?,
+                        start: row.try_get("period_start")?,
+                        end: row.try_get("period_end")?,
+                    },
+                    scheduled_at: row.try_get("scheduled_at")?,
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn see_jobs(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, JobRecord>, sqlx::Error> {
+        let rows = sqlx::query(
+            "INSERT INTO scheduler_jobs (name, first_seen)
+             SELECT name, now() FROM unnest($1::text[]) AS name
+             ON CONFLICT (name) DO UPDATE SET name = excluded.name
+             RETURNING name, first_seen, paused",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let record = JobRecord {
+                    first_seen: row.try_get("first_seen")?,
+                    paused: row.try_get("paused")?,
+                };
+                Ok((row.try_get("name")?, record))
+            })
+            .collect()
+    }
+
+    pub(super) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT name FROM scheduler_jobs WHERE paused")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    pub(super) async fn last_fires(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT job, max(scheduled_at) FROM scheduler_claims WHERE job = ANY($1) GROUP BY job",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().collect())
     }
 
     pub(super) async fn set_paused(&self, job: &str, paused: bool) -> Result<(), sqlx::Error> {

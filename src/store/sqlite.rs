@@ -2,6 +2,7 @@
 //! `BEGIN IMMEDIATE` transactions so several processes can share one file.
 //! Times are milliseconds since the epoch on SQLite's clock.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -12,7 +13,10 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
-use super::{Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Trigger};
+use super::{
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Trigger,
+};
+use crate::period::Period;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -102,9 +106,9 @@ impl SqliteStore {
         // free slot there is no row, so no insert and no takeover either.
         let won = sqlx::query(&format!(
             "INSERT INTO scheduler_claims
-                (period_key, job, period, period_start, period_end, state, attempt, failures,
-                 trigger, owner, lease_until, started_at)
-             SELECT ?1, ?2, ?3, ?4, ?5, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
+                (period_key, job, period, period_start, period_end, scheduled_at, state, attempt,
+                 failures, trigger, owner, lease_until, started_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
               WHERE (SELECT count(*) FROM scheduler_claims
                       WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
                         AND period_key <> ?1) < ?11
@@ -125,7 +129,7 @@ impl SqliteStore {
                 OR scheduler_claims.state = 'released'
                 OR (scheduler_claims.state = 'failed' AND (?9 OR scheduler_claims.retry_at <= {NOW}))
                 OR (scheduler_claims.state = 'succeeded' AND ?10)
-             RETURNING attempt, failures, trigger, started_at"
+             RETURNING attempt, failures, trigger, started_at, scheduled_at"
         ))
         .bind(period_key(r))
         .bind(r.job)
@@ -138,6 +142,7 @@ impl SqliteStore {
         .bind(r.manual)
         .bind(r.force)
         .bind(r.concurrency)
+        .bind(ms(r.scheduled_at))
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(row) = won {
@@ -167,7 +172,7 @@ impl SqliteStore {
             .bind(r.job)
             .bind(lease.trigger.as_str())
             .bind(r.owner)
-            .bind(ms(r.scheduled_at))
+            .bind(row.try_get::<i64, _>("scheduled_at")?)
             .bind(row.try_get::<i64, _>("started_at")?)
             .execute(&mut *tx)
             .await?;
@@ -296,21 +301,85 @@ impl SqliteStore {
         rows.iter().map(claim_row).collect()
     }
 
-    pub(super) async fn see_job(&self, job: &str) -> Result<JobRecord, sqlx::Error> {
-        let mut tx = self.begin().await?;
-        let row = sqlx::query(&format!(
-            "INSERT INTO scheduler_jobs (name, first_seen) VALUES (?1, {NOW})
-             ON CONFLICT (name) DO UPDATE SET name = excluded.name
-             RETURNING first_seen, paused"
+    pub(super) async fn reclaimable(
+        &self,
+        jobs: &[String],
+        limit: u32,
+    ) -> Result<Vec<Reclaimable>, sqlx::Error> {
+        let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let rows = sqlx::query(&format!(
+            "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
+              WHERE job IN (SELECT value FROM json_each(?1))
+                AND ((state = 'running' AND lease_until < {NOW})
+                     OR state = 'released'
+                     OR (state = 'failed' AND retry_at <= {NOW}))
+              ORDER BY period_start LIMIT ?2"
         ))
-        .bind(job)
-        .fetch_one(&mut *tx)
+        .bind(jobs)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Reclaimable {
+                    job: row.try_get("job")?,
+                    period: Period {
+                        label: row.try_get("period")?,
+                        start: time(row.try_get("period_start")?),
+                        end: time(row.try_get("period_end")?),
+                    },
+                    scheduled_at: time(row.try_get("scheduled_at")?),
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn see_jobs(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, JobRecord>, sqlx::Error> {
+        let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let mut tx = self.begin().await?;
+        let rows = sqlx::query(&format!(
+            "INSERT INTO scheduler_jobs (name, first_seen)
+             SELECT value, {NOW} FROM json_each(?1) WHERE true
+             ON CONFLICT (name) DO UPDATE SET name = excluded.name
+             RETURNING name, first_seen, paused"
+        ))
+        .bind(names)
+        .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(JobRecord {
-            first_seen: time(row.try_get("first_seen")?),
-            paused: row.try_get("paused")?,
-        })
+        rows.iter()
+            .map(|row| {
+                let record = JobRecord {
+                    first_seen: time(row.try_get("first_seen")?),
+                    paused: row.try_get("paused")?,
+                };
+                Ok((row.try_get("name")?, record))
+            })
+            .collect()
+    }
+
+    pub(super) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT name FROM scheduler_jobs WHERE paused")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    pub(super) async fn last_fires(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+        let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT job, max(scheduled_at) FROM scheduler_claims
+              WHERE job IN (SELECT value FROM json_each(?1)) GROUP BY job",
+        )
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(job, at)| (job, time(at))).collect())
     }
 
     pub(super) async fn set_paused(&self, job: &str, paused: bool) -> Result<(), sqlx::Error> {

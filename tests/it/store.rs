@@ -286,13 +286,62 @@ async fn rows_reads_many_keys_in_one_call(store: Store) {
 }
 
 async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
-    let first = store.see_job("billing").await.unwrap();
+    let names = ["billing".to_owned(), "report".to_owned()];
+    let first = store.see_jobs(&names[..1]).await.unwrap()["billing"];
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let again = store.see_job("billing").await.unwrap();
-    assert_eq!(first.first_seen, again.first_seen);
-    assert!(!again.paused);
+    let both = store.see_jobs(&names).await.unwrap();
+    assert_eq!(both["billing"].first_seen, first.first_seen);
+    assert!(both["report"].first_seen > first.first_seen);
+    assert!(!both["billing"].paused);
     store.set_paused("billing", true).await.unwrap();
-    assert!(store.see_job("billing").await.unwrap().paused);
+    assert!(store.see_jobs(&names).await.unwrap()["billing"].paused);
+    assert_eq!(store.paused_jobs().await.unwrap(), ["billing"]);
+}
+
+async fn reclaimable_lists_expired_released_and_due_retries_only(store: Store) {
+    let short = |period| ClaimRequest {
+        lease: Duration::from_millis(100),
+        ..request(period, "a")
+    };
+    let (expired, released, retry, held, done) = (
+        month("2026-01"),
+        month("2026-02"),
+        month("2026-03"),
+        month("2026-04"),
+        month("2026-05"),
+    );
+    let many = |period| ClaimRequest {
+        concurrency: 10,
+        ..short(period)
+    };
+    won(&store, &many(&expired)).await;
+    let lease = won(&store, &many(&released)).await;
+    store.release(&lease).await.unwrap();
+    let lease = won(&store, &many(&retry)).await;
+    store
+        .finish(&lease, &failed(Some(Duration::from_millis(50))))
+        .await
+        .unwrap();
+    won(
+        &store,
+        &ClaimRequest {
+            lease: Duration::from_secs(60),
+            ..many(&held)
+        },
+    )
+    .await;
+    let lease = won(&store, &many(&done)).await;
+    store.finish(&lease, &succeeded()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let found = store
+        .reclaimable(&["billing".to_owned()], 100)
+        .await
+        .unwrap();
+    let labels: Vec<&str> = found.iter().map(|r| r.period.label.as_str()).collect();
+    assert_eq!(labels, ["2026-01", "2026-02", "2026-03"]);
+    assert_eq!(found[0].period, expired);
+    let fires = store.last_fires(&["billing".to_owned()]).await.unwrap();
+    assert!(fires.contains_key("billing"));
 }
 
 async fn prune_deletes_only_old_finished_claims(store: Store) {
@@ -360,6 +409,7 @@ conformance!(
     rows_reads_many_keys_in_one_call,
     a_job_is_first_seen_once_and_pause_is_shared,
     prune_deletes_only_old_finished_claims,
+    reclaimable_lists_expired_released_and_due_retries_only,
 );
 
 #[tokio::test]
