@@ -2,7 +2,7 @@
 //! where the command needs it, and dispatches.
 
 use chrono::Utc;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::check;
 use crate::cli::{Cli, Command};
@@ -11,6 +11,7 @@ use crate::error::{Error, Outcome};
 use crate::inspect;
 use crate::oneshot;
 use crate::runner::owner_id;
+use crate::scheduler::Service;
 use crate::store::Store;
 
 /// The database when nothing names one.
@@ -78,9 +79,32 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Pause { job } => inspect::pause(&store, &job, true).await,
         Command::Resume { job } => inspect::pause(&store, &job, false).await,
         Command::Prune => inspect::prune(&config, &store).await,
-        Command::Serve { .. } => Err(Error::Usage("serve is not built yet".into())),
+        Command::Serve { listen } => {
+            if let Some(addr) = listen {
+                crate::server::start(addr).await?;
+            }
+            let shutdown = shutdown_signal()?;
+            let reload = reload_signal()?;
+            let service = Service::new(cli.config.clone(), config, store, owner_id(), shutdown)?;
+            service.run(reload).await
+        }
         Command::Check | Command::Next { .. } => Ok(Outcome::Done),
     }
+}
+
+/// A message per SIGHUP.
+pub fn reload_signal() -> Result<mpsc::UnboundedReceiver<()>, Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).map_err(|e| Error::Environment(e.into()))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
 }
 
 /// A flag that turns true on SIGTERM or SIGINT.

@@ -16,6 +16,7 @@
 //! - [`due`]: which periods are due at an instant (shared by `run` and `serve`).
 //! - [`runner`]: runs a claimed period's action with heartbeats ([`heartbeat`]) and records it.
 //! - [`oneshot`]: `run`; [`inspect`]: `status`, `history`, `release`, `pause`, `prune`.
+//! - [`scheduler`]: `serve`, the timer loop and the scan; [`server`]: `/healthz` and `/metrics`.
 //! - [`error`]: error kinds and exit codes.
 
 pub mod app;
@@ -30,6 +31,8 @@ pub mod oneshot;
 pub mod period;
 pub mod runner;
 pub mod schedule;
+pub mod scheduler;
+pub mod server;
 pub mod store;
 pub mod suggest;
 pub mod template;

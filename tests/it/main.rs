@@ -7,5 +7,6 @@ mod cli_run;
 mod dst;
 mod labels;
 mod properties;
+mod serve;
 mod store;
 mod support;

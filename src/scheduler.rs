@@ -1,0 +1,514 @@
+//! `scheduler serve`: one loop that sleeps until the earliest next fire of
+//! any job, dispatches each fire as its own task, and at a regular scan
+//! takes over expired, released and retryable claims. Shutdown and reload
+//! are inputs to the loop.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+
+use crate::check::period_key;
+use crate::config::{Config, Job, Missed};
+use crate::due::{Due, due};
+use crate::error::{Error, Outcome};
+use crate::runner::{Context, Ending, Run};
+use crate::store::{Claim, ClaimRequest, Store, Trigger};
+
+/// The longest sleep: tokio's timer follows the monotonic clock, so a step
+/// of the wall clock (NTP, suspend) is noticed at the next wake-up.
+const MAX_SLEEP: Duration = Duration::from_secs(30);
+
+/// How many claims one scan takes over at most.
+const SCAN_LIMIT: u32 = 500;
+
+/// The next fire of every job, earliest first.
+#[derive(Default)]
+struct Timer {
+    heap: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+}
+
+impl Timer {
+    /// A timer with each job's first fire after `now`.
+    fn new(jobs: &[Arc<Job>], now: DateTime<Utc>) -> Timer {
+        let heap = jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, job)| job.schedule.next_after(now).map(|at| Reverse((at, i))))
+            .collect();
+        Timer { heap }
+    }
+
+    fn next(&self) -> Option<DateTime<Utc>> {
+        self.heap.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Every fire at or before `now`, as (job index, fire). A job whose
+    /// fires were slept through (a suspend, a clock step) gets its latest
+    /// as `schedule` and, with `missed = "all"`, the older ones as
+    /// `catch-up`. Each job's next fire is computed from its last one.
+    fn pop_due(&mut self, jobs: &[Arc<Job>], now: DateTime<Utc>) -> Vec<(usize, Due)> {
+        let mut fired = Vec::new();
+        while let Some(Reverse((at, i))) = self.heap.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            let job = &jobs[i];
+            let mut fires = vec![at];
+            let mut next = job.schedule.next_after(at);
+            while let Some(later) = next.filter(|t| *t <= now) {
+                fires.push(later);
+                next = job.schedule.next_after(later);
+            }
+            if let Some(next) = next {
+                self.heap.push(Reverse((next, i)));
+            }
+            let latest = fires.pop().unwrap_or(at);
+            if job.missed == Missed::All {
+                let mut seen = HashSet::new();
+                for fire in fires {
+                    let period = job.period.period_of(&job.schedule, fire);
+                    if seen.insert(period.label.clone()) {
+                        fired.push((
+                            i,
+                            Due {
+                                period,
+                                fire,
+                                trigger: Trigger::CatchUp,
+                            },
+                        ));
+                    }
+                }
+            }
+            let period = job.period.period_of(&job.schedule, latest);
+            fired.push((
+                i,
+                Due {
+                    period,
+                    fire: latest,
+                    trigger: Trigger::Schedule,
+                },
+            ));
+        }
+        fired
+    }
+}
+
+/// What a run task tells the loop.
+enum Event {
+    /// No concurrency slot (or no database): try again at the next scan,
+    /// or, for a slot, when a run of the job ends here.
+    Again(String, Due),
+    /// A run of this job ended here; its slot is free.
+    Done(String),
+}
+
+/// The long-running scheduler.
+pub struct Service {
+    path: PathBuf,
+    config: Arc<Config>,
+    jobs: Vec<Arc<Job>>,
+    paused: HashSet<String>,
+    timer: Timer,
+    context: Context,
+    owner: String,
+    slots: Arc<Semaphore>,
+    /// Periods waiting for a slot or the database, oldest fire first.
+    waiting: BTreeMap<(DateTime<Utc>, String), (String, Due)>,
+    events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Service {
+    /// A service for `config`, read from `path` (re-read on SIGHUP).
+    pub fn new(
+        path: PathBuf,
+        config: Config,
+        store: Store,
+        owner: String,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Service, Error> {
+        let context = Context::new(store, config.settings.lease, config.settings.shutdown_grace)?;
+        let jobs: Vec<Arc<Job>> = config.jobs.iter().cloned().map(Arc::new).collect();
+        Ok(Service {
+            path,
+            slots: Arc::new(Semaphore::new(config.settings.max_running)),
+            config: Arc::new(config),
+            timer: Timer::new(&jobs, Utc::now()),
+            jobs,
+            paused: HashSet::new(),
+            context,
+            owner,
+            waiting: BTreeMap::new(),
+            events: mpsc::unbounded_channel(),
+            shutdown,
+        })
+    }
+
+    /// Runs until shutdown; then waits for running jobs (up to the grace,
+    /// after which they are stopped and their claims released).
+    pub async fn run(mut self, mut reload: mpsc::UnboundedReceiver<()>) -> Result<Outcome, Error> {
+        self.catch_up().await?;
+        let mut next_scan = Instant::now();
+        loop {
+            let now = Utc::now();
+            let until_fire = self.timer.next().map_or(MAX_SLEEP, |at| {
+                (at - now).to_std().unwrap_or(Duration::ZERO)
+            });
+            let until_scan = next_scan.saturating_duration_since(Instant::now());
+            let sleep = until_fire.min(until_scan).min(MAX_SLEEP);
+            let mut shutdown = self.shutdown.clone();
+            tokio::select! {
+                () = tokio::time::sleep(sleep) => {}
+                _ = shutdown.wait_for(|down| *down) => break,
+                Some(()) = reload.recv() => self.reload().await,
+                Some(event) = self.events.1.recv() => self.handle(event),
+            }
+            let now = Utc::now();
+            for (i, due) in self.timer.pop_due(&self.jobs, now) {
+                let job = self.jobs[i].clone();
+                self.dispatch(job, due, now);
+            }
+            if Instant::now() >= next_scan {
+                self.scan().await;
+                next_scan = Instant::now() + self.config.settings.scan_interval;
+            }
+        }
+        tracing::info!("shutting down: waiting for running jobs");
+        let all = u32::try_from(self.config.settings.max_running).unwrap_or(u32::MAX);
+        let _ = self.slots.acquire_many(all).await;
+        tracing::info!("all jobs ended");
+        Ok(Outcome::Done)
+    }
+
+    /// Claims what was missed while nothing ran: for each job, the periods
+    /// whose fires fall after the newest one ever claimed, within the
+    /// catch-up window and not before the job was first seen.
+    async fn catch_up(&mut self) -> Result<(), Error> {
+        let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
+        let store = &self.context.store;
+        let records = store.see_jobs(&names).await?;
+        let last_fires = store.last_fires(&names).await?;
+        let now = Utc::now();
+        let window = now - TimeDelta::from_std(self.config.settings.catch_up).unwrap_or_default();
+        for job in self.jobs.clone() {
+            let Some(record) = records.get(&job.name) else {
+                continue;
+            };
+            if record.paused {
+                self.paused.insert(job.name.clone());
+                continue;
+            }
+            let mut since = window.max(record.first_seen);
+            if let Some(last) = last_fires.get(&job.name) {
+                since = since.max(*last + TimeDelta::nanoseconds(1));
+            }
+            let with_latest = job.missed != Missed::Skip;
+            let missed: Vec<Due> = due(&job, now, since, with_latest)
+                .into_iter()
+                .filter(|d| d.fire >= since)
+                .map(|d| Due {
+                    trigger: Trigger::CatchUp,
+                    ..d
+                })
+                .collect();
+            // Oldest first: as many as the job may run at once now, the rest
+            // as its runs end.
+            for (n, d) in missed.into_iter().enumerate() {
+                if n < job.concurrency as usize {
+                    self.dispatch(job.clone(), d, now);
+                } else {
+                    self.wait(job.name.clone(), d);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The regular scan: pauses, waiting periods, and claims to take over.
+    async fn scan(&mut self) {
+        let store = self.context.store.clone();
+        match store.paused_jobs().await {
+            Ok(paused) => self.paused = paused.into_iter().collect(),
+            Err(e) => tracing::warn!("scan: cannot read paused jobs: {e}"),
+        }
+        let waiting: HashSet<String> = self.waiting.values().map(|(job, _)| job.clone()).collect();
+        for name in waiting {
+            let slots = self.job(&name).map_or(1, |job| job.concurrency as usize);
+            self.release_waiting(&name, slots);
+        }
+        let now = Utc::now();
+        let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
+        match store.reclaimable(&names, SCAN_LIMIT).await {
+            Ok(found) => {
+                for r in found {
+                    if let Some(job) = self.job(&r.job) {
+                        let due = Due {
+                            period: r.period,
+                            fire: r.scheduled_at,
+                            trigger: Trigger::Recovery,
+                        };
+                        self.dispatch(job, due, now);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("scan: cannot look for claims to take over: {e}"),
+        }
+    }
+
+    fn wait(&mut self, job: String, due: Due) {
+        let key = (due.fire, period_key(&job, &due.period.label));
+        self.waiting.insert(key, (job, due));
+    }
+
+    fn job(&self, name: &str) -> Option<Arc<Job>> {
+        self.jobs.iter().find(|j| j.name == name).cloned()
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Again(name, due) => self.wait(name, due),
+            // A slot of this job freed here: its oldest waiting period goes next.
+            Event::Done(name) => self.release_waiting(&name, 1),
+        }
+    }
+
+    /// Dispatches the `n` oldest waiting periods of job `name`.
+    fn release_waiting(&mut self, name: &str, n: usize) {
+        let keys: Vec<(DateTime<Utc>, String)> = self
+            .waiting
+            .iter()
+            .filter(|(_, (job, _))| job == name)
+            .take(n)
+            .map(|(key, _)| key.clone())
+            .collect();
+        let now = Utc::now();
+        for key in keys {
+            if let Some((name, due)) = self.waiting.remove(&key)
+                && let Some(job) = self.job(&name)
+            {
+                self.dispatch(job, due, now);
+            }
+        }
+    }
+
+    /// Starts a task that claims `due` and runs it, unless the job is
+    /// paused, the period is past the catch-up window, or shutdown began.
+    fn dispatch(&mut self, job: Arc<Job>, due: Due, now: DateTime<Utc>) {
+        if *self.shutdown.borrow() || self.paused.contains(&job.name) {
+            return;
+        }
+        let window = TimeDelta::from_std(self.config.settings.catch_up).unwrap_or_default();
+        if due.trigger != Trigger::Recovery && due.fire < now - window {
+            tracing::warn!(
+                job = job.name,
+                period = due.period.label,
+                "dropped: older than the catch-up window"
+            );
+            return;
+        }
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            self.wait(job.name.clone(), due);
+            return;
+        };
+        let task = RunTask {
+            context: self.context.clone(),
+            job,
+            due,
+            owner: self.owner.clone(),
+            lease: self.config.settings.lease,
+            shutdown: self.shutdown.clone(),
+            events: self.events.0.clone(),
+        };
+        tokio::spawn(task.go(permit));
+    }
+
+    /// Re-reads jobs.toml; a bad file is logged and the old one kept.
+    async fn reload(&mut self) {
+        let config = match Config::load(&self.path) {
+            Ok(config) => config,
+            Err(e) => {
+                tracing::error!("reload: keeping the running configuration: {e}");
+                return;
+            }
+        };
+        let jobs: Vec<Arc<Job>> = config.jobs.iter().cloned().map(Arc::new).collect();
+        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        if let Err(e) = self.context.store.see_jobs(&names).await {
+            tracing::warn!("reload: cannot record new jobs yet: {e}");
+        }
+        self.timer = Timer::new(&jobs, Utc::now());
+        self.jobs = jobs;
+        self.config = Arc::new(config);
+        tracing::info!(jobs = self.jobs.len(), "reloaded {}", self.path.display());
+    }
+}
+
+/// One fire being claimed and run.
+struct RunTask {
+    context: Context,
+    job: Arc<Job>,
+    due: Due,
+    owner: String,
+    lease: Duration,
+    shutdown: watch::Receiver<bool>,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl RunTask {
+    async fn go(self, permit: OwnedSemaphorePermit) {
+        let key = period_key(&self.job.name, &self.due.period.label);
+        let lateness = (Utc::now() - self.due.fire).num_microseconds().unwrap_or(0) as f64 / 1000.0;
+        let request = ClaimRequest {
+            job: &self.job.name,
+            period: &self.due.period,
+            owner: &self.owner,
+            lease: self.lease,
+            trigger: self.due.trigger,
+            concurrency: self.job.concurrency,
+            force: false,
+            manual: false,
+            scheduled_at: self.due.fire,
+        };
+        let claim = self.context.store.claim(&request).await;
+        let trigger = self.due.trigger.as_str();
+        let result = match &claim {
+            Ok(Claim::Won(_)) => "won",
+            Ok(Claim::Busy) => "busy",
+            Ok(Claim::Held { .. }) => "held",
+            Ok(Claim::Succeeded { .. }) => "done",
+            Ok(Claim::Failed { .. }) => "failed",
+            Err(_) => "error",
+        };
+        metrics::counter!("scheduler_claims_total", "job" => self.job.name.clone(), "result" => result).increment(1);
+        match claim {
+            Ok(Claim::Won(lease)) => {
+                tracing::info!(
+                    job = self.job.name,
+                    period_key = key,
+                    trigger = lease.trigger.as_str(),
+                    attempt = lease.attempt,
+                    lateness_ms = lateness,
+                    "claim won"
+                );
+                let started = Instant::now();
+                let run = Run {
+                    job: &self.job,
+                    period: &self.due.period,
+                    key: &key,
+                    lease: &lease,
+                    scheduled_at: self.due.fire,
+                };
+                let ending = self.context.execute(&run, self.shutdown.clone()).await;
+                let took_ms = started.elapsed().as_millis() as u64;
+                metrics::histogram!("scheduler_fire_lateness_seconds").record(lateness / 1000.0);
+                let outcome = match &ending {
+                    Ok(Ending::Recorded {
+                        succeeded: true, ..
+                    }) => "succeeded",
+                    Ok(Ending::Recorded { .. }) => "failed",
+                    Ok(Ending::Lost) => "lost",
+                    Ok(Ending::Released) => "released",
+                    Err(_) => "unrecorded",
+                };
+                metrics::counter!("scheduler_runs_total", "job" => self.job.name.clone(), "outcome" => outcome).increment(1);
+                match ending {
+                    Ok(Ending::Recorded {
+                        succeeded: true, ..
+                    }) => {
+                        tracing::info!(
+                            job = self.job.name,
+                            period_key = key,
+                            attempt = lease.attempt,
+                            took_ms,
+                            "succeeded"
+                        );
+                    }
+                    Ok(Ending::Recorded {
+                        succeeded: false,
+                        error,
+                        retry_after,
+                    }) => {
+                        let retry = retry_after.map(|d| humantime::format_duration(d).to_string());
+                        tracing::warn!(
+                            job = self.job.name,
+                            period_key = key,
+                            attempt = lease.attempt,
+                            took_ms,
+                            error,
+                            retry_in = retry,
+                            "failed"
+                        );
+                    }
+                    Ok(Ending::Lost) => tracing::warn!(
+                        job = self.job.name,
+                        period_key = key,
+                        attempt = lease.attempt,
+                        "claim taken over; outcome discarded"
+                    ),
+                    Ok(Ending::Released) => tracing::info!(
+                        job = self.job.name,
+                        period_key = key,
+                        attempt = lease.attempt,
+                        "stopped by shutdown; claim released"
+                    ),
+                    Err(e) => tracing::error!(
+                        job = self.job.name,
+                        period_key = key,
+                        attempt = lease.attempt,
+                        "cannot record the outcome: {e}"
+                    ),
+                }
+                drop(permit);
+                let _ = self.events.send(Event::Done(self.job.name.clone()));
+            }
+            Ok(Claim::Busy) => {
+                tracing::info!(
+                    job = self.job.name,
+                    period_key = key,
+                    trigger,
+                    "no concurrency slot; waiting"
+                );
+                let due = Due {
+                    trigger: Trigger::CatchUp,
+                    ..self.due.clone()
+                };
+                let _ = self.events.send(Event::Again(self.job.name.clone(), due));
+            }
+            Ok(Claim::Held { owner, until }) => {
+                tracing::debug!(job = self.job.name, period_key = key, trigger, %owner, %until, "held elsewhere");
+            }
+            Ok(Claim::Succeeded { .. }) => tracing::debug!(
+                job = self.job.name,
+                period_key = key,
+                trigger,
+                "already succeeded"
+            ),
+            Ok(Claim::Failed { retry_at, .. }) => {
+                tracing::debug!(
+                    job = self.job.name,
+                    period_key = key,
+                    trigger,
+                    ?retry_at,
+                    "failed; retry not due"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(
+                    job = self.job.name,
+                    period_key = key,
+                    trigger,
+                    "cannot claim, will try again: {e}"
+                );
+                let _ = self
+                    .events
+                    .send(Event::Again(self.job.name.clone(), self.due.clone()));
+            }
+        }
+    }
+}

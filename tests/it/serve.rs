@@ -1,0 +1,351 @@
+//! `scheduler serve` with real processes: replicas, kill -9, SIGTERM,
+//! database outages, catch-up, concurrency, reload and pause.
+
+use std::collections::BTreeSet;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::{Said, TestDb, Workspace, eventually, lines, wait};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+fn settings(extra: &str) -> String {
+    format!(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n{extra}\n"
+    )
+}
+
+fn every_second(name: &str, body: &str) -> String {
+    format!("\n[[job]]\nname = \"{name}\"\nschedule = \"* * * * * *\"\n{body}\n")
+}
+
+fn serve(ws: &Workspace, url: &str) -> Child {
+    ws.command(&["--database-url", url, "serve"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start serve")
+}
+
+fn signal(child: &Child, signal: Signal) {
+    kill(Pid::from_raw(child.id() as i32), signal).expect("signal");
+}
+
+/// SIGTERM, then the exit code, which must come within the bound.
+fn stop(child: Child) -> i32 {
+    signal(&child, Signal::SIGTERM);
+    wait(child, BOUND).code()
+}
+
+/// The UTC seconds of `job:<instant>` keys in the first column of `lines`.
+fn seconds(lines: &[String]) -> Vec<DateTime<Utc>> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .split_once(':')
+                .map(|(_, t)| t.to_owned())
+        })
+        .map(|t| DateTime::parse_from_rfc3339(&t).expect("instant").to_utc())
+        .collect()
+}
+
+/// Asserts each second ran once and none between the first and last is missing.
+fn assert_once_without_gaps(runs: &[DateTime<Utc>]) {
+    let unique: BTreeSet<_> = runs.iter().collect();
+    assert_eq!(unique.len(), runs.len(), "a second ran twice: {runs:?}");
+    let (first, last) = (**unique.first().unwrap(), **unique.last().unwrap());
+    assert_eq!(
+        unique.len() as i64,
+        (last - first).num_seconds() + 1,
+        "gaps in {unique:?}"
+    );
+}
+
+fn replicas_run_every_second_once(db: &TestDb, count: usize) {
+    let ws = Workspace::new(
+        &(settings("")
+            + &every_second("tick", "shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"")),
+    );
+    let replicas: Vec<Child> = (0..count).map(|_| serve(&ws, &db.url)).collect();
+    std::thread::sleep(Duration::from_secs(8));
+    for replica in replicas {
+        assert_eq!(stop(replica), 0);
+    }
+    let runs = seconds(&lines(ws.path().join("runs.txt")));
+    assert!(runs.len() >= 5, "too few runs: {runs:?}");
+    assert_once_without_gaps(&runs);
+}
+
+#[test]
+fn three_replicas_on_postgres_run_every_second_exactly_once() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    replicas_run_every_second_once(&db, 3);
+}
+
+#[test]
+fn two_processes_on_one_sqlite_file_run_every_second_exactly_once() {
+    replicas_run_every_second_once(&TestDb::sqlite(), 2);
+}
+
+/// A job whose first run (in this workspace) parks: it records its runner's
+/// pid and sleeps; every run appends `key attempt trigger` to runs.txt.
+const PARKING_JOB: &str = "shell = \"if mkdir parked 2>/dev/null; then echo $PPID > victim; echo $SCHEDULER_PERIOD_KEY > parked-key; sleep 20; fi; echo $SCHEDULER_PERIOD_KEY $SCHEDULER_ATTEMPT $SCHEDULER_TRIGGER >> runs.txt\"";
+
+fn parked(ws: &Workspace) -> (i32, String) {
+    eventually("a job to park", BOUND, || {
+        lines(ws.path().join("victim")).len() == 1 && lines(ws.path().join("parked-key")).len() == 1
+    });
+    let pid = lines(ws.path().join("victim"))[0].parse().unwrap();
+    (pid, lines(ws.path().join("parked-key"))[0].clone())
+}
+
+#[test]
+fn a_period_whose_replica_is_killed_is_finished_by_another_with_attempt_2() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = Workspace::new(
+        &(settings("")
+            + &every_second(
+                "tick",
+                &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
+            )),
+    );
+    let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
+    let (victim, key) = parked(&ws);
+    kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
+    let recovered = format!("{key} 2 recovery");
+    eventually("recovery with attempt 2", BOUND, || {
+        lines(ws.path().join("runs.txt")).contains(&recovered)
+    });
+    for replica in replicas {
+        if replica.id() as i32 != victim {
+            assert_eq!(stop(replica), 0);
+        } else {
+            wait(replica, BOUND);
+        }
+    }
+    let runs = lines(ws.path().join("runs.txt"));
+    assert_eq!(
+        runs.iter()
+            .filter(|l| l.starts_with(&format!("{key} ")))
+            .count(),
+        1,
+        "{runs:?}"
+    );
+}
+
+#[test]
+fn sigterm_releases_a_running_period_and_another_replica_takes_it_at_once() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let text = "[scheduler]\nlease = \"60s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+        .to_owned()
+        + &every_second(
+            "tick",
+            &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
+        );
+    let ws = Workspace::new(&text);
+    let mut replicas = vec![serve(&ws, &db.url), serve(&ws, &db.url)];
+    let (victim, key) = parked(&ws);
+    let index = replicas
+        .iter()
+        .position(|r| r.id() as i32 == victim)
+        .expect("a replica ran it");
+    let stopped = replicas.remove(index);
+    let started = Instant::now();
+    assert_eq!(stop(stopped), 0, "SIGTERM exits 0");
+    let recovered = format!("{key} 2 recovery");
+    eventually("the released period to run elsewhere", BOUND, || {
+        lines(ws.path().join("runs.txt")).contains(&recovered)
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "waited for the 60 s lease instead of the release"
+    );
+    assert_eq!(stop(replicas.remove(0)), 0);
+}
+
+#[test]
+fn missed_seconds_after_downtime_are_caught_up_once_and_a_new_job_does_not_back_fill() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &(settings("")
+            + &every_second(
+                "tick",
+                "shell = \"echo $SCHEDULER_PERIOD_KEY $SCHEDULER_TRIGGER >> runs.txt\"",
+            )),
+    );
+    let first = serve(&ws, &db.url);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(stop(first), 0);
+    std::thread::sleep(Duration::from_secs(5));
+    let restarted_at = Utc::now();
+    let added = settings("")
+        + &every_second(
+            "tick",
+            "shell = \"echo $SCHEDULER_PERIOD_KEY $SCHEDULER_TRIGGER >> runs.txt\"",
+        )
+        + &every_second(
+            "fresh",
+            "shell = \"echo $SCHEDULER_PERIOD_KEY $SCHEDULER_TRIGGER >> fresh.txt\"",
+        );
+    std::fs::write(ws.path().join("jobs.toml"), added).unwrap();
+    let second = serve(&ws, &db.url);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(stop(second), 0);
+
+    let runs = lines(ws.path().join("runs.txt"));
+    assert_once_without_gaps(&seconds(&runs));
+    let caught_up = runs.iter().filter(|l| l.ends_with(" catch-up")).count();
+    assert!(
+        caught_up >= 4,
+        "expected the ~5 missed seconds as catch-up: {runs:?}"
+    );
+    let fresh = seconds(&lines(ws.path().join("fresh.txt")));
+    assert!(!fresh.is_empty());
+    assert!(
+        fresh
+            .iter()
+            .all(|t| *t >= restarted_at - chrono::TimeDelta::seconds(1)),
+        "back-filled: {fresh:?}"
+    );
+}
+
+#[test]
+fn missed_latest_runs_only_the_newest_missed_period() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &(settings("")
+            + &every_second(
+                "tick",
+                "missed = \"latest\"\nshell = \"echo $SCHEDULER_PERIOD_KEY $SCHEDULER_TRIGGER >> runs.txt\"",
+            )),
+    );
+    let first = serve(&ws, &db.url);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(stop(first), 0);
+    std::thread::sleep(Duration::from_secs(5));
+    let second = serve(&ws, &db.url);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(stop(second), 0);
+    let runs = lines(ws.path().join("runs.txt"));
+    assert_eq!(
+        runs.iter().filter(|l| l.ends_with(" catch-up")).count(),
+        1,
+        "{runs:?}"
+    );
+    let all = seconds(&runs);
+    let gap = all
+        .windows(2)
+        .map(|w| (w[1] - w[0]).num_seconds())
+        .max()
+        .unwrap();
+    assert!(
+        gap >= 4,
+        "the older missed seconds must be skipped: {runs:?}"
+    );
+}
+
+#[test]
+fn concurrency_1_holds_across_replicas_with_a_job_slower_than_its_schedule() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let job = "period = \"fire\"\nmissed = \"skip\"\nshell = \"echo start $(date +%s%N) >> spans.txt; sleep 1.5; echo end $(date +%s%N) >> spans.txt\"";
+    let ws = Workspace::new(&(settings("") + &every_second("slow", job)));
+    let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
+    std::thread::sleep(Duration::from_secs(8));
+    for replica in replicas {
+        assert_eq!(stop(replica), 0);
+    }
+    let spans = lines(ws.path().join("spans.txt"));
+    assert!(spans.len() >= 4, "{spans:?}");
+    let mut running = 0;
+    for line in &spans {
+        running += if line.starts_with("start") { 1 } else { -1 };
+        assert!(running <= 1, "two runs at once: {spans:?}");
+    }
+}
+
+#[test]
+fn sighup_reloads_jobs_toml_and_a_bad_file_keeps_the_old_one() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &(settings("") + &every_second("tick", "shell = \"echo tick >> tick.txt\"")),
+    );
+    let replica = serve(&ws, &db.url);
+    eventually("the first tick", BOUND, || {
+        !lines(ws.path().join("tick.txt")).is_empty()
+    });
+    std::fs::write(ws.path().join("jobs.toml"), "[[job]]\nname = \"broken\"\n").unwrap();
+    signal(&replica, Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    let ticks = lines(ws.path().join("tick.txt")).len();
+    eventually("ticks to go on under the old file", BOUND, || {
+        lines(ws.path().join("tick.txt")).len() >= ticks + 2
+    });
+    std::fs::write(
+        ws.path().join("jobs.toml"),
+        settings("") + &every_second("tock", "shell = \"echo tock >> tock.txt\""),
+    )
+    .unwrap();
+    signal(&replica, Signal::SIGHUP);
+    eventually("the new job to fire", BOUND, || {
+        !lines(ws.path().join("tock.txt")).is_empty()
+    });
+    let out = wait_stop(replica);
+    assert!(
+        out.contains("keeping the running configuration") && out.contains("jobs.toml:"),
+        "{out}"
+    );
+}
+
+fn wait_stop(child: Child) -> String {
+    signal(&child, Signal::SIGTERM);
+    let out = wait(child, BOUND);
+    assert_eq!(out.code(), 0);
+    out.stderr()
+}
+
+#[test]
+fn pause_stops_a_job_on_every_replica_and_resume_restarts_it() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &(settings("") + &every_second("tick", "shell = \"echo tick >> tick.txt\"")),
+    );
+    let replica = serve(&ws, &db.url);
+    eventually("the first tick", BOUND, || {
+        !lines(ws.path().join("tick.txt")).is_empty()
+    });
+    assert_eq!(
+        ws.run(&["--database-url", &db.url, "pause", "tick"]).code(),
+        0
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let paused = lines(ws.path().join("tick.txt")).len();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        lines(ws.path().join("tick.txt")).len(),
+        paused,
+        "ticked while paused"
+    );
+    assert_eq!(
+        ws.run(&["--database-url", &db.url, "resume", "tick"])
+            .code(),
+        0
+    );
+    eventually("ticks after resume", BOUND, || {
+        lines(ws.path().join("tick.txt")).len() > paused
+    });
+    assert_eq!(stop(replica), 0);
+}
