@@ -349,3 +349,40 @@ fn pause_stops_a_job_on_every_replica_and_resume_restarts_it() {
     });
     assert_eq!(stop(replica), 0);
 }
+
+#[test]
+fn replicas_survive_a_database_outage_and_run_what_was_missed_once() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let upstream = url::Url::parse(&db.url).unwrap();
+    let addr = format!(
+        "{}:{}",
+        upstream.host_str().unwrap(),
+        upstream.port().unwrap_or(5432)
+    );
+    let proxy = crate::support::Proxy::start(addr.parse().unwrap());
+    let url = proxy.url(&db.url);
+    let ws = Workspace::new(
+        &(settings("")
+            + &every_second("tick", "shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"")),
+    );
+    let mut replicas = [serve(&ws, &url), serve(&ws, &url)];
+    std::thread::sleep(Duration::from_secs(3));
+    proxy.cut();
+    std::thread::sleep(Duration::from_secs(4));
+    proxy.restore();
+    std::thread::sleep(Duration::from_secs(8));
+    for replica in &mut replicas {
+        assert!(
+            replica.try_wait().unwrap().is_none(),
+            "a replica died during the outage"
+        );
+    }
+    for replica in replicas {
+        assert_eq!(stop(replica), 0);
+    }
+    let runs = seconds(&lines(ws.path().join("runs.txt")));
+    assert!(runs.len() >= 12, "{runs:?}");
+    assert_once_without_gaps(&runs);
+}

@@ -230,3 +230,69 @@ pub fn lines(path: impl AsRef<Path>) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// A TCP proxy a test owns, to cut a database's connections without
+/// touching the shared server.
+pub struct Proxy {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Proxy {
+    pub fn start(upstream: std::net::SocketAddr) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (cut2, open2) = (cut.clone(), open.clone());
+        runtime.spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if cut2.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                open2.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Proxy {
+            port,
+            cut,
+            open,
+            _runtime: runtime,
+        }
+    }
+
+    /// Drops every open connection and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for task in self.open.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// `url` pointed at this proxy.
+    pub fn url(&self, url: &str) -> String {
+        let mut url = url::Url::parse(url).expect("url");
+        url.set_host(Some("127.0.0.1")).expect("host");
+        url.set_port(Some(self.port)).expect("port");
+        url.to_string()
+    }
+}
