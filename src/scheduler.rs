@@ -169,6 +169,7 @@ impl Service {
                 Some(()) = reload.recv() => self.reload().await,
                 Some(event) = self.events.1.recv() => self.handle(event),
             }
+            metrics::counter!("scheduler_wakeups_total").increment(1);
             let now = Utc::now();
             for (i, due) in self.timer.pop_due(&self.jobs, now) {
                 let job = self.jobs[i].clone();

@@ -1,0 +1,215 @@
+//! Figures for `serve`: fire lateness over 60 fires on SQLite and
+//! PostgreSQL; 10,000 idle jobs (startup, RSS, CPU per idle minute, timer
+//! wake-ups); and, with SCHEDULER_BENCH_BIG=1, 10,000 every-minute jobs on
+//! three replicas (fires missed or doubled, lateness). Run with
+//! `cargo bench --bench serve` (about 4 minutes; 7 with the big one).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::Connection;
+
+fn scheduler(dir: &std::path::Path, url: &str, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_scheduler"))
+        .args(["--log-format", "json", "--database-url", url])
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn stop(child: Child) -> Vec<serde_json::Value> {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    BufReader::new(&out.stderr[..])
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect()
+}
+
+fn lateness(logs: &[serde_json::Value]) -> Vec<f64> {
+    let mut ms: Vec<f64> = logs
+        .iter()
+        .filter(|l| l["fields"]["message"] == "claim won" && l["fields"]["trigger"] == "schedule")
+        .filter_map(|l| l["fields"]["lateness_ms"].as_f64())
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn fire_lateness(name: &str, url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("jobs.toml"),
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let serve = scheduler(dir.path(), url, &["serve"]);
+    std::thread::sleep(Duration::from_secs(62));
+    let ms = lateness(&stop(serve));
+    println!(
+        "{name}: fire lateness over {} fires: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        ms.len(),
+        percentile(&ms, 0.5),
+        percentile(&ms, 0.99),
+        ms.last().copied().unwrap_or_default()
+    );
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn metric(port: u16, name: &str) -> f64 {
+    let out = Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn ten_thousand_idle_jobs(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::new();
+    for i in 0..10_000 {
+        text.push_str(&format!(
+            "[[job]]\nname = \"job-{i}\"\nschedule = \"{} {} 1 1 *\"\nperiod = \"year\"\ncommand = [\"true\"]\n\n",
+            i % 60,
+            i % 24
+        ));
+    }
+    std::fs::write(dir.path().join("jobs.toml"), text).unwrap();
+    let started = Instant::now();
+    let serve = scheduler(dir.path(), url, &["serve", "--listen", "127.0.0.1:19191"]);
+    let pid = serve.id();
+    while Command::new("curl")
+        .args(["-sf", "http://127.0.0.1:19191/healthz"])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The service is listening before its start-up scan; give it a moment.
+    std::thread::sleep(Duration::from_secs(3));
+    let startup = started.elapsed();
+    let (cpu0, wake0) = (cpu_ticks(pid), metric(19191, "scheduler_wakeups_total"));
+    std::thread::sleep(Duration::from_secs(60));
+    let (cpu1, wake1) = (cpu_ticks(pid), metric(19191, "scheduler_wakeups_total"));
+    let rss = rss_kib(pid);
+    stop(serve);
+    println!(
+        "10,000 idle jobs: listening after {:.0} ms; RSS {:.1} MiB; CPU {:.2} s per idle minute; {} timer wake-ups in that minute",
+        startup.as_millis().saturating_sub(3000),
+        rss as f64 / 1024.0,
+        (cpu1 - cpu0) as f64 / 100.0,
+        wake1 - wake0
+    );
+}
+
+fn ten_thousand_every_minute_jobs_on_three_replicas(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::from("[scheduler]\nmax_running = 64\n\n");
+    for i in 0..10_000 {
+        text.push_str(&format!(
+            "[[job]]\nname = \"job-{i}\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nmissed = \"skip\"\nsql = {{ statement = \"SELECT 1\" }}\n\n"
+        ));
+    }
+    std::fs::write(dir.path().join("jobs.toml"), text).unwrap();
+    let replicas: Vec<Child> = (0..3)
+        .map(|_| scheduler(dir.path(), url, &["-q", "serve"]))
+        .collect();
+    std::thread::sleep(Duration::from_secs(185));
+    for r in replicas {
+        stop(r);
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (minutes, succeeded, attempts_over_1): (i64, i64, i64) = runtime.block_on(async {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_as(
+            "SELECT count(DISTINCT period), count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE attempt > 1)
+               FROM scheduler_claims",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    });
+    println!(
+        "10,000 every-minute jobs, 3 replicas on PostgreSQL, {minutes} minutes: {succeeded} periods succeeded of {} due, {attempts_over_1} ran more than once",
+        minutes * 10_000
+    );
+}
+
+async fn postgres_database(admin: &str, name: &str) -> Option<String> {
+    let mut conn = sqlx::PgConnection::connect(admin).await.ok()?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut conn)
+        .await
+        .ok()?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .ok()?;
+    let mut url = url::Url::parse(admin).ok()?;
+    url.set_path(name);
+    Some(url.to_string())
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let admin = std::env::var("SCHEDULER_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let pg = |name: &str| runtime.block_on(postgres_database(&admin, name));
+    fire_lateness(
+        "SQLite",
+        &format!("sqlite://{}", dir.path().join("late.db").display()),
+    );
+    if let Some(url) = pg("scheduler_bench_late") {
+        fire_lateness("PostgreSQL", &url);
+    }
+    ten_thousand_idle_jobs(&format!(
+        "sqlite://{}",
+        dir.path().join("idle.db").display()
+    ));
+    if std::env::var("SCHEDULER_BENCH_BIG").as_deref() == Ok("1")
+        && let Some(url) = pg("scheduler_bench_big")
+    {
+        ten_thousand_every_minute_jobs_on_three_replicas(&url);
+    }
+}
