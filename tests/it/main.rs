@@ -2,6 +2,7 @@
 //! properties), the command line as a user runs it, and the store on both
 //! backends.
 
+mod actions;
 mod cli_config;
 mod cli_run;
 mod dst;

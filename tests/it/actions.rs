@@ -1,0 +1,223 @@
+//! The `http` and `sql` actions, run as a user runs them.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use crate::support::{Said, TestDb, Workspace};
+
+/// A local HTTP server that answers each request with the next status of
+/// `statuses` and keeps the request heads.
+fn http_server(statuses: Vec<u16>) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for (status, stream) in statuses.into_iter().zip(listener.incoming()) {
+            let mut stream = stream.unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0; length];
+            std::io::Read::read_exact(&mut reader, &mut body).unwrap();
+            head.push_str(&String::from_utf8_lossy(&body));
+            log.lock().unwrap().push(head);
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\ncontent-length: 5\r\nconnection: close\r\n\r\nreply"
+            );
+            stream.write_all(reply.as_bytes()).unwrap();
+        }
+    });
+    (port, seen)
+}
+
+fn http_job(port: u16) -> Workspace {
+    Workspace::new(&format!(
+        "[[job]]\nname = \"hook\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nretry = {{ attempts = 3, backoff = \"1h\" }}\n\
+         http = {{ url = \"http://127.0.0.1:{port}/bill/{{period}}\", headers = {{ X-Token = \"${{HOOK_TOKEN}}\" }}, body = '{{\"month\": \"{{period}}\"}}' }}\n"
+    ))
+}
+
+#[test]
+fn http_sends_the_period_key_as_idempotency_key_on_every_attempt_and_retries_5xx() {
+    let (port, seen) = http_server(vec![503, 200]);
+    let ws = http_job(port);
+    let db = TestDb::sqlite();
+    let run = |ws: &Workspace| {
+        ws.command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "hook",
+            "--period",
+            "2026-07",
+        ])
+        .env("HOOK_TOKEN", "t0ken")
+        .output()
+        .unwrap()
+    };
+    let first = run(&ws);
+    assert_eq!(first.code(), 1, "{}", first.stderr());
+    assert!(
+        first.stdout().contains("HTTP 503") && first.stdout().contains("retry in 1h"),
+        "{}",
+        first.stdout()
+    );
+    let second = run(&ws);
+    assert_eq!(second.code(), 0, "{}", second.stderr());
+    let heads = seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2);
+    for head in &heads {
+        assert!(head.starts_with("POST /bill/2026-07 HTTP/1.1"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("idempotency-key: hook:2026-07"),
+            "{head}"
+        );
+        assert!(
+            head.to_ascii_lowercase().contains("x-token: t0ken"),
+            "{head}"
+        );
+        assert!(head.ends_with("{\"month\": \"2026-07\"}"), "{head}");
+    }
+    assert!(
+        !first.stderr().contains("t0ken") && !second.stderr().contains("t0ken"),
+        "a secret reached the log"
+    );
+}
+
+#[test]
+fn http_4xx_is_a_permanent_failure() {
+    let (port, _) = http_server(vec![404]);
+    let ws = http_job(port);
+    let db = TestDb::sqlite();
+    let out = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "hook",
+            "--period",
+            "2026-07",
+        ])
+        .env("HOOK_TOKEN", "x")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 1);
+    assert!(
+        out.stdout().contains("HTTP 404 Not Found (not retried)")
+            && out.stdout().contains("no retries left"),
+        "{}",
+        out.stdout()
+    );
+}
+
+fn sql_job() -> Workspace {
+    Workspace::new(
+        "[[job]]\nname = \"rollup\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+         sql = { statement = \"INSERT INTO rollups (period, starts) VALUES ($1, $2)\", params = [\"{period}\", \"{period_start}\"] }\n",
+    )
+}
+
+/// Runs `sql` on the test database; returns the first column of its row,
+/// or 0 for a statement without rows.
+fn execute(db: &TestDb, sql: &str) -> i64 {
+    use sqlx::Connection;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        if db.url.starts_with("sqlite") {
+            let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+            sqlx::query_scalar(sql)
+                .fetch_optional(&mut c)
+                .await
+                .unwrap()
+                .unwrap_or(0)
+        } else {
+            let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            sqlx::query_scalar(sql)
+                .fetch_optional(&mut c)
+                .await
+                .unwrap()
+                .unwrap_or(0)
+        }
+    })
+}
+
+#[test]
+fn sql_commits_with_the_claim_exactly_once_on_both_backends() {
+    for db in crate::support::databases() {
+        let ws = sql_job();
+        let migrate = ws.run(&["--database-url", &db.url, "migrate"]);
+        assert_eq!(migrate.code(), 0, "{}", migrate.stderr());
+        // Without the table the statement fails: nothing commits, the run fails.
+        let failed = ws.run(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "rollup",
+            "--period",
+            "2026-07",
+        ]);
+        assert_eq!(failed.code(), 1, "{}", failed.stdout());
+        assert!(
+            failed.stdout().contains("SQL failed"),
+            "{}",
+            failed.stdout()
+        );
+        execute(
+            &db,
+            "CREATE TABLE rollups (period TEXT PRIMARY KEY, starts TEXT NOT NULL)",
+        );
+        let ok = ws.run(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "rollup",
+            "--period",
+            "2026-07",
+        ]);
+        assert_eq!(ok.code(), 0, "{}", ok.stdout());
+        let again = ws.run(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "rollup",
+            "--period",
+            "2026-07",
+        ]);
+        assert!(
+            again.stdout().contains("already succeeded"),
+            "{}",
+            again.stdout()
+        );
+        assert_eq!(
+            execute(&db, "SELECT count(*) FROM rollups"),
+            1,
+            "{}",
+            db.url
+        );
+    }
+}
+
+#[test]
+fn postgres_over_tls_with_sslmode_require_works() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = sql_job();
+    let url = format!("{}?sslmode=require", db.url);
+    let out = ws.run(&["--database-url", &url, "migrate"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+}
