@@ -62,6 +62,9 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
     let store = Store::connect(&url).await?;
     store.migrate().await?;
+    if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
+        crate::reaper::start_if_pid_1();
+    }
     match cli.command {
         Command::Run(args) => {
             let shutdown = shutdown_signal()?;

@@ -17,6 +17,7 @@
 //! - [`runner`]: runs a claimed period's action with heartbeats ([`heartbeat`]) and records it.
 //! - [`oneshot`]: `run`; [`inspect`]: `status`, `history`, `release`, `pause`, `prune`.
 //! - [`scheduler`]: `serve`, the timer loop and the scan; [`server`]: `/healthz` and `/metrics`.
+//! - [`reaper`]: reaps orphans when running as PID 1.
 //! - [`error`]: error kinds and exit codes.
 
 pub mod app;
@@ -29,6 +30,7 @@ pub mod heartbeat;
 pub mod inspect;
 pub mod oneshot;
 pub mod period;
+pub mod reaper;
 pub mod runner;
 pub mod schedule;
 pub mod scheduler;

@@ -64,7 +64,7 @@ pub(super) async fn run(
             Ok(())
         });
     }
-    let mut child = match command.spawn() {
+    let mut child = match crate::reaper::spawn_job(|| command.spawn(), Child::id) {
         Ok(child) => child,
         Err(e) => {
             return ActionResult::failed(format!("cannot start the job: {e}"));
@@ -110,6 +110,9 @@ pub(super) async fn run(
     };
     // The group ends with its leader: stragglers would hold the pipes open.
     kill(group);
+    if let Some(pid) = group {
+        crate::reaper::forget_job(pid.as_raw() as u32);
+    }
     for reader in readers.into_iter().flatten() {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }

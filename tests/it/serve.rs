@@ -386,3 +386,73 @@ fn replicas_survive_a_database_outage_and_run_what_was_missed_once() {
     assert!(runs.len() >= 12, "{runs:?}");
     assert_once_without_gaps(&runs);
 }
+
+/// Zombie processes whose parent is `pid`.
+fn zombies_of(pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .filter(|stat| {
+            let Some((_, rest)) = stat.rsplit_once(") ") else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            fields.first() == Some(&"Z") && fields.get(1) == Some(&pid.to_string().as_str())
+        })
+        .count()
+}
+
+#[test]
+fn as_pid_1_it_reaps_orphans_and_still_waits_for_its_own_jobs() {
+    let probe = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipping: cannot make a PID namespace here");
+        return;
+    }
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &(settings("")
+            + &every_second(
+                "orphans",
+                "shell = \"sleep 0.3 & echo $SCHEDULER_PERIOD_KEY >> runs.txt\"",
+            )),
+    );
+    let unshare = std::process::Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            env!("CARGO_BIN_EXE_scheduler"),
+            "--database-url",
+            &db.url,
+            "serve",
+        ])
+        .current_dir(ws.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let children = format!("/proc/{0}/task/{0}/children", unshare.id());
+    let mut pid_1 = 0;
+    eventually("the scheduler to start as PID 1", BOUND, || {
+        pid_1 = std::fs::read_to_string(&children)
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        pid_1 != 0
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    let zombies = zombies_of(pid_1);
+    let runs = lines(ws.path().join("runs.txt"));
+    // unshare itself ignores SIGTERM while it waits; the scheduler does not.
+    kill(Pid::from_raw(pid_1 as i32), Signal::SIGTERM).unwrap();
+    assert_eq!(wait(unshare, BOUND).code(), 0);
+    assert!(
+        runs.len() >= 3,
+        "its own jobs must still run and be waited for: {runs:?}"
+    );
+    assert!(zombies <= 1, "{zombies} orphans left unreaped");
+}
