@@ -73,7 +73,12 @@ pub async fn status(
             println!("  {}  attempt {}  {detail}", row.period_key, row.attempt);
         }
         if !overdue.is_empty() {
-            println!("  overdue: {}", overdue.join(", "));
+            let newest: Vec<&str> = overdue.iter().rev().take(5).map(String::as_str).collect();
+            println!(
+                "  overdue: {} period(s), newest: {}",
+                overdue.len(),
+                newest.join(", ")
+            );
         }
     }
     Ok(Outcome::Done)

@@ -421,3 +421,179 @@ fn the_database_url_flag_wins_over_the_environment_which_wins_over_the_file() {
     assert_eq!(ws.run(&["migrate"]).code(), 0);
     assert!(ws.path().join("file.db").exists());
 }
+
+#[test]
+fn wait_reports_the_outcome_of_a_run_held_elsewhere() {
+    for db in databases() {
+        let ws = workspace("shell = \"echo run >> runs.txt; sleep 1.5\"");
+        let first = ws
+            .command(&[
+                "--database-url",
+                &db.url,
+                "run",
+                "billing",
+                "--period",
+                "2026-07",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        eventually("the first run to start", BOUND, || {
+            lines(ws.path().join("runs.txt")).len() == 1
+        });
+        let waited = run(&ws, &db, &["--period", "2026-07", "--wait"]);
+        assert_eq!(waited.code(), 0, "{}", waited.stderr());
+        assert!(
+            waited.stdout().contains("succeeded: on "),
+            "{}",
+            waited.stdout()
+        );
+        assert_eq!(wait(first, BOUND).code(), 0);
+        assert_eq!(
+            lines(ws.path().join("runs.txt")).len(),
+            1,
+            "the waiter must not run it again"
+        );
+    }
+}
+
+#[test]
+fn release_frees_a_stuck_claim_for_an_immediate_recovery() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"1h\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+         shell = \"echo $SCHEDULER_ATTEMPT $SCHEDULER_TRIGGER >> runs.txt; if [ $SCHEDULER_ATTEMPT = 1 ]; then exec sleep 30; fi\"\n",
+    );
+    let stuck = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "billing",
+            "--period",
+            "2026-07",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the stuck run", BOUND, || {
+        lines(ws.path().join("runs.txt")).len() == 1
+    });
+    let stuck_pid = Pid::from_raw(stuck.id() as i32);
+    kill(stuck_pid, Signal::SIGSTOP).unwrap();
+    let held = run(&ws, &db, &["--period", "2026-07"]);
+    assert!(
+        held.stdout().contains("skipped: running on"),
+        "{}",
+        held.stdout()
+    );
+    let released = ws.run(&[
+        "--database-url",
+        &db.url,
+        "release",
+        "billing",
+        "--period",
+        "2026-07",
+    ]);
+    assert_eq!(released.code(), 0);
+    assert!(
+        released
+            .stdout()
+            .contains("billing:2026-07: released (was running on"),
+        "{}",
+        released.stdout()
+    );
+    let taken = run(&ws, &db, &["--period", "2026-07"]);
+    assert!(
+        taken.stdout().contains("succeeded: attempt 2"),
+        "{}",
+        taken.stdout()
+    );
+    assert_eq!(lines(ws.path().join("runs.txt")), ["1 manual", "2 manual"]);
+    kill(stuck_pid, Signal::SIGKILL).unwrap();
+    wait(stuck, BOUND);
+}
+
+#[test]
+fn status_history_and_prune_report_what_the_database_holds() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nkeep = \"1s\"\nshell = \"test ! -e fail\"\n",
+    );
+    let url = db.url.as_str();
+    assert_eq!(
+        ws.run(&[
+            "--database-url",
+            url,
+            "run",
+            "billing",
+            "--period",
+            "2026-06"
+        ])
+        .code(),
+        0
+    );
+    std::fs::write(ws.path().join("fail"), "").unwrap();
+    assert_eq!(
+        ws.run(&[
+            "--database-url",
+            url,
+            "run",
+            "billing",
+            "--period",
+            "2026-07"
+        ])
+        .code(),
+        1
+    );
+
+    let status = ws.run(&["--database-url", url, "status", "--json"]);
+    assert_eq!(status.code(), 0);
+    let value: serde_json::Value = serde_json::from_str(status.stdout().trim()).unwrap();
+    assert_eq!(value["job"], "billing");
+    assert_eq!(value["failed"][0]["period_key"], "billing:2026-07");
+    assert_eq!(value["recent"].as_array().unwrap().len(), 2);
+
+    let history = ws.run(&["--database-url", url, "history", "billing", "--json"]);
+    let attempts: Vec<serde_json::Value> = history
+        .stdout()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(
+        (
+            attempts[0]["outcome"].as_str(),
+            attempts[0]["exit_code"].as_i64()
+        ),
+        (Some("failed"), Some(1))
+    );
+
+    std::thread::sleep(Duration::from_millis(1100));
+    let pruned = ws.run(&["--database-url", url, "prune"]);
+    assert!(
+        pruned
+            .stdout()
+            .contains("billing: pruned 2 finished claim(s)"),
+        "{}",
+        pruned.stdout()
+    );
+    let history = ws.run(&["--database-url", url, "history", "billing"]);
+    assert_eq!(history.stdout(), "");
+}
+
+#[test]
+fn run_all_runs_the_latest_period_of_every_job() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"a\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"echo a >> runs.txt\"\n\n\
+         [[job]]\nname = \"b\"\nschedule = \"0 3 * * *\"\nperiod = \"day\"\nmissed = \"skip\"\nshell = \"echo b >> runs.txt\"\n",
+    );
+    let out = ws.run(&["--database-url", &db.url, "run", "--all"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let mut ran = lines(ws.path().join("runs.txt"));
+    ran.sort();
+    assert_eq!(ran, ["a", "b"]);
+}
