@@ -17,17 +17,20 @@ fn workspace(job_body: &str) -> Workspace {
     ))
 }
 
-fn run(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Output {
+/// `scheduler run billing ARGS…`, started in the background.
+fn start(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Child {
     let mut all = vec!["--database-url", db.url.as_str(), "run", "billing"];
     all.extend_from_slice(args);
-    wait(
-        ws.command(&all)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-        BOUND,
-    )
+    ws.command(&all)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `scheduler run billing ARGS…` to its end.
+fn run(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Output {
+    wait(start(ws, db, args), BOUND)
 }
 
 #[test]
@@ -35,20 +38,7 @@ fn sixteen_concurrent_runs_of_one_period_execute_it_once() {
     for db in databases() {
         let ws = workspace("shell = \"echo run >> runs.txt; sleep 0.3\"");
         let children: Vec<_> = (0..16)
-            .map(|_| {
-                ws.command(&[
-                    "--database-url",
-                    &db.url,
-                    "run",
-                    "billing",
-                    "--period",
-                    "2026-07",
-                ])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-            })
+            .map(|_| start(&ws, &db, &["--period", "2026-07"]))
             .collect();
         for child in children {
             let out = wait(child, BOUND);
@@ -71,19 +61,7 @@ fn a_killed_runner_holds_its_period_until_the_lease_ends_then_attempt_2_takes_it
         let ws = workspace(
             "shell = \"echo $SCHEDULER_ATTEMPT >> attempts.txt; if [ $SCHEDULER_ATTEMPT = 1 ]; then echo $$ > job.pid; exec sleep 30; fi\"",
         );
-        let runner = ws
-            .command(&[
-                "--database-url",
-                &db.url,
-                "run",
-                "billing",
-                "--period",
-                "2026-07",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let runner = start(&ws, &db, &["--period", "2026-07"]);
         let pid_file = ws.path().join("job.pid");
         eventually("the job to start", BOUND, || lines(&pid_file).len() == 1);
         let job_pid: i32 = lines(&pid_file)[0].parse().unwrap();
@@ -126,19 +104,7 @@ fn a_frozen_runner_cannot_overwrite_the_takeover_and_its_job_is_stopped() {
         let ws = workspace(
             "shell = \"if [ $SCHEDULER_ATTEMPT = 1 ]; then echo $$ > job.pid; sleep 8; echo late >> late.txt; else echo ok >> done.txt; fi\"",
         );
-        let frozen = ws
-            .command(&[
-                "--database-url",
-                &db.url,
-                "run",
-                "billing",
-                "--period",
-                "2026-07",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let frozen = start(&ws, &db, &["--period", "2026-07"]);
         let pid_file = ws.path().join("job.pid");
         eventually("the job to start", BOUND, || lines(&pid_file).len() == 1);
         let job_pid: i32 = lines(&pid_file)[0].parse().unwrap();
@@ -426,19 +392,7 @@ fn the_database_url_flag_wins_over_the_environment_which_wins_over_the_file() {
 fn wait_reports_the_outcome_of_a_run_held_elsewhere() {
     for db in databases() {
         let ws = workspace("shell = \"echo run >> runs.txt; sleep 1.5\"");
-        let first = ws
-            .command(&[
-                "--database-url",
-                &db.url,
-                "run",
-                "billing",
-                "--period",
-                "2026-07",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let first = start(&ws, &db, &["--period", "2026-07"]);
         eventually("the first run to start", BOUND, || {
             lines(ws.path().join("runs.txt")).len() == 1
         });
@@ -465,19 +419,7 @@ fn release_frees_a_stuck_claim_for_an_immediate_recovery() {
         "[scheduler]\nlease = \"1h\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
          shell = \"echo $SCHEDULER_ATTEMPT $SCHEDULER_TRIGGER >> runs.txt; if [ $SCHEDULER_ATTEMPT = 1 ]; then exec sleep 30; fi\"\n",
     );
-    let stuck = ws
-        .command(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "billing",
-            "--period",
-            "2026-07",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let stuck = start(&ws, &db, &["--period", "2026-07"]);
     eventually("the stuck run", BOUND, || {
         lines(ws.path().join("runs.txt")).len() == 1
     });
