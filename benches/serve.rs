@@ -203,6 +203,13 @@ fn main() {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let pg = |name: &str| runtime.block_on(postgres_database(&admin, name));
+    let big = std::env::var("SCHEDULER_BENCH_BIG").unwrap_or_default();
+    if big == "only" {
+        if let Some(url) = pg("scheduler_bench_big") {
+            ten_thousand_every_minute_jobs_on_three_replicas(&url);
+        }
+        return;
+    }
     fire_lateness(
         "SQLite",
         &format!("sqlite://{}", dir.path().join("late.db").display()),
