@@ -642,10 +642,9 @@ impl RawJob {
                 timeout: duration(at, http.timeout.as_ref(), "30s")?,
             });
         }
-        let Some(sql) = &self.sql else {
-            unreachable!("exactly one action was checked above")
+        let Some(sql) = self.sql.as_ref().map(Spanned::get_ref) else {
+            return Err(at.error(name_span, "no action".into()));
         };
-        let sql = sql.get_ref();
         Ok(Action::Sql {
             statement: sql.statement.get_ref().clone(),
             params: sql

@@ -300,8 +300,7 @@ impl PeriodRun<'_> {
             let lease = match self.context.store.claim(&request).await? {
                 Claim::Won(lease) => lease,
                 Claim::Held { owner, until } if args.wait => {
-                    tracing::info!(period_key = self.key, %owner, "waiting for the run elsewhere");
-                    let _ = until;
+                    tracing::info!(period_key = self.key, %owner, %until, "waiting for the run elsewhere");
                     match self.wait_elsewhere(shutdown.clone()).await? {
                         Some(done) => return Ok(done),
                         None => continue,

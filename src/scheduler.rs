@@ -4,7 +4,7 @@
 //! are inputs to the loop.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,6 +106,8 @@ enum Event {
     Again(String, Due),
     /// A run of this job ended here; its slot is free.
     Done(String),
+    /// A task ended; its `max_running` slot is free.
+    Free,
 }
 
 /// The long-running scheduler.
@@ -118,8 +120,12 @@ pub struct Service {
     context: Context,
     owner: String,
     slots: Arc<Semaphore>,
-    /// Periods waiting for a slot or the database, oldest fire first.
+    /// Periods waiting for a job's concurrency slot or for the database,
+    /// oldest fire first.
     waiting: BTreeMap<(DateTime<Utc>, String), (String, Due)>,
+    /// Fires that found all of this process's `max_running` slots taken,
+    /// in fire order; each freed slot takes the next.
+    backlog: VecDeque<(Arc<Job>, Due)>,
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
     shutdown: watch::Receiver<bool>,
 }
@@ -145,6 +151,7 @@ impl Service {
             context,
             owner,
             waiting: BTreeMap::new(),
+            backlog: VecDeque::new(),
             events: mpsc::unbounded_channel(),
             shutdown,
         })
@@ -277,6 +284,14 @@ impl Service {
             Event::Again(name, due) => self.wait(name, due),
             // A slot of this job freed here: its oldest waiting period goes next.
             Event::Done(name) => self.release_waiting(&name, 1),
+            Event::Free => {
+                let now = Utc::now();
+                while self.slots.available_permits() > 0
+                    && let Some((job, due)) = self.backlog.pop_front()
+                {
+                    self.dispatch(job, due, now);
+                }
+            }
         }
     }
 
@@ -315,7 +330,7 @@ impl Service {
             return;
         }
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            self.wait(job.name.clone(), due);
+            self.backlog.push_back((job, due));
             return;
         };
         let task = RunTask {
@@ -375,6 +390,12 @@ struct RunTask {
 
 impl RunTask {
     async fn go(self, permit: OwnedSemaphorePermit) {
+        let events = self.events.clone();
+        self.claim_and_run(permit).await;
+        let _ = events.send(Event::Free);
+    }
+
+    async fn claim_and_run(self, permit: OwnedSemaphorePermit) {
         let key = period_key(&self.job.name, &self.due.period.label);
         let lateness = (Utc::now() - self.due.fire).num_microseconds().unwrap_or(0) as f64 / 1000.0;
         let request = ClaimRequest {

@@ -103,10 +103,13 @@ impl ActionResult {
     }
 
     fn permanent(error: String) -> ActionResult {
-        match ActionResult::failed(error) {
-            ActionResult::Done(finish, _) => ActionResult::Done(finish, false),
-            other => other,
-        }
+        ActionResult::Done(
+            Finish {
+                error: Some(error),
+                ..Finish::default()
+            },
+            false,
+        )
     }
 
     fn set_exit_code(&mut self, code: i32) {

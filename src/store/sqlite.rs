@@ -67,14 +67,26 @@ impl SqliteStore {
             // Writers from other processes take turns; a wait can approach
             // the whole timeout under contention, so it is generous.
             .busy_timeout(Duration::from_secs(30));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            // A broken connection fails its query and is replaced; a ping
-            // before every use would cost a round trip per statement.
-            .test_before_acquire(false)
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(options)
-            .await?;
+        // Processes opening a new file together race to switch it to WAL,
+        // which SQLite answers with "database is locked" rather than a wait.
+        let mut tries = 0;
+        let pool = loop {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                // A broken connection fails its query and is replaced; a ping
+                // before every use would cost a round trip per statement.
+                .test_before_acquire(false)
+                .acquire_timeout(Duration::from_secs(60))
+                .connect_with(options.clone())
+                .await;
+            match pool {
+                Err(sqlx::Error::Database(e)) if tries < 20 && e.message().contains("locked") => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(25 * tries)).await;
+                }
+                other => break other?,
+            }
+        };
         Ok(SqliteStore { pool })
     }
 

@@ -35,10 +35,15 @@ fn signal(child: &Child, signal: Signal) {
     kill(Pid::from_raw(child.id() as i32), signal).expect("signal");
 }
 
-/// SIGTERM, then the exit code, which must come within the bound.
+/// SIGTERM, then the exit code, which must come within the bound; a
+/// non-zero one prints the replica's log.
 fn stop(child: Child) -> i32 {
     signal(&child, Signal::SIGTERM);
-    wait(child, BOUND).code()
+    let out = wait(child, BOUND);
+    if out.code() != 0 {
+        eprintln!("replica exited {}:\n{}", out.code(), out.stderr());
+    }
+    out.code()
 }
 
 /// The UTC seconds of `job:<instant>` keys in the first column of `lines`.
