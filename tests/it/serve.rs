@@ -114,70 +114,70 @@ fn parked(ws: &Workspace) -> (i32, String) {
 
 #[test]
 fn a_period_whose_replica_is_killed_is_finished_by_another_with_attempt_2() {
-    let Some(db) = TestDb::postgres_blocking() else {
-        return;
-    };
-    let ws = Workspace::new(
-        &(settings("")
-            + &every_second(
-                "tick",
-                &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
-            )),
-    );
-    let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
-    let (victim, key) = parked(&ws);
-    kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
-    let recovered = format!("{key} 2 recovery");
-    eventually("recovery with attempt 2", BOUND, || {
-        lines(ws.path().join("runs.txt")).contains(&recovered)
-    });
-    for replica in replicas {
-        if replica.id() as i32 != victim {
-            assert_eq!(stop(replica), 0);
-        } else {
-            wait(replica, BOUND);
+    // The same behaviour on PostgreSQL and on one SQLite file shared by processes.
+    for db in crate::support::databases() {
+        let ws = Workspace::new(
+            &(settings("")
+                + &every_second(
+                    "tick",
+                    &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
+                )),
+        );
+        let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
+        let (victim, key) = parked(&ws);
+        kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
+        let recovered = format!("{key} 2 recovery");
+        eventually("recovery with attempt 2", BOUND, || {
+            lines(ws.path().join("runs.txt")).contains(&recovered)
+        });
+        for replica in replicas {
+            if replica.id() as i32 != victim {
+                assert_eq!(stop(replica), 0);
+            } else {
+                wait(replica, BOUND);
+            }
         }
+        let runs = lines(ws.path().join("runs.txt"));
+        assert_eq!(
+            runs.iter()
+                .filter(|l| l.starts_with(&format!("{key} ")))
+                .count(),
+            1,
+            "{runs:?}"
+        );
     }
-    let runs = lines(ws.path().join("runs.txt"));
-    assert_eq!(
-        runs.iter()
-            .filter(|l| l.starts_with(&format!("{key} ")))
-            .count(),
-        1,
-        "{runs:?}"
-    );
 }
 
 #[test]
 fn sigterm_releases_a_running_period_and_another_replica_takes_it_at_once() {
-    let Some(db) = TestDb::postgres_blocking() else {
-        return;
-    };
-    let text = "[scheduler]\nlease = \"60s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
-        .to_owned()
-        + &every_second(
-            "tick",
-            &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
+    // The same behaviour on PostgreSQL and on one SQLite file shared by processes.
+    for db in crate::support::databases() {
+        let text = "[scheduler]\nlease = \"60s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+            .to_owned()
+            + &every_second(
+                "tick",
+                &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
+            );
+        let ws = Workspace::new(&text);
+        let mut replicas = vec![serve(&ws, &db.url), serve(&ws, &db.url)];
+        let (victim, key) = parked(&ws);
+        let index = replicas
+            .iter()
+            .position(|r| r.id() as i32 == victim)
+            .expect("a replica ran it");
+        let stopped = replicas.remove(index);
+        let started = Instant::now();
+        assert_eq!(stop(stopped), 0, "SIGTERM exits 0");
+        let recovered = format!("{key} 2 recovery");
+        eventually("the released period to run elsewhere", BOUND, || {
+            lines(ws.path().join("runs.txt")).contains(&recovered)
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "waited for the 60 s lease instead of the release"
         );
-    let ws = Workspace::new(&text);
-    let mut replicas = vec![serve(&ws, &db.url), serve(&ws, &db.url)];
-    let (victim, key) = parked(&ws);
-    let index = replicas
-        .iter()
-        .position(|r| r.id() as i32 == victim)
-        .expect("a replica ran it");
-    let stopped = replicas.remove(index);
-    let started = Instant::now();
-    assert_eq!(stop(stopped), 0, "SIGTERM exits 0");
-    let recovered = format!("{key} 2 recovery");
-    eventually("the released period to run elsewhere", BOUND, || {
-        lines(ws.path().join("runs.txt")).contains(&recovered)
-    });
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "waited for the 60 s lease instead of the release"
-    );
-    assert_eq!(stop(replicas.remove(0)), 0);
+        assert_eq!(stop(replicas.remove(0)), 0);
+    }
 }
 
 #[test]
@@ -263,22 +263,22 @@ fn missed_latest_runs_only_the_newest_missed_period() {
 
 #[test]
 fn concurrency_1_holds_across_replicas_with_a_job_slower_than_its_schedule() {
-    let Some(db) = TestDb::postgres_blocking() else {
-        return;
-    };
-    let job = "period = \"fire\"\nmissed = \"skip\"\nshell = \"echo start $(date +%s%N) >> spans.txt; sleep 1.5; echo end $(date +%s%N) >> spans.txt\"";
-    let ws = Workspace::new(&(settings("") + &every_second("slow", job)));
-    let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
-    std::thread::sleep(Duration::from_secs(8));
-    for replica in replicas {
-        assert_eq!(stop(replica), 0);
-    }
-    let spans = lines(ws.path().join("spans.txt"));
-    assert!(spans.len() >= 4, "{spans:?}");
-    let mut running = 0;
-    for line in &spans {
-        running += if line.starts_with("start") { 1 } else { -1 };
-        assert!(running <= 1, "two runs at once: {spans:?}");
+    // The same behaviour on PostgreSQL and on one SQLite file shared by processes.
+    for db in crate::support::databases() {
+        let job = "period = \"fire\"\nmissed = \"skip\"\nshell = \"echo start $(date +%s%N) >> spans.txt; sleep 1.5; echo end $(date +%s%N) >> spans.txt\"";
+        let ws = Workspace::new(&(settings("") + &every_second("slow", job)));
+        let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
+        std::thread::sleep(Duration::from_secs(8));
+        for replica in replicas {
+            assert_eq!(stop(replica), 0);
+        }
+        let spans = lines(ws.path().join("spans.txt"));
+        assert!(spans.len() >= 4, "{spans:?}");
+        let mut running = 0;
+        for line in &spans {
+            running += if line.starts_with("start") { 1 } else { -1 };
+            assert!(running <= 1, "two runs at once: {spans:?}");
+        }
     }
 }
 
