@@ -43,11 +43,12 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             if let Some(name) = &args.job {
                 config.job(name)?;
             }
+            oneshot::check_labels(&config, args, now)?;
         }
-        Command::History { job, .. }
-        | Command::Release { job, .. }
-        | Command::Pause { job }
-        | Command::Resume { job } => {
+        Command::Release { job, period } => {
+            inspect::period_key_of(config.job(job)?, period)?;
+        }
+        Command::History { job, .. } | Command::Pause { job } | Command::Resume { job } => {
             config.job(job)?;
         }
         Command::Status { job: Some(job), .. } => {

@@ -152,12 +152,7 @@ pub async fn release(
     job: &str,
     label: &str,
 ) -> Result<Outcome, Error> {
-    let job = config.job(job)?;
-    let period = job
-        .period
-        .parse_label(&job.schedule, label)
-        .map_err(|e| Error::Usage(format!("--period: {e}")))?;
-    let key = period_key(&job.name, &period.label);
+    let key = period_key_of(config.job(job)?, label)?;
     match store.release_key(&key).await? {
         Some(owner) => {
             println!("{key}: released (was running on {owner}); it can be claimed again now")
@@ -165,6 +160,15 @@ pub async fn release(
         None => println!("{key}: no running claim to release"),
     }
     Ok(Outcome::Done)
+}
+
+/// The period key `--period LABEL` names for `job`.
+pub fn period_key_of(job: &Job, label: &str) -> Result<String, Error> {
+    let period = job
+        .period
+        .parse_label(&job.schedule, label)
+        .map_err(|e| Error::Usage(format!("--period: {e}")))?;
+    Ok(period_key(&job.name, &period.label))
 }
 
 /// `scheduler pause JOB` / `scheduler resume JOB`.

@@ -122,12 +122,8 @@ async fn plan<'a>(
     let mut plans = Vec::with_capacity(jobs.len());
     for job in jobs {
         let manual = args.period.is_some() || args.from.is_some();
-        let due = if let Some(label) = &args.period {
-            let period = parse_label(job, label, "--period")?;
-            refuse_future(&period, now, "--period")?;
-            vec![manual_due(job, period, now)]
-        } else if let (Some(from), Some(to)) = (&args.from, &args.to) {
-            range(job, from, to, now)?
+        let due = if let Some(due) = manual_dues(job, args, now)? {
+            due
         } else {
             let seen = store.see_jobs(std::slice::from_ref(&job.name)).await?;
             let Some(seen) = seen.get(&job.name) else {
@@ -147,6 +143,31 @@ async fn plan<'a>(
         plans.push(Plan { job, due, manual });
     }
     Ok(plans)
+}
+
+/// Checks `--period`, `--from` and `--to` against every job they apply to,
+/// before the database is opened.
+pub fn check_labels(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result<(), Error> {
+    for job in &config.jobs {
+        if args.job.as_ref().is_none_or(|name| *name == job.name) {
+            manual_dues(job, args, now)?;
+        }
+    }
+    Ok(())
+}
+
+/// The periods a manual run (`--period`, `--from/--to`) asks for, or `None`
+/// for a scheduled one.
+fn manual_dues(job: &Job, args: &RunArgs, now: DateTime<Utc>) -> Result<Option<Vec<Due>>, Error> {
+    if let Some(label) = &args.period {
+        let period = parse_label(job, label, "--period")?;
+        refuse_future(&period, now, "--period")?;
+        return Ok(Some(vec![manual_due(job, period, now)]));
+    }
+    if let (Some(from), Some(to)) = (&args.from, &args.to) {
+        return Ok(Some(range(job, from, to, now)?));
+    }
+    Ok(None)
 }
 
 fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {

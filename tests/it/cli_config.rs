@@ -317,3 +317,43 @@ fn the_shipped_jobs_toml_is_valid() {
     let out = ws.run(&["check"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
 }
+
+#[test]
+fn bad_period_labels_exit_2_before_the_database_is_opened() {
+    let ws = Workspace::new(GOOD_JOB);
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["run", "billing", "--period", "2026-7"],
+            "--period: `2026-7` is not a month period label: expected YYYY-MM, e.g. `2026-07`",
+        ),
+        (
+            &["run", "billing", "--period", "2999-01"],
+            "--period: period 2999-01 starts at 2999-01-01T00:00:00Z, after now",
+        ),
+        (
+            &["run", "billing", "--from", "2026-05", "--to", "2026-02"],
+            "--to: 2026-02 comes before --from 2026-05",
+        ),
+        (
+            &["run", "billing", "--from", "2026-01", "--to", "2026-13"],
+            "--to: `2026-13` is not a month period label",
+        ),
+        (
+            &["release", "billing", "--period", "July"],
+            "--period: `July` is not a month period label",
+        ),
+        (
+            &["run", "bililng", "--period", "2026-07"],
+            "no job named `bililng`",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = ws.run(args);
+        assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr());
+        assert_says(&out.stderr(), &[want]);
+        assert!(
+            !ws.path().join("scheduler.db").exists(),
+            "{args:?} opened the database"
+        );
+    }
+}
