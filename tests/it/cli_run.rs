@@ -539,3 +539,40 @@ fn run_all_runs_the_latest_period_of_every_job() {
     ran.sort();
     assert_eq!(ran, ["a", "b"]);
 }
+
+#[test]
+fn a_wrong_password_exits_3_and_never_shows_the_password() {
+    let Some(server) = crate::support::PrivatePostgres::start("right-pass") else {
+        return;
+    };
+    let ws = workspace("command = [\"true\"]");
+    let right = format!(
+        "postgres://postgres:right-pass@127.0.0.1:{}/postgres",
+        server.port
+    );
+    assert_eq!(
+        ws.run(&["--database-url", &right, "migrate"]).code(),
+        0,
+        "the right password works"
+    );
+    let wrong = format!(
+        "postgres://postgres:wr0ng-pass@127.0.0.1:{}/postgres",
+        server.port
+    );
+    let out = ws.run(&["--database-url", &wrong, "run", "billing"]);
+    assert_eq!(out.code(), 3, "{}", out.stderr());
+    assert!(
+        out.stderr().contains("password authentication failed"),
+        "{}",
+        out.stderr()
+    );
+    assert!(
+        out.stderr().contains(&format!(
+            "postgres://postgres:***@127.0.0.1:{}/postgres",
+            server.port
+        )),
+        "{}",
+        out.stderr()
+    );
+    assert!(!out.stderr().contains("wr0ng-pass") && !out.stdout().contains("wr0ng-pass"));
+}

@@ -296,3 +296,106 @@ impl Proxy {
         url.to_string()
     }
 }
+
+/// A private PostgreSQL server with password authentication, in a temp
+/// dir on its own port, stopped when dropped. `None` (with a note) where
+/// this machine cannot start one (no server binaries, not root).
+pub struct PrivatePostgres {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+}
+
+impl PrivatePostgres {
+    pub fn start(password: &str) -> Option<PrivatePostgres> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| Some(e.ok()?.path().join("bin")))
+            .find(|b| b.join("initdb").exists());
+        let as_root = nix::unistd::Uid::effective().is_root();
+        let (Some(bin), true) = (bin, as_root) else {
+            eprintln!("skipping: no PostgreSQL server binaries to run as the postgres user");
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        std::fs::write(dir.path().join("pw"), password).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let as_postgres = |program: &str, args: &[&str]| {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(bin.join(program))
+                .args(args)
+                .output()
+                .expect("runuser")
+        };
+        Command::new("chown")
+            .args(["-R", "postgres"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        let pw = format!("--pwfile={}", dir.path().join("pw").display());
+        let init = as_postgres(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "-A",
+                "scram-sha-256",
+                &pw,
+            ],
+        );
+        assert!(
+            init.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1",
+            dir.path().display()
+        );
+        let log = dir.path().join("log");
+        let started = as_postgres(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                &options,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "start",
+            ],
+        );
+        assert!(
+            started.status.success(),
+            "pg_ctl: {}",
+            String::from_utf8_lossy(&started.stderr)
+        );
+        Some(PrivatePostgres { port, dir, bin })
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .args([
+                "-D",
+                data.to_str().unwrap_or_default(),
+                "-m",
+                "immediate",
+                "stop",
+            ])
+            .output();
+    }
+}
