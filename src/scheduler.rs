@@ -162,6 +162,12 @@ impl Service {
     pub async fn run(mut self, mut reload: mpsc::UnboundedReceiver<()>) -> Result<Outcome, Error> {
         self.catch_up().await?;
         release_free_memory();
+        tracing::info!(
+            jobs = self.jobs.len(),
+            owner = self.owner,
+            next_fire = ?self.timer.next(),
+            "serving"
+        );
         let mut next_scan = Instant::now();
         loop {
             let now = Utc::now();
