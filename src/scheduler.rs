@@ -4,7 +4,7 @@
 //! are inputs to the loop.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,6 +115,8 @@ pub struct Service {
     path: PathBuf,
     settings: Settings,
     jobs: Vec<Arc<Job>>,
+    /// Job name → index in `jobs`.
+    by_name: HashMap<String, usize>,
     paused: HashSet<String>,
     timer: Timer,
     context: Context,
@@ -146,6 +148,7 @@ impl Service {
             slots: Arc::new(Semaphore::new(config.settings.max_running)),
             settings: config.settings,
             timer: Timer::new(&jobs, Utc::now()),
+            by_name: index(&jobs),
             jobs,
             paused: HashSet::new(),
             context,
@@ -282,7 +285,7 @@ impl Service {
     }
 
     fn job(&self, name: &str) -> Option<Arc<Job>> {
-        self.jobs.iter().find(|j| j.name == name).cloned()
+        self.by_name.get(name).map(|i| self.jobs[*i].clone())
     }
 
     fn handle(&mut self, event: Event) {
@@ -366,10 +369,18 @@ impl Service {
             tracing::warn!("reload: cannot record new jobs yet: {e}");
         }
         self.timer = Timer::new(&jobs, Utc::now());
+        self.by_name = index(&jobs);
         self.jobs = jobs;
         self.settings = config.settings;
         tracing::info!(jobs = self.jobs.len(), "reloaded {}", self.path.display());
     }
+}
+
+fn index(jobs: &[Arc<Job>]) -> HashMap<String, usize> {
+    jobs.iter()
+        .enumerate()
+        .map(|(i, job)| (job.name.clone(), i))
+        .collect()
 }
 
 /// Hands freed heap back to the system once start-up is over: parsing a
