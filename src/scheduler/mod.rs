@@ -3,8 +3,7 @@
 //! takes over expired, released and retryable claims. Shutdown and reload
 //! are inputs to the loop.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,85 +18,15 @@ use crate::error::{Error, Outcome};
 use crate::runner::{Context, Ending, Run};
 use crate::store::{Claim, ClaimRequest, Store, Trigger};
 
+mod timer;
+use timer::Timer;
+
 /// The longest sleep: tokio's timer follows the monotonic clock, so a step
 /// of the wall clock (NTP, suspend) is noticed at the next wake-up.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
 /// How many claims one scan takes over at most.
 const SCAN_LIMIT: u32 = 500;
-
-/// The next fire of every job, earliest first.
-#[derive(Default)]
-struct Timer {
-    heap: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
-}
-
-impl Timer {
-    /// A timer with each job's first fire after `now`.
-    fn new(jobs: &[Arc<Job>], now: DateTime<Utc>) -> Timer {
-        let heap = jobs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, job)| job.schedule.next_after(now).map(|at| Reverse((at, i))))
-            .collect();
-        Timer { heap }
-    }
-
-    fn next(&self) -> Option<DateTime<Utc>> {
-        self.heap.peek().map(|Reverse((at, _))| *at)
-    }
-
-    /// Every fire at or before `now`, as (job index, fire). A job whose
-    /// fires were slept through (a suspend, a clock step) gets its latest
-    /// as `schedule` and, with `missed = "all"`, the older ones as
-    /// `catch-up`. Each job's next fire is computed from its last one.
-    fn pop_due(&mut self, jobs: &[Arc<Job>], now: DateTime<Utc>) -> Vec<(usize, Due)> {
-        let mut fired = Vec::new();
-        while let Some(Reverse((at, i))) = self.heap.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.heap.pop();
-            let job = &jobs[i];
-            let mut fires = vec![at];
-            let mut next = job.schedule.next_after(at);
-            while let Some(later) = next.filter(|t| *t <= now) {
-                fires.push(later);
-                next = job.schedule.next_after(later);
-            }
-            if let Some(next) = next {
-                self.heap.push(Reverse((next, i)));
-            }
-            let latest = fires.pop().unwrap_or(at);
-            if job.missed == Missed::All {
-                let mut seen = HashSet::new();
-                for fire in fires {
-                    let period = job.period.period_of(&job.schedule, fire);
-                    if seen.insert(period.label.clone()) {
-                        fired.push((
-                            i,
-                            Due {
-                                period,
-                                fire,
-                                trigger: Trigger::CatchUp,
-                            },
-                        ));
-                    }
-                }
-            }
-            let period = job.period.period_of(&job.schedule, latest);
-            fired.push((
-                i,
-                Due {
-                    period,
-                    fire: latest,
-                    trigger: Trigger::Schedule,
-                },
-            ));
-        }
-        fired
-    }
-}
 
 /// What a run task tells the loop.
 enum Event {

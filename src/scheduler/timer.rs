@@ -1,0 +1,171 @@
+//! The timer of `serve`: every job's next fire in a heap, popped when due.
+//! Pure: it takes `now` and never sleeps, so it is tested one step at a time.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use crate::config::{Job, Missed};
+use crate::due::Due;
+use crate::store::Trigger;
+
+/// The next fire of every job, earliest first.
+#[derive(Default)]
+pub(super) struct Timer {
+    heap: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+}
+
+impl Timer {
+    /// A timer with each job's first fire after `now`.
+    pub(super) fn new(jobs: &[Arc<Job>], now: DateTime<Utc>) -> Timer {
+        let heap = jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, job)| job.schedule.next_after(now).map(|at| Reverse((at, i))))
+            .collect();
+        Timer { heap }
+    }
+
+    pub(super) fn next(&self) -> Option<DateTime<Utc>> {
+        self.heap.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Every fire at or before `now`, as (job index, fire). A job whose
+    /// fires were slept through (a suspend, a clock step) gets its latest
+    /// as `schedule` and, with `missed = "all"`, the older ones as
+    /// `catch-up`. Each job's next fire is computed from its last one.
+    pub(super) fn pop_due(&mut self, jobs: &[Arc<Job>], now: DateTime<Utc>) -> Vec<(usize, Due)> {
+        let mut fired = Vec::new();
+        while let Some(Reverse((at, i))) = self.heap.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            let job = &jobs[i];
+            let mut fires = vec![at];
+            let mut next = job.schedule.next_after(at);
+            while let Some(later) = next.filter(|t| *t <= now) {
+                fires.push(later);
+                next = job.schedule.next_after(later);
+            }
+            if let Some(next) = next {
+                self.heap.push(Reverse((next, i)));
+            }
+            let latest = fires.pop().unwrap_or(at);
+            if job.missed == Missed::All {
+                let mut seen = HashSet::new();
+                for fire in fires {
+                    let period = job.period.period_of(&job.schedule, fire);
+                    if seen.insert(period.label.clone()) {
+                        fired.push((
+                            i,
+                            Due {
+                                period,
+                                fire,
+                                trigger: Trigger::CatchUp,
+                            },
+                        ));
+                    }
+                }
+            }
+            let period = job.period.period_of(&job.schedule, latest);
+            fired.push((
+                i,
+                Due {
+                    period,
+                    fire: latest,
+                    trigger: Trigger::Schedule,
+                },
+            ));
+        }
+        fired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn jobs(toml: &str) -> Vec<Arc<Job>> {
+        let config = Config::parse(Path::new("jobs.toml"), toml, &|_| None).unwrap();
+        config.jobs.into_iter().map(Arc::new).collect()
+    }
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().to_utc()
+    }
+
+    fn popped(timer: &mut Timer, jobs: &[Arc<Job>], now: &str) -> Vec<(String, &'static str)> {
+        timer
+            .pop_due(jobs, at(now))
+            .into_iter()
+            .map(|(i, due)| {
+                (
+                    format!("{}:{}", jobs[i].name, due.period.label),
+                    due.trigger.as_str(),
+                )
+            })
+            .collect()
+    }
+
+    const TWO_JOBS: &str = "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"true\"]\n\
+        [[job]]\nname = \"b\"\nschedule = \"*/2 * * * *\"\nperiod = \"minute\"\ncommand = [\"true\"]\n";
+
+    #[test]
+    fn nothing_is_due_before_the_earliest_fire_and_each_fire_is_popped_once() {
+        let jobs = jobs(TWO_JOBS);
+        let mut timer = Timer::new(&jobs, at("2026-07-15T10:00:30Z"));
+        assert_eq!(timer.next(), Some(at("2026-07-15T10:01:00Z")));
+        assert!(popped(&mut timer, &jobs, "2026-07-15T10:00:59Z").is_empty());
+        assert_eq!(
+            popped(&mut timer, &jobs, "2026-07-15T10:01:00Z"),
+            [("a:2026-07-15T10:01".into(), "schedule")]
+        );
+        assert!(popped(&mut timer, &jobs, "2026-07-15T10:01:00Z").is_empty());
+        let mut both = popped(&mut timer, &jobs, "2026-07-15T10:02:00Z");
+        both.sort();
+        assert_eq!(
+            both,
+            [
+                ("a:2026-07-15T10:02".into(), "schedule"),
+                ("b:2026-07-15T10:02".into(), "schedule")
+            ]
+        );
+    }
+
+    #[test]
+    fn fires_slept_through_come_back_as_catch_up_then_the_latest_as_schedule() {
+        let jobs = jobs(TWO_JOBS);
+        let mut timer = Timer::new(&jobs, at("2026-07-15T10:00:30Z"));
+        let a: Vec<_> = popped(&mut timer, &jobs, "2026-07-15T10:03:10Z")
+            .into_iter()
+            .filter(|(key, _)| key.starts_with("a:"))
+            .collect();
+        assert_eq!(
+            a,
+            [
+                ("a:2026-07-15T10:01".into(), "catch-up"),
+                ("a:2026-07-15T10:02".into(), "catch-up"),
+                ("a:2026-07-15T10:03".into(), "schedule"),
+            ]
+        );
+        assert_eq!(timer.next(), Some(at("2026-07-15T10:04:00Z")));
+    }
+
+    #[test]
+    fn with_missed_skip_only_the_latest_slept_through_fire_runs() {
+        let jobs = jobs(
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nmissed = \"skip\"\ncommand = [\"true\"]\n",
+        );
+        let mut timer = Timer::new(&jobs, at("2026-07-15T10:00:30Z"));
+        assert_eq!(
+            popped(&mut timer, &jobs, "2026-07-15T10:05:00Z"),
+            [("a:2026-07-15T10:05:00Z".into(), "schedule")]
+        );
+    }
+}
