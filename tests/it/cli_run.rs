@@ -576,3 +576,32 @@ fn a_wrong_password_exits_3_and_never_shows_the_password() {
     );
     assert!(!out.stderr().contains("wr0ng-pass") && !out.stdout().contains("wr0ng-pass"));
 }
+
+#[test]
+fn changing_the_schedule_never_reruns_a_succeeded_period() {
+    let db = TestDb::sqlite();
+    let ws = workspace("shell = \"echo run >> runs.txt\"");
+    assert_eq!(run(&ws, &db, &["--period", "2026-07"]).code(), 0);
+    std::fs::write(
+        ws.path().join("jobs.toml"),
+        "[[job]]\nname = \"billing\"\nschedule = \"30 4 15 * *\"\ntimezone = \"Asia/Tokyo\"\nperiod = \"month\"\ncovers = \"previous\"\nshell = \"echo run >> runs.txt\"\n",
+    )
+    .unwrap();
+    let again = run(&ws, &db, &["--period", "2026-07"]);
+    assert!(
+        again.stdout().contains("skipped: already succeeded"),
+        "{}",
+        again.stdout()
+    );
+    let scheduled = run(&ws, &db, &["--from", "2026-06", "--to", "2026-07"]);
+    assert!(
+        scheduled.stdout().contains("billing:2026-07  skipped"),
+        "{}",
+        scheduled.stdout()
+    );
+    assert_eq!(
+        lines(ws.path().join("runs.txt")).len(),
+        2,
+        "only 2026-06 ran after the change"
+    );
+}
