@@ -4,6 +4,9 @@
 //! over 1,000 periods of /bin/true. Run with `cargo bench --bench claims`
 //! (PostgreSQL from SCHEDULER_TEST_DATABASE_URL, default the local server).
 
+mod support;
+use support::{admin_url, postgres_database};
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -141,21 +144,6 @@ fn backfill(url: &str) {
     );
 }
 
-async fn postgres_database(admin: &str, name: &str) -> Option<String> {
-    let mut conn = sqlx::PgConnection::connect(admin).await.ok()?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    let mut url = url::Url::parse(admin).ok()?;
-    url.set_path(name);
-    Some(url.to_string())
-}
-
 #[tokio::main]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -177,12 +165,11 @@ async fn main() {
         dir.path().join("backfill.db").display()
     ));
 
-    let admin = std::env::var("SCHEDULER_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let admin = admin_url();
     let (Some(ours_url), Some(raw_url), Some(backfill_url)) = (
-        postgres_database(&admin, "scheduler_bench").await,
-        postgres_database(&admin, "scheduler_bench_raw").await,
-        postgres_database(&admin, "scheduler_bench_backfill").await,
+        postgres_database("scheduler_bench").await,
+        postgres_database("scheduler_bench_raw").await,
+        postgres_database("scheduler_bench_backfill").await,
     ) else {
         println!("PostgreSQL: no server at {admin}; skipped");
         return;

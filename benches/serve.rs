@@ -4,6 +4,9 @@
 //! three replicas (fires missed or doubled, lateness). Run with
 //! `cargo bench --bench serve` (about 4 minutes; 7 with the big one).
 
+mod support;
+use support::postgres_database;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -179,30 +182,13 @@ fn ten_thousand_every_minute_jobs_on_three_replicas(url: &str) {
     }
 }
 
-async fn postgres_database(admin: &str, name: &str) -> Option<String> {
-    let mut conn = sqlx::PgConnection::connect(admin).await.ok()?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    let mut url = url::Url::parse(admin).ok()?;
-    url.set_path(name);
-    Some(url.to_string())
-}
-
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let admin = std::env::var("SCHEDULER_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let pg = |name: &str| runtime.block_on(postgres_database(&admin, name));
+    let pg = |name: &str| runtime.block_on(postgres_database(name));
     let big = std::env::var("SCHEDULER_BENCH_BIG").unwrap_or_default();
     if big == "only" {
         if let Some(url) = pg("scheduler_bench_big") {
