@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS scheduler_attempts (
     http_status  INTEGER,
     error        TEXT,
     output       TEXT,
+    retry_after  INTEGER,
     PRIMARY KEY (period_key, attempt)
 );
 CREATE INDEX IF NOT EXISTS scheduler_attempts_job
@@ -54,3 +55,38 @@ CREATE TABLE IF NOT EXISTS scheduler_jobs (
     first_seen INTEGER NOT NULL,
     paused     INTEGER NOT NULL DEFAULT 0
 );
+
+-- Every claim that starts an attempt records it, and one that takes over a
+-- running attempt marks that one lost: in the claiming statement itself.
+CREATE TRIGGER IF NOT EXISTS scheduler_claims_attempt_new
+AFTER INSERT ON scheduler_claims
+BEGIN
+    INSERT INTO scheduler_attempts
+        (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
+    VALUES (NEW.period_key, NEW.attempt, NEW.job, NEW.trigger, NEW.owner,
+            NEW.scheduled_at, NEW.started_at, 'running');
+END;
+
+CREATE TRIGGER IF NOT EXISTS scheduler_claims_attempt_next
+AFTER UPDATE OF attempt ON scheduler_claims
+BEGIN
+    UPDATE scheduler_attempts SET outcome = 'lost', finished_at = NEW.started_at
+     WHERE period_key = NEW.period_key AND outcome = 'running' AND attempt < NEW.attempt;
+    INSERT INTO scheduler_attempts
+        (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
+    VALUES (NEW.period_key, NEW.attempt, NEW.job, NEW.trigger, NEW.owner,
+            NEW.scheduled_at, NEW.started_at, 'running');
+END;
+
+-- Recording an attempt's outcome (a fenced update of its row) settles the
+-- claim in the same statement: state, failures and when a retry is due.
+CREATE TRIGGER IF NOT EXISTS scheduler_attempts_outcome
+AFTER UPDATE OF outcome ON scheduler_attempts
+WHEN OLD.outcome = 'running' AND NEW.outcome IN ('succeeded', 'failed')
+BEGIN
+    UPDATE scheduler_claims
+       SET state = NEW.outcome, finished_at = NEW.finished_at, lease_until = NULL,
+           failures = failures + (NEW.outcome = 'failed'),
+           retry_at = NEW.finished_at + NEW.retry_after
+     WHERE period_key = NEW.period_key AND attempt = NEW.attempt AND state = 'running';
+END;

@@ -113,7 +113,9 @@ impl SqliteStore {
     }
 
     pub(super) async fn claim(&self, r: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
-        let mut tx = self.begin().await?;
+        // One statement, so one write transaction: a writing statement takes
+        // SQLite's write lock before it reads, like BEGIN IMMEDIATE. The
+        // attempt row is written by the trigger `scheduler_claims_attempt_*`.
         // The concurrency count gates the row the upsert inserts: with no
         // free slot there is no row, so no insert and no takeover either.
         let won = sqlx::query(&format!(
@@ -141,7 +143,7 @@ impl SqliteStore {
                 OR scheduler_claims.state = 'released'
                 OR (scheduler_claims.state = 'failed' AND (?9 OR scheduler_claims.retry_at <= {NOW}))
                 OR (scheduler_claims.state = 'succeeded' AND ?10)
-             RETURNING attempt, failures, trigger, started_at, scheduled_at"
+             RETURNING attempt, failures, trigger"
         ))
         .bind(period_key(r))
         .bind(r.job)
@@ -155,49 +157,22 @@ impl SqliteStore {
         .bind(r.force)
         .bind(r.concurrency)
         .bind(ms(r.scheduled_at))
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
         if let Some(row) = won {
-            let lease = Lease {
+            return Ok(Claim::Won(Lease {
                 key: period_key(r),
                 attempt: row.try_get("attempt")?,
                 failures: row.try_get("failures")?,
                 trigger: Trigger::parse(row.try_get("trigger")?),
-            };
-            if lease.attempt > 1 {
-                sqlx::query(&format!(
-                    "UPDATE scheduler_attempts SET outcome = 'lost', finished_at = {NOW}
-                      WHERE period_key = ?1 AND outcome = 'running' AND attempt < ?2"
-                ))
-                .bind(&lease.key)
-                .bind(lease.attempt)
-                .execute(&mut *tx)
-                .await?;
-            }
-            sqlx::query(
-                "INSERT INTO scheduler_attempts
-                    (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running')",
-            )
-            .bind(&lease.key)
-            .bind(lease.attempt)
-            .bind(r.job)
-            .bind(lease.trigger.as_str())
-            .bind(r.owner)
-            .bind(row.try_get::<i64, _>("scheduled_at")?)
-            .bind(row.try_get::<i64, _>("started_at")?)
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(Claim::Won(lease));
+            }));
         }
         let row = sqlx::query(&format!(
             "SELECT *, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1"
         ))
         .bind(period_key(r))
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
-        tx.commit().await?;
         Ok(match row {
             Some(row) => claim_row(&row)?.as_claim(),
             None => Claim::Busy,
@@ -228,10 +203,8 @@ impl SqliteStore {
     }
 
     pub(super) async fn finish(&self, lease: &Lease, finish: &Finish) -> Result<bool, sqlx::Error> {
-        let mut tx = self.begin().await?;
-        let recorded = record(&mut tx, lease, finish).await?;
-        tx.commit().await?;
-        Ok(recorded)
+        let mut conn = self.pool.acquire().await?;
+        record(&mut conn, lease, finish).await
     }
 
     pub(super) async fn finish_with_sql(
@@ -475,42 +448,34 @@ fn period_key(r: &ClaimRequest<'_>) -> String {
 }
 
 /// Writes an attempt's outcome if the claim is still at that attempt.
+/// Writes an attempt's outcome if the claim is still at that attempt; the
+/// trigger `scheduler_attempts_outcome` settles the claim in the same
+/// statement.
 async fn record(
-    tx: &mut Transaction<'static, Sqlite>,
+    conn: &mut sqlx::SqliteConnection,
     lease: &Lease,
     f: &Finish,
 ) -> Result<bool, sqlx::Error> {
-    let state = if f.succeeded { "succeeded" } else { "failed" };
+    let outcome = if f.succeeded { "succeeded" } else { "failed" };
     let done = sqlx::query(&format!(
-        "UPDATE scheduler_claims SET state = ?3, finished_at = {NOW}, lease_until = NULL,
-                failures = failures + ?4, retry_at = {NOW} + ?5
-          WHERE period_key = ?1 AND attempt = ?2 AND state = 'running'"
+        "UPDATE scheduler_attempts
+            SET outcome = ?3, finished_at = {NOW}, exit_code = ?4, http_status = ?5,
+                error = ?6, output = ?7, retry_after = ?8
+          WHERE period_key = ?1 AND attempt = ?2 AND outcome = 'running'
+            AND EXISTS (SELECT 1 FROM scheduler_claims
+                         WHERE period_key = ?1 AND attempt = ?2 AND state = 'running')"
     ))
     .bind(&lease.key)
     .bind(lease.attempt)
-    .bind(state)
-    .bind(i32::from(!f.succeeded))
-    .bind(f.retry_after.map(|d| d.as_millis() as i64))
-    .execute(&mut **tx)
-    .await?;
-    if done.rows_affected() != 1 {
-        return Ok(false);
-    }
-    sqlx::query(&format!(
-        "UPDATE scheduler_attempts SET outcome = ?3, finished_at = {NOW}, exit_code = ?4,
-                http_status = ?5, error = ?6, output = ?7
-          WHERE period_key = ?1 AND attempt = ?2"
-    ))
-    .bind(&lease.key)
-    .bind(lease.attempt)
-    .bind(state)
+    .bind(outcome)
     .bind(f.exit_code)
     .bind(f.http_status)
     .bind(&f.error)
     .bind(&f.output)
-    .execute(&mut **tx)
+    .bind(f.retry_after.map(|d| d.as_millis() as i64))
+    .execute(conn)
     .await?;
-    Ok(true)
+    Ok(done.rows_affected() == 1)
 }
 
 async fn mark_attempt(
