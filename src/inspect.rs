@@ -84,7 +84,8 @@ pub async fn status(
     Ok(Outcome::Done)
 }
 
-/// Periods due within the catch-up window with no success and nothing running.
+/// Periods due within the catch-up window, and since the job was first
+/// seen, with no success and nothing running.
 async fn overdue(
     config: &Config,
     store: &Store,
@@ -92,7 +93,11 @@ async fn overdue(
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, Error> {
     let window = now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-    let due = due(job, now, window, true);
+    let first_seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
+    let since = first_seen
+        .get(&job.name)
+        .map_or(now, |seen| window.max(*seen));
+    let due = due(job, now, since, true);
     let keys: Vec<String> = due
         .iter()
         .map(|d| period_key(&job.name, &d.period.label))

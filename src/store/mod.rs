@@ -346,6 +346,14 @@ impl Store {
         dispatch!(self.see_jobs(jobs)).map_err(query_error)
     }
 
+    /// When each of `jobs` was first seen, for those seen at all; reads only.
+    pub async fn first_seen(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, Error> {
+        dispatch!(self.first_seen(jobs)).map_err(query_error)
+    }
+
     /// The jobs paused for every replica.
     pub async fn paused_jobs(&self) -> Result<Vec<String>, Error> {
         dispatch!(self.paused_jobs()).map_err(query_error)

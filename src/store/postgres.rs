@@ -285,6 +285,18 @@ impl PgStore {
             .collect()
     }
 
+    pub(super) async fn first_seen(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+        let rows: Vec<(String, DateTime<Utc>)> =
+            sqlx::query_as("SELECT name, first_seen FROM scheduler_jobs WHERE name = ANY($1)")
+                .bind(jobs)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().collect())
+    }
+
     pub(super) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {
         sqlx::query_scalar("SELECT name FROM scheduler_jobs WHERE paused")
             .fetch_all(&self.pool)

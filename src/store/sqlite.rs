@@ -346,6 +346,24 @@ impl SqliteStore {
             .collect()
     }
 
+    pub(super) async fn first_seen(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+        let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT name, first_seen FROM scheduler_jobs
+              WHERE name IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, at)| (name, time(at)))
+            .collect())
+    }
+
     pub(super) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {
         sqlx::query_scalar("SELECT name FROM scheduler_jobs WHERE paused")
             .fetch_all(&self.pool)

@@ -605,3 +605,25 @@ fn changing_the_schedule_never_reruns_a_succeeded_period() {
         "only 2026-06 ran after the change"
     );
 }
+
+#[test]
+fn status_counts_nothing_overdue_from_before_a_job_was_first_seen() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"true\"]\n",
+    );
+    let url = db.url.as_str();
+    let never_run = ws.run(&["--database-url", url, "status", "--json"]);
+    let value: serde_json::Value = serde_json::from_str(never_run.stdout().trim()).unwrap();
+    assert_eq!(
+        value["overdue"].as_array().unwrap().len(),
+        1,
+        "only the latest period is due: {value}"
+    );
+    assert_eq!(ws.run(&["--database-url", url, "run", "tick"]).code(), 0);
+    let status = ws.run(&["--database-url", url, "status", "--json"]);
+    let value: serde_json::Value = serde_json::from_str(status.stdout().trim()).unwrap();
+    let overdue = value["overdue"].as_array().unwrap();
+    // The minute may turn between `run` and `status`: at most that one.
+    assert!(overdue.len() <= 1, "{overdue:?}");
+}
