@@ -627,3 +627,29 @@ fn status_counts_nothing_overdue_from_before_a_job_was_first_seen() {
     // The minute may turn between `run` and `status`: at most that one.
     assert!(overdue.len() <= 1, "{overdue:?}");
 }
+
+#[test]
+fn a_range_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
+    let db = TestDb::sqlite();
+    let ws = workspace("command = [\"true\"]");
+    let plain = run(&ws, &db, &["--from", "2026-01", "--to", "2026-03", "-q"]);
+    assert!(!plain.stderr().contains("periods"), "{}", plain.stderr());
+    assert_eq!(plain.stdout().lines().count(), 3);
+    let command = format!(
+        "{} -q --database-url {} run billing --from 2026-04 --to 2026-06",
+        env!("CARGO_BIN_EXE_scheduler"),
+        db.url
+    );
+    // `script` runs the command on a pseudo-terminal.
+    let Ok(out) = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .current_dir(ws.path())
+        .output()
+    else {
+        eprintln!("skipping: no `script` to make a terminal");
+        return;
+    };
+    let screen = out.stdout();
+    assert!(screen.contains("/3 periods"), "{screen}");
+    assert!(screen.contains("billing:2026-06  succeeded"), "{screen}");
+}
