@@ -461,16 +461,16 @@ impl RunTask {
                 let _ = self.events.send(Event::Again(self.job.name.clone(), due));
             }
             Ok(Claim::Held { owner, until }) => {
-                tracing::debug!(job = self.job.name, period_key = key, trigger, %owner, %until, "held elsewhere");
+                tracing::info!(job = self.job.name, period_key = key, trigger, %owner, %until, "held elsewhere");
             }
-            Ok(Claim::Succeeded { .. }) => tracing::debug!(
+            Ok(Claim::Succeeded { .. }) => tracing::info!(
                 job = self.job.name,
                 period_key = key,
                 trigger,
                 "already succeeded"
             ),
             Ok(Claim::Failed { retry_at, .. }) => {
-                tracing::debug!(
+                tracing::info!(
                     job = self.job.name,
                     period_key = key,
                     trigger,
