@@ -1,8 +1,6 @@
 //! The operator's commands on the database: `status`, `history`, `release`,
 //! `pause`/`resume` and `prune`.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
@@ -102,12 +100,7 @@ async fn overdue(
         .iter()
         .map(|d| period_key(&job.name, &d.period.label))
         .collect();
-    let rows: HashMap<String, ClaimRow> = store
-        .rows(&keys)
-        .await?
-        .into_iter()
-        .map(|r| (r.period_key.clone(), r))
-        .collect();
+    let rows = store.rows(&keys).await?;
     Ok(keys
         .into_iter()
         .filter(|key| match rows.get(key).map(ClaimRow::as_claim) {

@@ -1,7 +1,6 @@
 //! `scheduler run`: the one-shot mode for a platform cron container, and
 //! manual backfill of one period or a range.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -69,12 +68,7 @@ pub async fn run(
             .collect();
         // One statement tells which periods are finished, so a repeated
         // backfill claims nothing.
-        let rows: HashMap<String, ClaimRow> = store
-            .rows(&keys)
-            .await?
-            .into_iter()
-            .map(|row| (row.period_key.clone(), row))
-            .collect();
+        let rows = store.rows(&keys).await?;
         for (due, key) in plan.due.iter().zip(keys) {
             if *shutdown.borrow() {
                 return Ok(Outcome::RunFailed);
@@ -410,7 +404,7 @@ impl PeriodRun<'_> {
                 }
             }
             let rows = self.context.store.rows(&[self.key.to_owned()]).await?;
-            let Some(row) = rows.first() else {
+            let Some(row) = rows.get(self.key) else {
                 return Ok(None);
             };
             return Ok(match row.as_claim() {

@@ -326,9 +326,13 @@ impl Store {
         dispatch!(self.release_key(key)).map_err(query_error)
     }
 
-    /// The claim rows of `keys` that exist.
-    pub async fn rows(&self, keys: &[String]) -> Result<Vec<ClaimRow>, Error> {
-        dispatch!(self.rows(keys)).map_err(query_error)
+    /// The claim rows of `keys` that exist, by key, in one statement.
+    pub async fn rows(&self, keys: &[String]) -> Result<HashMap<String, ClaimRow>, Error> {
+        let rows = dispatch!(self.rows(keys)).map_err(query_error)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.period_key.clone(), row))
+            .collect())
     }
 
     /// Periods of `jobs` that can be claimed again now, oldest first.

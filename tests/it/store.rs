@@ -274,13 +274,7 @@ async fn rows_reads_many_keys_in_one_call(store: Store) {
     let keys: Vec<String> = ["billing:2026-05", "billing:2026-06", "billing:2026-07"]
         .map(String::from)
         .to_vec();
-    let mut found: Vec<String> = store
-        .rows(&keys)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.period_key)
-        .collect();
+    let mut found: Vec<String> = store.rows(&keys).await.unwrap().into_keys().collect();
     found.sort();
     assert_eq!(found, ["billing:2026-05", "billing:2026-06"]);
 }
