@@ -393,6 +393,38 @@ impl Store {
     }
 }
 
+/// Runs an `sql` action's statement with its params bound, then `record`,
+/// in the transaction `tx`: both commit or neither. `Ok(Err(e))` is the
+/// statement's own failure; `Ok(Ok(false))`, a claim that moved on.
+async fn statement_then_record<DB>(
+    mut tx: sqlx::Transaction<'static, DB>,
+    statement: &str,
+    params: &[String],
+    record: impl AsyncFnOnce(&mut DB::Connection) -> Result<bool, sqlx::Error>,
+) -> Result<Result<bool, String>, sqlx::Error>
+where
+    DB: sqlx::Database,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let mut query = sqlx::query(statement);
+    for param in params {
+        query = query.bind(param.clone());
+    }
+    if let Err(e) = query.execute(&mut *tx).await {
+        tx.rollback().await?;
+        return Ok(Err(e.to_string()));
+    }
+    let recorded = record(&mut tx).await?;
+    if recorded {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(Ok(recorded))
+}
+
 fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {
     let text = mask_password_in(&e.to_string(), url);
     Error::Database(format!(

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use sqlx::Row;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Postgres, Row, Transaction};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Trigger,
@@ -162,26 +162,15 @@ impl PgStore {
         statement: &str,
         params: &[String],
     ) -> Result<Result<bool, String>, sqlx::Error> {
-        let mut tx: Transaction<'static, Postgres> = self.pool.begin().await?;
-        let mut query = sqlx::query(statement);
-        for p in params {
-            query = query.bind(p);
-        }
-        if let Err(e) = query.execute(&mut *tx).await {
-            tx.rollback().await?;
-            return Ok(Err(e.to_string()));
-        }
         let finish = Finish {
             succeeded: true,
             ..Finish::default()
         };
-        let recorded = record(&mut tx, lease, &finish).await?;
-        if recorded {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(Ok(recorded))
+        let tx = self.pool.begin().await?;
+        super::statement_then_record(tx, statement, params, async |conn| {
+            record(conn, lease, &finish).await
+        })
+        .await
     }
 
     pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
