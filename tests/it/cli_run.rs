@@ -653,3 +653,49 @@ fn a_range_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
     assert!(screen.contains("/3 periods"), "{screen}");
     assert!(screen.contains("billing:2026-06  succeeded"), "{screen}");
 }
+
+#[test]
+fn sigterm_stops_a_one_shot_run_releases_its_claim_and_exits_1() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"1h\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+         shell = \"echo $SCHEDULER_ATTEMPT >> runs.txt; if [ $SCHEDULER_ATTEMPT = 1 ]; then exec sleep 30; fi\"\n",
+    );
+    let first = start(&ws, &db, &["--period", "2026-07"]);
+    eventually("the job to start", BOUND, || {
+        lines(ws.path().join("runs.txt")).len() == 1
+    });
+    kill(Pid::from_raw(first.id() as i32), Signal::SIGTERM).unwrap();
+    let out = wait(first, Duration::from_secs(20));
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    assert!(
+        out.stdout().contains("released: interrupted by shutdown"),
+        "{}",
+        out.stdout()
+    );
+    let again = run(&ws, &db, &["--period", "2026-07"]);
+    assert!(
+        again.stdout().contains("succeeded: attempt 2"),
+        "no wait for the 1 h lease: {}",
+        again.stdout()
+    );
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let db = TestDb::sqlite();
+    let ws = workspace("shell = \"echo hello from the job\"");
+    let out = run(&ws, &db, &["--period", "2026-07", "--log-format", "json"]);
+    assert_eq!(out.code(), 0);
+    let logs: Vec<serde_json::Value> = out
+        .stderr()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert!(
+        logs.iter()
+            .any(|l| l["fields"]["message"] == "hello from the job"
+                && l["fields"]["period_key"] == "billing:2026-07"),
+        "{logs:?}"
+    );
+}

@@ -461,3 +461,39 @@ fn as_pid_1_it_reaps_orphans_and_still_waits_for_its_own_jobs() {
     );
     assert!(zombies <= 1, "{zombies} orphans left unreaped");
 }
+
+#[test]
+fn listen_serves_healthz_and_prometheus_metrics() {
+    use std::io::{Read, Write};
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&(settings("") + &every_second("tick", "command = [\"true\"]")));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let replica = ws
+        .command(&["--database-url", &db.url, "serve", "--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let get = |path: &str| -> String {
+        let Ok(mut stream) = std::net::TcpStream::connect(&addr) else {
+            return String::new();
+        };
+        let _ = write!(stream, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+        let mut body = String::new();
+        let _ = stream.read_to_string(&mut body);
+        body
+    };
+    eventually("/healthz", BOUND, || {
+        get("/healthz").starts_with("HTTP/1.1 200 OK")
+    });
+    eventually("a run in /metrics", BOUND, || {
+        get("/metrics").contains("scheduler_runs_total{job=\"tick\",outcome=\"succeeded\"}")
+    });
+    assert!(get("/nope").starts_with("HTTP/1.1 404"));
+    assert_eq!(stop(replica), 0);
+}
