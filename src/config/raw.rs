@@ -302,13 +302,13 @@ impl RawJob {
             ("workdir", self.workdir.as_ref().map(Spanned::span)),
             ("env", self.env.as_ref().map(Spanned::span)),
         ];
-        if self.http.is_some() || self.sql.is_some() {
-            if let Some((key, Some(span))) = process_only.into_iter().find(|(_, s)| s.is_some()) {
-                return Err(at.error(
-                    span,
-                    format!("`{key}` applies only to `command` and `shell` actions"),
-                ));
-            }
+        if (self.http.is_some() || self.sql.is_some())
+            && let Some((key, Some(span))) = process_only.into_iter().find(|(_, s)| s.is_some())
+        {
+            return Err(at.error(
+                span,
+                format!("`{key}` applies only to `command` and `shell` actions"),
+            ));
         }
         let process = |program| -> Result<Action, ConfigError> {
             Ok(Action::Process {
