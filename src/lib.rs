@@ -9,7 +9,7 @@
 //! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column.
 //! - [`schedule`]: cron + zone + DST rule → fire instants (pure).
 //! - [`period`]: fire instant → period label, start and end; labels given by hand (pure).
-//! - [`template`]: `${VAR}` and `{placeholder}` strings.
+//! - [`template`]: `${VAR}` and `{placeholder}` strings; [`suggest`]: "did you mean …?".
 //! - [`cli`]: the command line; [`app`] runs a parsed command.
 //! - [`check`]: `check` and `next`.
 //! - [`store`]: claims, leases and attempts on SQLite or PostgreSQL (all SQL lives here).
