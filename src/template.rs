@@ -1,5 +1,6 @@
 //! Strings from `jobs.toml` that reach an action: `${VAR}` expanded once at
-//! load, `{placeholder}`s checked at load and filled in for each run.
+//! load, `{placeholder}`s found in the file's text at load and filled in for
+//! each run.
 
 use std::fmt;
 
@@ -14,11 +15,20 @@ pub const PLACEHOLDERS: [&str; 7] = [
     "attempt",
 ];
 
-/// A string whose placeholders are known to be valid.
+/// A string whose placeholders are known to be valid: literal text (with
+/// `${VAR}` already expanded) between placeholders.
 ///
-/// Its `Debug` output hides the text: it may hold an expanded secret.
+/// Placeholders are found in the file's text, never in an expanded value, so a
+/// secret that happens to contain `{period}` stays as it is. Its `Debug`
+/// output hides the text: it may hold an expanded secret.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Template(String);
+pub struct Template(Vec<Piece>);
+
+#[derive(Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Placeholder(&'static str),
+}
 
 impl fmt::Debug for Template {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -42,15 +52,24 @@ pub trait Values {
 }
 
 impl Template {
-    /// Expands `${NAME}` from `env` (`$${` is a literal `${`) and checks that
-    /// every `{name}` is a known placeholder.
+    /// Checks that every `{name}` is a known placeholder and expands
+    /// `${NAME}` from `env` in the text around them (`$${` is a literal `${`).
     pub fn load(
         raw: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Template, TemplateError> {
-        let expanded = expand_env(raw, env)?;
-        for (offset, name) in placeholders(&expanded) {
-            if !PLACEHOLDERS.contains(&name) {
+        let text = |from: usize, to: usize| {
+            expand_env(&raw[from..to], env)
+                .map(Piece::Text)
+                .map_err(|e| TemplateError {
+                    offset: from + e.offset,
+                    ..e
+                })
+        };
+        let mut pieces = Vec::new();
+        let mut from = 0;
+        for (offset, name) in placeholders(raw) {
+            let Some(known) = PLACEHOLDERS.iter().find(|p| **p == name) else {
                 let hint = crate::suggest::nearest(name, PLACEHOLDERS)
                     .map(|s| format!("; did you mean `{{{s}}}`?"))
                     .unwrap_or_default();
@@ -59,25 +78,26 @@ impl Template {
                         "unknown placeholder `{{{name}}}`: expected one of {}{hint}",
                         PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
                     ),
-                    offset: raw.find(&format!("{{{name}}}")).unwrap_or(offset),
+                    offset,
                 });
-            }
+            };
+            pieces.push(text(from, offset)?);
+            pieces.push(Piece::Placeholder(known));
+            from = offset + name.len() + 2;
         }
-        Ok(Template(expanded))
+        pieces.push(text(from, raw.len())?);
+        Ok(Template(pieces))
     }
 
     /// The text with each placeholder replaced by its value.
     pub fn render(&self, values: &dyn Values) -> String {
-        let mut out = String::with_capacity(self.0.len());
-        let mut rest = self.0.as_str();
-        for (offset, name) in placeholders(&self.0) {
-            let consumed = self.0.len() - rest.len();
-            out.push_str(&rest[..offset - consumed]);
-            out.push_str(&values.value(name));
-            rest = &self.0[offset + name.len() + 2..];
-        }
-        out.push_str(rest);
-        out
+        self.0
+            .iter()
+            .map(|piece| match piece {
+                Piece::Text(text) => text.clone(),
+                Piece::Placeholder(name) => values.value(name),
+            })
+            .collect()
     }
 }
 
@@ -186,6 +206,13 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn an_expanded_value_is_never_read_as_a_placeholder() {
+        let env = |_: &str| Some("a{period}{nope}b".to_owned());
+        let t = Template::load("{job}:${SECRET}", &env).unwrap();
+        assert_eq!(t.render(&Fixed), "<job>:a{period}{nope}b");
     }
 
     #[test]
