@@ -155,6 +155,17 @@ fn execute(db: &TestDb, sql: &str) -> i64 {
     })
 }
 
+fn run_july(ws: &Workspace, db: &TestDb) -> std::process::Output {
+    ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "rollup",
+        "--period",
+        "2026-07",
+    ])
+}
+
 #[test]
 fn sql_commits_with_the_claim_exactly_once_on_both_backends() {
     for db in crate::support::databases() {
@@ -162,14 +173,7 @@ fn sql_commits_with_the_claim_exactly_once_on_both_backends() {
         let migrate = ws.run(&["--database-url", &db.url, "migrate"]);
         assert_eq!(migrate.code(), 0, "{}", migrate.stderr());
         // Without the table the statement fails: nothing commits, the run fails.
-        let failed = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "rollup",
-            "--period",
-            "2026-07",
-        ]);
+        let failed = run_july(&ws, &db);
         assert_eq!(failed.code(), 1, "{}", failed.stdout());
         assert!(
             failed.stdout().contains("SQL failed"),
@@ -180,23 +184,9 @@ fn sql_commits_with_the_claim_exactly_once_on_both_backends() {
             &db,
             "CREATE TABLE rollups (period TEXT PRIMARY KEY, starts TEXT NOT NULL)",
         );
-        let ok = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "rollup",
-            "--period",
-            "2026-07",
-        ]);
+        let ok = run_july(&ws, &db);
         assert_eq!(ok.code(), 0, "{}", ok.stdout());
-        let again = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "rollup",
-            "--period",
-            "2026-07",
-        ]);
+        let again = run_july(&ws, &db);
         assert!(
             again.stdout().contains("already succeeded"),
             "{}",
