@@ -117,6 +117,10 @@ impl Unit {
     }
 
     /// The first wall-clock instant of the calendar period containing `wall`.
+    ///
+    /// This and `step` and `label` serve calendar units; a `fire` period is
+    /// bounded by fires, and every caller branches on it first (it is grouped
+    /// with `day` only to keep the matches total).
     fn floor(self, wall: NaiveDateTime) -> NaiveDateTime {
         let date = wall.date();
         match self {
