@@ -1,14 +1,32 @@
-//! Heartbeats: one task renews the leases of every run in the process with
-//! one statement per interval, and tells a run at once when its claim has
-//! been taken over.
+//! Heartbeats and self-fencing: one task renews the leases of every run in
+//! the process with one statement per interval, tells a run at once when its
+//! claim has been taken over, and fences a run whose lease it could not
+//! renew in time.
+//!
+//! The fence is measured on this process's monotonic clock: a claim is safe
+//! until `lease − interval` after the last renewal *sent* that succeeded
+//! (the database started its lease no earlier than that), so a runner cut
+//! off from its database, starved of connections or frozen stops its job a
+//! whole heartbeat interval before any other replica may take the period.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 
 use crate::store::{Lease, Store};
+
+/// Why a watched claim is no longer this runner's to act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// A renewal found the claim at another attempt, or released.
+    TakenOver,
+    /// No renewal succeeded in time: the lease may run out any moment.
+    Fenced,
+}
 
 /// The leases this process holds, renewed every lease/3.
 #[derive(Clone)]
@@ -18,14 +36,28 @@ pub struct Heartbeats {
 
 struct Inner {
     store: Store,
-    lease: Duration,
-    watched: Mutex<HashMap<String, (Lease, oneshot::Sender<()>)>>,
+    /// The lease length in milliseconds; changed by a reload.
+    lease_ms: AtomicU64,
+    /// Wakes the renewal task when the lease changes.
+    changed: Notify,
+    next_id: AtomicU64,
+    watched: Mutex<HashMap<u64, (Lease, Arc<Shared>)>>,
+}
+
+/// What the renewal task and a run share about one claim.
+struct Shared {
+    /// Until when the claim is safe, by the monotonic clock.
+    fence_at: watch::Sender<Instant>,
+    /// Set when a renewal found the claim gone.
+    taken_over: watch::Sender<bool>,
+    /// The run is writing its outcome: a claim found settled is its own doing.
+    recording: AtomicBool,
 }
 
 /// A watched lease; dropping it stops the renewals.
 pub struct Watch {
-    key: String,
-    lost: Option<oneshot::Receiver<()>>,
+    id: u64,
+    shared: Arc<Shared>,
     inner: Arc<Inner>,
 }
 
@@ -34,79 +66,161 @@ impl Heartbeats {
     pub fn start(store: Store, lease: Duration) -> Heartbeats {
         let inner = Arc::new(Inner {
             store,
-            lease,
+            lease_ms: AtomicU64::new(millis(lease)),
+            changed: Notify::new(),
+            next_id: AtomicU64::new(0),
             watched: Mutex::new(HashMap::new()),
         });
-        tokio::spawn(renew_loop(Arc::downgrade(&inner), lease / 3));
+        tokio::spawn(renew_loop(Arc::downgrade(&inner)));
         Heartbeats { inner }
     }
 
-    /// Renews `lease` until the returned [`Watch`] is dropped.
-    pub fn watch(&self, lease: &Lease) -> Watch {
-        let (tx, rx) = oneshot::channel();
+    /// The lease every renewal grants from now on (a reload).
+    pub fn set_lease(&self, lease: Duration) {
+        self.inner.lease_ms.store(millis(lease), Ordering::SeqCst);
+        self.inner.changed.notify_one();
+    }
+
+    /// The interval between renewals.
+    pub fn interval(&self) -> Duration {
+        self.inner.lease() / 3
+    }
+
+    /// Renews `lease`, claimed for `granted` by a statement sent at `sent`,
+    /// until the returned [`Watch`] is dropped.
+    pub fn watch(&self, lease: &Lease, sent: Instant, granted: Duration) -> Watch {
+        let fence_at = sent + granted.saturating_sub(self.interval());
+        let shared = Arc::new(Shared {
+            fence_at: watch::Sender::new(fence_at),
+            taken_over: watch::Sender::new(false),
+            recording: AtomicBool::new(false),
+        });
+        let id = self.inner.next_id.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut watched) = self.inner.watched.lock() {
-            watched.insert(lease.key.clone(), (lease.clone(), tx));
+            watched.insert(id, (lease.clone(), shared.clone()));
         }
         Watch {
-            key: lease.key.clone(),
-            lost: Some(rx),
+            id,
+            shared,
             inner: self.inner.clone(),
         }
+    }
+
+    /// Renews every watched lease once, now. The renewal task calls this
+    /// every interval; tests call it to take one step.
+    pub async fn renew_now(&self) {
+        renew_once(&self.inner).await;
+    }
+}
+
+impl Inner {
+    fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.load(Ordering::SeqCst))
     }
 }
 
 impl Watch {
-    /// Resolves when a renewal finds the claim gone (taken over or released).
-    pub async fn lost(&mut self) {
-        if let Some(rx) = self.lost.as_mut() {
-            if rx.await.is_ok() {
-                self.lost = None;
-            } else {
-                // The renewal task is gone; nothing will ever report.
-                std::future::pending::<()>().await;
+    /// Resolves when the claim is lost: taken over, or fenced because no
+    /// renewal got through in time.
+    pub async fn lost(&self) -> Loss {
+        let mut fence_at = self.shared.fence_at.subscribe();
+        let mut taken_over = self.shared.taken_over.subscribe();
+        loop {
+            if *taken_over.borrow_and_update() {
+                return Loss::TakenOver;
+            }
+            let deadline = *fence_at.borrow_and_update();
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    if *fence_at.borrow() <= Instant::now() {
+                        return Loss::Fenced;
+                    }
+                }
+                _ = fence_at.changed() => {}
+                _ = taken_over.changed() => {}
             }
         }
+    }
+
+    /// Whether the fence deadline has passed: an outcome seen now may be
+    /// from a job that was stopped for it.
+    pub fn fenced(&self) -> bool {
+        *self.shared.fence_at.borrow() <= Instant::now()
+    }
+
+    /// The fence deadline, updated at every renewal.
+    pub fn fence_at(&self) -> watch::Receiver<Instant> {
+        self.shared.fence_at.subscribe()
+    }
+
+    /// Marks the run as writing its outcome: from now on a renewal that
+    /// finds the claim settled reports nothing (the run's own write did it).
+    pub fn recording(&self) {
+        self.shared.recording.store(true, Ordering::SeqCst);
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
         if let Ok(mut watched) = self.inner.watched.lock() {
-            watched.remove(&self.key);
+            watched.remove(&self.id);
         }
     }
 }
 
-async fn renew_loop(inner: Weak<Inner>, every: Duration) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn renew_loop(inner: Weak<Inner>) {
     loop {
-        ticker.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        let leases: Vec<Lease> = match inner.watched.lock() {
-            Ok(watched) => watched.values().map(|(lease, _)| lease.clone()).collect(),
-            Err(_) => return,
+        let Some(strong) = inner.upgrade() else {
+            return;
         };
-        if leases.is_empty() {
-            continue;
+        let every = strong.lease() / 3;
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = strong.changed.notified() => {}
         }
-        let refs: Vec<&Lease> = leases.iter().collect();
-        match inner.store.renew(&refs, inner.lease).await {
-            Ok(renewed) => {
-                let Ok(mut watched) = inner.watched.lock() else {
-                    return;
-                };
-                for (lease, ok) in leases.iter().zip(renewed) {
-                    if !ok && let Some((_, lost)) = watched.remove(&lease.key) {
-                        tracing::warn!(period_key = %lease.key, attempt = lease.attempt, "claim was taken over; stopping the job");
-                        let _ = lost.send(());
-                    }
+        renew_once(&strong).await;
+    }
+}
+
+async fn renew_once(inner: &Inner) {
+    let snapshot: Vec<(Lease, Arc<Shared>)> = match inner.watched.lock() {
+        Ok(watched) => watched.values().cloned().collect(),
+        Err(_) => return,
+    };
+    if snapshot.is_empty() {
+        return;
+    }
+    let lease = inner.lease();
+    let every = lease / 3;
+    let safe_for = lease.saturating_sub(every);
+    let leases: Vec<&Lease> = snapshot.iter().map(|(lease, _)| lease).collect();
+    let sent = Instant::now();
+    // A renewal that cannot finish within an interval is as good as failed;
+    // the next one tries again, and the fence stops runs meanwhile.
+    match tokio::time::timeout(every, inner.store.renew(&leases, lease)).await {
+        Ok(Ok(renewed)) => {
+            for ((lease, shared), ok) in snapshot.iter().zip(renewed) {
+                if ok {
+                    shared.fence_at.send_replace(sent + safe_for);
+                } else if !shared.recording.load(Ordering::SeqCst) {
+                    tracing::warn!(
+                        period_key = %lease.key,
+                        attempt = lease.attempt,
+                        "claim was taken over or released; stopping the job"
+                    );
+                    metrics::counter!("scheduler_claims_taken_over_total").increment(1);
+                    shared.taken_over.send_replace(true);
                 }
             }
-            // The next tick tries again; a claim that expires meanwhile is
-            // found taken over by the first renewal that gets through.
-            Err(e) => tracing::warn!("heartbeat failed, retrying: {e}"),
         }
+        Ok(Err(e)) => tracing::warn!("heartbeat failed, retrying: {e}"),
+        Err(_) => tracing::warn!(
+            "heartbeat got no answer within {}, retrying",
+            humantime::format_duration(every)
+        ),
     }
 }

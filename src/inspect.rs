@@ -180,7 +180,9 @@ pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, Er
 pub async fn prune(config: &Config, store: &Store) -> Result<Outcome, Error> {
     for job in &config.jobs {
         if let Some(keep) = job.keep {
-            let pruned = store.prune(&job.name, keep).await?;
+            let pruned = store
+                .prune(&job.name, keep, config.settings.catch_up)
+                .await?;
             println!(
                 "{}: pruned {pruned} finished claim(s) older than {}",
                 job.name,

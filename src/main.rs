@@ -5,9 +5,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use scheduler::cli::{Cli, Command, LogFormat};
+use scheduler::runner::supervisor;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // A job's supervisor is this binary started by the scheduler.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == supervisor::ARG) {
+        supervisor::run(&args[2..]);
+    }
     let cli = Cli::parse();
     init_logging(&cli);
     // `serve` runs many jobs at once on every core; the other commands do

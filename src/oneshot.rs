@@ -14,7 +14,7 @@ use crate::config::{Config, Job};
 use crate::due::{Due, due};
 use crate::error::{Error, Outcome};
 use crate::period::{Period, utc_text};
-use crate::runner::{Context, Ending, Run};
+use crate::runner::{Context, Ending, Run, Taken, after_grace};
 use crate::store::{Claim, ClaimRequest, ClaimRow, Store, Trigger};
 
 /// How often `--wait` looks at a claim held elsewhere.
@@ -54,11 +54,8 @@ pub async fn run(
         ProgressStyle::with_template("{bar:40} {pos}/{len} periods, {elapsed} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let context = Context::new(
-        store.clone(),
-        config.settings.lease,
-        config.settings.shutdown_grace,
-    )?;
+    let context = Context::new(store.clone(), config.settings.lease)?;
+    let stop_now = after_grace(shutdown.clone(), config.settings.shutdown_grace);
     let mut outcome = Outcome::Done;
     for plan in &plans {
         let keys: Vec<String> = plan
@@ -89,7 +86,9 @@ pub async fn run(
                     owner,
                     manual: plan.manual,
                 };
-                period_run.go(config, args, shutdown.clone()).await?
+                period_run
+                    .go(config, args, shutdown.clone(), stop_now.clone())
+                    .await?
             };
             if matches!(line.status, "failed" | "released") {
                 outcome = Outcome::RunFailed;
@@ -293,6 +292,7 @@ impl PeriodRun<'_> {
         config: &Config,
         args: &RunArgs,
         shutdown: watch::Receiver<bool>,
+        stop_now: watch::Receiver<bool>,
     ) -> Result<Line, Error> {
         let request = ClaimRequest {
             job: &self.job.name,
@@ -312,23 +312,27 @@ impl PeriodRun<'_> {
             attempt,
         };
         loop {
-            let lease = match self.context.store.claim(&request).await? {
-                Claim::Won(lease) => lease,
-                Claim::Held { owner, until } if args.wait => {
+            let won = match self.context.claim(&request).await? {
+                Taken::Won(won) => won,
+                Taken::RunningHere => {
+                    return Ok(line("skipped", "running in this process".into(), None));
+                }
+                Taken::Not(Claim::Held { owner, until }) if args.wait => {
                     tracing::info!(period_key = self.key, %owner, %until, "waiting for the run elsewhere");
                     match self.wait_elsewhere(shutdown.clone()).await? {
                         Some(done) => return Ok(done),
                         None => continue,
                     }
                 }
-                other => return Ok(line("skipped", not_won(&other), None)),
+                Taken::Not(other) => return Ok(line("skipped", not_won(&other), None)),
             };
+            let lease = &won.lease;
             let started = Instant::now();
             let run = Run {
                 job: self.job,
                 period: &self.due.period,
                 key: self.key,
-                lease: &lease,
+                lease,
                 scheduled_at: self.due.fire,
             };
             tracing::info!(
@@ -337,7 +341,7 @@ impl PeriodRun<'_> {
                 trigger = lease.trigger.as_str(),
                 "claimed"
             );
-            let ending = self.context.execute(&run, shutdown.clone()).await?;
+            let ending = self.context.execute(&run, &won, stop_now.clone()).await?;
             let took = format!("{:.2}s", started.elapsed().as_secs_f64());
             let attempt = Some(lease.attempt);
             let trigger = lease.trigger.as_str();

@@ -120,6 +120,27 @@ fn duration(
     }
 }
 
+/// A duration of at least `floor` (`floor_text` in messages).
+fn at_least(
+    at: &Locator,
+    value: Option<&Spanned<String>>,
+    default: &str,
+    floor: Duration,
+    floor_text: &str,
+) -> Result<Duration, ConfigError> {
+    let parsed = duration(at, value, default)?;
+    match value {
+        Some(value) if parsed < floor => Err(at.error(
+            value.span(),
+            format!(
+                "`{}` is too short: expected at least {floor_text}",
+                value.get_ref()
+            ),
+        )),
+        _ => Ok(parsed),
+    }
+}
+
 fn positive(at: &Locator, value: Option<&Spanned<i64>>, default: u32) -> Result<u32, ConfigError> {
     match value {
         None => Ok(default),
@@ -183,11 +204,20 @@ impl RawSettings {
                 .timezone
                 .as_ref()
                 .map_or(Ok(Tz::UTC), |z| zone(at, z))?,
-            lease: duration(at, self.lease.as_ref(), "60s")?,
+            // Heartbeats come every lease/3 and a runner stops its job a
+            // heartbeat before its lease runs out: below a second that
+            // leaves no time for a database round trip.
+            lease: at_least(at, self.lease.as_ref(), "60s", Duration::from_secs(1), "1s")?,
             catch_up: duration(at, self.catch_up.as_ref(), "24h")?,
             shutdown_grace: duration(at, self.shutdown_grace.as_ref(), "30s")?,
             max_running: positive(at, self.max_running.as_ref(), 16)? as usize,
-            scan_interval: duration(at, self.scan_interval.as_ref(), "5s")?,
+            scan_interval: at_least(
+                at,
+                self.scan_interval.as_ref(),
+                "5s",
+                Duration::from_millis(100),
+                "100ms",
+            )?,
             database_url,
         })
     }
@@ -257,12 +287,29 @@ impl RawJob {
             concurrency: positive(at, self.concurrency.as_ref(), 1)?,
             missed: self.missed,
             retry,
-            keep: self
-                .keep
-                .as_ref()
-                .map(|k| duration(at, Some(k), ""))
-                .transpose()?,
+            keep: self.keep(at, settings)?,
         })
+    }
+
+    /// `keep`, which may not be shorter than the catch-up window: a period
+    /// pruned inside it would be claimed, and run, again.
+    fn keep(&self, at: &Locator, settings: &Settings) -> Result<Option<Duration>, ConfigError> {
+        let Some(keep) = &self.keep else {
+            return Ok(None);
+        };
+        let parsed = duration(at, Some(keep), "")?;
+        if parsed < settings.catch_up {
+            return Err(at.error(
+                keep.span(),
+                format!(
+                    "keep = `{}` is shorter than catch_up ({}): a period pruned inside the catch-up window would run again; expected at least `{}`",
+                    keep.get_ref(),
+                    humantime::format_duration(settings.catch_up),
+                    humantime::format_duration(settings.catch_up)
+                ),
+            ));
+        }
+        Ok(Some(parsed))
     }
 
     fn action(&self, at: &Locator, env: Env) -> Result<Action, ConfigError> {

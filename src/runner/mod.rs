@@ -3,17 +3,24 @@
 
 mod http;
 mod process;
+pub mod supervisor;
 
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use crate::check::period_key;
 use crate::config::{Action, Job};
 use crate::error::Error;
-use crate::heartbeat::Heartbeats;
+use crate::heartbeat::{Heartbeats, Loss, Watch};
 use crate::period::{Period, utc_text};
-use crate::store::{Finish, Lease, Store};
+use crate::store::{Claim, ClaimRequest, Finish, Lease, SqlLimits, Store};
 use crate::template::Values;
 
 /// How much output is kept with an attempt.
@@ -142,17 +149,56 @@ pub enum Ending {
 pub struct Context {
     /// The database.
     pub store: Store,
-    /// Lease renewals.
+    /// Lease renewals and the fence.
     pub heartbeats: Heartbeats,
     /// For `http` actions.
     pub http: reqwest::Client,
-    /// How long SIGTERM waits for a running job.
-    pub shutdown_grace: Duration,
+    /// Period keys this process is running: it never claims one of them
+    /// again (a released or expired claim of its own is taken over only
+    /// once its job has stopped).
+    running_here: Arc<Mutex<HashSet<String>>>,
+    /// The program started as each job's supervisor: this binary.
+    supervisor: Arc<PathBuf>,
+}
+
+/// The result of [`Context::claim`].
+pub enum Taken {
+    /// This process won the claim and runs the period.
+    Won(Won),
+    /// Not won; why, as the store said.
+    Not(Claim),
+    /// This process is running the period already.
+    RunningHere,
+}
+
+/// A claim this process won, with what its fence is measured from. It
+/// marks the period as running here until dropped.
+pub struct Won {
+    /// The won claim.
+    pub lease: Lease,
+    /// When the claiming statement was sent.
+    sent: Instant,
+    /// The lease it asked for.
+    granted: Duration,
+    _here: RunningHere,
+}
+
+struct RunningHere {
+    key: String,
+    set: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Drop for RunningHere {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.set.lock() {
+            set.remove(&self.key);
+        }
+    }
 }
 
 impl Context {
     /// A context on `store` with leases of `lease`.
-    pub fn new(store: Store, lease: Duration, shutdown_grace: Duration) -> Result<Context, Error> {
+    pub fn new(store: Store, lease: Duration) -> Result<Context, Error> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("scheduler/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -161,27 +207,63 @@ impl Context {
             heartbeats: Heartbeats::start(store.clone(), lease),
             store,
             http,
-            shutdown_grace,
+            running_here: Arc::default(),
+            supervisor: Arc::new(PathBuf::from("/proc/self/exe")),
         })
     }
 
-    /// Runs the action of a claimed period to its end, with heartbeats, and
-    /// records the outcome under the claim's attempt.
+    /// Claims a period, unless this process is running it already.
+    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Taken, Error> {
+        let key = period_key(request.job, &request.period.label);
+        let here = {
+            let Ok(mut set) = self.running_here.lock() else {
+                return Ok(Taken::RunningHere);
+            };
+            if !set.insert(key.clone()) {
+                return Ok(Taken::RunningHere);
+            }
+            RunningHere {
+                key,
+                set: self.running_here.clone(),
+            }
+        };
+        let sent = Instant::now();
+        Ok(match self.store.claim(request).await? {
+            Claim::Won(lease) => Taken::Won(Won {
+                lease,
+                sent,
+                granted: request.lease,
+                _here: here,
+            }),
+            other => Taken::Not(other),
+        })
+    }
+
+    /// Runs the action of a won claim to its end, with heartbeats, and
+    /// records the outcome under the claim's attempt. `stop_now` turning
+    /// true (shutdown, once the grace is over) stops the job and releases
+    /// the claim.
     pub async fn execute(
         &self,
         run: &Run<'_>,
-        shutdown: watch::Receiver<bool>,
+        won: &Won,
+        stop_now: watch::Receiver<bool>,
     ) -> Result<Ending, Error> {
-        let mut watch = self.heartbeats.watch(run.lease);
-        let grace = self.shutdown_grace;
-        let stop = async move {
-            let mut shutdown = shutdown;
+        let watch = self.heartbeats.watch(&won.lease, won.sent, won.granted);
+        let stop = async {
+            let mut stop_now = stop_now;
             tokio::select! {
-                () = watch.lost() => Stop::Lost,
-                () = async {
-                    let _ = shutdown.wait_for(|down| *down).await;
-                    tokio::time::sleep(grace).await;
-                } => Stop::Shutdown,
+                loss = watch.lost() => {
+                    if loss == Loss::Fenced {
+                        tracing::warn!(
+                            period_key = run.key,
+                            attempt = won.lease.attempt,
+                            "lease not renewed in time; stopping the job before another runner may take it"
+                        );
+                    }
+                    Stop::Lost
+                }
+                _ = stop_now.wait_for(|now| *now) => Stop::Shutdown,
             }
         };
         let result = match &run.job.action {
@@ -189,7 +271,14 @@ impl Context {
                 program,
                 workdir,
                 env,
-            } => process::run(program, workdir.as_ref(), env, run, stop).await,
+            } => {
+                let spawn = process::Spawn {
+                    supervisor: &self.supervisor,
+                    fence_at: watch.fence_at(),
+                    margin: self.heartbeats.interval() / 2,
+                };
+                process::run(program, workdir.as_ref(), env, run, spawn, stop).await
+            }
             Action::Http {
                 url,
                 method,
@@ -208,23 +297,48 @@ impl Context {
             }
             Action::Sql { statement, params } => {
                 let params: Vec<String> = params.iter().map(|p| p.render(run)).collect();
-                return match self
+                let limits = SqlLimits {
+                    timeout: run.job.timeout,
+                    writer_timeout: self.heartbeats.interval(),
+                    cancel: Arc::default(),
+                };
+                let recording = || watch.recording();
+                let sql = self
                     .store
-                    .finish_with_sql(run.lease, statement, &params)
-                    .await?
-                {
+                    .finish_with_sql(run.lease, statement, &params, &limits, &recording);
+                tokio::pin!(sql);
+                let stopped = tokio::select! {
+                    result = &mut sql => Ok(result),
+                    why = stop => Err(why),
+                };
+                let result = match stopped {
+                    Ok(result) => result,
+                    Err(why) => {
+                        // The statement is interrupted where the backend
+                        // can (SQLite); its transaction never commits.
+                        limits.cancel.store(true, Ordering::SeqCst);
+                        let _ = sql.await;
+                        if why == Stop::Shutdown {
+                            self.store.release(run.lease).await?;
+                            return Ok(Ending::Released);
+                        }
+                        return Ok(Ending::Lost);
+                    }
+                };
+                return match result? {
                     Ok(true) => Ok(Ending::Recorded {
                         succeeded: true,
                         error: None,
                         retry_after: None,
                     }),
                     Ok(false) => Ok(Ending::Lost),
+                    Err(_) if watch.fenced() => Ok(Ending::Lost),
                     Err(error) => {
                         let finish = Finish {
                             error: Some(format!("SQL failed: {error}")),
                             ..Finish::default()
                         };
-                        self.record(run, finish, true).await
+                        self.record(run, &watch, finish, true).await
                     }
                 };
             }
@@ -235,13 +349,22 @@ impl Context {
                 self.store.release(run.lease).await?;
                 Ok(Ending::Released)
             }
-            ActionResult::Done(finish, retryable) => self.record(run, finish, retryable).await,
+            // A failure seen after the fence may be the fence's own doing
+            // (the supervisor stops a job whose lease it cannot vouch for):
+            // it is not the job's failure, and the period is recovered.
+            ActionResult::Done(finish, _) if !finish.succeeded && watch.fenced() => {
+                Ok(Ending::Lost)
+            }
+            ActionResult::Done(finish, retryable) => {
+                self.record(run, &watch, finish, retryable).await
+            }
         }
     }
 
     async fn record(
         &self,
         run: &Run<'_>,
+        watch: &Watch,
         mut finish: Finish,
         retryable: bool,
     ) -> Result<Ending, Error> {
@@ -249,6 +372,9 @@ impl Context {
             let failures = u32::try_from(run.lease.failures).unwrap_or(0) + 1;
             finish.retry_after = run.job.retry.backoff_after(failures);
         }
+        // The lease is still renewed while the outcome is written; a claim
+        // that the write itself settles is not a takeover.
+        watch.recording();
         // A database that is briefly away is waited for; the fence keeps a
         // late write from landing on a claim that moved on.
         let mut delay = Duration::from_millis(100);
@@ -288,4 +414,22 @@ pub fn owner_id() -> String {
         .map(|d| d.subsec_micros())
         .unwrap_or_default();
     format!("{host}:{}:{stamp:x}", std::process::id())
+}
+
+/// A flag that turns true `grace` after `shutdown` does: when running jobs
+/// are stopped and their claims released.
+pub fn after_grace(mut shutdown: watch::Receiver<bool>, grace: Duration) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown.wait_for(|down| *down) => {}
+            () = tx.closed() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(grace) => {}
+            () = tx.closed() => return,
+        }
+        let _ = tx.send(true);
+    });
+    rx
 }

@@ -1,5 +1,7 @@
-//! `command` and `shell` actions: a child in its own process group that dies
-//! with the scheduler, its output logged line by line and its tail kept.
+//! `command` and `shell` actions: a job under its own supervisor (see
+//! [`supervisor`](super::supervisor)) so that no process of its tree
+//! outlives the scheduler or its claim, its output logged line by line and
+//! its tail kept.
 
 use std::future::Future;
 use std::os::unix::process::ExitStatusExt;
@@ -7,70 +9,82 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
+use std::path::Path;
 
-use super::{ActionResult, OUTPUT_TAIL, Run, Stop};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{ActionResult, OUTPUT_TAIL, Run, Stop, supervisor};
 use crate::config::Program;
 use crate::template::Template;
 
 /// How long a group gets between SIGTERM and SIGKILL.
 const TERM_WAIT: Duration = Duration::from_secs(5);
 
-/// Starts the child, waits for it, a timeout or `stop`, and reports.
+/// How long a supervisor gets to end its tree before it is killed itself.
+const SUPERVISOR_WAIT: Duration = Duration::from_secs(5);
+
+/// How a job's supervisor is started and kept informed.
+pub(super) struct Spawn<'a> {
+    /// The program to start as the supervisor: this binary.
+    pub supervisor: &'a Path,
+    /// The claim's fence deadline, moved on by every renewal.
+    pub fence_at: watch::Receiver<Instant>,
+    /// How long after the runner's own fence the supervisor stops the job
+    /// by itself (when the runner cannot: frozen, or dead).
+    pub margin: Duration,
+}
+
+/// Starts the job under its supervisor, waits for it, a timeout or `stop`,
+/// and reports.
 pub(super) async fn run(
     program: &Program,
     workdir: Option<&Template>,
     env: &[(String, Template)],
     run: &Run<'_>,
+    spawn: Spawn<'_>,
     stop: impl Future<Output = Stop>,
 ) -> ActionResult {
-    let mut command = match program {
+    let mut fence_at = spawn.fence_at;
+    let margin = spawn.margin;
+    let left_ms =
+        move |at: Instant| (at.saturating_duration_since(Instant::now()) + margin).as_millis();
+    let mut command = Command::new(spawn.supervisor);
+    command
+        .arg(supervisor::ARG)
+        .arg(left_ms(*fence_at.borrow_and_update()).to_string())
+        .arg("--");
+    match program {
         Program::Command(argv) => {
-            let mut argv = argv.iter().map(|a| a.render(run));
-            let mut command = Command::new(argv.next().unwrap_or_default());
-            command.args(argv);
-            command
+            command.args(argv.iter().map(|a| a.render(run)));
         }
         Program::Shell(script) => {
-            let mut command = Command::new("/bin/sh");
-            command.arg("-c").arg(script.render(run));
-            command
+            command.arg("/bin/sh").arg("-c").arg(script.render(run));
         }
-    };
+    }
     if let Some(dir) = workdir {
         command.current_dir(dir.render(run));
     }
+    // No `pre_exec`: the supervisor starts on the `posix_spawn` path, as
+    // cheap in a large process as in a small one.
     command
         .envs(env.iter().map(|(k, v)| (k, v.render(run))))
         .envs(run.environment())
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec and makes
-    // only async-signal-safe system calls (prctl, getppid).
-    unsafe {
-        command.pre_exec(move || {
-            // A job never outlives its scheduler, even one killed by SIGKILL.
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            if nix::unistd::getppid().as_raw() as u32 != parent {
-                // The scheduler died between fork and prctl.
-                return Err(std::io::Error::other("the scheduler exited"));
-            }
-            Ok(())
-        });
-    }
     let mut child = match crate::reaper::spawn_job(|| command.spawn(), Child::id) {
         Ok(child) => child,
         Err(e) => {
             return ActionResult::failed(format!("cannot start the job: {e}"));
         }
     };
-    let group = child.id().map(|id| Pid::from_raw(id as i32));
+    let supervisor = child.id().map(|id| Pid::from_raw(id as i32));
     let tail = Arc::new(Mutex::new(Vec::new()));
     let readers = [
         child
@@ -82,6 +96,20 @@ pub(super) async fn run(
             .take()
             .map(|s| forward(s, "stderr", run.key.to_owned(), tail.clone())),
     ];
+    // Every renewal moves the supervisor's own deadline on; closing this
+    // pipe (this process's death included) makes it end the job's tree.
+    let mut deadlines = child.stdin.take();
+    let feed = async {
+        while fence_at.changed().await.is_ok() {
+            let line = format!("{}\n", left_ms(*fence_at.borrow_and_update()));
+            if let Some(pipe) = deadlines.as_mut()
+                && pipe.write_all(line.as_bytes()).await.is_err()
+            {
+                deadlines = None;
+            }
+        }
+        std::future::pending::<()>().await;
+    };
 
     let timeout = async {
         match run.job.timeout {
@@ -95,24 +123,23 @@ pub(super) async fn run(
             Err(e) => ActionResult::failed(format!("cannot wait for the job: {e}")),
         },
         () = timeout => {
-            terminate(&mut child, group).await;
+            terminate(&mut child, supervisor).await;
             let limit = run.job.timeout.unwrap_or_default();
             ActionResult::failed(format!("timed out after {}", humantime::format_duration(limit)))
         }
         why = stop => {
             match why {
-                Stop::Lost => kill(group),
-                Stop::Shutdown => terminate(&mut child, group).await,
+                Stop::Lost => end_tree(&mut child, supervisor).await,
+                Stop::Shutdown => terminate(&mut child, supervisor).await,
             }
-            let _ = child.wait().await;
             ActionResult::Stopped(why)
         }
+        () = feed => unreachable!("feeding deadlines never ends"),
     };
-    // The group ends with its leader: stragglers would hold the pipes open.
-    kill(group);
-    if let Some(pid) = group {
+    if let Some(pid) = supervisor {
         crate::reaper::forget_job(pid.as_raw() as u32);
     }
+    // The supervisor has ended the whole tree, so the pipes close.
     for reader in readers.into_iter().flatten() {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
@@ -140,21 +167,29 @@ fn status_result(status: std::process::ExitStatus) -> ActionResult {
     }
 }
 
-fn kill(group: Option<Pid>) {
-    if let Some(group) = group {
-        let _ = killpg(group, Signal::SIGKILL);
+/// Has the supervisor kill the whole tree now; kills the supervisor too
+/// if it does not end within [`SUPERVISOR_WAIT`].
+async fn end_tree(child: &mut Child, supervisor: Option<Pid>) {
+    if let Some(pid) = supervisor {
+        let _ = kill(pid, Signal::SIGUSR1);
+    }
+    if tokio::time::timeout(SUPERVISOR_WAIT, child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
     }
 }
 
-/// SIGTERM to the group, then SIGKILL if the leader is still there after
-/// [`TERM_WAIT`].
-async fn terminate(child: &mut Child, group: Option<Pid>) {
-    if let Some(group) = group {
-        let _ = killpg(group, Signal::SIGTERM);
+/// SIGTERM to the job's group (through its supervisor), then the whole
+/// tree killed if the job is still there after [`TERM_WAIT`].
+async fn terminate(child: &mut Child, supervisor: Option<Pid>) {
+    if let Some(pid) = supervisor {
+        let _ = kill(pid, Signal::SIGTERM);
     }
     if tokio::time::timeout(TERM_WAIT, child.wait()).await.is_err() {
-        kill(group);
-        let _ = child.wait().await;
+        end_tree(child, supervisor).await;
     }
 }
 

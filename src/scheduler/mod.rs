@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
 use crate::check::period_key;
 use crate::config::{Config, Job, Missed, Settings};
 use crate::due::{Due, due};
 use crate::error::{Error, Outcome};
-use crate::runner::{Context, Ending, Run};
+use crate::runner::{Context, Ending, Run, Taken};
 use crate::store::{Claim, ClaimRequest, Store, Trigger};
 
 mod timer;
@@ -50,7 +50,10 @@ pub struct Service {
     timer: Timer,
     context: Context,
     owner: String,
-    slots: Arc<Semaphore>,
+    /// Tasks claiming or running now, at most `settings.max_running`.
+    running: usize,
+    /// Turns true when shutdown's grace is over: running jobs stop.
+    stop_now: watch::Sender<bool>,
     /// Periods waiting for a job's concurrency slot or for the database,
     /// oldest fire first.
     waiting: BTreeMap<(DateTime<Utc>, String), (String, Due)>,
@@ -70,11 +73,12 @@ impl Service {
         owner: String,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Service, Error> {
-        let context = Context::new(store, config.settings.lease, config.settings.shutdown_grace)?;
+        let context = Context::new(store, config.settings.lease)?;
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
         Ok(Service {
             path,
-            slots: Arc::new(Semaphore::new(config.settings.max_running)),
+            running: 0,
+            stop_now: watch::Sender::new(false),
             settings: config.settings,
             timer: Timer::new(&jobs, Utc::now()),
             by_name: index(&jobs),
@@ -126,9 +130,28 @@ impl Service {
                 next_scan = Instant::now() + self.settings.scan_interval;
             }
         }
-        tracing::info!("shutting down: waiting for running jobs");
-        let all = u32::try_from(self.settings.max_running).unwrap_or(u32::MAX);
-        let _ = self.slots.acquire_many(all).await;
+        self.backlog.clear();
+        self.waiting.clear();
+        tracing::info!(
+            running = self.running,
+            "shutting down: waiting for running jobs"
+        );
+        // The grace in force now: a reload may have changed it.
+        let grace = tokio::time::sleep(self.settings.shutdown_grace);
+        tokio::pin!(grace);
+        while self.running > 0 {
+            tokio::select! {
+                () = &mut grace, if !*self.stop_now.borrow() => {
+                    tracing::info!(running = self.running, "shutdown grace over: stopping the remaining jobs and releasing their claims");
+                    self.stop_now.send_replace(true);
+                }
+                Some(event) = self.events.1.recv() => {
+                    if let Event::Free = event {
+                        self.running -= 1;
+                    }
+                }
+            }
+        }
         tracing::info!("all jobs ended");
         Ok(Outcome::Done)
     }
@@ -223,13 +246,19 @@ impl Service {
             // A slot of this job freed here: its oldest waiting period goes next.
             Event::Done(name) => self.release_waiting(&name, 1),
             Event::Free => {
-                let now = Utc::now();
-                while self.slots.available_permits() > 0
-                    && let Some((job, due)) = self.backlog.pop_front()
-                {
-                    self.dispatch(job, due, now);
-                }
+                self.running -= 1;
+                self.take_backlog();
             }
+        }
+    }
+
+    /// Dispatches backlogged fires while slots are free.
+    fn take_backlog(&mut self) {
+        let now = Utc::now();
+        while self.running < self.settings.max_running
+            && let Some((job, due)) = self.backlog.pop_front()
+        {
+            self.dispatch(job, due, now);
         }
     }
 
@@ -267,23 +296,25 @@ impl Service {
             );
             return;
         }
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+        if self.running >= self.settings.max_running {
             self.backlog.push_back((job, due));
             return;
-        };
+        }
+        self.running += 1;
         let task = RunTask {
             context: self.context.clone(),
             job,
             due,
             owner: self.owner.clone(),
             lease: self.settings.lease,
-            shutdown: self.shutdown.clone(),
+            stop_now: self.stop_now.subscribe(),
             events: self.events.0.clone(),
         };
-        tokio::spawn(task.go(permit));
+        tokio::spawn(task.go());
     }
 
-    /// Re-reads jobs.toml; a bad file is logged and the old one kept.
+    /// Re-reads jobs.toml and applies all of it, jobs and settings alike;
+    /// a bad file is logged and the old one kept whole.
     async fn reload(&mut self) {
         let config = match Config::load(&self.path) {
             Ok(config) => config,
@@ -297,11 +328,25 @@ impl Service {
         if let Err(e) = self.context.store.see_jobs(&names).await {
             tracing::warn!("reload: cannot record new jobs yet: {e}");
         }
+        if config.settings.database_url != self.settings.database_url {
+            tracing::warn!("reload: a new database_url takes effect at the next start");
+        }
         self.timer = Timer::new(&jobs, Utc::now());
         self.by_name = index(&jobs);
         self.jobs = jobs;
+        // Leases granted from now on, and so the heartbeat interval and the
+        // fence; claims already held keep the lease they were granted until
+        // their next renewal.
+        self.context.heartbeats.set_lease(config.settings.lease);
         self.settings = config.settings;
-        tracing::info!(jobs = self.jobs.len(), "reloaded {}", self.path.display());
+        self.take_backlog();
+        tracing::info!(
+            jobs = self.jobs.len(),
+            lease = %humantime::format_duration(self.settings.lease),
+            max_running = self.settings.max_running,
+            "reloaded {}",
+            self.path.display()
+        );
     }
 }
 
@@ -330,18 +375,18 @@ struct RunTask {
     due: Due,
     owner: String,
     lease: Duration,
-    shutdown: watch::Receiver<bool>,
+    stop_now: watch::Receiver<bool>,
     events: mpsc::UnboundedSender<Event>,
 }
 
 impl RunTask {
-    async fn go(self, permit: OwnedSemaphorePermit) {
+    async fn go(self) {
         let events = self.events.clone();
-        self.claim_and_run(permit).await;
+        self.claim_and_run().await;
         let _ = events.send(Event::Free);
     }
 
-    async fn claim_and_run(self, permit: OwnedSemaphorePermit) {
+    async fn claim_and_run(self) {
         let key = period_key(&self.job.name, &self.due.period.label);
         let lateness = (Utc::now() - self.due.fire).num_microseconds().unwrap_or(0) as f64 / 1000.0;
         let request = ClaimRequest {
@@ -355,19 +400,21 @@ impl RunTask {
             manual: false,
             scheduled_at: self.due.fire,
         };
-        let claim = self.context.store.claim(&request).await;
+        let claim = self.context.claim(&request).await;
         let trigger = self.due.trigger.as_str();
         let result = match &claim {
-            Ok(Claim::Won(_)) => "won",
-            Ok(Claim::Busy) => "busy",
-            Ok(Claim::Held { .. }) => "held",
-            Ok(Claim::Succeeded { .. }) => "done",
-            Ok(Claim::Failed { .. }) => "failed",
-            Err(_) => "error",
+            Ok(Taken::Won(_)) => "won",
+            Ok(Taken::RunningHere) => "running_here",
+            Ok(Taken::Not(Claim::Busy)) => "busy",
+            Ok(Taken::Not(Claim::Held { .. })) => "held",
+            Ok(Taken::Not(Claim::Succeeded { .. })) => "done",
+            Ok(Taken::Not(Claim::Failed { .. })) => "failed",
+            Ok(Taken::Not(Claim::Won(_))) | Err(_) => "error",
         };
         metrics::counter!("scheduler_claims_total", "job" => self.job.name.clone(), "result" => result).increment(1);
         match claim {
-            Ok(Claim::Won(lease)) => {
+            Ok(Taken::Won(won)) => {
+                let lease = &won.lease;
                 tracing::info!(
                     job = self.job.name,
                     period_key = key,
@@ -381,10 +428,13 @@ impl RunTask {
                     job: &self.job,
                     period: &self.due.period,
                     key: &key,
-                    lease: &lease,
+                    lease,
                     scheduled_at: self.due.fire,
                 };
-                let ending = self.context.execute(&run, self.shutdown.clone()).await;
+                let ending = self
+                    .context
+                    .execute(&run, &won, self.stop_now.clone())
+                    .await;
                 let took_ms = started.elapsed().as_millis() as u64;
                 metrics::histogram!("scheduler_fire_lateness_seconds").record(lateness / 1000.0);
                 let outcome = match &ending {
@@ -444,10 +494,17 @@ impl RunTask {
                         "cannot record the outcome: {e}"
                     ),
                 }
-                drop(permit);
+                drop(won);
                 let _ = self.events.send(Event::Done(self.job.name.clone()));
             }
-            Ok(Claim::Busy) => {
+            Ok(Taken::RunningHere) => tracing::debug!(
+                job = self.job.name,
+                period_key = key,
+                trigger,
+                "running in this process already"
+            ),
+            Ok(Taken::Not(Claim::Won(_))) => {}
+            Ok(Taken::Not(Claim::Busy)) => {
                 tracing::info!(
                     job = self.job.name,
                     period_key = key,
@@ -460,16 +517,16 @@ impl RunTask {
                 };
                 let _ = self.events.send(Event::Again(self.job.name.clone(), due));
             }
-            Ok(Claim::Held { owner, until }) => {
+            Ok(Taken::Not(Claim::Held { owner, until })) => {
                 tracing::info!(job = self.job.name, period_key = key, trigger, %owner, %until, "held elsewhere");
             }
-            Ok(Claim::Succeeded { .. }) => tracing::info!(
+            Ok(Taken::Not(Claim::Succeeded { .. })) => tracing::info!(
                 job = self.job.name,
                 period_key = key,
                 trigger,
                 "already succeeded"
             ),
-            Ok(Claim::Failed { retry_at, .. }) => {
+            Ok(Taken::Not(Claim::Failed { retry_at, .. })) => {
                 tracing::info!(
                     job = self.job.name,
                     period_key = key,

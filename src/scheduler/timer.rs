@@ -54,8 +54,11 @@ impl Timer {
                 self.heap.push(Reverse((next, i)));
             }
             let latest = fires.pop().unwrap_or(at);
+            let period = job.period.period_of(&job.schedule, latest);
             if job.missed == Missed::All {
-                let mut seen = HashSet::new();
+                // The latest fire's period runs as `schedule`: an older fire
+                // of the same period must not dispatch it a second time.
+                let mut seen = HashSet::from([period.label.clone()]);
                 for fire in fires {
                     let period = job.period.period_of(&job.schedule, fire);
                     if seen.insert(period.label.clone()) {
@@ -70,7 +73,6 @@ impl Timer {
                     }
                 }
             }
-            let period = job.period.period_of(&job.schedule, latest);
             fired.push((
                 i,
                 Due {
@@ -166,6 +168,18 @@ mod tests {
         assert_eq!(
             popped(&mut timer, &jobs, "2026-07-15T10:05:00Z"),
             [("a:2026-07-15T10:05:00Z".into(), "schedule")]
+        );
+    }
+
+    #[test]
+    fn a_stall_inside_one_period_dispatches_that_period_once() {
+        let jobs = jobs(
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nperiod = \"hour\"\ncommand = [\"true\"]\n",
+        );
+        let mut timer = Timer::new(&jobs, at("2026-07-15T10:00:30Z"));
+        assert_eq!(
+            popped(&mut timer, &jobs, "2026-07-15T10:04:10Z"),
+            [("a:2026-07-15T10".into(), "schedule")]
         );
     }
 }

@@ -303,15 +303,20 @@ impl Store {
     }
 
     /// Runs `statement` with `params` and records success in one
-    /// transaction. `Ok(Err(e))` is the statement's own failure, rolled back
-    /// and not recorded; `Ok(Ok(false))` means the claim had moved on.
+    /// transaction, within `limits`; `recording` is called just before the
+    /// success is written. `Ok(Err(e))` is the statement's own failure
+    /// (a timeout or a cancel included), rolled back and not recorded;
+    /// `Ok(Ok(false))` means the claim had moved on.
     pub async fn finish_with_sql(
         &self,
         lease: &Lease,
         statement: &str,
         params: &[String],
+        limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
     ) -> Result<Result<bool, String>, Error> {
-        dispatch!(self.finish_with_sql(lease, statement, params)).map_err(query_error)
+        dispatch!(self.finish_with_sql(lease, statement, params, limits, recording))
+            .map_err(query_error)
     }
 
     /// Ends a running attempt without an outcome (shutdown), so the period
@@ -387,19 +392,48 @@ impl Store {
     }
 
     /// Deletes finished claims of `job` (and their attempts) that finished
-    /// more than `keep` ago; returns how many claims went.
-    pub async fn prune(&self, job: &str, keep: Duration) -> Result<u64, Error> {
-        dispatch!(self.prune(job, keep)).map_err(query_error)
+    /// more than `keep` ago and whose fire lies before the catch-up
+    /// `window` (a pruned period inside it could be claimed again); returns
+    /// how many claims went.
+    pub async fn prune(&self, job: &str, keep: Duration, window: Duration) -> Result<u64, Error> {
+        dispatch!(self.prune(job, keep, window)).map_err(query_error)
+    }
+}
+
+/// The bounds of an `sql` action's statement.
+#[derive(Debug)]
+pub struct SqlLimits {
+    /// How long the statement may run: the job's `timeout`.
+    pub timeout: Option<Duration>,
+    /// Without a `timeout`, how long a statement may hold SQLite's one
+    /// writer (heartbeats and claims wait for it meanwhile).
+    pub writer_timeout: Duration,
+    /// Set to stop the statement: its claim was lost or shutdown came.
+    pub cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SqlLimits {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once `cancel` is set (polled: a flag is what SQLite's
+    /// progress handler can read too).
+    async fn cancelled_wait(&self) {
+        while !self.cancelled() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
 /// Runs an `sql` action's statement with its params bound, then `record`,
 /// in the transaction `tx`: both commit or neither. `Ok(Err(e))` is the
 /// statement's own failure; `Ok(Ok(false))`, a claim that moved on.
-async fn statement_then_record<DB>(
-    mut tx: sqlx::Transaction<'static, DB>,
+async fn statement_then_record<'t, DB>(
+    mut tx: sqlx::Transaction<'t, DB>,
     statement: &str,
     params: &[String],
+    recording: &(dyn Fn() + Sync),
     record: impl AsyncFnOnce(&mut DB::Connection) -> Result<bool, sqlx::Error>,
 ) -> Result<Result<bool, String>, sqlx::Error>
 where
@@ -416,6 +450,7 @@ where
         tx.rollback().await?;
         return Ok(Err(e.to_string()));
     }
+    recording();
     let recorded = record(&mut tx).await?;
     if recorded {
         tx.commit().await?;

@@ -8,20 +8,30 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use sqlx::Row;
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Trigger,
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, SqlLimits,
+    Trigger,
 };
 use crate::period::Period;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
-/// A pool of connections to one PostgreSQL database.
+/// Connections to one PostgreSQL database, in two pools so that no action
+/// can starve the scheduler's own statements.
 #[derive(Debug, Clone)]
 pub struct PgStore {
+    /// Claims, heartbeats, outcomes and scans: short statements, bounded
+    /// by a server-side statement and lock timeout.
     pool: PgPool,
+    /// `sql` actions only, each holding a connection for its statement.
+    actions: PgPool,
 }
+
+/// The most connections `sql` actions of one process hold at once; more
+/// wait for one (within their own timeout) without delaying anything else.
+const ACTION_CONNECTIONS: u32 = 16;
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -42,17 +52,19 @@ fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
     })
 }
 
-/// Records the outcome and the attempt row in one statement, fenced by the attempt.
+/// Records the outcome and the attempt row in one statement, fenced by the
+/// attempt. The end is the clock at the write (`clock_timestamp()`), not
+/// the transaction's start: an `sql` action's statement runs before it.
 const RECORD: &str = "
     WITH c AS (
         UPDATE scheduler_claims
-           SET state = $3, finished_at = now(), lease_until = NULL,
+           SET state = $3, finished_at = clock_timestamp(), lease_until = NULL,
                failures = failures + $4,
-               retry_at = now() + $5 * interval '1 millisecond'
+               retry_at = clock_timestamp() + $5 * interval '1 millisecond'
          WHERE period_key = $1 AND attempt = $2 AND state = 'running'
-     RETURNING period_key, attempt)
+     RETURNING period_key, attempt, finished_at)
     UPDATE scheduler_attempts a
-       SET outcome = $3, finished_at = now(), exit_code = $6, http_status = $7,
+       SET outcome = $3, finished_at = c.finished_at, exit_code = $6, http_status = $7,
            error = $8, output = $9
       FROM c
      WHERE a.period_key = c.period_key AND a.attempt = c.attempt
@@ -60,15 +72,27 @@ const RECORD: &str = "
 
 impl PgStore {
     pub(super) async fn connect(url: &str) -> Result<PgStore, sqlx::Error> {
+        let options: PgConnectOptions = url.parse()?;
+        // The scheduler's own statements are short; one that waits on a
+        // lock or runs away is cut off by the server rather than left to
+        // hold a connection that heartbeats need.
+        let control = options
+            .clone()
+            .options([("statement_timeout", "30s"), ("lock_timeout", "10s")]);
         let pool = PgPoolOptions::new()
             .max_connections(8)
             // A broken connection fails its query and is replaced; a ping
             // before every use would cost a round trip per statement.
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
+            .connect_with(control)
             .await?;
-        Ok(PgStore { pool })
+        let actions = PgPoolOptions::new()
+            .max_connections(ACTION_CONNECTIONS)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(3600))
+            .connect_lazy_with(options);
+        Ok(PgStore { pool, actions })
     }
 
     pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
@@ -161,16 +185,35 @@ impl PgStore {
         lease: &Lease,
         statement: &str,
         params: &[String],
+        limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
     ) -> Result<Result<bool, String>, sqlx::Error> {
         let finish = Finish {
             succeeded: true,
             ..Finish::default()
         };
-        let tx = self.pool.begin().await?;
-        super::statement_then_record(tx, statement, params, async |conn| {
-            record(conn, lease, &finish).await
-        })
-        .await
+        let work = async {
+            let mut tx = self.actions.begin().await?;
+            if let Some(timeout) = limits.timeout {
+                // A number this code computed, never text from a user.
+                sqlx::query(&format!(
+                    "SET LOCAL statement_timeout = {}",
+                    millis(timeout).max(1)
+                ))
+                .execute(&mut *tx)
+                .await?;
+            }
+            super::statement_then_record(tx, statement, params, recording, async |conn| {
+                record(conn, lease, &finish).await
+            })
+            .await
+        };
+        // A cancelled statement's transaction is dropped, so rolled back:
+        // it can never commit its success.
+        tokio::select! {
+            result = work => result,
+            () = limits.cancelled_wait() => Ok(Err("stopped before it ended".into())),
+        }
     }
 
     pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
@@ -358,19 +401,27 @@ impl PgStore {
         rows.iter().map(claim_row).collect()
     }
 
-    pub(super) async fn prune(&self, job: &str, keep: Duration) -> Result<u64, sqlx::Error> {
+    pub(super) async fn prune(
+        &self,
+        job: &str,
+        keep: Duration,
+        window: Duration,
+    ) -> Result<u64, sqlx::Error> {
+        // A large delete may outlast the control pool's statement timeout.
         let pruned: Option<i64> = sqlx::query_scalar(
             "WITH c AS (
                 DELETE FROM scheduler_claims
                  WHERE job = $1 AND state IN ('succeeded', 'failed')
                    AND finished_at < now() - $2 * interval '1 millisecond'
+                   AND scheduled_at < now() - $3 * interval '1 millisecond'
              RETURNING period_key),
              a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key)
              SELECT count(*) FROM c",
         )
         .bind(job)
         .bind(millis(keep))
-        .fetch_one(&self.pool)
+        .bind(millis(window))
+        .fetch_one(&self.actions)
         .await?;
         Ok(pruned.unwrap_or(0) as u64)
     }

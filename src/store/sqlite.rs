@@ -11,10 +11,14 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sqlx::{Connection, Row, Sqlite, Transaction};
 
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Trigger,
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, SqlLimits,
+    Trigger,
 };
 use crate::period::Period;
 
@@ -212,16 +216,46 @@ impl SqliteStore {
         lease: &Lease,
         statement: &str,
         params: &[String],
+        limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
     ) -> Result<Result<bool, String>, sqlx::Error> {
         let finish = Finish {
             succeeded: true,
             ..Finish::default()
         };
-        let tx = self.begin().await?;
-        super::statement_then_record(tx, statement, params, async |conn| {
-            record(conn, lease, &finish).await
+        let timeout = limits.timeout.unwrap_or(limits.writer_timeout);
+        let deadline = std::time::Instant::now() + timeout;
+        let mut conn = self.pool.acquire().await?;
+        // The statement holds this process's one connection and SQLite's
+        // one writer: SQLite itself interrupts it past its timeout, or once
+        // it is cancelled, through the progress handler.
+        let cancel = limits.cancel.clone();
+        let expired = Arc::new(AtomicBool::new(false));
+        let flag = expired.clone();
+        conn.lock_handle()
+            .await?
+            .set_progress_handler(1000, move || {
+                let over = std::time::Instant::now() >= deadline;
+                flag.store(over, Ordering::SeqCst);
+                !(over || cancel.load(Ordering::SeqCst))
+            });
+        let result = match conn.begin_with("BEGIN IMMEDIATE").await {
+            Ok(tx) => {
+                super::statement_then_record(tx, statement, params, recording, async |conn| {
+                    record(conn, lease, &finish).await
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        conn.lock_handle().await?.remove_progress_handler();
+        Ok(match result? {
+            Err(_) if expired.load(Ordering::SeqCst) => Err(format!(
+                "timed out after {} (an sql action on SQLite holds the database's one writer at most its `timeout`, or lease/3)",
+                humantime::format_duration(timeout)
+            )),
+            other => other,
         })
-        .await
     }
 
     pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
@@ -427,22 +461,38 @@ impl SqliteStore {
         rows.iter().map(claim_row).collect()
     }
 
-    pub(super) async fn prune(&self, job: &str, keep: Duration) -> Result<u64, sqlx::Error> {
+    pub(super) async fn prune(
+        &self,
+        job: &str,
+        keep: Duration,
+        window: Duration,
+    ) -> Result<u64, sqlx::Error> {
         let mut tx = self.begin().await?;
-        let cutoff = format!("{NOW} - {}", keep.as_millis());
+        // One cutoff for both statements: SQLite's clock moves between
+        // them, and claims deleted without their attempts would leave rows
+        // that block the period's next claim.
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        let finished_before = now.saturating_sub(keep.as_millis() as i64);
+        let fired_before = now.saturating_sub(window.as_millis() as i64);
+        let doomed = "SELECT period_key FROM scheduler_claims
+                       WHERE job = ?1 AND state IN ('succeeded', 'failed')
+                         AND finished_at < ?2 AND scheduled_at < ?3";
         sqlx::query(&format!(
-            "DELETE FROM scheduler_attempts WHERE period_key IN (
-                SELECT period_key FROM scheduler_claims
-                 WHERE job = ?1 AND state IN ('succeeded', 'failed') AND finished_at < {cutoff})"
+            "DELETE FROM scheduler_attempts WHERE period_key IN ({doomed})"
         ))
         .bind(job)
+        .bind(finished_before)
+        .bind(fired_before)
         .execute(&mut *tx)
         .await?;
         let done = sqlx::query(&format!(
-            "DELETE FROM scheduler_claims
-              WHERE job = ?1 AND state IN ('succeeded', 'failed') AND finished_at < {cutoff}"
+            "DELETE FROM scheduler_claims WHERE period_key IN ({doomed})"
         ))
         .bind(job)
+        .bind(finished_before)
+        .bind(fired_before)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -454,7 +504,6 @@ fn period_key(r: &ClaimRequest<'_>) -> String {
     crate::check::period_key(r.job, &r.period.label)
 }
 
-/// Writes an attempt's outcome if the claim is still at that attempt.
 /// Writes an attempt's outcome if the claim is still at that attempt; the
 /// trigger `scheduler_attempts_outcome` settles the claim in the same
 /// statement.

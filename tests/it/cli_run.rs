@@ -462,7 +462,7 @@ fn release_frees_a_stuck_claim_for_an_immediate_recovery() {
 fn status_history_and_prune_report_what_the_database_holds() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(
-        "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nkeep = \"1s\"\nshell = \"test ! -e fail\"\n",
+        "[scheduler]\ncatch_up = \"1s\"\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nkeep = \"1s\"\nshell = \"test ! -e fail\"\n",
     );
     let url = db.url.as_str();
     assert_eq!(

@@ -7,6 +7,7 @@ mod cli_config;
 mod cli_run;
 mod dst;
 mod labels;
+mod never_twice;
 mod properties;
 mod serve;
 mod store;

@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use scheduler::heartbeat::{Heartbeats, Loss};
 use scheduler::period::Period;
-use scheduler::store::{Claim, ClaimRequest, Finish, Lease, Store, Trigger};
+use scheduler::store::{Claim, ClaimRequest, Finish, Lease, SqlLimits, Store, Trigger};
+use tokio::time::Instant;
 
 use crate::support::{TestDb, job};
 
@@ -39,6 +41,14 @@ fn succeeded() -> Finish {
     Finish {
         succeeded: true,
         ..Finish::default()
+    }
+}
+
+fn limits(timeout: Option<Duration>) -> SqlLimits {
+    SqlLimits {
+        timeout,
+        writer_timeout: Duration::from_secs(20),
+        cancel: Default::default(),
     }
 }
 
@@ -239,6 +249,8 @@ async fn an_sql_action_commits_with_the_outcome_or_not_at_all(store: Store) {
             &lease,
             "INSERT INTO no_such_table VALUES ($1)",
             &["x".into()],
+            &limits(None),
+            &|| {},
         )
         .await
         .unwrap();
@@ -254,7 +266,13 @@ async fn an_sql_action_commits_with_the_outcome_or_not_at_all(store: Store) {
     let statement = "UPDATE scheduler_jobs SET paused = paused WHERE name = $1";
     assert_eq!(
         store
-            .finish_with_sql(&lease, statement, &["billing".into()])
+            .finish_with_sql(
+                &lease,
+                statement,
+                &["billing".into()],
+                &limits(None),
+                &|| {}
+            )
             .await
             .unwrap(),
         Ok(true)
@@ -345,7 +363,7 @@ async fn prune_deletes_only_old_finished_claims(store: Store) {
     won(&store, &request(&running, "a")).await;
     assert_eq!(
         store
-            .prune("billing", Duration::from_secs(3600))
+            .prune("billing", Duration::from_secs(3600), Duration::ZERO)
             .await
             .unwrap(),
         0
@@ -353,7 +371,7 @@ async fn prune_deletes_only_old_finished_claims(store: Store) {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         store
-            .prune("billing", Duration::from_millis(10))
+            .prune("billing", Duration::from_millis(10), Duration::ZERO)
             .await
             .unwrap(),
         1
@@ -363,6 +381,149 @@ async fn prune_deletes_only_old_finished_claims(store: Store) {
         1,
         "the running attempt stays"
     );
+}
+
+async fn prune_never_deletes_a_period_fired_inside_the_catch_up_window(store: Store) {
+    let period = month("2026-06");
+    let lease = won(&store, &request(&period, "a")).await;
+    store.finish(&lease, &succeeded()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let window = Duration::from_secs(3600);
+    assert_eq!(
+        store
+            .prune("billing", Duration::from_millis(10), window)
+            .await
+            .unwrap(),
+        0,
+        "its fire is inside the window: a pruned period could be claimed again"
+    );
+}
+
+async fn a_heartbeat_racing_its_own_recorded_outcome_reports_no_takeover(store: Store) {
+    let period = month("2026-07");
+    let sent = Instant::now();
+    let lease = won(&store, &request(&period, "a")).await;
+    let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(60));
+    let watch = heartbeats.watch(&lease, sent, Duration::from_secs(60));
+    // The run writes its outcome while a renewal is on its way.
+    watch.recording();
+    assert!(store.finish(&lease, &succeeded()).await.unwrap());
+    heartbeats.renew_now().await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), watch.lost())
+            .await
+            .is_err(),
+        "its own outcome is not a takeover"
+    );
+}
+
+async fn a_released_claim_is_found_taken_over_by_the_next_heartbeat(store: Store) {
+    let period = month("2026-07");
+    let sent = Instant::now();
+    let lease = won(&store, &request(&period, "a")).await;
+    let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(60));
+    let watch = heartbeats.watch(&lease, sent, Duration::from_secs(60));
+    heartbeats.renew_now().await;
+    store.release_key(&lease.key).await.unwrap();
+    heartbeats.renew_now().await;
+    let loss = tokio::time::timeout(Duration::from_secs(5), watch.lost()).await;
+    assert_eq!(loss.ok(), Some(Loss::TakenOver));
+}
+
+async fn a_second_watch_of_one_key_leaves_the_first_one_informed(store: Store) {
+    let period = month("2026-07");
+    let sent = Instant::now();
+    let first = won(&store, &request(&period, "a")).await;
+    let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(60));
+    let old = heartbeats.watch(&first, sent, Duration::from_secs(60));
+    store.release_key(&first.key).await.unwrap();
+    let second = won(&store, &request(&period, "a")).await;
+    let new = heartbeats.watch(&second, Instant::now(), Duration::from_secs(60));
+    heartbeats.renew_now().await;
+    let loss = tokio::time::timeout(Duration::from_secs(5), old.lost()).await;
+    assert_eq!(loss.ok(), Some(Loss::TakenOver), "the old attempt is told");
+    drop(old);
+    heartbeats.renew_now().await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), new.lost())
+            .await
+            .is_err(),
+        "and the new one keeps its renewals"
+    );
+}
+
+async fn a_lease_not_renewed_in_time_fences_the_run(store: Store) {
+    let period = month("2026-07");
+    let lease = won(&store, &request(&period, "a")).await;
+    let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(3));
+    // Claimed 2.5 s ago and never renewed: past lease (3 s) minus one
+    // heartbeat interval (1 s).
+    let sent = Instant::now() - Duration::from_millis(2500);
+    let watch = heartbeats.watch(&lease, sent, Duration::from_secs(3));
+    assert!(watch.fenced());
+    let loss = tokio::time::timeout(Duration::from_secs(5), watch.lost()).await;
+    assert_eq!(loss.ok(), Some(Loss::Fenced));
+}
+
+async fn an_sql_action_past_its_timeout_is_stopped_and_rolled_back(store: Store) {
+    let period = month("2026-07");
+    let lease = won(&store, &request(&period, "a")).await;
+    let endless = match store {
+        Store::Sqlite(_) => {
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+        }
+        Store::Postgres(_) => "SELECT pg_sleep(30)",
+    };
+    let started = std::time::Instant::now();
+    let result = store
+        .finish_with_sql(
+            &lease,
+            endless,
+            &[],
+            &limits(Some(Duration::from_millis(500))),
+            &|| {},
+        )
+        .await
+        .unwrap();
+    assert!(result.is_err(), "{result:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "not stopped");
+    assert!(matches!(
+        store.claim(&request(&period, "b")).await.unwrap(),
+        Claim::Held { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_sqlite_prune_around_the_cutoff_leaves_no_attempt_without_its_claim() {
+    use sqlx::Connection;
+    let db = TestDb::sqlite();
+    let store = db.store().await;
+    let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    // 40,000 finished claims spread over the two seconds around the cutoff
+    // (keep = 60 s); the trigger writes each one's attempt row.
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 39999)
+         INSERT INTO scheduler_claims (period_key, job, period, period_start, period_end,
+             scheduled_at, state, attempt, trigger, owner, started_at, finished_at)
+         SELECT 'billing:' || i, 'billing', i, 0, 1, 0, 'succeeded', 1, 'schedule', 'a', 0,
+                CAST(unixepoch('subsec') * 1000 AS INTEGER) - 61000 + i / 20
+           FROM n",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    store
+        .prune("billing", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap();
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM scheduler_attempts a
+          WHERE NOT EXISTS (SELECT 1 FROM scheduler_claims c WHERE c.period_key = a.period_key)",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(orphans, 0);
 }
 
 /// Runs each test function against SQLite and PostgreSQL.
@@ -404,6 +565,12 @@ conformance!(
     a_job_is_first_seen_once_and_pause_is_shared,
     prune_deletes_only_old_finished_claims,
     reclaimable_lists_expired_released_and_due_retries_only,
+    prune_never_deletes_a_period_fired_inside_the_catch_up_window,
+    a_heartbeat_racing_its_own_recorded_outcome_reports_no_takeover,
+    a_released_claim_is_found_taken_over_by_the_next_heartbeat,
+    a_second_watch_of_one_key_leaves_the_first_one_informed,
+    a_lease_not_renewed_in_time_fences_the_run,
+    an_sql_action_past_its_timeout_is_stopped_and_rolled_back,
 );
 
 #[tokio::test]

@@ -1,0 +1,471 @@
+//! Never twice under what operators do in a normal week: `release`, a
+//! database away for longer than the lease, long `sql` actions, SIGHUP with
+//! new settings, jobs that fork, a frozen runner, `kill -9`, and values that
+//! can never work. Real processes throughout.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::{Proxy, Said, TestDb, Workspace, alive, databases, eventually, lines, wait};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+/// A job that notices a second copy of itself: it holds a lock on `lock`
+/// (its `sleep` inherits it) and appends `OVERLAP` if another copy holds
+/// it, then `start ATTEMPT PID` to runs.txt.
+fn overlap_job(name: &str) -> String {
+    format!(
+        "\n[[job]]\nname = \"{name}\"\nschedule = \"* * * * * *\"\nperiod = \"day\"\n\
+         shell = 'exec 9>>{name}.lock; flock -n 9 || echo OVERLAP >> runs.txt; echo {name} $SCHEDULER_ATTEMPT $$ >> runs.txt; sleep 30'\n"
+    )
+}
+
+/// The `(attempt, pid)` of each start of job `name`.
+fn starts(ws: &Workspace, name: &str) -> Vec<(u32, i32)> {
+    lines(ws.path().join("runs.txt"))
+        .iter()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next()? == name).then_some(())?;
+            Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn overlapped(ws: &Workspace) -> bool {
+    lines(ws.path().join("runs.txt"))
+        .iter()
+        .any(|l| l == "OVERLAP")
+}
+
+fn today() -> String {
+    Utc::now().format("%Y-%m-%d").to_string()
+}
+
+/// `serve`, its log in serve.log.
+fn serve(ws: &Workspace, url: &str) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ws.path().join("serve.log"))
+        .expect("serve.log");
+    ws.command(&["--database-url", url, "serve"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start serve")
+}
+
+fn signal(child: &Child, signal: Signal) {
+    kill(Pid::from_raw(child.id() as i32), signal).expect("signal");
+}
+
+fn stop(child: Child) -> i32 {
+    signal(&child, Signal::SIGTERM);
+    wait(child, BOUND).code()
+}
+
+fn log(ws: &Workspace) -> String {
+    std::fs::read_to_string(ws.path().join("serve.log")).unwrap_or_default()
+}
+
+/// One number from the test's database.
+fn count(url: &str, sql: &str) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use sqlx::Connection;
+        if url.starts_with("sqlite:") {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+        } else {
+            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+        }
+    })
+}
+
+#[test]
+fn release_of_a_period_serve_runs_stops_the_old_job_and_never_runs_two_at_once() {
+    for db in databases() {
+        let ws = Workspace::new(
+            &("[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+                .to_owned()
+                + &overlap_job("long")),
+        );
+        let server = serve(&ws, &db.url);
+        eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+        let (_, first) = starts(&ws, "long")[0];
+        let released = ws.run(&[
+            "--database-url",
+            &db.url,
+            "release",
+            "long",
+            "--period",
+            &today(),
+        ]);
+        assert_eq!(released.code(), 0, "{}", released.stderr());
+        let at = Instant::now();
+        eventually("the released attempt to stop", BOUND, || !alive(first));
+        assert!(
+            at.elapsed() < Duration::from_secs(15),
+            "took {:?}",
+            at.elapsed()
+        );
+        eventually("the recovery", BOUND, || starts(&ws, "long").len() == 2);
+        std::thread::sleep(Duration::from_secs(4));
+        assert_eq!(
+            starts(&ws, "long").len(),
+            2,
+            "{:?}",
+            lines(ws.path().join("runs.txt"))
+        );
+        assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+        assert_eq!(stop(server), 0);
+    }
+}
+
+#[test]
+fn a_database_cut_longer_than_the_lease_stops_the_job_and_the_period_runs_once_more_at_most() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let upstream = url::Url::parse(&db.url).unwrap();
+    let addr = format!(
+        "{}:{}",
+        upstream.host_str().unwrap(),
+        upstream.port().unwrap_or(5432)
+    );
+    let proxy = Proxy::start(addr.parse().unwrap());
+    let url = proxy.url(&db.url);
+    let ws = Workspace::new(
+        &("[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+            .to_owned()
+            + &overlap_job("long")),
+    );
+    let server = serve(&ws, &url);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    let (_, first) = starts(&ws, "long")[0];
+    proxy.cut();
+    // The lease is 6 s; the runner stops its job 4 s after its last renewal.
+    std::thread::sleep(Duration::from_secs(10));
+    let stopped = !alive(first);
+    proxy.restore();
+    assert!(
+        stopped,
+        "the job ran on past its lease while the database was away:\n{}",
+        log(&ws)
+    );
+    eventually("the recovery", BOUND, || starts(&ws, "long").len() == 2);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(starts(&ws, "long").len(), 2);
+    assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+    assert_eq!(stop(server), 0);
+    assert!(
+        log(&ws).contains("lease not renewed in time"),
+        "{}",
+        log(&ws)
+    );
+}
+
+#[test]
+fn long_sql_actions_never_let_another_process_take_a_live_shell_claim() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let mut text =
+        "[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n".to_owned();
+    for i in 0..9 {
+        text += &format!(
+            "\n[[job]]\nname = \"slow{i}\"\nschedule = \"* * * * * *\"\nperiod = \"day\"\nsql = {{ statement = \"SELECT pg_sleep(16)\" }}\n"
+        );
+    }
+    text += "\n[[job]]\nname = \"cmd\"\nschedule = \"* * * * * *\"\nperiod = \"day\"\nshell = \"echo cmd $SCHEDULER_ATTEMPT >> runs.txt; sleep 25\"\n";
+    let ws = Workspace::new(&text);
+    let server = serve(&ws, &db.url);
+    eventually("the shell job", BOUND, || {
+        !lines(ws.path().join("runs.txt")).is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(10));
+    let other = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "cmd",
+        "--period",
+        &today(),
+    ]);
+    assert!(
+        other.stdout().contains("skipped: running on"),
+        "{}{}",
+        other.stdout(),
+        other.stderr()
+    );
+    assert_eq!(lines(ws.path().join("runs.txt")), ["cmd 1"]);
+    assert_eq!(stop(server), 0);
+}
+
+#[test]
+fn sighup_raising_and_lowering_max_running_then_sigterm_exits_in_the_grace_and_releases() {
+    let db = TestDb::sqlite();
+    let jobs = |max: u32| {
+        format!(
+            "[scheduler]\nlease = \"60s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\nmax_running = {max}\n"
+        ) + &overlap_job("a")
+            + &overlap_job("b")
+            + &overlap_job("c")
+    };
+    let ws = Workspace::new(&jobs(2));
+    let running = |ws: &Workspace| {
+        ["a", "b", "c"]
+            .iter()
+            .filter(|j| !starts(ws, j).is_empty())
+            .count()
+    };
+    let server = serve(&ws, &db.url);
+    eventually("two jobs", BOUND, || running(&ws) == 2);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(running(&ws), 2, "max_running = 2 holds");
+    std::fs::write(ws.path().join("jobs.toml"), jobs(8)).unwrap();
+    signal(&server, Signal::SIGHUP);
+    eventually("the third job once the limit rose", BOUND, || {
+        running(&ws) == 3
+    });
+    std::fs::write(ws.path().join("jobs.toml"), jobs(1)).unwrap();
+    signal(&server, Signal::SIGHUP);
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&server, Signal::SIGTERM);
+    let out = wait(server, Duration::from_secs(30));
+    assert_eq!(out.code(), 0, "{}", log(&ws));
+    assert_eq!(
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE state = 'released'"
+        ),
+        3,
+        "{}",
+        log(&ws)
+    );
+    assert!(!overlapped(&ws));
+}
+
+#[test]
+fn sighup_shortening_the_lease_while_a_job_runs_starts_no_second_attempt() {
+    let db = TestDb::sqlite();
+    let settings = |lease: &str| {
+        format!(
+            "[scheduler]\nlease = \"{lease}\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+        )
+    };
+    let ws = Workspace::new(&(settings("60s") + &overlap_job("early")));
+    let server = serve(&ws, &db.url);
+    eventually("the first job", BOUND, || !starts(&ws, "early").is_empty());
+    // The shorter lease applies to the running claim's renewals and to the
+    // claim of a job added by the same reload.
+    std::fs::write(
+        ws.path().join("jobs.toml"),
+        settings("3s") + &overlap_job("early") + &overlap_job("late"),
+    )
+    .unwrap();
+    signal(&server, Signal::SIGHUP);
+    eventually("the added job", BOUND, || !starts(&ws, "late").is_empty());
+    std::thread::sleep(Duration::from_secs(9));
+    let runs = lines(ws.path().join("runs.txt"));
+    assert_eq!(starts(&ws, "early").len(), 1, "{runs:?}");
+    assert_eq!(starts(&ws, "late").len(), 1, "{runs:?}");
+    assert!(!overlapped(&ws), "{runs:?}");
+    assert_eq!(stop(server), 0);
+}
+
+/// Pids of processes whose command line is exactly `sleep SECONDS`.
+fn sleeps(seconds: u32) -> Vec<i32> {
+    let wanted = format!("sleep\0{seconds}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes())
+                && alive(*pid)
+        })
+        .collect()
+}
+
+/// Jobs whose trees fork: a shell that forks `sleep`, a background `sleep`
+/// waited for, and one moved to its own session. `base` keeps each test's
+/// sleeps apart.
+fn forking_jobs(base: u32) -> String {
+    let jobs = [
+        format!("sleep {}; echo done", base + 1),
+        format!("sleep {} & wait", base + 2),
+        format!("setsid sleep {} & sleep {}; echo done", base + 3, base + 4),
+    ];
+    let mut text =
+        "[scheduler]\nlease = \"60s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+            .to_owned();
+    for (i, shell) in jobs.iter().enumerate() {
+        text += &format!(
+            "\n[[job]]\nname = \"tree{i}\"\nschedule = \"* * * * * *\"\nperiod = \"day\"\nshell = \"{shell}\"\n"
+        );
+    }
+    text
+}
+
+fn all_sleeps(base: u32) -> Vec<i32> {
+    (base + 1..=base + 4).flat_map(sleeps).collect()
+}
+
+fn assert_trees_die_with(runners: Vec<Child>, base: u32) {
+    eventually("every job's processes", BOUND, || {
+        (base + 1..=base + 4).all(|s| !sleeps(s).is_empty())
+    });
+    for runner in runners {
+        signal(&runner, Signal::SIGKILL);
+        wait(runner, BOUND);
+    }
+    let left = || all_sleeps(base);
+    let at = Instant::now();
+    while !left().is_empty() && at.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let survivors = left();
+    for pid in &survivors {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    assert!(survivors.is_empty(), "left alive: {survivors:?}");
+}
+
+#[test]
+fn kill_9_of_run_leaves_nothing_of_the_job_trees() {
+    let db = TestDb::sqlite();
+    let base = 6100 + std::process::id() % 50 * 10;
+    let ws = Workspace::new(&forking_jobs(base));
+    let runners: Vec<Child> = (0..3)
+        .map(|i| {
+            ws.command(&[
+                "--database-url",
+                &db.url,
+                "run",
+                &format!("tree{i}"),
+                "--period",
+                &today(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    assert_trees_die_with(runners, base);
+}
+
+#[test]
+fn kill_9_of_serve_leaves_nothing_of_the_job_trees() {
+    let db = TestDb::sqlite();
+    let base = 6700 + std::process::id() % 50 * 10;
+    let ws = Workspace::new(&forking_jobs(base));
+    assert_trees_die_with(vec![serve(&ws, &db.url)], base);
+}
+
+#[test]
+fn a_frozen_runners_job_is_stopped_by_its_supervisor_before_the_lease_runs_out() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&("[scheduler]\nlease = \"3s\"\n".to_owned() + &overlap_job("long")));
+    let today = today();
+    let args = ["--database-url", &db.url, "run", "long", "--period", &today];
+    let frozen = ws
+        .command(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    let (_, first) = starts(&ws, "long")[0];
+    signal(&frozen, Signal::SIGSTOP);
+    eventually("the frozen runner's job to be stopped", BOUND, || {
+        !alive(first)
+    });
+    let takeover = ws
+        .command(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
+    assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+    signal(&frozen, Signal::SIGCONT);
+    let out = wait(frozen, BOUND);
+    assert!(out.stdout().contains("lost"), "{}", out.stdout());
+    signal(&takeover, Signal::SIGKILL);
+    wait(takeover, BOUND);
+}
+
+#[test]
+fn an_sql_action_on_postgres_records_when_its_statement_ended() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = Workspace::new(
+        "[[job]]\nname = \"slow\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nsql = { statement = \"SELECT pg_sleep(1.5)\" }\n",
+    );
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "slow",
+        "--period",
+        "2026-07",
+    ]);
+    assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+    let took = count(
+        &db.url,
+        "SELECT (extract(epoch FROM finished_at - started_at) * 1000)::bigint FROM scheduler_attempts",
+    );
+    assert!(took >= 1400, "recorded {took} ms for a 1.5 s statement");
+}
+
+/// `check` on a file whose `[scheduler]` holds `line`: exit 2 naming the
+/// place and `expected`, and no database.
+fn refused(line: &str, job: &str, place: &str, expected: &str) {
+    let ws = Workspace::new(&format!(
+        "[scheduler]\n{line}\n\n[[job]]\nname = \"a\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n{job}\n"
+    ));
+    for command in [&["check"][..], &["run", "a"]] {
+        let out = ws.run(command);
+        assert_eq!(out.code(), 2, "{line}: {}", out.stderr());
+        assert!(out.stderr().contains(place), "{line}: {}", out.stderr());
+        assert!(out.stderr().contains(expected), "{line}: {}", out.stderr());
+    }
+    assert!(!ws.path().join("scheduler.db").exists());
+}
+
+#[test]
+fn a_lease_under_a_second_is_refused_at_load() {
+    refused("lease = \"1ns\"", "", "jobs.toml:2:9", "at least 1s");
+    refused("lease = \"500ms\"", "", "jobs.toml:2:9", "at least 1s");
+}
+
+#[test]
+fn a_scan_interval_under_100ms_is_refused_at_load() {
+    refused(
+        "scan_interval = \"1ns\"",
+        "",
+        "jobs.toml:2:17",
+        "at least 100ms",
+    );
+}
+
+#[test]
+fn keep_shorter_than_catch_up_is_refused_at_load() {
+    refused(
+        "catch_up = \"24h\"",
+        "keep = \"2s\"",
+        "jobs.toml:9:8",
+        "shorter than catch_up",
+    );
+}
