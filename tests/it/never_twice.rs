@@ -20,7 +20,7 @@ const BOUND: Duration = Duration::from_secs(60);
 fn overlap_job(name: &str) -> String {
     format!(
         "\n[[job]]\nname = \"{name}\"\nschedule = \"* * * * * *\"\nperiod = \"day\"\n\
-         shell = 'exec 9>>{name}.lock; flock -n 9 || echo OVERLAP >> runs.txt; echo {name} $SCHEDULER_ATTEMPT $$ >> runs.txt; sleep 30'\n"
+         shell = 'exec 9>>{name}.lock; flock -n 9 || echo OVERLAP >> runs.txt; echo {name} $SCHEDULER_ATTEMPT $$ >> runs.txt; sleep 60'\n"
     )
 }
 
@@ -387,11 +387,15 @@ fn a_frozen_runners_job_is_stopped_by_its_supervisor_before_the_lease_runs_out()
     eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
     let (_, first) = starts(&ws, "long")[0];
     signal(&frozen, Signal::SIGSTOP);
-    eventually("the frozen runner's job to be stopped", BOUND, || {
-        !alive(first)
-    });
+    // Its lease is 3 s; the job would sleep for a minute.
+    eventually(
+        "the frozen runner's job to be stopped",
+        Duration::from_secs(20),
+        || !alive(first),
+    );
+    // Its lease may not have run out yet: the takeover waits for it.
     let takeover = ws
-        .command(&args)
+        .command(&[&args[..], &["--wait"]].concat())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -465,7 +469,7 @@ fn keep_shorter_than_catch_up_is_refused_at_load() {
     refused(
         "catch_up = \"24h\"",
         "keep = \"2s\"",
-        "jobs.toml:9:8",
+        "jobs.toml:8:8",
         "shorter than catch_up",
     );
 }

@@ -1,0 +1,88 @@
+//! Figures for starting a job process: the old way (`pre_exec` for a
+//! parent-death signal, which forces fork + exec), the way jobs start now
+//! (this binary as the job's supervisor, on the `posix_spawn` path, which
+//! then starts the job), and a bare `posix_spawn` for reference, each from a
+//! small parent and from one holding 1 GiB. Run with
+//! `cargo bench --bench spawn`.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const SPAWNS: usize = 300;
+
+/// Spawns per second of `make`, each waited for.
+fn rate(mut make: impl FnMut() -> Command) -> f64 {
+    let started = Instant::now();
+    for _ in 0..SPAWNS {
+        let status = make()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("spawn");
+        assert!(status.success());
+    }
+    SPAWNS as f64 / started.elapsed().as_secs_f64()
+}
+
+fn bare() -> Command {
+    let mut command = Command::new("/bin/true");
+    command.process_group(0);
+    command
+}
+
+fn with_pre_exec() -> Command {
+    let mut command = Command::new("/bin/true");
+    command.process_group(0);
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            Ok(())
+        });
+    }
+    command
+}
+
+fn supervised() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_scheduler"));
+    command
+        .args([
+            scheduler::runner::supervisor::ARG,
+            "60000",
+            "--",
+            "/bin/true",
+        ])
+        .process_group(0);
+    command
+}
+
+fn report(parent: &str) {
+    let (bare, old, new) = (rate(bare), rate(with_pre_exec), rate(supervised));
+    println!("{parent}, {SPAWNS} spawns of /bin/true, each waited for:");
+    println!(
+        "  bare posix_spawn:                         {bare:.0}/s ({:.2} ms)",
+        1000.0 / bare
+    );
+    println!(
+        "  before: pre_exec + PR_SET_PDEATHSIG (fork): {old:.0}/s ({:.2} ms)",
+        1000.0 / old
+    );
+    println!(
+        "  now: supervisor (posix_spawn) + job:        {new:.0}/s ({:.2} ms)",
+        1000.0 / new
+    );
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    report("small parent");
+    // Touch every page so the memory is really mapped: fork copies the
+    // page tables of what is resident.
+    let big: Vec<u8> = vec![1; 1 << 30];
+    let touched: u64 = big.iter().step_by(4096).map(|b| u64::from(*b)).sum();
+    report(&format!("1 GiB parent ({touched} pages)"));
+    drop(big);
+}
