@@ -6,7 +6,9 @@ COPY src ./src
 COPY migrations ./migrations
 COPY benches ./benches
 COPY tests ./tests
-RUN cargo build --release --locked --bin scheduler
+# scheduler-supervise is the small per-job supervisor the scheduler starts
+# from beside itself.
+RUN cargo build --release --locked --bin scheduler --bin scheduler-supervise
 
 # Run: a slim image with /bin/sh for `shell` jobs, CA certificates for
 # `http` jobs over TLS, and tzdata-free zones (chrono-tz compiles them in).
@@ -15,7 +17,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home /app --create-home scheduler
-COPY --from=build /src/target/release/scheduler /usr/local/bin/scheduler
+COPY --from=build /src/target/release/scheduler /src/target/release/scheduler-supervise /usr/local/bin/
 WORKDIR /app
 COPY jobs.toml /app/jobs.toml
 USER scheduler

@@ -1,9 +1,9 @@
 //! Figures for starting a job process: the old way (`pre_exec` for a
 //! parent-death signal, which forces fork + exec), the way jobs start now
-//! (this binary as the job's supervisor, on the `posix_spawn` path, which
-//! then starts the job), and a bare `posix_spawn` for reference, each from a
-//! small parent and from one holding 1 GiB. Run with
-//! `cargo bench --bench spawn`.
+//! (the small `scheduler-supervise` binary on the `posix_spawn` path, which
+//! then starts the job; and the whole scheduler binary in supervisor mode,
+//! the fallback), and a bare `posix_spawn` for reference, each from a small
+//! parent and from one holding 1 GiB. Run with `cargo bench --bench spawn`.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -15,12 +15,16 @@ const SPAWNS: usize = 300;
 fn rate(mut make: impl FnMut() -> Command) -> f64 {
     let started = Instant::now();
     for _ in 0..SPAWNS {
-        let status = make()
-            .stdin(Stdio::null())
+        // A supervisor ends its job when its stdin closes: keep it open, as
+        // the scheduler does, until the job has ended.
+        let mut child = make()
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .status()
+            .spawn()
             .expect("spawn");
-        assert!(status.success());
+        let stdin = child.stdin.take();
+        assert!(child.wait().expect("wait").success());
+        drop(stdin);
     }
     SPAWNS as f64 / started.elapsed().as_secs_f64()
 }

@@ -14,7 +14,8 @@
 //! - [`check`]: `check` and `next`.
 //! - [`store`]: claims, leases and attempts on SQLite or PostgreSQL (all SQL lives here).
 //! - [`due`]: which periods are due at an instant (shared by `run` and `serve`).
-//! - [`runner`]: runs a claimed period's action with heartbeats ([`heartbeat`]) and records it.
+//! - [`runner`]: claims a period and runs its action with heartbeats and self-fencing
+//!   ([`heartbeat`]), each job under its own supervisor ([`runner::supervisor`]), and records it.
 //! - [`oneshot`]: `run`; [`inspect`]: `status`, `history`, `release`, `pause`, `prune`.
 //! - [`scheduler`]: `serve`, the timer loop and the scan; [`server`]: `/healthz` and `/metrics`.
 //! - [`reaper`]: reaps orphans when running as PID 1.

@@ -6,7 +6,6 @@ mod process;
 pub mod supervisor;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -157,8 +156,8 @@ pub struct Context {
     /// again (a released or expired claim of its own is taken over only
     /// once its job has stopped).
     running_here: Arc<Mutex<HashSet<String>>>,
-    /// The program started as each job's supervisor: this binary.
-    supervisor: Arc<PathBuf>,
+    /// How each job's supervisor is started.
+    supervisor: Arc<supervisor::Launcher>,
 }
 
 /// The result of [`Context::claim`].
@@ -208,7 +207,7 @@ impl Context {
             store,
             http,
             running_here: Arc::default(),
-            supervisor: Arc::new(PathBuf::from("/proc/self/exe")),
+            supervisor: Arc::new(supervisor::Launcher::find()),
         })
     }
 

@@ -9,8 +9,6 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use std::path::Path;
-
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
@@ -30,8 +28,8 @@ const SUPERVISOR_WAIT: Duration = Duration::from_secs(5);
 
 /// How a job's supervisor is started and kept informed.
 pub(super) struct Spawn<'a> {
-    /// The program to start as the supervisor: this binary.
-    pub supervisor: &'a Path,
+    /// How to start the supervisor.
+    pub supervisor: &'a supervisor::Launcher,
     /// The claim's fence deadline, moved on by every renewal.
     pub fence_at: watch::Receiver<Instant>,
     /// How long after the runner's own fence the supervisor stops the job
@@ -53,9 +51,10 @@ pub(super) async fn run(
     let margin = spawn.margin;
     let left_ms =
         move |at: Instant| (at.saturating_duration_since(Instant::now()) + margin).as_millis();
-    let mut command = Command::new(spawn.supervisor);
+    let mut command = Command::new(&spawn.supervisor.program);
     command
-        .arg(supervisor::ARG)
+        .arg0("scheduler-supervise")
+        .args(&spawn.supervisor.lead)
         .arg(left_ms(*fence_at.borrow_and_update()).to_string())
         .arg("--");
     match program {

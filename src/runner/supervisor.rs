@@ -32,8 +32,43 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-/// The first argument that puts the binary in supervisor mode.
+/// The first argument that puts the `scheduler` binary in supervisor mode
+/// (where the small `scheduler-supervise` binary is not installed beside it).
 pub const ARG: &str = "__supervise";
+
+/// The supervisor's own binary, looked for beside the running one.
+pub const BINARY: &str = "scheduler-supervise";
+
+/// How this process starts supervisors.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    /// The program.
+    pub program: std::path::PathBuf,
+    /// Arguments before the supervisor's own (the mode switch).
+    pub lead: Vec<&'static str>,
+}
+
+impl Launcher {
+    /// The small `scheduler-supervise` binary beside this one if it is
+    /// there (it starts in about a millisecond less than the whole
+    /// scheduler), else this binary in supervisor mode.
+    pub fn find() -> Launcher {
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join(BINARY)))
+            .filter(|path| path.is_file());
+        match beside {
+            Some(program) => Launcher {
+                program,
+                lead: Vec::new(),
+            },
+            None => Launcher {
+                program: "/proc/self/exe".into(),
+                lead: vec![ARG],
+            },
+        }
+    }
+}
 
 /// Exit code when the job cannot be started at all (as a shell says for a
 /// command it cannot run).
@@ -76,12 +111,21 @@ fn supervise(args: &[OsString]) -> Result<Option<WaitStatus>, String> {
         .map_err(|e| format!("supervisor: signalfd: {e}"))?;
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| format!("supervisor: cannot become a subreaper: {e}"))?;
-    // The standard library resets the signal mask and dispositions of the
-    // child, so the job starts as if started directly.
-    let child = Command::new(argv.0)
-        .args(argv.1)
-        .stdin(Stdio::null())
-        .process_group(0)
+    let mut command = Command::new(argv.0);
+    command.args(argv.1).stdin(Stdio::null()).process_group(0);
+    // The job must not inherit the signals blocked here (it would never
+    // see the SIGTERM of a timeout or a shutdown). The standard library does
+    // not reset the mask, so the child does before exec; this process is
+    // small, so the fork that `pre_exec` implies costs little.
+    // SAFETY: sigprocmask is async-signal-safe and touches no memory of the
+    // parent.
+    unsafe {
+        command.pre_exec(|| {
+            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+            Ok(())
+        });
+    }
+    let child = command
         .spawn()
         .map_err(|e| format!("cannot start `{}`: {e}", argv.0.to_string_lossy()))?;
     let job = Pid::from_raw(child.id() as i32);

@@ -473,3 +473,38 @@ fn keep_shorter_than_catch_up_is_refused_at_load() {
         "shorter than catch_up",
     );
 }
+
+#[test]
+fn a_job_starts_with_no_signal_blocked_and_a_timeout_reaches_its_trap() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"trap\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ntimeout = \"1s\"\n\
+         shell = \"grep SigBlk /proc/self/status > mask.txt; trap 'echo term >> trapped.txt; exit 3' TERM; sleep 30 & wait\"\n",
+    );
+    let started = Instant::now();
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "trap",
+        "--period",
+        "2026-07",
+    ]);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+    assert!(
+        out.stdout().contains("timed out after 1s"),
+        "{}",
+        out.stdout()
+    );
+    assert_eq!(
+        lines(ws.path().join("mask.txt")),
+        ["SigBlk:\t0000000000000000"]
+    );
+    assert_eq!(lines(ws.path().join("trapped.txt")), ["term"]);
+    // SIGKILL would have come 5 s after the SIGTERM.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
