@@ -118,9 +118,9 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             let shutdown = shutdown_signal()?;
             let health = &crate::server::HEALTH;
             health.watch(config.settings.lease, config.settings.scan_interval);
-            // Migrations just answered: the database is reachable.
+            // Migrations just answered: the database is reachable. The loop
+            // counts as alive from its first wake-up, after the catch-up.
             health.database_ok();
-            health.loop_alive();
             if let Some(listener) = listener {
                 crate::server::start(listener, shutdown.clone())?;
             }

@@ -177,7 +177,7 @@ impl After {
 }
 
 fn parse_after(s: &str) -> Result<After, String> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+    if let Ok(t) = s.parse::<DateTime<chrono::FixedOffset>>() {
         return Ok(After::Instant(t.to_utc()));
     }
     for format in [
