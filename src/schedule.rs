@@ -304,7 +304,9 @@ fn check_fields(pattern: &str) -> Result<(), CronPatternError> {
         5 => &FIELDS[1..],
         6 => &FIELDS,
         n => {
-            return Err(CronPatternError(format!("`{pattern}` has {n} field(s)")));
+            return Err(CronPatternError(format!(
+                "`{pattern}` is not a cron pattern (it has {n} field(s))"
+            )));
         }
     };
     for (field, (name, low, high)) in fields.iter().zip(named) {
@@ -320,7 +322,7 @@ fn check_fields(pattern: &str) -> Result<(), CronPatternError> {
                     && !(*low..=*high).contains(&n)
                 {
                     return Err(CronPatternError(format!(
-                        "`{pattern}`: {name} {n} is out of range {low}–{high}"
+                        "`{pattern}` is not a cron pattern ({name} {n} is out of range {low}–{high})"
                     )));
                 }
             }
@@ -328,7 +330,7 @@ fn check_fields(pattern: &str) -> Result<(), CronPatternError> {
                 && step.parse::<u32>() == Ok(0)
             {
                 return Err(CronPatternError(format!(
-                    "`{pattern}`: a {name} step of 0 never advances; expected a step from 1"
+                    "`{pattern}` is not a cron pattern (a {name} step of 0 never advances)"
                 )));
             }
         }

@@ -422,13 +422,19 @@ impl RawJob {
                     "`command` is empty: expected the program and its arguments, e.g. [\"./bin/bill\", \"{period}\"]".into(),
                 ));
             }
+            let program = &command.get_ref()[0];
+            let unset_before = env.unset_count();
             let argv: Vec<Template> = command
                 .get_ref()
                 .iter()
                 .map(|a| template(at, a, env))
                 .collect::<Result<_, _>>()?;
-            let program = &command.get_ref()[0];
-            if argv[0].render(&NoValues).trim().is_empty() && env.unset_count() == 0 {
+            // Empty as written, or after expansion unless a lenient load
+            // left a variable empty.
+            let empty = program.get_ref().trim().is_empty()
+                || (argv[0].render(&NoValues).trim().is_empty()
+                    && env.unset_count() == unset_before);
+            if empty {
                 return Err(at.error(
                     program.span(),
                     "the program name is empty: expected the program to run first, e.g. [\"./bin/bill\", \"{period}\"]".into(),
@@ -441,10 +447,11 @@ impl RawJob {
             // `${NAME}` stays in the script for /bin/sh; it must be set in the
             // scheduler's environment, the job's `env` or `SCHEDULER_*`.
             let known = |name: &str| {
-                env.get(name).or_else(|| {
-                    (env_names.contains(&name) || SCHEDULER_VARIABLES.contains(&name))
-                        .then(String::new)
-                })
+                if env_names.contains(&name) || SCHEDULER_VARIABLES.contains(&name) {
+                    Some(String::new())
+                } else {
+                    env.get(name)
+                }
             };
             let script = Template::load_shell(shell.get_ref(), &known)
                 .map_err(|e| at.template_error(shell.span(), e))?;

@@ -906,7 +906,7 @@ fn errors_say_what_to_do_and_every_mistake_in_a_file_is_reported() {
     let said = out.stderr();
     let places = [
         "jobs.toml:2:9",
-        "jobs.toml:6:12: `0 25 * * *`: hour 25 is out of range 0–23",
+        "jobs.toml:6:12: `0 25 * * *` is not a cron pattern (hour 25 is out of range 0–23)",
         "jobs.toml:12:11: `command` is a string, but it must be an array",
         "jobs.toml:22:10: unknown variant `dya`",
     ];
