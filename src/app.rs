@@ -6,44 +6,59 @@ use tokio::sync::{mpsc, watch};
 
 use crate::check;
 use crate::cli::{Cli, Command};
-use crate::config::Config;
-use crate::error::{Error, Outcome};
+use crate::config::{Config, ConfigError};
+use crate::error::{Error, Outcome, Stop, say};
 use crate::inspect;
 use crate::oneshot;
 use crate::runner::owner_id;
 use crate::scheduler::Service;
-use crate::store::Store;
+use crate::store::{DatabaseUrl, Store};
 
-/// The database when nothing names one.
+/// The database when nothing names one: `scheduler.db` next to jobs.toml.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://scheduler.db";
 
 /// Runs `cli`'s command to completion.
 pub async fn run(cli: Cli) -> Result<Outcome, Error> {
-    let config = Config::load(&cli.config)?;
-    let io = |e: std::io::Error| Error::Environment(e.into());
+    // Only the commands that run actions need every `${VAR}`; the others
+    // read the file leniently and `check` reports what is unset.
+    let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
+    let (config, unset) = if runs_actions {
+        (Config::load(&cli.config)?, Vec::new())
+    } else {
+        Config::load_lenient(&cli.config)?
+    };
+    let io = |e: std::io::Error| Stop::from(e).into_result();
     let now = Utc::now();
     // Everything that needs no database is answered before one is opened.
     match &cli.command {
-        Command::Check => {
-            check::check(&config, now, &mut std::io::stdout().lock()).map_err(io)?;
-            return Ok(Outcome::Done);
+        Command::Check { strict } => {
+            if *strict && !unset.is_empty() {
+                return Err(Error::Config(ConfigError::joined(unset)));
+            }
+            for warning in &unset {
+                eprintln!("warning: {warning}; `run` and `serve` need it");
+            }
+            return match check::check(&config, now, &mut std::io::stdout().lock()) {
+                Ok(()) => Ok(Outcome::Done),
+                Err(e) => io(e),
+            };
         }
         Command::Next { job, count, after } => {
             let job = config.job(job)?;
-            check::next(
-                job,
-                after.unwrap_or(now),
-                *count,
-                &mut std::io::stdout().lock(),
-            )
-            .map_err(io)?;
-            return Ok(Outcome::Done);
+            let after = match after {
+                Some(after) => after.resolve(job.schedule.zone()),
+                None => now,
+            };
+            return match check::next(job, after, *count, &mut std::io::stdout().lock()) {
+                Ok(()) => Ok(Outcome::Done),
+                Err(e) => io(e),
+            };
         }
         Command::Run(args) => {
             if let Some(name) = &args.job {
                 config.job(name)?;
             }
-            oneshot::check_labels(&config, args, now)?;
+            oneshot::check_args(&config, args, now)?;
         }
         Command::Release { job, period } => {
             inspect::period_key_of(config.job(job)?, period)?;
@@ -56,12 +71,18 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         }
         _ => {}
     }
-    let url = cli
-        .database_url
-        .clone()
-        .or_else(|| config.settings.database_url.clone())
-        .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
-    let store = Store::connect(&url).await?;
+    // A port that is taken is a usage error found before any database is
+    // created or migrated.
+    let listener = match &cli.command {
+        Command::Serve { listen: Some(addr) } => Some(crate::server::bind(*addr).await?),
+        _ => None,
+    };
+    let url = database_url(cli.database_url.as_deref(), &config)?;
+    let creates = matches!(
+        cli.command,
+        Command::Run(_) | Command::Serve { .. } | Command::Migrate
+    );
+    let store = Store::open(&url, creates).await?;
     store.migrate().await?;
     if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
         crate::reaper::start_if_pid_1();
@@ -71,29 +92,70 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             let shutdown = shutdown_signal()?;
             oneshot::run(&config, &store, &args, &owner_id(), shutdown).await
         }
-        Command::Migrate => {
-            println!("migrations applied");
-            Ok(Outcome::Done)
-        }
+        Command::Migrate => match say(format_args!("migrations applied")) {
+            Ok(()) => Ok(Outcome::Done),
+            Err(stop) => stop.into_result(),
+        },
         Command::Status { job, json } => {
-            inspect::status(&config, &store, job.as_deref(), json, now).await
+            inspect::status(&config, &store, job.as_deref(), json, now)
+                .await
+                .or_else(Stop::into_result)
         }
-        Command::History { job, limit, json } => inspect::history(&store, &job, limit, json).await,
-        Command::Release { job, period } => inspect::release(&config, &store, &job, &period).await,
-        Command::Pause { job } => inspect::pause(&store, &job, true).await,
-        Command::Resume { job } => inspect::pause(&store, &job, false).await,
+        Command::History { job, limit, json } => inspect::history(&store, &job, limit, json)
+            .await
+            .or_else(Stop::into_result),
+        Command::Release { job, period } => inspect::release(&config, &store, &job, &period)
+            .await
+            .or_else(Stop::into_result),
+        Command::Pause { job } => inspect::pause(&store, &job, true)
+            .await
+            .or_else(Stop::into_result),
+        Command::Resume { job } => inspect::pause(&store, &job, false)
+            .await
+            .or_else(Stop::into_result),
         Command::Prune => inspect::prune(&config, &store).await,
-        Command::Serve { listen } => {
-            if let Some(addr) = listen {
-                crate::server::start(addr).await?;
-            }
+        Command::Serve { .. } => {
             let shutdown = shutdown_signal()?;
+            let health = &crate::server::HEALTH;
+            health.watch(config.settings.lease, config.settings.scan_interval);
+            // Migrations just answered: the database is reachable. The loop
+            // counts as alive from its first wake-up, after the catch-up.
+            health.database_ok();
+            if let Some(listener) = listener {
+                crate::server::start(listener, shutdown.clone())?;
+            }
             let reload = reload_signal()?;
             let service = Service::new(cli.config.clone(), config, store, owner_id(), shutdown)?;
             service.run(reload).await
         }
-        Command::Check | Command::Next { .. } => Ok(Outcome::Done),
+        Command::Check { .. } | Command::Next { .. } => Ok(Outcome::Done),
     }
+}
+
+/// The database to open: `--database-url` (or `DATABASE_URL`), relative to
+/// the working directory, over `[scheduler].database_url`, over the default;
+/// those two relative to the directory of jobs.toml.
+fn database_url(flag: Option<&str>, config: &Config) -> Result<DatabaseUrl, Error> {
+    if let Some(url) = flag {
+        let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;
+        let from_env = std::env::var("DATABASE_URL").is_ok_and(|v| v == url);
+        let name = if from_env {
+            "DATABASE_URL"
+        } else {
+            "--database-url"
+        };
+        return DatabaseUrl::parse(url, &cwd).map_err(|e| Error::Usage(format!("{name}: {e}")));
+    }
+    if let Some(url) = &config.settings.database_url {
+        return Ok(url.clone());
+    }
+    let dir = config
+        .path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let dir = std::path::absolute(dir).map_err(|e| Error::Environment(e.into()))?;
+    DatabaseUrl::parse(DEFAULT_DATABASE_URL, &dir).map_err(Error::Usage)
 }
 
 /// A message per SIGHUP.

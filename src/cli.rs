@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use chrono_tz::Tz;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// A period-keyed cron scheduler: every period runs once, never twice, never
@@ -58,7 +59,11 @@ pub enum Command {
     /// Claim and run due periods once, or backfill periods by hand.
     Run(RunArgs),
     /// Validate jobs.toml and list each job with its next fire.
-    Check,
+    Check {
+        /// Treat unset `${VAR}`s as errors (exit 2) instead of warnings.
+        #[arg(long)]
+        strict: bool,
+    },
     /// The next fire times of a job with their period keys.
     Next {
         /// The job.
@@ -66,9 +71,10 @@ pub enum Command {
         /// How many.
         #[arg(short = 'n', default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         count: u32,
-        /// Start after this RFC 3339 instant instead of now.
-        #[arg(long)]
-        after: Option<DateTime<Utc>>,
+        /// Start after this instead of now: an RFC 3339 instant, or a date
+        /// (midnight) or date-time without offset in the job's zone.
+        #[arg(long, value_parser = parse_after)]
+        after: Option<After>,
     },
     /// Per job: recent periods, running claims, failures and overdue periods.
     Status {
@@ -131,16 +137,63 @@ pub struct RunArgs {
     /// Backfill up to this period label, inclusive.
     #[arg(long, requires = "from")]
     pub to: Option<String>,
-    /// Also re-run periods that already succeeded.
+    /// Also re-run periods that already succeeded (with --period or
+    /// --from/--to).
     #[arg(long)]
     pub force: bool,
+    /// Also run a period that is not yet due (its fire is still ahead),
+    /// which turns its scheduled run into a no-op.
+    #[arg(long)]
+    pub early: bool,
     /// Print what would be claimed and why; claim nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Wait for a period held by a live claim elsewhere and report its outcome.
+    /// Wait for a period held by a live claim elsewhere, or for a free
+    /// concurrency slot, and report the outcome.
     #[arg(long)]
     pub wait: bool,
     /// One JSON object per line.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `next --after`: an instant, or a wall-clock time read in the job's zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// An RFC 3339 instant.
+    Instant(DateTime<Utc>),
+    /// A date (at midnight) or date-time without an offset.
+    Local(NaiveDateTime),
+}
+
+impl After {
+    /// The instant this names in `zone`.
+    pub fn resolve(self, zone: Tz) -> DateTime<Utc> {
+        match self {
+            After::Instant(t) => t,
+            After::Local(wall) => crate::schedule::earliest_instant(zone, wall),
+        }
+    }
+}
+
+fn parse_after(s: &str) -> Result<After, String> {
+    if let Ok(t) = s.parse::<DateTime<chrono::FixedOffset>>() {
+        return Ok(After::Instant(t.to_utc()));
+    }
+    for format in [
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+    ] {
+        if let Ok(wall) = NaiveDateTime::parse_from_str(s, format) {
+            return Ok(After::Local(wall));
+        }
+    }
+    if let Ok(date) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(After::Local(date.and_time(chrono::NaiveTime::MIN)));
+    }
+    Err(format!(
+        "expected an RFC 3339 instant (2026-10-25T00:00:00Z, 2026-10-25T02:00:00+02:00), or a date (2026-10-25) or date-time (2026-10-25T02:30) in the job's zone; got `{s}`"
+    ))
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::check::period_key;
 use crate::config::{Config, Job};
 use crate::due::due;
-use crate::error::{Error, Outcome};
+use crate::error::{Error, Outcome, Stop, say};
 use crate::period::utc_text;
 use crate::store::{Claim, ClaimRow, Store};
 
@@ -25,7 +25,7 @@ pub async fn status(
     only: Option<&str>,
     as_json: bool,
     now: DateTime<Utc>,
-) -> Result<Outcome, Error> {
+) -> Result<Outcome, Stop> {
     for job in config
         .jobs
         .iter()
@@ -50,16 +50,16 @@ pub async fn status(
                 "failed": failed,
                 "overdue": overdue,
             });
-            println!("{value}");
+            say(format_args!("{value}"))?;
             continue;
         }
-        println!(
+        say(format_args!(
             "{}  `{}` {}  next {}",
             job.name,
             job.schedule.source(),
             job.schedule.zone(),
             time(next)
-        );
+        ))?;
         for row in &recent {
             let detail = match row.as_claim() {
                 Claim::Held { owner, until } => {
@@ -68,15 +68,18 @@ pub async fn status(
                 _ if row.state == "failed" => format!("failed (retry at {})", time(row.retry_at)),
                 _ => format!("{} at {}", row.state, time(row.finished_at)),
             };
-            println!("  {}  attempt {}  {detail}", row.period_key, row.attempt);
+            say(format_args!(
+                "  {}  attempt {}  {detail}",
+                row.period_key, row.attempt
+            ))?;
         }
         if !overdue.is_empty() {
             let newest: Vec<&str> = overdue.iter().rev().take(5).map(String::as_str).collect();
-            println!(
+            say(format_args!(
                 "  overdue: {} period(s), newest: {}",
                 overdue.len(),
                 newest.join(", ")
-            );
+            ))?;
         }
     }
     Ok(Outcome::Done)
@@ -112,15 +115,10 @@ async fn overdue(
 }
 
 /// `scheduler history JOB [--limit N] [--json]`.
-pub async fn history(
-    store: &Store,
-    job: &str,
-    limit: u32,
-    as_json: bool,
-) -> Result<Outcome, Error> {
+pub async fn history(store: &Store, job: &str, limit: u32, as_json: bool) -> Result<Outcome, Stop> {
     for attempt in store.history(job, limit).await? {
         if as_json {
-            println!("{}", json!(attempt));
+            say(format_args!("{}", json!(attempt)))?;
             continue;
         }
         let code = match (attempt.exit_code, attempt.http_status) {
@@ -129,7 +127,7 @@ pub async fn history(
             _ => String::new(),
         };
         let error = attempt.error.map(|e| format!("  {e}")).unwrap_or_default();
-        println!(
+        say(format_args!(
             "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}",
             attempt.period_key,
             attempt.attempt,
@@ -138,7 +136,7 @@ pub async fn history(
             utc_text(attempt.started_at),
             time(attempt.finished_at),
             attempt.owner
-        );
+        ))?;
     }
     Ok(Outcome::Done)
 }
@@ -149,13 +147,13 @@ pub async fn release(
     store: &Store,
     job: &str,
     label: &str,
-) -> Result<Outcome, Error> {
+) -> Result<Outcome, Stop> {
     let key = period_key_of(config.job(job)?, label)?;
     match store.release_key(&key).await? {
-        Some(owner) => {
-            println!("{key}: released (was running on {owner}); it can be claimed again now")
-        }
-        None => println!("{key}: no running claim to release"),
+        Some(owner) => say(format_args!(
+            "{key}: released (was running on {owner}); it can be claimed again now"
+        ))?,
+        None => say(format_args!("{key}: no running claim to release"))?,
     }
     Ok(Outcome::Done)
 }
@@ -170,9 +168,12 @@ pub fn period_key_of(job: &Job, label: &str) -> Result<String, Error> {
 }
 
 /// `scheduler pause JOB` / `scheduler resume JOB`.
-pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, Error> {
+pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, Stop> {
     store.set_paused(job, paused).await?;
-    println!("{job}: {}", if paused { "paused" } else { "resumed" });
+    say(format_args!(
+        "{job}: {}",
+        if paused { "paused" } else { "resumed" }
+    ))?;
     Ok(Outcome::Done)
 }
 

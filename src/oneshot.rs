@@ -12,7 +12,7 @@ use crate::check::period_key;
 use crate::cli::RunArgs;
 use crate::config::{Config, Job};
 use crate::due::{Due, due};
-use crate::error::{Error, Outcome};
+use crate::error::{Error, Outcome, Stop, say};
 use crate::period::{Period, utc_text};
 use crate::runner::{Context, Ending, Run, Taken, after_grace};
 use crate::store::{Claim, ClaimRequest, ClaimRow, Store, Trigger};
@@ -20,11 +20,78 @@ use crate::store::{Claim, ClaimRequest, ClaimRow, Store, Trigger};
 /// How often `--wait` looks at a claim held elsewhere.
 const WAIT_POLL: Duration = Duration::from_millis(500);
 
+/// How many periods are looked up and claimed per database round trip; a
+/// range is held in memory this many at a time, whatever its length.
+const CHUNK: usize = 1_000;
+
+/// Up to how many periods a range is counted for its progress bar; a longer
+/// one shows its position without a length.
+const COUNT_LIMIT: u64 = 100_000;
+
 /// One job's periods to go through, oldest first.
 struct Plan<'a> {
     job: &'a Job,
-    due: Vec<Due>,
+    periods: Periods,
     manual: bool,
+}
+
+/// A job's periods, handed out a chunk at a time.
+enum Periods {
+    /// Worked out in full (a scheduled run: at most the catch-up window).
+    Listed(std::vec::IntoIter<Due>),
+    /// `--period` or `--from/--to`: walked as it goes, never stored whole.
+    Range(RangeWalk),
+}
+
+/// The periods from one label to another, walked one `following` at a time.
+#[derive(Clone)]
+struct RangeWalk {
+    next: Option<Period>,
+    last: Period,
+}
+
+impl RangeWalk {
+    fn step(&mut self, job: &Job) -> Option<Period> {
+        let current = self.next.take()?;
+        if current.label != self.last.label && current.start < self.last.start {
+            let following = job.period.following(&job.schedule, &current);
+            // A walk that does not move forward ends rather than loops.
+            if following.start > current.start {
+                self.next = Some(following);
+            }
+        }
+        Some(current)
+    }
+}
+
+impl Periods {
+    fn chunk(&mut self, job: &Job, now: DateTime<Utc>) -> Vec<Due> {
+        match self {
+            Periods::Listed(dues) => dues.take(CHUNK).collect(),
+            Periods::Range(walk) => std::iter::from_fn(|| walk.step(job))
+                .take(CHUNK)
+                .map(|p| manual_due(job, p, now))
+                .collect(),
+        }
+    }
+
+    /// How many periods there are, if that is quick to know.
+    fn len(&self, job: &Job) -> Option<u64> {
+        match self {
+            Periods::Listed(dues) => Some(dues.len() as u64),
+            Periods::Range(walk) => {
+                let mut walk = walk.clone();
+                let mut n = 0;
+                while walk.step(job).is_some() {
+                    n += 1;
+                    if n > COUNT_LIMIT {
+                        return None;
+                    }
+                }
+                Some(n)
+            }
+        }
+    }
 }
 
 /// What happened to one period, printed as one line.
@@ -44,57 +111,75 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) -> Result<Outcome, Error> {
     let now = Utc::now();
-    let plans = plan(config, store, args, now).await?;
-    let total: usize = plans.iter().map(|p| p.due.len()).sum();
-    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-    if total < 2 {
+    let mut plans = plan(config, store, args, now).await?;
+    let total = plans
+        .iter()
+        .try_fold(0u64, |sum, p| Some(sum + p.periods.len(p.job)?));
+    let bar = match total {
+        Some(total) => ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr()),
+        None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+    };
+    if total.is_some_and(|t| t < 2) {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
+    let template = match total {
+        Some(_) => "{bar:40} {pos}/{len} periods, {elapsed} {msg}",
+        None => "{spinner} {pos} periods, {elapsed} {msg}",
+    };
     bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} periods, {elapsed} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let context = Context::new(store.clone(), config.settings.lease)?;
     let stop_now = after_grace(shutdown.clone(), config.settings.shutdown_grace);
     let mut outcome = Outcome::Done;
-    for plan in &plans {
-        let keys: Vec<String> = plan
-            .due
-            .iter()
-            .map(|d| period_key(&plan.job.name, &d.period.label))
-            .collect();
-        // One statement tells which periods are finished, so a repeated
-        // backfill claims nothing.
-        let rows = store.rows(&keys).await?;
-        for (due, key) in plan.due.iter().zip(keys) {
-            if *shutdown.borrow() {
-                return Ok(Outcome::RunFailed);
+    for plan in &mut plans {
+        loop {
+            let chunk = plan.periods.chunk(plan.job, now);
+            if chunk.is_empty() {
+                break;
             }
-            let line = if args.dry_run {
-                dry_run_line(&key, rows.get(&key), args, plan.manual)
-            } else if let Some(skip) = rows
-                .get(&key)
-                .and_then(|row| skip_line(&key, row, args, plan.manual))
-            {
-                skip
-            } else {
-                let period_run = PeriodRun {
-                    context: &context,
-                    job: plan.job,
-                    due,
-                    key: &key,
-                    owner,
-                    manual: plan.manual,
+            let keys: Vec<String> = chunk
+                .iter()
+                .map(|d| period_key(&plan.job.name, &d.period.label))
+                .collect();
+            // One statement per chunk tells which periods are finished, so a
+            // repeated backfill claims nothing.
+            let rows = store.rows(&keys).await?;
+            for (due, key) in chunk.iter().zip(keys) {
+                if *shutdown.borrow() {
+                    return Ok(Outcome::RunFailed);
+                }
+                let line = if args.dry_run {
+                    dry_run_line(&key, rows.get(&key), args, plan.manual)
+                } else if let Some(skip) = rows
+                    .get(&key)
+                    .and_then(|row| skip_line(&key, row, args, plan.manual))
+                {
+                    skip
+                } else {
+                    let period_run = PeriodRun {
+                        context: &context,
+                        job: plan.job,
+                        due,
+                        key: &key,
+                        owner,
+                        manual: plan.manual,
+                    };
+                    period_run
+                        .go(config, args, shutdown.clone(), stop_now.clone())
+                        .await?
                 };
-                period_run
-                    .go(config, args, shutdown.clone(), stop_now.clone())
-                    .await?
-            };
-            if matches!(line.status, "failed" | "released") {
-                outcome = Outcome::RunFailed;
+                if matches!(line.status, "failed" | "released" | "busy") {
+                    outcome = Outcome::RunFailed;
+                }
+                // The period is recorded; a reader that went away ends the
+                // command before the next claim.
+                if let Err(stop) = bar.suspend(|| print_line(&line, args.json)) {
+                    bar.finish_and_clear();
+                    return stop.into_result();
+                }
+                bar.inc(1);
             }
-            bar.suspend(|| print_line(&line, args.json));
-            bar.inc(1);
         }
     }
     bar.finish_and_clear();
@@ -115,8 +200,8 @@ async fn plan<'a>(
     let mut plans = Vec::with_capacity(jobs.len());
     for job in jobs {
         let manual = args.period.is_some() || args.from.is_some();
-        let due = if let Some(due) = manual_dues(job, args, now)? {
-            due
+        let periods = if let Some(walk) = manual_range(job, args, now)? {
+            Periods::Range(walk)
         } else {
             let seen = store.see_jobs(std::slice::from_ref(&job.name)).await?;
             let Some(seen) = seen.get(&job.name) else {
@@ -131,34 +216,66 @@ async fn plan<'a>(
             }
             let window =
                 now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-            due(job, now, window.max(seen.first_seen), true)
+            Periods::Listed(due(job, now, window.max(seen.first_seen), true).into_iter())
         };
-        plans.push(Plan { job, due, manual });
+        plans.push(Plan {
+            job,
+            periods,
+            manual,
+        });
     }
     Ok(plans)
 }
 
-/// Checks `--period`, `--from` and `--to` against every job they apply to,
-/// before the database is opened.
-pub fn check_labels(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result<(), Error> {
+/// Checks the flags of `run` against every job they apply to, before the
+/// database is opened: labels, their order, periods not started or not due,
+/// and `--force` without periods.
+pub fn check_args(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result<(), Error> {
+    if args.force && args.period.is_none() && args.from.is_none() {
+        return Err(Error::Usage(
+            "--force: needs --period LABEL or --from LABEL --to LABEL; it re-runs succeeded periods, so it names them".into(),
+        ));
+    }
     for job in &config.jobs {
         if args.job.as_ref().is_none_or(|name| *name == job.name) {
-            manual_dues(job, args, now)?;
+            manual_range(job, args, now)?;
         }
     }
     Ok(())
 }
 
 /// The periods a manual run (`--period`, `--from/--to`) asks for, or `None`
-/// for a scheduled one.
-fn manual_dues(job: &Job, args: &RunArgs, now: DateTime<Utc>) -> Result<Option<Vec<Due>>, Error> {
+/// for a scheduled one. The newest must have started and, unless `--early`,
+/// be due.
+fn manual_range(job: &Job, args: &RunArgs, now: DateTime<Utc>) -> Result<Option<RangeWalk>, Error> {
     if let Some(label) = &args.period {
         let period = parse_label(job, label, "--period")?;
         refuse_future(&period, now, "--period")?;
-        return Ok(Some(vec![manual_due(job, period, now)]));
+        if !args.early {
+            refuse_not_due(job, &period, now, "--period")?;
+        }
+        return Ok(Some(RangeWalk {
+            next: Some(period.clone()),
+            last: period,
+        }));
     }
     if let (Some(from), Some(to)) = (&args.from, &args.to) {
-        return Ok(Some(range(job, from, to, now)?));
+        let first = parse_label(job, from, "--from")?;
+        let last = parse_label(job, to, "--to")?;
+        if last.start < first.start {
+            return Err(Error::Usage(format!(
+                "--to: {} comes before --from {}",
+                last.label, first.label
+            )));
+        }
+        refuse_future(&last, now, "--to")?;
+        if !args.early {
+            refuse_not_due(job, &last, now, "--to")?;
+        }
+        return Ok(Some(RangeWalk {
+            next: Some(first),
+            last,
+        }));
     }
     Ok(None)
 }
@@ -183,6 +300,19 @@ fn refuse_future(period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), 
     Ok(())
 }
 
+/// A period whose fire is still ahead would, run now, turn its scheduled
+/// run into a no-op (and cover a period that is not over).
+fn refuse_not_due(job: &Job, period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), Error> {
+    match job.period.fire_for(&job.schedule, period) {
+        Some(fire) if fire > now => Err(Error::Usage(format!(
+            "{flag}: {} is not due yet: its fire is at {}; run now, it would turn that scheduled run into a no-op; pass --early to run it anyway",
+            period_key(&job.name, &period.label),
+            utc_text(fire)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Due {
     let fire = job
         .period
@@ -194,30 +324,6 @@ fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Due {
         fire,
         trigger: Trigger::Manual,
     }
-}
-
-/// The periods from `from` to `to`, inclusive, oldest first.
-fn range(job: &Job, from: &str, to: &str, now: DateTime<Utc>) -> Result<Vec<Due>, Error> {
-    let first = parse_label(job, from, "--from")?;
-    let last = parse_label(job, to, "--to")?;
-    if last.start < first.start {
-        return Err(Error::Usage(format!(
-            "--to: {} comes before --from {}",
-            last.label, first.label
-        )));
-    }
-    refuse_future(&last, now, "--to")?;
-    let mut periods = vec![first];
-    while let Some(current) = periods.last() {
-        if current.label == last.label || current.start >= last.start {
-            break;
-        }
-        periods.push(job.period.following(&job.schedule, current));
-    }
-    Ok(periods
-        .into_iter()
-        .map(|p| manual_due(job, p, now))
-        .collect())
 }
 
 /// Why a period is passed over without a claim, from its row, if it is.
@@ -323,6 +429,26 @@ impl PeriodRun<'_> {
                         Some(done) => return Ok(done),
                         None => continue,
                     }
+                }
+                Taken::Not(Claim::Busy) if args.wait => {
+                    tracing::info!(period_key = self.key, "waiting for a free concurrency slot");
+                    let mut shutdown = shutdown.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(WAIT_POLL) => continue,
+                        _ = shutdown.wait_for(|down| *down) => {
+                            return Ok(line("skipped", "interrupted while waiting for a concurrency slot".into(), None));
+                        }
+                    }
+                }
+                Taken::Not(Claim::Busy) if self.manual => {
+                    return Ok(line(
+                        "busy",
+                        format!(
+                            "not run: all {} concurrency slot(s) of `{}` are taken by running periods; --wait waits for one",
+                            self.job.concurrency, self.job.name
+                        ),
+                        None,
+                    ));
                 }
                 Taken::Not(other) => return Ok(line("skipped", not_won(&other), None)),
             };
@@ -450,7 +576,7 @@ fn not_won(claim: &Claim) -> String {
     }
 }
 
-fn print_line(line: &Line, as_json: bool) {
+fn print_line(line: &Line, as_json: bool) -> Result<(), Stop> {
     if as_json {
         let (job, period) = line.key.split_once(':').unwrap_or((&line.key, ""));
         let value = json!({
@@ -461,8 +587,11 @@ fn print_line(line: &Line, as_json: bool) {
             "detail": line.detail,
             "attempt": line.attempt,
         });
-        println!("{value}");
+        say(format_args!("{value}"))
     } else {
-        println!("{}  {}: {}", line.key, line.status, line.detail);
+        say(format_args!(
+            "{}  {}: {}",
+            line.key, line.status, line.detail
+        ))
     }
 }

@@ -112,11 +112,14 @@ impl Schedule {
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         // Fires fall on whole seconds, and croner walks whole seconds.
         let t = whole_second(t);
+        // Near the ends of time the wall clock cannot be shifted: no fires.
+        let ahead = t.checked_add_signed(FOLD_HORIZON + OFFSET_SPAN)?;
+        t.checked_sub_signed(FOLD_HORIZON + OFFSET_SPAN)?;
         // A fall-back ahead of `t` maps earlier wall-clock times to later
         // instants, so the walk starts that much earlier on the wall clock.
-        let slack = (offset_at(self.zone, t) - offset_at(self.zone, t + FOLD_HORIZON))
+        let slack = (offset_at(self.zone, t) - offset_at(self.zone, ahead - OFFSET_SPAN))
             .max(TimeDelta::zero());
-        let mut cursor = local(self.zone, t) - slack;
+        let mut cursor = local(self.zone, t).checked_sub_signed(slack)?;
         let mut best: Option<(NaiveDateTime, DateTime<Utc>)> = None;
         loop {
             let wall = self.cron.find_next_occurrence(&cursor, false).ok();
@@ -124,7 +127,7 @@ impl Schedule {
                 return best.map(|(_, at)| at);
             };
             if let Some((best_wall, at)) = best
-                && wall > best_wall + slack
+                && best_wall.checked_add_signed(slack).is_none_or(|w| wall > w)
             {
                 return Some(at);
             }
@@ -144,13 +147,16 @@ impl Schedule {
     pub fn prev_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let floor = whole_second(t);
         let t = if floor < t {
-            floor + TimeDelta::seconds(1)
+            floor.checked_add_signed(TimeDelta::seconds(1))?
         } else {
             t
         };
-        let slack = (offset_at(self.zone, t - FOLD_HORIZON) - offset_at(self.zone, t))
+        // Near the ends of time the wall clock cannot be shifted: no fires.
+        let behind = t.checked_sub_signed(FOLD_HORIZON + OFFSET_SPAN)?;
+        t.checked_add_signed(FOLD_HORIZON + OFFSET_SPAN)?;
+        let slack = (offset_at(self.zone, behind + OFFSET_SPAN) - offset_at(self.zone, t))
             .max(TimeDelta::zero());
-        let mut cursor = local(self.zone, t) + slack;
+        let mut cursor = local(self.zone, t).checked_add_signed(slack)?;
         let mut best: Option<(NaiveDateTime, DateTime<Utc>)> = None;
         loop {
             let wall = self.cron.find_previous_occurrence(&cursor, false).ok();
@@ -158,7 +164,7 @@ impl Schedule {
                 return best.map(|(_, at)| at);
             };
             if let Some((best_wall, at)) = best
-                && wall < best_wall - slack
+                && best_wall.checked_sub_signed(slack).is_none_or(|w| wall < w)
             {
                 return Some(at);
             }
@@ -238,8 +244,8 @@ fn offset_at(zone: Tz, t: DateTime<Utc>) -> TimeDelta {
 fn end_of_gap(zone: Tz, wall: NaiveDateTime) -> DateTime<Utc> {
     // Whole seconds: every zone's transitions fall on a second.
     let at = |secs: i64| DateTime::from_timestamp(secs, 0).unwrap_or(DateTime::<Utc>::MAX_UTC);
-    let mut low = (wall.and_utc() - OFFSET_SPAN).timestamp();
-    let mut high = (wall.and_utc() + OFFSET_SPAN).timestamp();
+    let mut low = wall.and_utc().timestamp() - OFFSET_SPAN.num_seconds();
+    let mut high = wall.and_utc().timestamp() + OFFSET_SPAN.num_seconds();
     while high - low > 1 {
         let mid = low + (high - low) / 2;
         if local(zone, at(mid)) > wall {
@@ -258,6 +264,7 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
     if let Some(cron) = cache.lock().map_err(poisoned)?.get(pattern) {
         return Ok(cron.clone());
     }
+    check_fields(pattern)?;
     let cron = CronParser::builder()
         .seconds(Seconds::Optional)
         .year(Year::Disallowed)
@@ -276,6 +283,59 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
         .map_err(poisoned)?
         .insert(pattern.to_owned(), cron.clone());
     Ok(cron)
+}
+
+/// Names a number out of its field's range (`hour 25 is out of range
+/// 0–23`), which croner reports only as "Number out of bounds".
+fn check_fields(pattern: &str) -> Result<(), CronPatternError> {
+    if pattern.starts_with('@') {
+        return Ok(());
+    }
+    const FIELDS: [(&str, u32, u32); 6] = [
+        ("second", 0, 59),
+        ("minute", 0, 59),
+        ("hour", 0, 23),
+        ("day-of-month", 1, 31),
+        ("month", 1, 12),
+        ("day-of-week", 0, 7),
+    ];
+    let fields: Vec<&str> = pattern.split_whitespace().collect();
+    let named: &[(&str, u32, u32)] = match fields.len() {
+        5 => &FIELDS[1..],
+        6 => &FIELDS,
+        n => {
+            return Err(CronPatternError(format!(
+                "`{pattern}` is not a cron pattern (it has {n} field(s))"
+            )));
+        }
+    };
+    for (field, (name, low, high)) in fields.iter().zip(named) {
+        for part in field.split(',') {
+            let (range, step) = match part.split_once('/') {
+                Some((range, step)) => (range, Some(step)),
+                None => (part, None),
+            };
+            let range = range.split('#').next().unwrap_or(range);
+            for value in range.split('-') {
+                let value = value.trim_end_matches(['L', 'W', 'l', 'w']);
+                if let Ok(n) = value.parse::<u32>()
+                    && !(*low..=*high).contains(&n)
+                {
+                    return Err(CronPatternError(format!(
+                        "`{pattern}` is not a cron pattern ({name} {n} is out of range {low}–{high})"
+                    )));
+                }
+            }
+            if let Some(step) = step
+                && step.parse::<u32>() == Ok(0)
+            {
+                return Err(CronPatternError(format!(
+                    "`{pattern}` is not a cron pattern (a {name} step of 0 never advances)"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn poisoned<T>(_: T) -> CronPatternError {
@@ -309,6 +369,24 @@ mod tests {
         ] {
             Schedule::parse(p, Tz::UTC, DstRule::default()).unwrap();
         }
+    }
+
+    #[test]
+    fn a_number_out_of_its_field_is_named_with_the_range() {
+        let err = Schedule::parse("0 25 * * *", Tz::UTC, DstRule::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("hour 25 is out of range 0–23"),
+            "{err}"
+        );
+        let err = Schedule::parse("61 * * * * *", Tz::UTC, DstRule::default()).unwrap_err();
+        assert!(err.to_string().contains("second 61"), "{err}");
+    }
+
+    #[test]
+    fn fires_near_the_end_of_time_are_none_rather_than_a_panic() {
+        let s = Schedule::parse("* * * * *", Tz::UTC, DstRule::default()).unwrap();
+        assert_eq!(s.next_after(DateTime::<Utc>::MAX_UTC), None);
+        assert_eq!(s.prev_before(DateTime::<Utc>::MIN_UTC), None);
     }
 
     #[test]

@@ -1,50 +1,236 @@
-//! `serve --listen`: `/healthz` and Prometheus `/metrics`, over a minimal
-//! HTTP/1.1 responder (two fixed paths need no web framework).
+//! `serve --listen`: `/healthz` and Prometheus `/metrics`, routed by axum and
+//! served by hyper, with a cap on open connections, a deadline on each, accept
+//! errors that back off instead of spinning, and an end at shutdown. A slow or
+//! idle client costs one capped slot for a few seconds, never a fire.
 
 use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
 
 use crate::error::Error;
 
-/// Installs the Prometheus recorder and serves `addr` until the process ends.
-pub async fn start(addr: SocketAddr) -> Result<(), Error> {
+/// How long a client has to send its request head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a connection stays open, request and answer included.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The longest wait after a failed accept (out of file descriptors, say).
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What `/healthz` reports, shared by the serve loop and the listener.
+///
+/// The loop calls [`Health::loop_alive`] on every wake-up and
+/// [`Health::database_ok`] after every database call that succeeded (the
+/// regular scan at least); `/healthz` answers 200 while both happened
+/// recently (see [`Health::watch`]) and 503, saying which is stale, when not.
+/// Times are monotonic, so a step of the wall clock changes nothing.
+#[derive(Debug)]
+pub struct Health {
+    /// Monotonic milliseconds (plus one; 0 = never) of the last loop tick.
+    loop_tick: AtomicU64,
+    /// The same for the last database call that succeeded.
+    database: AtomicU64,
+    /// How old the last loop tick may be, in milliseconds.
+    loop_limit: AtomicU64,
+    /// How old the last database answer may be, in milliseconds.
+    database_limit: AtomicU64,
+}
+
+/// The process's health, updated by `serve` and read by `/healthz`.
+pub static HEALTH: Health = Health::new();
+
+impl Health {
+    const fn new() -> Health {
+        Health {
+            loop_tick: AtomicU64::new(0),
+            database: AtomicU64::new(0),
+            loop_limit: AtomicU64::new(60_000),
+            database_limit: AtomicU64::new(60_000),
+        }
+    }
+
+    /// Sets the limits from the settings: the database must have answered
+    /// within `lease` (or two scans, if a scan is rarer), and the loop, which
+    /// wakes at least every scan (and every 30 s), must have ticked within
+    /// the same.
+    pub fn watch(&self, lease: Duration, scan_interval: Duration) {
+        let limit = lease.max(scan_interval.min(Duration::from_secs(30)) * 2);
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        self.loop_limit.store(ms, Ordering::Relaxed);
+        self.database_limit.store(ms, Ordering::Relaxed);
+    }
+
+    /// The serve loop woke up.
+    pub fn loop_alive(&self) {
+        self.loop_tick.store(monotonic_ms(), Ordering::Relaxed);
+    }
+
+    /// A database call succeeded.
+    pub fn database_ok(&self) {
+        self.database.store(monotonic_ms(), Ordering::Relaxed);
+    }
+
+    /// `Ok` with a summary while healthy, else `Err` saying what is stale.
+    pub fn report(&self) -> Result<String, String> {
+        let now = monotonic_ms();
+        let age = |at: &AtomicU64| match at.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Duration::from_millis(now.saturating_sub(at))),
+        };
+        let limit = |l: &AtomicU64| Duration::from_millis(l.load(Ordering::Relaxed));
+        let show = |d: Duration| format!("{:.1}s", d.as_secs_f64());
+        let (tick, db) = (age(&self.loop_tick), age(&self.database));
+        let (loop_limit, db_limit) = (limit(&self.loop_limit), limit(&self.database_limit));
+        let mut problems = Vec::new();
+        match tick {
+            None => problems.push("the serve loop has not started".to_owned()),
+            Some(a) if a > loop_limit => problems.push(format!(
+                "the serve loop has not run for {} (limit {})",
+                show(a),
+                show(loop_limit)
+            )),
+            _ => {}
+        }
+        match db {
+            None => problems.push("the database has not answered yet".to_owned()),
+            Some(a) if a > db_limit => problems.push(format!(
+                "the database has not answered for {} (limit {})",
+                show(a),
+                show(db_limit)
+            )),
+            _ => {}
+        }
+        match (tick, db, problems.is_empty()) {
+            (Some(tick), Some(db), true) => Ok(format!(
+                "ok: the serve loop ran {} ago, the database answered {} ago\n",
+                show(tick),
+                show(db)
+            )),
+            _ => Err(format!("unhealthy: {}\n", problems.join("; "))),
+        }
+    }
+}
+
+fn monotonic_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let elapsed = START.get_or_init(Instant::now).elapsed();
+    u64::try_from(elapsed.as_millis())
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
+}
+
+/// Binds `addr`; done before the database is opened, so a taken port is a
+/// usage error that leaves nothing behind.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Usage(format!("--listen: cannot listen on {addr}: {e}")))
+}
+
+/// Installs the Prometheus recorder and serves `listener` until `shutdown`.
+pub fn start(listener: TcpListener, shutdown: watch::Receiver<bool>) -> Result<(), Error> {
     let handle = PrometheusBuilder::new().install_recorder().map_err(|e| {
         Error::Environment(anyhow::anyhow!("cannot install the metrics recorder: {e}"))
     })?;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::Usage(format!("--listen: cannot listen on {addr}: {e}")))?;
-    tracing::info!(%addr, "serving /healthz and /metrics");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let handle = handle.clone();
-            tokio::spawn(respond(stream, handle));
-        }
-    });
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /healthz and /metrics");
+    }
+    tokio::spawn(serve(listener, router(handle), shutdown));
     Ok(())
 }
 
-async fn respond(mut stream: tokio::net::TcpStream, handle: PrometheusHandle) {
-    let mut request = [0u8; 1024];
-    let Ok(read) = stream.read(&mut request).await else {
-        return;
-    };
-    let head = String::from_utf8_lossy(&request[..read]);
-    let path = head.split_whitespace().nth(1).unwrap_or("/");
-    let (status, body) = match path {
-        "/healthz" => ("200 OK", "ok\n".to_owned()),
-        "/metrics" => ("200 OK", handle.render()),
-        _ => ("404 Not Found", "not found\n".to_owned()),
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
+fn router(handle: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            "/metrics",
+            get(move || {
+                let body = handle.render();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+}
+
+async fn healthz() -> impl IntoResponse {
+    match HEALTH.report() {
+        Ok(body) => (StatusCode::OK, body),
+        Err(body) => (StatusCode::SERVICE_UNAVAILABLE, body),
+    }
+}
+
+/// How many connections are served at once: a quarter of the file
+/// descriptors this process may open (at most 256), so that clients can
+/// never take the descriptors that jobs, pipes and the database need.
+fn connection_cap() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    usize::try_from(soft / 4).unwrap_or(256).clamp(4, 256)
+}
+
+async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
+    let slots = std::sync::Arc::new(Semaphore::new(connection_cap()));
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|down| *down) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff = Duration::from_millis(10);
+                stream
+            }
+            Err(e) => {
+                // Out of file descriptors (EMFILE) or buffers: accepting
+                // again at once would spin; wait for something to close.
+                tracing::warn!("--listen: cannot accept a connection: {e}");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.wait_for(|down| *down) => return,
+                }
+                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        // Over the cap, a connection is closed at once rather than queued
+        // behind idle ones; the client may try again.
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            let stopping = tokio::select! {
+                _ = connection.as_mut() => false,
+                () = tokio::time::sleep(CONNECTION_TIMEOUT) => false,
+                down = shutdown.wait_for(|down| *down) => down.is_ok(),
+            };
+            if stopping {
+                // An answer under way is finished; nothing new is read.
+                connection.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
+            }
+            drop(permit);
+        });
+    }
 }

@@ -58,8 +58,26 @@ impl Template {
         raw: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Template, TemplateError> {
+        Template::load_as(raw, env, Expansion::Replace)
+    }
+
+    /// Like [`Template::load`] for a `shell` script: each `${NAME}` must be
+    /// set, but stays in the text for `/bin/sh` to expand from the job's
+    /// environment, so a value is never read as shell syntax.
+    pub fn load_shell(
+        raw: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Template, TemplateError> {
+        Template::load_as(raw, env, Expansion::Keep)
+    }
+
+    fn load_as(
+        raw: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        how: Expansion,
+    ) -> Result<Template, TemplateError> {
         let text = |from: usize, to: usize| {
-            expand_env(&raw[from..to], env)
+            expand(&raw[from..to], env, how)
                 .map(Piece::Text)
                 .map_err(|e| TemplateError {
                     offset: from + e.offset,
@@ -89,6 +107,22 @@ impl Template {
         Ok(Template(pieces))
     }
 
+    /// The literal text between placeholders, in order (`${VAR}` expanded).
+    pub fn literals(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().filter_map(|piece| match piece {
+            Piece::Text(text) => Some(text.as_str()),
+            Piece::Placeholder(_) => None,
+        })
+    }
+
+    /// The text before the first placeholder.
+    pub fn prefix(&self) -> &str {
+        match self.0.first() {
+            Some(Piece::Text(text)) => text,
+            _ => "",
+        }
+    }
+
     /// The text with each placeholder replaced by its value.
     pub fn render(&self, values: &dyn Values) -> String {
         self.0
@@ -114,10 +148,27 @@ fn placeholders(text: &str) -> impl Iterator<Item = (usize, &str)> {
     })
 }
 
+/// What happens to a `${NAME}` that is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expansion {
+    /// Replaced by the value.
+    Replace,
+    /// Kept as written (a shell script expands it itself).
+    Keep,
+}
+
 /// Expands `${NAME}` from `env`; `$${` is a literal `${`.
 pub fn expand_env(
     raw: &str,
     env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, TemplateError> {
+    expand(raw, env, Expansion::Replace)
+}
+
+fn expand(
+    raw: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    how: Expansion,
 ) -> Result<String, TemplateError> {
     let mut out = String::with_capacity(raw.len());
     let mut rest = raw;
@@ -152,7 +203,10 @@ pub fn expand_env(
                 ),
                 offset,
             })?;
-            out.push_str(&value);
+            match how {
+                Expansion::Replace => out.push_str(&value),
+                Expansion::Keep => out.push_str(&tail[..close + 3]),
+            }
             rest = &open[close + 1..];
         } else {
             out.push('$');
@@ -213,6 +267,13 @@ mod tests {
         let env = |_: &str| Some("a{period}{nope}b".to_owned());
         let t = Template::load("{job}:${SECRET}", &env).unwrap();
         assert_eq!(t.render(&Fixed), "<job>:a{period}{nope}b");
+    }
+
+    #[test]
+    fn a_shell_script_keeps_its_variables_for_the_shell() {
+        let t = Template::load_shell("echo ${TOKEN} {job} $${HOME}", &env).unwrap();
+        assert_eq!(t.render(&Fixed), "echo ${TOKEN} <job> ${HOME}");
+        assert!(Template::load_shell("echo ${MISSING}", &env).is_err());
     }
 
     #[test]

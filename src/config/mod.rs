@@ -11,11 +11,11 @@ use serde::Deserialize;
 
 use crate::period::PeriodRule;
 use crate::schedule::Schedule;
+use crate::store::DatabaseUrl;
 use crate::suggest::nearest;
 use crate::template::{Template, TemplateError};
 
 mod raw;
-use raw::RawFile;
 
 /// A configuration mistake: where it is and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +25,49 @@ pub struct ConfigError {
     pub place: String,
     /// What is wrong and what was expected.
     pub message: String,
+}
+
+impl ConfigError {
+    /// Several mistakes as one error, in file order, one paragraph each.
+    pub fn joined(mut errors: Vec<ConfigError>) -> ConfigError {
+        errors.sort_by_key(ConfigError::line_col);
+        errors.dedup();
+        let mut errors = errors.into_iter();
+        let Some(first) = errors.next() else {
+            return ConfigError {
+                place: String::new(),
+                message: "no mistakes".into(),
+            };
+        };
+        let mut message = first.message;
+        for e in errors {
+            message.push_str(&format!("\n\n{e}"));
+        }
+        ConfigError {
+            place: first.place,
+            message,
+        }
+    }
+
+    /// The line and column at the end of `place`, for ordering.
+    fn line_col(&self) -> (usize, usize) {
+        let mut parts = self.place.rsplit(':');
+        let column = parts.next().and_then(|c| c.parse().ok());
+        let line = parts.next().and_then(|l| l.parse().ok());
+        match (line, column) {
+            (Some(line), Some(column)) => (line, column),
+            _ => (0, 0),
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        place: path.display().to_string(),
+        message: format!(
+            "cannot read the configuration file: {e}; pass --config PATH or set SCHEDULER_CONFIG"
+        ),
+    })
 }
 
 /// Process-wide settings from `[scheduler]`.
@@ -42,8 +85,10 @@ pub struct Settings {
     pub max_running: usize,
     /// How often `serve` scans for missed, retryable and expired claims.
     pub scan_interval: Duration,
-    /// The database, unless `--database-url` or `DATABASE_URL` says otherwise.
-    pub database_url: Option<String>,
+    /// The database, unless `--database-url` or `DATABASE_URL` says
+    /// otherwise; a relative SQLite path is taken from the directory of
+    /// `jobs.toml`.
+    pub database_url: Option<DatabaseUrl>,
 }
 
 /// What to do with periods missed while nothing ran.
@@ -161,15 +206,18 @@ pub struct Config {
 
 impl Config {
     /// Reads and validates the file at `path`, expanding `${VAR}` from the
-    /// process environment.
+    /// process environment; an unset one is an error.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            place: path.display().to_string(),
-            message: format!(
-                "cannot read the configuration file: {e}; pass --config PATH or set SCHEDULER_CONFIG"
-            ),
-        })?;
+        let text = read(path)?;
         Config::parse(path, &text, &|name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::load`], for commands that run no action: an unset
+    /// `${VAR}` in a job is returned as a warning instead (one per name, at
+    /// its first use). `[scheduler].database_url` must still be complete.
+    pub fn load_lenient(path: &Path) -> Result<(Config, Vec<ConfigError>), ConfigError> {
+        let text = read(path)?;
+        Config::parse_with(path, &text, &|name| std::env::var(name).ok(), true)
     }
 
     /// Validates `text` as if read from `path`.
@@ -178,16 +226,80 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        Config::parse_with(path, text, env, false).map(|(config, _)| config)
+    }
+
+    /// Validates `text`; with `lenient`, unset variables of jobs are
+    /// warnings. Every mistake is reported, in file order, one paragraph
+    /// each.
+    pub fn parse_with(
+        path: &Path,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        lenient: bool,
+    ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
+        use serde::de::IntoDeserializer;
         let at = Locator { path, text };
-        let raw: RawFile = toml::from_str(text).map_err(|e| at.toml_error(&e))?;
-        let settings = raw.scheduler.unwrap_or_default().validate(&at, env)?;
-        let mut jobs: Vec<Job> = Vec::with_capacity(raw.job.len());
+        let vars = raw::Vars::new(env, lenient);
+        let root = toml::de::DeTable::parse(text).map_err(|e| at.toml_error(&e))?;
+        let mut errors: Vec<ConfigError> = Vec::new();
+        let mut raw_settings = None;
+        let mut raw_jobs = Vec::new();
+        for (key, value) in root.into_inner() {
+            match key.get_ref().as_ref() {
+                "scheduler" => raw_settings = Some(value),
+                "job" => match value.get_ref().as_array() {
+                    Some(jobs) => raw_jobs.extend(jobs.iter().cloned()),
+                    None => {
+                        if let Err(e) = Vec::<raw::RawJob>::deserialize(value.into_deserializer()) {
+                            errors.push(at.toml_error(&e));
+                        }
+                    }
+                },
+                other => {
+                    let hint = nearest(other, ["scheduler", "job"])
+                        .map(|n| format!("; did you mean `{n}`?"))
+                        .unwrap_or_default();
+                    errors.push(at.error(
+                        key.span(),
+                        format!("unknown field `{other}`, expected `scheduler` or `job`{hint}"),
+                    ));
+                }
+            }
+        }
+        let settings = raw_settings
+            .map(|value| raw::RawSettings::deserialize(value.into_deserializer()))
+            .transpose()
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.unwrap_or_default().validate(&at, &vars));
+        let settings = match settings {
+            Ok(settings) => settings,
+            Err(e) => {
+                errors.push(e);
+                // The jobs are still checked, against the defaults.
+                raw::RawSettings::default().validate(&at, &vars)?
+            }
+        };
+        let mut jobs: Vec<Job> = Vec::with_capacity(raw_jobs.len());
         let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
-        for raw_job in raw.job {
+        for value in raw_jobs {
+            let raw_job = match raw::RawJob::deserialize(value.into_deserializer()) {
+                Ok(raw_job) => raw_job,
+                Err(e) => {
+                    errors.push(at.toml_error(&e));
+                    continue;
+                }
+            };
             let name_span = raw_job.name.span();
-            let job = raw_job.validate(&at, &settings, env)?;
+            let job = match raw_job.validate(&at, &settings, &vars) {
+                Ok(job) => job,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
             if let Some(first) = seen.get(&job.name) {
-                return Err(at.error(
+                errors.push(at.error(
                     name_span,
                     format!(
                         "job name `{}` is already used at line {}; job names must be unique",
@@ -195,15 +307,37 @@ impl Config {
                         at.line_col(first.start).0
                     ),
                 ));
+                continue;
             }
             seen.insert(job.name.clone(), name_span);
             jobs.push(job);
         }
-        Ok(Config {
-            path: path.to_owned(),
-            settings,
-            jobs,
-        })
+        if !errors.is_empty() {
+            return Err(ConfigError::joined(errors));
+        }
+        let warnings = vars
+            .unset()
+            .into_iter()
+            .map(|name| {
+                let written = format!("${{{name}}}");
+                let offset = text
+                    .match_indices(&written)
+                    .find(|(i, _)| !text[..*i].ends_with('$'))
+                    .map_or(0, |(i, _)| i);
+                at.error(
+                    offset..offset + written.len(),
+                    format!("environment variable `{name}` is not set (named by `{written}`)"),
+                )
+            })
+            .collect();
+        Ok((
+            Config {
+                path: path.to_owned(),
+                settings,
+                jobs,
+            },
+            warnings,
+        ))
     }
 
     /// The job called `name`, or an error that suggests the nearest name.
@@ -230,6 +364,15 @@ pub(crate) struct Locator<'a> {
 }
 
 impl Locator<'_> {
+    /// The directory of the file, as an absolute path.
+    pub(crate) fn directory(&self) -> PathBuf {
+        let dir = match self.path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned())
+    }
+
     pub(crate) fn line_col(&self, offset: usize) -> (usize, usize) {
         let before = &self.text[..offset.min(self.text.len())];
         let line = before.matches('\n').count() + 1;
@@ -252,7 +395,25 @@ impl Locator<'_> {
     }
 
     fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
-        let message = e.message().trim().to_owned();
+        let mut message = e.message().trim().to_owned();
+        if let Some(span) = e.span()
+            && message.starts_with("invalid type: string")
+            && message.contains("expected a sequence")
+        {
+            let line_start = self.text[..span.start.min(self.text.len())]
+                .rfind('\n')
+                .map_or(0, |i| i + 1);
+            let key = self.text[line_start..span.start.min(self.text.len())]
+                .trim_end()
+                .trim_end_matches('=')
+                .trim();
+            if key == "command" {
+                let value = self.text.get(span.clone()).unwrap_or("\"…\"");
+                message = format!(
+                    "`command` is a string, but it must be an array of the program and its arguments, run without a shell, e.g. command = [\"./bin/bill\", \"--month\", \"{{period}}\"]; to run a command line through /bin/sh, write shell = {value}"
+                );
+            }
+        }
         let message = match unknown_name(&message) {
             Some((given, expected)) => match nearest(given, expected.iter().copied()) {
                 Some(n) => format!("{message}; did you mean `{n}`?"),

@@ -1,6 +1,7 @@
 //! The raw shape of `jobs.toml` as serde reads it (spans kept), and its
 //! validation into [`Config`](super::Config) values.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
@@ -12,16 +13,9 @@ use toml::Spanned;
 use super::{Action, ConfigError, Job, Locator, Missed, Program, Retry, Settings};
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::{DstRule, Gap, Repeat, Schedule};
+use crate::store::DatabaseUrl;
 use crate::suggest::nearest;
 use crate::template::Template;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawFile {
-    pub(super) scheduler: Option<RawSettings>,
-    #[serde(default)]
-    pub(super) job: Vec<RawJob>,
-}
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -97,7 +91,60 @@ struct RawDst {
     repeat: Repeat,
 }
 
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+/// How `${NAME}` is looked up while a file is validated: strictly (an unset
+/// name is an error), or leniently for commands that run no action (an
+/// unset name reads as empty and is recorded for a warning).
+pub(super) struct Vars<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    unset: Option<RefCell<Vec<String>>>,
+}
+
+impl<'a> Vars<'a> {
+    pub(super) fn new(lookup: &'a dyn Fn(&str) -> Option<String>, lenient: bool) -> Vars<'a> {
+        Vars {
+            lookup,
+            unset: lenient.then(RefCell::default),
+        }
+    }
+
+    /// The value of `name`; in lenient mode, empty (and recorded) if unset.
+    fn get(&self, name: &str) -> Option<String> {
+        match ((self.lookup)(name), &self.unset) {
+            (Some(value), _) => Some(value),
+            (None, Some(unset)) => {
+                let mut unset = unset.borrow_mut();
+                if !unset.iter().any(|n| n == name) {
+                    unset.push(name.to_owned());
+                }
+                Some(String::new())
+            }
+            (None, None) => None,
+        }
+    }
+
+    /// The value of `name`, unset being an error in either mode.
+    fn strict(&self, name: &str) -> Option<String> {
+        (self.lookup)(name)
+    }
+
+    fn unset_count(&self) -> usize {
+        self.unset.as_ref().map_or(0, |u| u.borrow().len())
+    }
+
+    /// The unset names met, in the order first met.
+    pub(super) fn unset(&self) -> Vec<String> {
+        self.unset
+            .as_ref()
+            .map(|u| u.borrow().clone())
+            .unwrap_or_default()
+    }
+}
+
+type Env<'a> = &'a Vars<'a>;
+
+/// The longest duration accepted: far beyond any sensible window, and far
+/// inside what instants can be shifted by.
+const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 fn duration(
     at: &Locator,
@@ -108,6 +155,13 @@ fn duration(
         return Ok(humantime::parse_duration(default).unwrap_or_default());
     };
     match humantime::parse_duration(value.get_ref()) {
+        Ok(d) if d > LONGEST || chrono::TimeDelta::from_std(d).is_err() => Err(at.error(
+            value.span(),
+            format!(
+                "`{}` is too long: expected at most 100 years",
+                value.get_ref()
+            ),
+        )),
         Ok(d) if !d.is_zero() => Ok(d),
         Ok(_) => Err(at.error(value.span(), "a duration must be longer than zero".into())),
         Err(e) => Err(at.error(
@@ -176,7 +230,20 @@ fn zone(at: &Locator, value: &Spanned<String>) -> Result<Tz, ConfigError> {
 }
 
 fn template(at: &Locator, value: &Spanned<String>, env: Env) -> Result<Template, ConfigError> {
-    Template::load(value.get_ref(), env).map_err(|e| at.template_error(value.span(), e))
+    no_nul(at, value)?;
+    Template::load(value.get_ref(), &|name| env.get(name))
+        .map_err(|e| at.template_error(value.span(), e))
+}
+
+/// A NUL byte cannot reach a program, its environment or a path.
+fn no_nul(at: &Locator, value: &Spanned<String>) -> Result<(), ConfigError> {
+    match value.get_ref().find('\0') {
+        Some(i) => Err(at.error(
+            value.span().start + 1 + i..value.span().end,
+            "a NUL byte (\\u0000) cannot be passed to a program, its environment or a path".into(),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn templates<'a>(
@@ -193,10 +260,15 @@ fn templates<'a>(
 impl RawSettings {
     pub(super) fn validate(self, at: &Locator, env: Env) -> Result<Settings, ConfigError> {
         let database_url = match &self.database_url {
-            Some(url) => Some(
-                crate::template::expand_env(url.get_ref(), env)
-                    .map_err(|e| at.template_error(url.span(), e))?,
-            ),
+            Some(url) => {
+                let expanded = crate::template::expand_env(url.get_ref(), &|name| env.strict(name))
+                    .map_err(|e| at.template_error(url.span(), e))?;
+                let base = at.directory();
+                Some(
+                    DatabaseUrl::parse(&expanded, &base)
+                        .map_err(|e| at.error(url.span(), format!("`database_url`: {e}")))?,
+                )
+            }
             None => None,
         };
         Ok(Settings {
@@ -357,6 +429,25 @@ impl RawJob {
                 format!("`{key}` applies only to `command` and `shell` actions"),
             ));
         }
+        let env_names: Vec<&str> = self
+            .env
+            .as_ref()
+            .map(|vars| vars.get_ref().keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        if let Some(vars) = &self.env
+            && let Some(bad) = vars
+                .get_ref()
+                .keys()
+                .find(|k| k.is_empty() || k.contains(['=', '\0']))
+        {
+            return Err(at.error(
+                vars.span(),
+                format!(
+                    "`{}` is not an environment variable name: expected a non-empty name without `=` or NUL",
+                    bad.escape_default()
+                ),
+            ));
+        }
         let process = |program| -> Result<Action, ConfigError> {
             Ok(Action::Process {
                 program,
@@ -378,15 +469,46 @@ impl RawJob {
                     "`command` is empty: expected the program and its arguments, e.g. [\"./bin/bill\", \"{period}\"]".into(),
                 ));
             }
-            let argv = command
+            let program = &command.get_ref()[0];
+            let unset_before = env.unset_count();
+            let argv: Vec<Template> = command
                 .get_ref()
                 .iter()
                 .map(|a| template(at, a, env))
                 .collect::<Result<_, _>>()?;
+            // Empty as written, or after expansion unless a lenient load
+            // left a variable empty.
+            let empty = program.get_ref().trim().is_empty()
+                || (argv[0].render(&NoValues).trim().is_empty()
+                    && env.unset_count() == unset_before);
+            if empty {
+                return Err(at.error(
+                    program.span(),
+                    "the program name is empty: expected the program to run first, e.g. [\"./bin/bill\", \"{period}\"]".into(),
+                ));
+            }
             return process(Program::Command(argv));
         }
         if let Some(shell) = &self.shell {
-            return process(Program::Shell(template(at, shell, env)?));
+            no_nul(at, shell)?;
+            // `${NAME}` stays in the script for /bin/sh; it must be set in the
+            // scheduler's environment, the job's `env` or `SCHEDULER_*`.
+            let known = |name: &str| {
+                if env_names.contains(&name) || SCHEDULER_VARIABLES.contains(&name) {
+                    Some(String::new())
+                } else {
+                    env.get(name)
+                }
+            };
+            let script = Template::load_shell(shell.get_ref(), &known)
+                .map_err(|e| at.template_error(shell.span(), e))?;
+            if script.render(&NoValues).trim().is_empty() {
+                return Err(at.error(
+                    shell.span(),
+                    "`shell` is empty: expected a command line for /bin/sh".into(),
+                ));
+            }
+            return process(Program::Shell(script));
         }
         if let Some(http) = &self.http {
             let http = http.get_ref();
@@ -394,13 +516,14 @@ impl RawJob {
                 None => "POST".to_owned(),
                 Some(m) => {
                     let upper = m.get_ref().to_ascii_uppercase();
-                    const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
+                    const METHODS: [&str; 7] =
+                        ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
                     if !METHODS.contains(&upper.as_str()) {
                         return Err(at.error(
                             m.span(),
                             format!(
                                 "`{}` is not an HTTP method: expected one of {}",
-                                m.get_ref(),
+                                m.get_ref().escape_default(),
                                 METHODS.join(", ")
                             ),
                         ));
@@ -408,20 +531,49 @@ impl RawJob {
                     upper
                 }
             };
+            let unset_before = env.unset_count();
             let url = template(at, &http.url, env)?;
+            // Checked after `${NAME}` expansion, unless a lenient load left a
+            // variable empty.
+            let prefix = url.prefix().to_ascii_lowercase();
             let scheme_ok = ["http://", "https://"]
                 .iter()
-                .any(|s| http.url.get_ref().starts_with(s));
-            if !scheme_ok {
+                .any(|s| prefix.starts_with(s));
+            if !scheme_ok && env.unset_count() == unset_before {
                 return Err(at.error(
                     http.url.span(),
-                    "`url` must start with http:// or https://".into(),
+                    "`url` must start with http:// or https:// (after `${NAME}` expansion); other schemes are not sent".into(),
                 ));
+            }
+            for (name, value) in &http.headers {
+                if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(at.error(
+                        value.span(),
+                        format!(
+                            "`{}` is not a valid header name: expected letters, digits and `-` (no spaces or `:`)",
+                            name.escape_default()
+                        ),
+                    ));
+                }
+            }
+            let headers = templates(at, &http.headers, env)?;
+            for ((name, template), (_, value)) in headers.iter().zip(&http.headers) {
+                let valid = template
+                    .literals()
+                    .all(|text| reqwest::header::HeaderValue::from_str(text).is_ok());
+                if !valid {
+                    return Err(at.error(
+                        value.span(),
+                        format!(
+                            "the value of header `{name}` has a character a header cannot carry (a control character such as a newline)"
+                        ),
+                    ));
+                }
             }
             return Ok(Action::Http {
                 url,
                 method,
-                headers: templates(at, &http.headers, env)?,
+                headers,
                 body: http
                     .body
                     .as_ref()
@@ -433,6 +585,15 @@ impl RawJob {
         let Some(sql) = self.sql.as_ref().map(Spanned::get_ref) else {
             return Err(at.error(name_span, "no action".into()));
         };
+        if sql.statement.get_ref().trim().is_empty() {
+            return Err(at.error(
+                sql.statement.span(),
+                "the SQL statement is empty: expected a statement, e.g. \"INSERT INTO t VALUES ($1)\"".into(),
+            ));
+        }
+        if sql.statement.get_ref().contains('\0') {
+            no_nul(at, &sql.statement)?;
+        }
         Ok(Action::Sql {
             statement: sql.statement.get_ref().clone(),
             params: sql
@@ -441,5 +602,26 @@ impl RawJob {
                 .map(|p| template(at, p, env))
                 .collect::<Result<_, _>>()?,
         })
+    }
+}
+
+/// The variables every job process gets from the scheduler.
+const SCHEDULER_VARIABLES: [&str; 8] = [
+    "SCHEDULER_JOB",
+    "SCHEDULER_PERIOD",
+    "SCHEDULER_PERIOD_KEY",
+    "SCHEDULER_PERIOD_START",
+    "SCHEDULER_PERIOD_END",
+    "SCHEDULER_SCHEDULED_AT",
+    "SCHEDULER_ATTEMPT",
+    "SCHEDULER_TRIGGER",
+];
+
+/// Renders placeholders as nothing, to look at a template's literal text.
+struct NoValues;
+
+impl crate::template::Values for NoValues {
+    fn value(&self, _: &str) -> String {
+        String::new()
     }
 }

@@ -6,7 +6,6 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 
 use super::{ActionResult, OUTPUT_TAIL, Run, Stop};
-use crate::store::tail;
 use crate::template::Template;
 
 /// What an `http` action sends.
@@ -41,11 +40,24 @@ pub(super) async fn run(
         why = stop => return ActionResult::Stopped(why),
     };
     match response {
-        Ok(response) => {
+        Ok(mut response) => {
             let status = response.status();
-            let text = response.text().await.unwrap_or_default();
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
+            let body = read_body(&mut response).await;
+            let text = String::from_utf8_lossy(&body);
             let mut result = if status.is_success() {
                 ActionResult::succeeded()
+            } else if status.is_redirection() {
+                // Following it would send the headers and body to another
+                // origin (and turn a POST into a GET): never retried.
+                let to =
+                    location.map_or_else(|| "no Location".to_owned(), |l| format!("Location: {l}"));
+                ActionResult::permanent(format!(
+                    "HTTP {status}, a redirect ({to}); redirects are not followed: point `url` at the final address (not retried)"
+                ))
             } else if retryable(status) {
                 ActionResult::failed(format!("HTTP {status}"))
             } else {
@@ -53,14 +65,46 @@ pub(super) async fn run(
             };
             if let ActionResult::Done(finish, _) = &mut result {
                 finish.http_status = Some(i32::from(status.as_u16()));
-                finish.output = Some(tail(&text, OUTPUT_TAIL).to_owned());
+                finish.output = Some(text.into_owned());
             }
             result
         }
         // Connection errors and timeouts are retryable; the URL may carry a
         // secret, so it is left out of the message.
-        Err(e) => ActionResult::failed(format!("HTTP request failed: {}", e.without_url())),
+        Err(e) => ActionResult::failed(format!("HTTP request failed: {}", causes(e.without_url()))),
     }
+}
+
+/// The first [`OUTPUT_TAIL`] bytes of the body; the rest is never read, so
+/// a huge answer costs no memory.
+async fn read_body(response: &mut reqwest::Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < OUTPUT_TAIL {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = OUTPUT_TAIL - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body
+}
+
+/// An error and its causes, outermost first (`error sending request: …:
+/// invalid peer certificate: …`), each said once.
+fn causes(e: reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// 408, 409, 425, 429 and 5xx may succeed later; other 4xx never will.

@@ -200,6 +200,7 @@ impl Context {
     pub fn new(store: Store, lease: Duration) -> Result<Context, Error> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("scheduler/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Environment(e.into()))?;
         Ok(Context {

@@ -192,8 +192,12 @@ async fn terminate(child: &mut Child, supervisor: Option<Pid>) {
     }
 }
 
-/// Logs each line of `stream` tagged with the period key, and keeps the last
-/// [`OUTPUT_TAIL`] bytes of all output in `tail`.
+/// Output lines longer than this are logged in pieces of this size.
+const LINE_LIMIT: usize = 64 * 1024;
+
+/// Logs each line of `stream` tagged with the period key, split every
+/// [`LINE_LIMIT`] bytes, and keeps the last [`OUTPUT_TAIL`] bytes of all
+/// output in `tail`; memory stays bounded whatever the job writes.
 fn forward(
     stream: impl AsyncRead + Unpin + Send + 'static,
     name: &'static str,
@@ -201,23 +205,65 @@ fn forward(
     tail: Arc<Mutex<Vec<u8>>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut reader = BufReader::new(stream);
-        let mut line = Vec::new();
+        let mut reader = BufReader::with_capacity(LINE_LIMIT, stream);
+        let mut line: Vec<u8> = Vec::with_capacity(LINE_LIMIT);
         loop {
-            line.clear();
-            match reader.read_until(b'\n', &mut line).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-            let text = String::from_utf8_lossy(&line);
-            tracing::info!(target: "job", period_key = %key, stream = name, "{}", text.trim_end());
-            if let Ok(mut tail) = tail.lock() {
-                tail.extend_from_slice(&line);
-                if tail.len() > OUTPUT_TAIL {
-                    let cut = tail.len() - OUTPUT_TAIL;
-                    tail.drain(..cut);
+            let (used, ended) = match reader.fill_buf().await {
+                Ok([]) | Err(_) => break,
+                Ok(buffer) => {
+                    let room = LINE_LIMIT - line.len();
+                    match buffer.iter().take(room).position(|b| *b == b'\n') {
+                        Some(i) => {
+                            line.extend_from_slice(&buffer[..=i]);
+                            (i + 1, true)
+                        }
+                        None => {
+                            let n = buffer.len().min(room);
+                            line.extend_from_slice(&buffer[..n]);
+                            (n, line.len() >= LINE_LIMIT)
+                        }
+                    }
                 }
+            };
+            reader.consume(used);
+            keep_tail(&tail, &line[line.len() - used..]);
+            if ended {
+                let carry = emit(&mut line, name, &key);
+                line.clear();
+                line.extend_from_slice(&carry);
+            }
+        }
+        if !line.is_empty() {
+            let carry = emit(&mut line, name, &key);
+            if !carry.is_empty() {
+                log_line(&carry, name, &key);
             }
         }
     })
+}
+
+/// Logs `line`, except for an unfinished UTF-8 character at its end (a
+/// piece cut at the limit), which is returned to start the next piece.
+fn emit(line: &mut Vec<u8>, name: &'static str, key: &str) -> Vec<u8> {
+    let carry = match std::str::from_utf8(line) {
+        Err(e) if e.error_len().is_none() => line.split_off(e.valid_up_to()),
+        _ => Vec::new(),
+    };
+    log_line(line, name, key);
+    carry
+}
+
+fn log_line(line: &[u8], name: &'static str, key: &str) {
+    let text = String::from_utf8_lossy(line);
+    tracing::info!(target: "job", period_key = %key, stream = name, "{}", text.trim_end());
+}
+
+fn keep_tail(tail: &Mutex<Vec<u8>>, bytes: &[u8]) {
+    if let Ok(mut tail) = tail.lock() {
+        tail.extend_from_slice(bytes);
+        if tail.len() > OUTPUT_TAIL {
+            let cut = tail.len() - OUTPUT_TAIL;
+            tail.drain(..cut);
+        }
+    }
 }

@@ -120,6 +120,7 @@ impl Service {
                 Some(event) = self.events.1.recv() => self.handle(event),
             }
             metrics::counter!("scheduler_wakeups_total").increment(1);
+            crate::server::HEALTH.loop_alive();
             let now = Utc::now();
             for (i, due) in self.timer.pop_due(&self.jobs, now) {
                 let job = self.jobs[i].clone();
@@ -216,6 +217,7 @@ impl Service {
         let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
         match store.reclaimable(&names, SCAN_LIMIT).await {
             Ok(found) => {
+                crate::server::HEALTH.database_ok();
                 for r in found {
                     if let Some(job) = self.job(&r.job) {
                         let due = Due {

@@ -5,8 +5,11 @@
 //! the claim has moved on (the attempt number is the fencing token). Lease
 //! expiry is measured on the database's clock.
 
+mod address;
 mod postgres;
 mod sqlite;
+
+pub use address::DatabaseUrl;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -253,25 +256,36 @@ macro_rules! dispatch {
 }
 
 impl Store {
-    /// Opens the database at `url` (`sqlite://FILE` or `postgres://…`).
+    /// Opens the database at `url` (`sqlite://FILE` or `postgres://…`, a
+    /// relative path taken from the working directory), creating a missing
+    /// SQLite file.
     pub async fn connect(url: &str) -> Result<Store, Error> {
-        let store = if url.starts_with("sqlite:") {
-            Store::Sqlite(
-                sqlite::SqliteStore::connect(url)
+        let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;
+        let url = DatabaseUrl::parse(url, &cwd)
+            .map_err(|e| Error::Usage(format!("--database-url: {e}")))?;
+        Store::open(&url, true).await
+    }
+
+    /// Opens the database at `url`. A missing SQLite file is created (owner
+    /// read and write only: it holds output tails) when `create`, else
+    /// reported, so a command run from the wrong directory does not read an
+    /// empty new database as "never ran".
+    pub async fn open(url: &DatabaseUrl, create: bool) -> Result<Store, Error> {
+        let driver_url = url.driver_url();
+        let store = match url {
+            DatabaseUrl::Sqlite { path, .. } => {
+                prepare_sqlite_file(path, create)?;
+                Store::Sqlite(
+                    sqlite::SqliteStore::connect(&driver_url)
+                        .await
+                        .map_err(|e| sqlite_error(path, e))?,
+                )
+            }
+            DatabaseUrl::Postgres(_) => Store::Postgres(
+                postgres::PgStore::connect(&driver_url)
                     .await
-                    .map_err(|e| db_error(url, "open", e))?,
-            )
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Store::Postgres(
-                postgres::PgStore::connect(url)
-                    .await
-                    .map_err(|e| db_error(url, "connect to", e))?,
-            )
-        } else {
-            return Err(Error::Usage(format!(
-                "--database-url: `{}` is not a database URL: expected sqlite://FILE or postgres://USER@HOST/DB",
-                mask_url(url)
-            )));
+                    .map_err(|e| db_error(&driver_url, "connect to", e))?,
+            ),
         };
         Ok(store)
     }
@@ -465,6 +479,65 @@ fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {
     Error::Database(format!(
         "cannot {verb} the database at {}: {text}",
         mask_url(url)
+    ))
+}
+
+/// Checks that a SQLite file can be opened, or creates it with mode 0600
+/// when `create`; says which path and why when neither works.
+fn prepare_sqlite_file(path: &std::path::Path, create: bool) -> Result<(), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| {
+        Error::Database(format!(
+            "cannot open the SQLite database {}: {e}; check that the file and its directory exist and that this user may read and write them",
+            path.display()
+        ))
+    };
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
+            Err(Error::Database(format!(
+                "no database at {}: nothing has run against it yet, or this is not the right one (a relative path in jobs.toml is taken from the directory of jobs.toml; one in --database-url or DATABASE_URL from the working directory); `scheduler migrate` creates it",
+                path.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+            {
+                Ok(_) => Ok(()),
+                // Another process created it meanwhile.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(cannot(e)),
+            }
+        }
+        Err(e) => Err(cannot(e)),
+    }
+}
+
+/// A SQLite error on open, with the path and, for SQLite's bare "unable to
+/// open database file (code: 14)", what to check.
+fn sqlite_error(path: &std::path::Path, e: sqlx::Error) -> Error {
+    let code_14 = matches!(&e, sqlx::Error::Database(d) if d.code().as_deref() == Some("14"));
+    let hint = if code_14 {
+        let dir = path.parent().unwrap_or(path);
+        format!(
+            "; SQLite cannot open or create the file or its -wal and -shm files next to it: check that this user may write to {}",
+            dir.display()
+        )
+    } else {
+        String::new()
+    };
+    Error::Database(format!(
+        "cannot open the SQLite database {}: {e}{hint}",
+        path.display()
     ))
 }
 

@@ -72,6 +72,20 @@ const RECORD: &str = "
 
 impl PgStore {
     pub(super) async fn connect(url: &str) -> Result<PgStore, sqlx::Error> {
+        // One connection made directly first: the pool retries a refused,
+        // unresolvable, TLS-failing or unauthorised connection until its
+        // acquire timeout and then says only "pool timed out"; this says why.
+        const FIRST_CONNECT: Duration = Duration::from_secs(10);
+        let connect = <sqlx::PgConnection as sqlx::Connection>::connect(url);
+        let first = tokio::time::timeout(FIRST_CONNECT, connect)
+            .await
+            .map_err(|_| {
+                sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer from the server within {FIRST_CONNECT:?}"),
+                ))
+            })??;
+        let _ = sqlx::Connection::close(first).await;
         let options: PgConnectOptions = url.parse()?;
         // The scheduler's own statements are short; one that waits on a
         // lock or runs away is cut off by the server rather than left to

@@ -135,10 +135,6 @@ fn config_mistakes_name_their_place_and_the_expected_value() {
             ],
         ),
         (
-            "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nshell = \"echo ${SCHEDULER_TEST_UNSET_VAR}\"\n",
-            &["jobs.toml:4:15", "`SCHEDULER_TEST_UNSET_VAR` is not set"],
-        ),
-        (
             "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ntimeout = \"5 parsecs\"\ncommand = [\"x\"]\n",
             &["jobs.toml:4:11", "not a duration", "e.g. `90s`"],
         ),

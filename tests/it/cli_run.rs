@@ -613,6 +613,8 @@ fn status_counts_nothing_overdue_from_before_a_job_was_first_seen() {
         "[[job]]\nname = \"tick\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"true\"]\n",
     );
     let url = db.url.as_str();
+    // `status` reads a database but never creates one.
+    assert_eq!(ws.run(&["--database-url", url, "migrate"]).code(), 0);
     let never_run = ws.run(&["--database-url", url, "status", "--json"]);
     let value: serde_json::Value = serde_json::from_str(never_run.stdout().trim()).unwrap();
     assert_eq!(

@@ -6,6 +6,7 @@ mod actions;
 mod cli_config;
 mod cli_run;
 mod dst;
+mod edges;
 mod labels;
 mod never_twice;
 mod properties;

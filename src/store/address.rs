@@ -1,0 +1,154 @@
+//! Where the database is: a URL read once into a SQLite file path (resolved
+//! against the right directory) or a PostgreSQL URL that parses, so nothing
+//! later can open a throwaway in-memory database or print a password.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::error::mask_url;
+
+/// A database location that can be opened.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    /// A SQLite file, by absolute path, with any `?` parameters as given.
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// The query string after `?`, if any (never `mode=memory`).
+        params: Option<String>,
+    },
+    /// A PostgreSQL URL that parses.
+    Postgres(String),
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DatabaseUrl({self})")
+    }
+}
+
+/// The URL as shown to people: a SQLite path, or the URL with its password
+/// masked.
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DatabaseUrl::Sqlite { path, .. } => write!(f, "sqlite://{}", path.display()),
+            DatabaseUrl::Postgres(url) => f.write_str(&mask_url(url)),
+        }
+    }
+}
+
+impl DatabaseUrl {
+    /// Reads `url`; a relative SQLite path is taken relative to `base`.
+    /// The error says what is wrong, with any password masked.
+    pub fn parse(url: &str, base: &Path) -> Result<DatabaseUrl, String> {
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            let rest = rest.strip_prefix("//").unwrap_or(rest);
+            let (file, params) = match rest.split_once('?') {
+                Some((file, params)) => (file, Some(params.to_owned())),
+                None => (rest, None),
+            };
+            let in_memory = file == ":memory:"
+                || params.as_deref().is_some_and(|p| {
+                    p.split('&')
+                        .any(|kv| kv.eq_ignore_ascii_case("mode=memory"))
+                });
+            if in_memory {
+                return Err(format!(
+                    "`{url}` is an in-memory database, lost when the command ends (every run would start afresh): name a file, e.g. sqlite://scheduler.db"
+                ));
+            }
+            if file.is_empty() {
+                return Err(format!(
+                    "`{url}` names no file (is a variable in it empty?): expected sqlite://FILE, e.g. sqlite://scheduler.db"
+                ));
+            }
+            if file.contains('\0') {
+                return Err("the SQLite path contains a NUL byte".into());
+            }
+            let path = Path::new(file);
+            let path = if path.is_absolute() {
+                path.to_owned()
+            } else {
+                base.join(path)
+            };
+            return Ok(DatabaseUrl::Sqlite { path, params });
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return match url::Url::parse(url) {
+                Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => {
+                    Ok(DatabaseUrl::Postgres(url.to_owned()))
+                }
+                Ok(_) => Err(format!(
+                    "`{}` names no host: expected postgres://USER:PASSWORD@HOST:PORT/DB",
+                    mask_url(url)
+                )),
+                Err(e) => Err(format!(
+                    "`{}` is not a valid URL ({e}): expected postgres://USER:PASSWORD@HOST:PORT/DB, with special characters in the password percent-encoded",
+                    mask_url(url)
+                )),
+            };
+        }
+        Err(format!(
+            "`{}` is not a database URL: expected sqlite://FILE or postgres://USER@HOST/DB",
+            mask_url(url)
+        ))
+    }
+
+    /// The URL handed to the driver.
+    pub(super) fn driver_url(&self) -> String {
+        match self {
+            DatabaseUrl::Sqlite { path, params } => {
+                // sqlx percent-decodes the path, so `%`, `?` and `#` are encoded.
+                let mut url = String::from("sqlite://");
+                for c in path.to_string_lossy().chars() {
+                    match c {
+                        '%' => url.push_str("%25"),
+                        '?' => url.push_str("%3F"),
+                        '#' => url.push_str("%23"),
+                        c => url.push(c),
+                    }
+                }
+                if let Some(params) = params {
+                    url.push('?');
+                    url.push_str(params);
+                }
+                url
+            }
+            DatabaseUrl::Postgres(url) => url.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_sqlite_path_is_taken_from_the_base_directory() {
+        let url = DatabaseUrl::parse("sqlite://data/s.db", Path::new("/etc/jobs")).unwrap();
+        assert_eq!(url.to_string(), "sqlite:///etc/jobs/data/s.db");
+        let url = DatabaseUrl::parse("sqlite:///abs.db", Path::new("/etc/jobs")).unwrap();
+        assert_eq!(url.to_string(), "sqlite:///abs.db");
+    }
+
+    #[test]
+    fn empty_and_in_memory_sqlite_urls_are_refused() {
+        for url in [
+            "sqlite://",
+            "sqlite:",
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://x.db?mode=memory",
+        ] {
+            assert!(DatabaseUrl::parse(url, Path::new("/")).is_err(), "{url}");
+        }
+    }
+
+    #[test]
+    fn an_unparsable_postgres_url_is_refused_with_its_password_masked() {
+        let err =
+            DatabaseUrl::parse("postgres://u:PW@127.0.0.1:99999/db", Path::new("/")).unwrap_err();
+        assert!(!err.contains("PW"), "{err}");
+    }
+}

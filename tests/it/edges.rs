@@ -1,0 +1,925 @@
+//! The edges a user touches (issue 8), through the real binary: database
+//! paths, hand runs, secrets, bad values, pipes, bounded memory, redirects
+//! and the listener.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chrono::{Datelike, Utc};
+
+use crate::support::{Said, TestDb, Workspace, databases, eventually, lines, wait};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+/// A monthly job that covers the previous month, as billing does.
+fn billing(body: &str) -> Workspace {
+    Workspace::new(&format!(
+        "[scheduler]\nlease = \"2s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n{body}\n"
+    ))
+}
+
+/// The binary with `args`, run in `dir` (not the workspace).
+fn run_in(ws: &Workspace, dir: &Path, args: &[&str]) -> std::process::Output {
+    ws.command(args).current_dir(dir).output().unwrap()
+}
+
+fn assert_says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "expected {part:?} in:\n{text}");
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// The peak resident memory (VmHWM) of a running process, in bytes.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Waits for `child` to end, sampling its peak memory; returns the exit
+/// code and the largest peak seen.
+fn wait_sampling(mut child: Child) -> (i32, u64) {
+    let start = std::time::Instant::now();
+    let mut peak = 0;
+    loop {
+        if let Some(rss) = peak_rss(child.id()) {
+            peak = peak.max(rss);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status.code().unwrap_or(-1), peak);
+        }
+        assert!(start.elapsed() < BOUND * 3, "still running");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const MEMORY_BOUND: u64 = 100 * 1024 * 1024;
+
+// 1. A relative database path
+
+#[test]
+fn a_relative_database_path_is_taken_from_jobs_toml_and_readers_never_create_one() {
+    let ws = billing("command = [\"true\"]");
+    let other = ws.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    assert_eq!(ws.run(&["run", "billing", "--period", "2026-10"]).code(), 0);
+    let db = ws.path().join("scheduler.db");
+    assert_eq!(mode(&db), 0o600, "the database holds output tails");
+
+    let history = run_in(
+        &ws,
+        &other,
+        &["--config", "../jobs.toml", "history", "billing"],
+    );
+    assert_eq!(history.code(), 0, "{}", history.stderr());
+    assert_says(&history.stdout(), &["billing:2026-10", "succeeded"]);
+    let dry = run_in(
+        &ws,
+        &other,
+        &[
+            "--config",
+            "../jobs.toml",
+            "run",
+            "billing",
+            "--period",
+            "2026-10",
+            "--dry-run",
+        ],
+    );
+    assert_says(
+        &dry.stdout(),
+        &["billing:2026-10  skipped: already succeeded"],
+    );
+    assert!(!other.join("scheduler.db").exists(), "a second database");
+
+    // --database-url is relative to the working directory.
+    let made = run_in(
+        &ws,
+        &other,
+        &[
+            "--config",
+            "../jobs.toml",
+            "--database-url",
+            "sqlite://here.db",
+            "migrate",
+        ],
+    );
+    assert_eq!(made.code(), 0, "{}", made.stderr());
+    assert_eq!(mode(&other.join("here.db")), 0o600);
+
+    // [scheduler].database_url is relative to jobs.toml.
+    let named = Workspace::new("[scheduler]\ndatabase_url = \"sqlite://named.db\"\n");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let config = named.path().join("jobs.toml");
+    let config = config.to_str().unwrap();
+    assert_eq!(
+        run_in(&named, elsewhere.path(), &["--config", config, "migrate"]).code(),
+        0
+    );
+    assert!(named.path().join("named.db").exists());
+
+    // Only serve, run and migrate create one; the others name the path.
+    let fresh = billing("command = [\"true\"]");
+    for args in [
+        &["status"][..],
+        &["history", "billing"],
+        &["pause", "billing"],
+        &["release", "billing", "--period", "2026-10"],
+        &["prune"],
+    ] {
+        let out = fresh.run(args);
+        assert_eq!(out.code(), 3, "{args:?}: {}", out.stderr());
+        let path = fresh.path().join("scheduler.db");
+        assert_says(&out.stderr(), &["no database at", path.to_str().unwrap()]);
+        assert!(!path.exists(), "{args:?} created a database");
+    }
+}
+
+// 2. SQLite URLs that name no file
+
+#[test]
+fn sqlite_urls_without_a_file_are_configuration_errors() {
+    let ws = billing("shell = \"echo ran >> runs.txt\"");
+    for url in [
+        "sqlite://",
+        "sqlite:",
+        "sqlite::memory:",
+        "sqlite://:memory:",
+        "sqlite://x.db?mode=memory",
+    ] {
+        let out = ws.run(&[
+            "--database-url",
+            url,
+            "run",
+            "billing",
+            "--period",
+            "2026-07",
+        ]);
+        assert_eq!(out.code(), 2, "{url}: {}", out.stderr());
+        assert_says(&out.stderr(), &["--database-url"]);
+        let from_env = ws
+            .command(&["run", "billing", "--period", "2026-07"])
+            .env("DATABASE_URL", url)
+            .output()
+            .unwrap();
+        assert_eq!(from_env.code(), 2, "{url}: {}", from_env.stderr());
+        assert_says(&from_env.stderr(), &["DATABASE_URL"]);
+    }
+    let file = Workspace::new(
+        "[scheduler]\ndatabase_url = \"sqlite://${DB_FILE}\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"echo ran >> runs.txt\"\n",
+    );
+    let out = file
+        .command(&["run", "billing", "--period", "2026-07"])
+        .env("DB_FILE", "")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert_says(&out.stderr(), &["jobs.toml:2:16", "names no file"]);
+    assert!(
+        lines(ws.path().join("runs.txt")).is_empty(),
+        "a run happened"
+    );
+    assert!(
+        lines(file.path().join("runs.txt")).is_empty(),
+        "a run happened"
+    );
+}
+
+// 3. A hand run of a period that is not yet due
+
+#[test]
+fn a_period_not_yet_due_is_refused_unless_early_and_force_needs_periods() {
+    let ws = billing("shell = \"echo $SCHEDULER_PERIOD >> runs.txt\"");
+    let now = Utc::now();
+    let this_month = now.format("%Y-%m").to_string();
+    let (year, month) = if now.month() == 12 {
+        (now.year() + 1, 1)
+    } else {
+        (now.year(), now.month() + 1)
+    };
+    let fire = format!("{year}-{month:02}-01T02:00:00Z");
+    let refused = ws.run(&["run", "billing", "--period", &this_month]);
+    assert_eq!(refused.code(), 2, "{}", refused.stderr());
+    assert_says(
+        &refused.stderr(),
+        &[
+            &format!("--period: billing:{this_month} is not due yet"),
+            &format!("its fire is at {fire}"),
+            "--early",
+        ],
+    );
+    let range = ws.run(&["run", "billing", "--from", "2026-01", "--to", &this_month]);
+    assert_eq!(range.code(), 2, "{}", range.stderr());
+    assert_says(&range.stderr(), &["--to:", "not due yet"]);
+    let force = ws.run(&["run", "billing", "--force"]);
+    assert_eq!(force.code(), 2, "{}", force.stderr());
+    assert_says(&force.stderr(), &["--force: needs --period"]);
+    assert!(
+        !ws.path().join("scheduler.db").exists(),
+        "refused after opening the database"
+    );
+
+    let early = ws.run(&["run", "billing", "--period", &this_month, "--early"]);
+    assert_eq!(early.code(), 0, "{}", early.stderr());
+    assert_says(&early.stdout(), &["succeeded"]);
+    assert_eq!(lines(ws.path().join("runs.txt")), [this_month]);
+}
+
+// 4. A manual run with no free concurrency slot
+
+#[test]
+fn a_manual_run_without_a_free_slot_exits_1_and_wait_waits_for_one() {
+    for db in databases() {
+        let ws = billing(
+            "concurrency = 1\nshell = \"echo $SCHEDULER_PERIOD >> runs.txt; while [ ! -e go ]; do sleep 0.05; done\"",
+        );
+        let url = db.url.as_str();
+        let start = |args: &[&str]| {
+            let mut all = vec!["--database-url", url, "run", "billing"];
+            all.extend_from_slice(args);
+            ws.command(&all)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let first = start(&["--period", "2026-07"]);
+        let runs = ws.path().join("runs.txt");
+        eventually("the first run to start", BOUND, || lines(&runs).len() == 1);
+
+        let busy = wait(start(&["--period", "2026-08"]), BOUND);
+        assert_eq!(busy.code(), 1, "{url}: {}{}", busy.stdout(), busy.stderr());
+        assert_says(
+            &busy.stdout(),
+            &[
+                "billing:2026-08  busy: not run",
+                "concurrency slot",
+                "--wait",
+            ],
+        );
+        assert_eq!(lines(&runs), ["2026-07"], "{url}");
+
+        let waiting = start(&["--period", "2026-08", "--wait"]);
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(ws.path().join("go"), "").unwrap();
+        let first = wait(first, BOUND);
+        assert_eq!(first.code(), 0, "{url}: {}", first.stderr());
+        let waited = wait(waiting, BOUND);
+        assert_eq!(waited.code(), 0, "{url}: {}", waited.stderr());
+        assert_says(&waited.stdout(), &["billing:2026-08  succeeded"]);
+        assert_eq!(lines(&runs), ["2026-07", "2026-08"], "{url}");
+    }
+}
+
+// 5. Passwords in URLs that do not parse
+
+#[test]
+fn passwords_never_show_even_in_urls_that_do_not_parse() {
+    let ws = billing("command = [\"true\"]");
+    let secret = "Hunter2Secret";
+    let unparsable = [
+        format!("postgres://app:{secret}@127.0.0.1:notaport/x"),
+        format!("postgres://u:{secret}@127.0.0.1:99999/db"),
+        format!("postgres://u:{secret}@[::1/db"),
+        format!("postgres//u:{secret}@h/db"),
+    ];
+    for url in &unparsable {
+        let out = ws.run(&["--database-url", url, "status"]);
+        assert_eq!(out.code(), 2, "{}", out.stderr());
+        assert_says(&out.stderr(), &["--database-url", "***"]);
+        let said = out.stdout() + &out.stderr();
+        assert!(!said.contains(secret), "{said}");
+    }
+    let query = format!("postgres://u@127.0.0.1:1/db?password={secret}");
+    let out = ws.run(&["--database-url", &query, "status"]);
+    assert_eq!(out.code(), 3, "{}", out.stderr());
+    let said = out.stdout() + &out.stderr();
+    assert!(!said.contains(secret), "{said}");
+    assert_says(&said, &["password=***"]);
+
+    let file = Workspace::new(&format!(
+        "[scheduler]\ndatabase_url = \"postgres://app:{secret}@127.0.0.1:notaport/x\"\n"
+    ));
+    let out = file.run(&["status"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert_says(&out.stderr(), &["jobs.toml:2:16"]);
+    assert!(!(out.stdout() + &out.stderr()).contains(secret));
+}
+
+// 6. Read-only commands without the secrets
+
+#[test]
+fn commands_that_run_no_action_need_no_variables_and_check_warns_unless_strict() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"hook\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nhttp = { url = \"https://example.invalid/${HOOK_PATH}\", headers = { x-api-key = \"${API_TOKEN}\" } }\n",
+    );
+    let check = ws.run(&["check"]);
+    assert_eq!(check.code(), 0, "{}", check.stderr());
+    assert_says(&check.stdout(), &["1 job OK"]);
+    assert_says(
+        &check.stderr(),
+        &[
+            "warning: jobs.toml:5:41: environment variable `HOOK_PATH` is not set",
+            "`API_TOKEN` is not set",
+        ],
+    );
+    let strict = ws.run(&["check", "--strict"]);
+    assert_eq!(strict.code(), 2, "{}", strict.stderr());
+    assert_says(
+        &strict.stderr(),
+        &["jobs.toml:5:41", "`HOOK_PATH`", "`API_TOKEN`"],
+    );
+    for args in [
+        &["migrate"][..],
+        &["status"],
+        &["history", "hook"],
+        &["next", "hook"],
+        &["pause", "hook"],
+        &["resume", "hook"],
+    ] {
+        let out = ws.run(args);
+        assert_eq!(out.code(), 0, "{args:?}: {}", out.stderr());
+    }
+    let run = ws.run(&["run", "hook", "--period", "2026-07"]);
+    assert_eq!(run.code(), 2, "{}", run.stderr());
+    assert_says(&run.stderr(), &["jobs.toml:5:41", "`HOOK_PATH` is not set"]);
+}
+
+// 7. Variables in shell scripts
+
+#[test]
+fn a_variable_in_a_shell_script_is_expanded_by_the_shell_never_parsed_as_syntax() {
+    let ws =
+        billing("shell = \"echo ${TOKEN} > out.txt; printf '%s' \\\"${TOKEN}\\\" > quoted.txt\"");
+    let value = "abc $(id -un) ; echo INJECTED";
+    let out = ws
+        .command(&["run", "billing", "--period", "2026-07"])
+        .env("TOKEN", value)
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+    assert_eq!(lines(ws.path().join("out.txt")), [value]);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("quoted.txt")).unwrap(),
+        value
+    );
+    let unset = ws.run(&["run", "billing", "--period", "2026-06"]);
+    assert_eq!(unset.code(), 2, "{}", unset.stderr());
+    assert_says(&unset.stderr(), &["jobs.toml:9:15", "`TOKEN` is not set"]);
+}
+
+// 8. Values that cannot work are refused at load
+
+#[test]
+fn values_that_cannot_work_are_refused_at_load_with_their_place() {
+    let job = |body: &str| {
+        format!("[[job]]\nname = \"a\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n{body}\n")
+    };
+    let cases: Vec<(String, &[&str])> = vec![
+        (
+            job("http = { url = \"https://x.invalid/\", headers = { \"X Api\" = \"v\" } }"),
+            &["jobs.toml:5:", "`X Api` is not a valid header name"],
+        ),
+        (
+            job("http = { url = \"https://x.invalid/\", headers = { x-a = \"a\\nb\" } }"),
+            &["jobs.toml:5:", "header `x-a`", "cannot carry"],
+        ),
+        (
+            job("http = { url = \"https://x.invalid/\", method = \"PO ST\" }"),
+            &["jobs.toml:5:", "not an HTTP method"],
+        ),
+        (
+            job("command = [\"echo\", \"a\\u0000b\"]"),
+            &["jobs.toml:5:", "NUL byte"],
+        ),
+        (
+            job("shell = \"echo a\\u0000b\""),
+            &["jobs.toml:5:", "NUL byte"],
+        ),
+        (
+            job("command = [\"true\"]\nenv = { K = \"a\\u0000\" }"),
+            &["jobs.toml:6:", "NUL byte"],
+        ),
+        (
+            job("command = [\"true\"]\nworkdir = \"/tmp\\u0000\""),
+            &["jobs.toml:6:", "NUL byte"],
+        ),
+        (
+            job("command = [\"\"]"),
+            &["jobs.toml:5:12", "the program name is empty"],
+        ),
+        (
+            job("sql = { statement = \"  \" }"),
+            &["jobs.toml:5:21", "the SQL statement is empty"],
+        ),
+        (
+            "[scheduler]\ncatch_up = \"100000000y\"\n".to_owned(),
+            &["jobs.toml:2:12", "too long"],
+        ),
+        (
+            job("http = { url = \"${HOOK_URL}\" }"),
+            &["jobs.toml:5:16", "http:// or https://"],
+        ),
+    ];
+    for (toml, parts) in &cases {
+        let ws = Workspace::new(toml);
+        let out = ws
+            .command(&["check"])
+            .env("HOOK_URL", "ftp://x.invalid/")
+            .output()
+            .unwrap();
+        assert_eq!(out.code(), 2, "{toml}\n{}", out.stderr());
+        assert_says(&out.stderr(), parts);
+        assert!(!ws.path().join("scheduler.db").exists());
+    }
+    // The scheme is checked after expansion: a URL from a variable works.
+    let ws = Workspace::new(&job("http = { url = \"${HOOK_URL}\" }"));
+    let out = ws
+        .command(&["check", "--strict"])
+        .env("HOOK_URL", "https://x.invalid/hook")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+}
+
+// 9. Closed stdout, the end of time, and a range of any length
+
+/// Starts the binary with its stdout closed before it writes anything.
+fn with_stdout_closed(ws: &Workspace, args: &[&str]) -> std::process::Output {
+    let mut child = ws
+        .command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    wait(child, BOUND)
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_with_141_and_a_run_records_its_period_first() {
+    for db in databases() {
+        let ws = billing("shell = \"echo $SCHEDULER_PERIOD >> runs.txt\"");
+        let url = db.url.as_str();
+        let cut = with_stdout_closed(
+            &ws,
+            &[
+                "--database-url",
+                url,
+                "run",
+                "billing",
+                "--from",
+                "2026-01",
+                "--to",
+                "2026-06",
+            ],
+        );
+        assert_eq!(cut.code(), 141, "{url}: {}", cut.stderr());
+        assert!(!cut.stderr().contains("panicked"), "{}", cut.stderr());
+        assert_eq!(
+            lines(ws.path().join("runs.txt")),
+            ["2026-01"],
+            "{url}: claims no more"
+        );
+        let after = ws.run(&[
+            "--database-url",
+            url,
+            "run",
+            "billing",
+            "--from",
+            "2026-01",
+            "--to",
+            "2026-02",
+            "--dry-run",
+        ]);
+        assert_says(
+            &after.stdout(),
+            &[
+                "billing:2026-01  skipped: already succeeded",
+                "billing:2026-02  would claim",
+            ],
+        );
+        for args in [
+            &["history", "billing"][..],
+            &["status"],
+            &["check"],
+            &["next", "billing"],
+        ] {
+            let mut all = vec!["--database-url", url];
+            all.extend_from_slice(args);
+            let out = with_stdout_closed(&ws, &all);
+            assert_eq!(out.code(), 141, "{args:?}: {}", out.stderr());
+            assert_eq!(out.stderr(), "", "{args:?} is not quiet");
+        }
+    }
+    let ws = billing("command = [\"true\"]");
+    let end = ws.run(&["next", "billing", "--after", "+262142-12-31T23:59:59Z"]);
+    assert_eq!(end.code(), 0, "{}", end.stderr());
+}
+
+#[test]
+fn a_range_of_any_length_runs_in_bounded_memory() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"true\"]\n",
+    );
+    let mut child = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "tick",
+            "--from",
+            "1900-01-01T00:00",
+            "--to",
+            "2026-11-30T23:59",
+            "--dry-run",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut peak = 0;
+    for n in 0..150_000 {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "output ended early");
+        if n == 0 {
+            assert!(
+                line.starts_with("tick:1900-01-01T00:00  would claim"),
+                "{line}"
+            );
+        }
+        if n % 1000 == 0 {
+            peak = peak.max(peak_rss(pid).unwrap_or(0));
+        }
+    }
+    assert!(
+        line.starts_with("tick:1900-04-15T03:59"),
+        "in order: {line}"
+    );
+    drop(out);
+    let end = wait(child, BOUND);
+    assert_eq!(end.code(), 141, "{}", end.stderr());
+    assert!(peak < MEMORY_BOUND, "peak RSS {peak} bytes");
+}
+
+// 10. Output without newlines and huge HTTP bodies
+
+#[test]
+fn output_without_newlines_is_logged_in_64_kib_pieces_in_bounded_memory() {
+    // A long lease: 100 MB of log lines through a loaded machine's pipe
+    // can stall a one-thread `run` past a short lease's fence.
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"60s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\nshell = \"head -c 100000000 /dev/zero | tr '\\\\0' x\"\n",
+    );
+    let mut child = ws
+        .command(&["run", "billing", "--period", "2026-07"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let (mut longest, mut pieces) = (0, 0);
+        let mut stderr = BufReader::new(stderr);
+        let mut line = Vec::new();
+        while stderr.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
+            if line.len() > 60_000 {
+                pieces += 1;
+            }
+            longest = longest.max(line.len());
+            line.clear();
+        }
+        (longest, pieces)
+    });
+    let (code, peak) = wait_sampling(child);
+    let (longest, pieces) = reader.join().unwrap();
+    assert_eq!(code, 0);
+    assert!(peak < MEMORY_BOUND, "peak RSS {peak} bytes");
+    assert!(longest < 64 * 1024 + 1024, "a log line of {longest} bytes");
+    assert!(pieces >= 100_000_000 / (64 * 1024), "{pieces} pieces");
+}
+
+/// An HTTP server answering every request with `head` and then `body_len`
+/// zero bytes; counts requests.
+fn http_server(head: String, body_len: usize) -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            seen.fetch_add(1, Ordering::SeqCst);
+            let head = head.clone();
+            std::thread::spawn(move || {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request);
+                if stream.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let chunk = vec![0u8; 64 * 1024];
+                let mut sent = 0;
+                while sent < body_len {
+                    let n = chunk.len().min(body_len - sent);
+                    if stream.write_all(&chunk[..n]).is_err() {
+                        return;
+                    }
+                    sent += n;
+                }
+            });
+        }
+    });
+    (port, count)
+}
+
+#[test]
+fn a_huge_http_response_is_read_only_up_to_4_kib() {
+    let size = 300_000_000;
+    let (port, _) = http_server(
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n"),
+        size,
+    );
+    let ws = billing(&format!(
+        "http = {{ url = \"http://127.0.0.1:{port}/big\" }}"
+    ));
+    let child = ws
+        .command(&["run", "billing", "--period", "2026-07"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (code, peak) = wait_sampling(child);
+    assert_eq!(code, 0);
+    assert!(peak < MEMORY_BOUND, "peak RSS {peak} bytes");
+}
+
+// 11. Redirects and TLS causes
+
+#[test]
+fn a_redirect_is_a_permanent_failure_naming_location_and_nothing_goes_to_the_other_origin() {
+    let (second, reached) = http_server("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".into(), 0);
+    for status in ["307 Temporary Redirect", "302 Found"] {
+        let location = format!("http://localhost:{second}/hook");
+        let (first, _) = http_server(
+            format!("HTTP/1.1 {status}\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n"),
+            0,
+        );
+        let ws = billing(&format!(
+            "retry = {{ attempts = 3 }}\nhttp = {{ url = \"http://127.0.0.1:{first}/hook\", headers = {{ x-api-key = \"S3CRETTOKEN\" }}, body = \"{{period}}\" }}"
+        ));
+        let out = ws.run(&["run", "billing", "--period", "2026-07"]);
+        assert_eq!(out.code(), 1, "{}", out.stderr());
+        assert_says(
+            &out.stdout(),
+            &[
+                &status[..3],
+                &format!("Location: {location}"),
+                "no retries left",
+            ],
+        );
+    }
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "a request reached the other origin"
+    );
+}
+
+#[test]
+fn a_tls_failure_says_why() {
+    // A plain HTTP server asked for TLS.
+    let (port, _) = http_server("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".into(), 0);
+    let ws = billing(&format!("http = {{ url = \"https://127.0.0.1:{port}/\" }}"));
+    let out = ws.run(&["run", "billing", "--period", "2026-07"]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let said = out.stdout();
+    let detail = said.split("error sending request").nth(1).unwrap_or("");
+    assert!(
+        detail.to_ascii_lowercase().contains("corrupt message")
+            || detail.to_ascii_lowercase().contains("tls"),
+        "no cause in: {said}"
+    );
+}
+
+// 12. The listener
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get(addr: &str, path: &str) -> String {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(stream, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body
+}
+
+#[test]
+fn many_idle_connections_neither_stop_fires_nor_healthz() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nshell = \"echo $SCHEDULER_PERIOD >> runs.txt\"\n",
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let binary = env!("CARGO_BIN_EXE_scheduler");
+    let serve = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 256 && exec {binary} --database-url {} serve --listen {addr}",
+            db.url
+        ))
+        .current_dir(ws.path())
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("/healthz", BOUND, || {
+        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    });
+    let idle: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect(&addr).ok())
+        .collect();
+    assert!(idle.len() > 256, "only {} connections", idle.len());
+    let runs = ws.path().join("runs.txt");
+    let before = lines(&runs).len();
+    eventually("fires while connections are held", BOUND, || {
+        lines(&runs).len() >= before + 3
+    });
+    eventually("/healthz while connections are held", BOUND, || {
+        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    });
+    let metrics = get(&addr, "/metrics");
+    assert_says(&metrics, &["HTTP/1.1 200", "scheduler_runs_total"]);
+    drop(idle);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait(serve, BOUND).code(), 0);
+    let history = ws.run(&[
+        "--database-url",
+        &db.url,
+        "history",
+        "tick",
+        "--limit",
+        "1000",
+    ]);
+    assert!(!history.stdout().contains("failed"), "{}", history.stdout());
+}
+
+#[test]
+fn healthz_answers_503_naming_the_database_while_it_is_away() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let upstream: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
+    let proxy = crate::support::Proxy::start(upstream);
+    let url = proxy.url(&db.url);
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let serve = ws
+        .command(&["--database-url", &url, "serve", "--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("/healthz 200", BOUND, || {
+        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    });
+    proxy.cut();
+    let mut last = String::new();
+    let start = std::time::Instant::now();
+    while start.elapsed() < BOUND {
+        last = get(&addr, "/healthz");
+        if last.starts_with("HTTP/1.1 503") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_says(&last, &["HTTP/1.1 503", "database"]);
+    proxy.restore();
+    eventually("/healthz 200 again", BOUND, || {
+        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait(serve, BOUND).code(), 0);
+}
+
+#[test]
+fn a_taken_listen_address_exits_2_before_any_database_is_created() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let ws = billing("command = [\"true\"]");
+    let out = ws.run(&["serve", "--listen", &addr]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert_says(&out.stderr(), &["--listen", &addr]);
+    assert!(
+        !ws.path().join("scheduler.db").exists(),
+        "a database was created"
+    );
+}
+
+// 13. The real cause of a failed connection
+
+#[test]
+fn a_refused_connection_or_an_unopenable_file_says_why() {
+    let ws = billing("command = [\"true\"]");
+    let out = ws.run(&["--database-url", "postgres://u:pw@127.0.0.1:1/db", "status"]);
+    assert_eq!(out.code(), 3, "{}", out.stderr());
+    assert_says(&out.stderr(), &["refused"]);
+    assert!(!out.stderr().contains("pool timed out"), "{}", out.stderr());
+
+    std::fs::write(ws.path().join("plain"), "").unwrap();
+    for (url, cause) in [
+        ("sqlite://plain/s.db", "Not a directory"),
+        ("sqlite://missing/s.db", "No such file or directory"),
+    ] {
+        let out = ws.run(&[
+            "--database-url",
+            url,
+            "run",
+            "billing",
+            "--period",
+            "2026-07",
+        ]);
+        assert_eq!(out.code(), 3, "{}", out.stderr());
+        let path = ws.path().join(&url["sqlite://".len()..]);
+        assert_says(&out.stderr(), &[path.to_str().unwrap(), cause]);
+        assert!(!out.stderr().contains("code: 14"), "{}", out.stderr());
+    }
+}
+
+// 14. Errors that say what to do
+
+#[test]
+fn errors_say_what_to_do_and_every_mistake_in_a_file_is_reported() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\ntimezone = \"Europe/Berlin\"\nperiod = \"month\"\ncovers = \"previous\"\ncommand = [\"true\"]\n",
+    );
+    let date = ws.run(&["next", "billing", "-n", "1", "--after", "2026-10-25"]);
+    assert_eq!(date.code(), 0, "{}", date.stderr());
+    assert_eq!(
+        date.stdout(),
+        "2026-11-01 02:00:00 CET  2026-11-01T01:00:00Z  billing:2026-10\n"
+    );
+    let local = ws.run(&["next", "billing", "-n", "1", "--after", "2026-11-01T02:30"]);
+    assert_says(&local.stdout(), &["2026-12-01 02:00:00 CET"]);
+    let bad = ws.run(&["next", "billing", "--after", "next tuesday"]);
+    assert_eq!(bad.code(), 2);
+    assert_says(&bad.stderr(), &["--after", "a date (2026-10-25)"]);
+
+    let file = "[scheduler]\nlease = \"soon\"\n\n\
+        [[job]]\nname = \"hours\"\nschedule = \"0 25 * * *\"\ncommand = [\"true\"]\n\n\
+        [[job]]\nname = \"bill\"\nschedule = \"0 2 1 * *\"\ncommand = \"bill --month {period}\"\n\n\
+        [[job]]\nname = \"fine\"\nschedule = \"0 2 1 * *\"\ncommand = [\"true\"]\n\n\
+        [[job]]\nname = \"typo\"\nschedule = \"@daily\"\nperiod = \"dya\"\ncommand = [\"true\"]\n";
+    let ws = Workspace::new(file);
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    let said = out.stderr();
+    let places = [
+        "jobs.toml:2:9",
+        "jobs.toml:6:12: `0 25 * * *` is not a cron pattern (hour 25 is out of range 0–23)",
+        "jobs.toml:12:11: `command` is a string, but it must be an array",
+        "jobs.toml:22:10: unknown variant `dya`",
+    ];
+    assert_says(&said, &places);
+    assert_says(&said, &["shell = \"bill --month {period}\""]);
+    let at: Vec<usize> = places.iter().map(|p| said.find(p).unwrap()).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "not in file order:\n{said}"
+    );
+    assert!(!ws.path().join("scheduler.db").exists());
+}
