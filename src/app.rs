@@ -77,6 +77,18 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Serve { listen: Some(addr) } => Some(crate::server::bind(*addr).await?),
         _ => None,
     };
+    // Signals are taken over before the database is opened: a SIGHUP or
+    // SIGTERM that comes while it connects must not end the process by the
+    // default action.
+    let shutdown = if runs_actions {
+        shutdown_signal()?
+    } else {
+        watch::channel(false).1
+    };
+    let reload = match cli.command {
+        Command::Serve { .. } => Some(reload_signal()?),
+        _ => None,
+    };
     let url = database_url(cli.database_url.as_deref(), &config)?;
     let creates = matches!(
         cli.command,
@@ -85,13 +97,10 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     let store = Store::open(&url, creates).await?;
     store.migrate().await?;
     if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
-        crate::reaper::start_if_pid_1();
+        crate::reaper::start();
     }
     match cli.command {
-        Command::Run(args) => {
-            let shutdown = shutdown_signal()?;
-            oneshot::run(&config, &store, &args, &owner_id(), shutdown).await
-        }
+        Command::Run(args) => oneshot::run(&config, &store, &args, &owner_id(), shutdown).await,
         Command::Migrate => match say(format_args!("migrations applied")) {
             Ok(()) => Ok(Outcome::Done),
             Err(stop) => stop.into_result(),
@@ -115,7 +124,6 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             .or_else(Stop::into_result),
         Command::Prune => inspect::prune(&config, &store).await,
         Command::Serve { .. } => {
-            let shutdown = shutdown_signal()?;
             let health = &crate::server::HEALTH;
             health.watch(config.settings.lease, config.settings.scan_interval);
             // Migrations just answered: the database is reachable. The loop
@@ -124,7 +132,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             if let Some(listener) = listener {
                 crate::server::start(listener, shutdown.clone())?;
             }
-            let reload = reload_signal()?;
+            let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
             let service = Service::new(cli.config.clone(), config, store, owner_id(), shutdown)?;
             service.run(reload).await
         }
@@ -184,7 +192,7 @@ pub fn shutdown_signal() -> Result<watch::Receiver<bool>, Error> {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
-        tracing::info!("shutting down: no new claims; running jobs get the shutdown grace");
+        tracing::info!("shutting down: no new claims");
         let _ = tx.send(true);
     });
     Ok(rx)

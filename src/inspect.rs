@@ -9,7 +9,7 @@ use crate::config::{Config, Job};
 use crate::due::due;
 use crate::error::{Error, Outcome, Stop, say};
 use crate::period::utc_text;
-use crate::store::{Claim, ClaimRow, Store};
+use crate::store::{Claim, ClaimRow, Released, Store};
 
 /// How many recent periods `status` shows per job.
 const RECENT: u32 = 5;
@@ -150,8 +150,9 @@ pub async fn release(
 ) -> Result<Outcome, Stop> {
     let key = period_key_of(config.job(job)?, label)?;
     match store.release_key(&key).await? {
-        Some(owner) => say(format_args!(
-            "{key}: released (was running on {owner}); it can be claimed again now"
+        Some(Released { owner, lease_until }) => say(format_args!(
+            "{key}: released (was running on {owner}); its runner stops the job at its next heartbeat and the period can be claimed then, or at {} at the latest if that runner cannot be reached",
+            lease_until.map_or_else(|| "once".to_owned(), utc_text)
         ))?,
         None => say(format_args!("{key}: no running claim to release"))?,
     }

@@ -132,6 +132,7 @@ pub async fn run(
     let context = Context::new(store.clone(), config.settings.lease)?;
     let stop_now = after_grace(shutdown.clone(), config.settings.shutdown_grace);
     let mut outcome = Outcome::Done;
+    let mut fenced = 0;
     for plan in &mut plans {
         loop {
             let chunk = plan.periods.chunk(plan.job, now);
@@ -172,6 +173,7 @@ pub async fn run(
                 if matches!(line.status, "failed" | "released" | "busy") {
                     outcome = Outcome::RunFailed;
                 }
+                fenced += usize::from(line.status == "fenced");
                 // The period is recorded; a reader that went away ends the
                 // command before the next claim.
                 if let Err(stop) = bar.suspend(|| print_line(&line, args.json)) {
@@ -183,8 +185,17 @@ pub async fn run(
         }
     }
     bar.finish_and_clear();
+    if fenced > 0 {
+        // Nothing is known of those periods' outcome: the database failed.
+        return Err(Error::Database(format!(
+            "{fenced} period(s) stopped unfinished because the database did not answer in time; they are recovered by the next run or serve"
+        )));
+    }
     Ok(outcome)
 }
+
+/// How many retryable or recoverable periods of a job one `run` takes.
+const RECLAIM_LIMIT: u32 = 1_000;
 
 /// Works out which periods `args` asks for.
 async fn plan<'a>(
@@ -216,7 +227,27 @@ async fn plan<'a>(
             }
             let window =
                 now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-            Periods::Listed(due(job, now, window.max(seen.first_seen), true).into_iter())
+            let since = window.max(seen.first_seen);
+            let mut listed = due(job, now, since, true);
+            // Failed periods whose retry is due, and claims whose lease ran
+            // out or that were released, run again as `serve`'s scan would
+            // take them: a platform cron container may be all there is.
+            let again = store
+                .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
+                .await?;
+            for r in again {
+                if r.scheduled_at >= window
+                    && !listed.iter().any(|d| d.period.label == r.period.label)
+                {
+                    listed.push(Due {
+                        period: r.period,
+                        fire: r.scheduled_at,
+                        trigger: Trigger::Retry,
+                    });
+                }
+            }
+            listed.sort_by_key(|d| d.fire);
+            Periods::Listed(listed.into_iter())
         };
         plans.push(Plan {
             job,
@@ -500,7 +531,12 @@ impl PeriodRun<'_> {
                 }
                 Ending::Lost => line(
                     "lost",
-                    "the claim was taken over; this attempt's outcome was discarded".into(),
+                    "the claim was taken over or released; this attempt was stopped and its outcome discarded".into(),
+                    attempt,
+                ),
+                Ending::Fenced => line(
+                    "fenced",
+                    "the lease could not be renewed in time (the database did not answer); the job was stopped before the lease ran out and nothing was recorded: the next run or serve recovers the period".into(),
                     attempt,
                 ),
                 Ending::Released => line(

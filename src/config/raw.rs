@@ -177,21 +177,34 @@ fn duration(
 /// A duration of at least `floor` (`floor_text` in messages).
 fn at_least(
     at: &Locator,
-    value: Option<&Spanned<String>>,
+    (key, value): (&str, Option<&Spanned<String>>),
     default: &str,
     floor: Duration,
-    floor_text: &str,
 ) -> Result<Duration, ConfigError> {
     let parsed = duration(at, value, default)?;
     match value {
         Some(value) if parsed < floor => Err(at.error(
             value.span(),
             format!(
-                "`{}` is too short: expected at least {floor_text}",
-                value.get_ref()
+                "{key} = `{}` is too short: expected at least {}",
+                value.get_ref(),
+                short(floor)
             ),
         )),
         _ => Ok(parsed),
+    }
+}
+
+/// A duration as a person writes it: `24h`, `90s`, `100ms`.
+fn short(d: Duration) -> String {
+    let secs = d.as_secs();
+    match (secs, d.subsec_nanos()) {
+        (0, _) => humantime::format_duration(d).to_string(),
+        (s, 0) if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        (s, 0) if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        (s, 0) if s % 60 == 0 => format!("{}m", s / 60),
+        (s, 0) => format!("{s}s"),
+        _ => humantime::format_duration(d).to_string(),
     }
 }
 
@@ -279,16 +292,20 @@ impl RawSettings {
             // Heartbeats come every lease/3 and a runner stops its job a
             // heartbeat before its lease runs out: below a second that
             // leaves no time for a database round trip.
-            lease: at_least(at, self.lease.as_ref(), "60s", Duration::from_secs(1), "1s")?,
+            lease: at_least(
+                at,
+                ("lease", self.lease.as_ref()),
+                "60s",
+                Duration::from_secs(1),
+            )?,
             catch_up: duration(at, self.catch_up.as_ref(), "24h")?,
             shutdown_grace: duration(at, self.shutdown_grace.as_ref(), "30s")?,
             max_running: positive(at, self.max_running.as_ref(), 16)? as usize,
             scan_interval: at_least(
                 at,
-                self.scan_interval.as_ref(),
+                ("scan_interval", self.scan_interval.as_ref()),
                 "5s",
                 Duration::from_millis(100),
-                "100ms",
             )?,
             database_url,
         })
@@ -376,8 +393,8 @@ impl RawJob {
                 format!(
                     "keep = `{}` is shorter than catch_up ({}): a period pruned inside the catch-up window would run again; expected at least `{}`",
                     keep.get_ref(),
-                    humantime::format_duration(settings.catch_up),
-                    humantime::format_duration(settings.catch_up)
+                    short(settings.catch_up),
+                    short(settings.catch_up)
                 ),
             ));
         }

@@ -137,8 +137,13 @@ pub enum Ending {
         /// When a retry is due, if any.
         retry_after: Option<Duration>,
     },
-    /// The claim moved on; nothing was recorded.
+    /// The claim moved on (taken over, or released by `scheduler release`);
+    /// nothing was recorded.
     Lost,
+    /// The lease could not be renewed in time (the database did not
+    /// answer): the job was stopped and nothing recorded; the period is
+    /// recovered once its lease has run out.
+    Fenced,
     /// Stopped by shutdown; the claim was released for another runner.
     Released,
 }
@@ -314,15 +319,18 @@ impl Context {
                 let result = match stopped {
                     Ok(result) => result,
                     Err(why) => {
-                        // The statement is interrupted where the backend
-                        // can (SQLite); its transaction never commits.
+                        // The statement is stopped (SQLite interrupts it,
+                        // PostgreSQL cancels it); its transaction commits
+                        // only if it had already got that far.
                         limits.cancel.store(true, Ordering::SeqCst);
-                        let _ = sql.await;
-                        if why == Stop::Shutdown {
-                            self.store.release(run.lease).await?;
-                            return Ok(Ending::Released);
+                        if let Ok(Ok(true)) = sql.await {
+                            return Ok(Ending::Recorded {
+                                succeeded: true,
+                                error: None,
+                                retry_after: None,
+                            });
                         }
-                        return Ok(Ending::Lost);
+                        return self.stopped(run, &watch, why).await;
                     }
                 };
                 return match result? {
@@ -332,7 +340,7 @@ impl Context {
                         retry_after: None,
                     }),
                     Ok(false) => Ok(Ending::Lost),
-                    Err(_) if watch.fenced() => Ok(Ending::Lost),
+                    Err(_) if watch.fenced() => Ok(Ending::Fenced),
                     Err(error) => {
                         let finish = Finish {
                             error: Some(format!("SQL failed: {error}")),
@@ -344,19 +352,38 @@ impl Context {
             }
         };
         match result {
-            ActionResult::Stopped(Stop::Lost) => Ok(Ending::Lost),
-            ActionResult::Stopped(Stop::Shutdown) => {
-                self.store.release(run.lease).await?;
-                Ok(Ending::Released)
-            }
+            ActionResult::Stopped(why) => self.stopped(run, &watch, why).await,
             // A failure seen after the fence may be the fence's own doing
             // (the supervisor stops a job whose lease it cannot vouch for):
             // it is not the job's failure, and the period is recovered.
             ActionResult::Done(finish, _) if !finish.succeeded && watch.fenced() => {
-                Ok(Ending::Lost)
+                Ok(Ending::Fenced)
             }
             ActionResult::Done(finish, retryable) => {
                 self.record(run, &watch, finish, retryable).await
+            }
+        }
+    }
+
+    /// After the job was stopped: a shutdown releases the claim; a takeover
+    /// or a `release` is confirmed (the job is gone, so a released period
+    /// may be claimed at once); a fence leaves the claim to expire.
+    async fn stopped(&self, run: &Run<'_>, watch: &Watch, why: Stop) -> Result<Ending, Error> {
+        match why {
+            Stop::Shutdown => Ok(if self.store.release(run.lease).await? {
+                Ending::Released
+            } else {
+                Ending::Lost
+            }),
+            Stop::Lost if watch.fenced() => Ok(Ending::Fenced),
+            Stop::Lost => {
+                if let Err(e) = self.store.confirm_stopped(run.lease).await {
+                    tracing::warn!(
+                        period_key = run.key,
+                        "cannot confirm that the released job stopped ({e}); the period can be claimed when its lease runs out"
+                    );
+                }
+                Ok(Ending::Lost)
             }
         }
     }
@@ -425,6 +452,10 @@ pub fn after_grace(mut shutdown: watch::Receiver<bool>, grace: Duration) -> watc
             _ = shutdown.wait_for(|down| *down) => {}
             () = tx.closed() => return,
         }
+        tracing::info!(
+            "a running job gets {} (shutdown_grace) to end; then it is stopped and its claim released",
+            humantime::format_duration(grace)
+        );
         tokio::select! {
             () = tokio::time::sleep(grace) => {}
             () = tx.closed() => return,

@@ -116,9 +116,13 @@ pub(super) async fn run(
             None => std::future::pending().await,
         }
     };
+    let mut supervisor_signaled = true;
     let mut result = tokio::select! {
         status = child.wait() => match status {
-            Ok(status) => status_result(status),
+            Ok(status) => {
+                supervisor_signaled = status.signal().is_some();
+                status_result(status)
+            }
             Err(e) => ActionResult::failed(format!("cannot wait for the job: {e}")),
         },
         () = timeout => {
@@ -137,6 +141,11 @@ pub(super) async fn run(
     };
     if let Some(pid) = supervisor {
         crate::reaper::forget_job(pid.as_raw() as u32);
+    }
+    // A supervisor that died of a signal may have been killed itself, with
+    // its job's tree still running, now re-parented to this process.
+    if supervisor_signaled {
+        crate::reaper::sweep().await;
     }
     // The supervisor has ended the whole tree, so the pipes close.
     for reader in readers.into_iter().flatten() {

@@ -221,37 +221,18 @@ fn end_tree(job: Pid, mut job_status: Option<WaitStatus>) -> Option<WaitStatus> 
     }
 }
 
-/// This process's children, from `/proc`.
+/// This process's children: from its one thread's `children` file where
+/// the kernel has it, else from every process's parent in `/proc`.
 fn children() -> Vec<Pid> {
     let me = std::process::id();
-    if let Ok(list) = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")) {
-        return list
+    match std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")) {
+        Ok(list) => list
             .split_whitespace()
             .filter_map(|p| p.parse().ok())
             .map(Pid::from_raw)
-            .collect();
+            .collect(),
+        Err(_) => crate::reaper::children_of(me),
     }
-    // Kernels without CONFIG_PROC_CHILDREN: every process's parent.
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| parent_in_stat(&stat))
-                == Some(me)
-        })
-        .map(Pid::from_raw)
-        .collect()
-}
-
-/// The parent pid in a `/proc/PID/stat` line (the fourth field, counted
-/// after the command name, which may itself hold spaces and parentheses).
-fn parent_in_stat(stat: &str) -> Option<u32> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Exits with the job's code, or dies of the job's signal.
@@ -271,16 +252,5 @@ fn exit_like(status: Option<WaitStatus>) -> ! {
             std::process::exit(128 + signal as i32)
         }
         _ => std::process::exit(CANNOT_START),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parent_in_stat;
-
-    #[test]
-    fn the_parent_is_read_after_a_command_name_with_spaces_and_parentheses() {
-        assert_eq!(parent_in_stat("42 (a b) c)) S 7 42 42 0"), Some(7));
-        assert_eq!(parent_in_stat("42 (sleep) S 1 42 42 0"), Some(1));
     }
 }

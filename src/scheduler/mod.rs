@@ -135,7 +135,8 @@ impl Service {
         self.waiting.clear();
         tracing::info!(
             running = self.running,
-            "shutting down: waiting for running jobs"
+            shutdown_grace = %humantime::format_duration(self.settings.shutdown_grace),
+            "shutting down: waiting for running jobs; past the grace they are stopped and their claims released"
         );
         // The grace in force now: a reload may have changed it.
         let grace = tokio::time::sleep(self.settings.shutdown_grace);
@@ -346,9 +347,18 @@ impl Service {
             jobs = self.jobs.len(),
             lease = %humantime::format_duration(self.settings.lease),
             max_running = self.settings.max_running,
+            shutdown_grace = %humantime::format_duration(self.settings.shutdown_grace),
+            scan_interval = %humantime::format_duration(self.settings.scan_interval),
+            catch_up = %humantime::format_duration(self.settings.catch_up),
             "reloaded {}",
             self.path.display()
         );
+        if self.jobs.is_empty() {
+            tracing::warn!(
+                "reload: {} has no jobs; nothing is scheduled",
+                self.path.display()
+            );
+        }
     }
 }
 
@@ -445,6 +455,7 @@ impl RunTask {
                     }) => "succeeded",
                     Ok(Ending::Recorded { .. }) => "failed",
                     Ok(Ending::Lost) => "lost",
+                    Ok(Ending::Fenced) => "fenced",
                     Ok(Ending::Released) => "released",
                     Err(_) => "unrecorded",
                 };
@@ -481,7 +492,13 @@ impl RunTask {
                         job = self.job.name,
                         period_key = key,
                         attempt = lease.attempt,
-                        "claim taken over; outcome discarded"
+                        "claim taken over or released; job stopped, outcome discarded"
+                    ),
+                    Ok(Ending::Fenced) => tracing::warn!(
+                        job = self.job.name,
+                        period_key = key,
+                        attempt = lease.attempt,
+                        "job stopped: its lease could not be renewed in time; nothing recorded, the period is recovered once the lease has run out"
                     ),
                     Ok(Ending::Released) => tracing::info!(
                         job = self.job.name,
@@ -493,7 +510,7 @@ impl RunTask {
                         job = self.job.name,
                         period_key = key,
                         attempt = lease.attempt,
-                        "cannot record the outcome: {e}"
+                        "cannot write to the database: {e}; the claim is taken over once its lease runs out"
                     ),
                 }
                 drop(won);

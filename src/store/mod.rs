@@ -202,10 +202,14 @@ impl ClaimRow {
             "succeeded" => Claim::Succeeded {
                 at: self.finished_at.unwrap_or(self.now),
             },
-            "running" if self.lease_until.is_some_and(|until| until >= self.now) => Claim::Held {
-                owner: self.owner.clone(),
-                until: self.lease_until.unwrap_or(self.now),
-            },
+            // A released claim whose runner has not confirmed the stop is
+            // held until its lease runs out.
+            "running" | "released" if self.lease_until.is_some_and(|until| until >= self.now) => {
+                Claim::Held {
+                    owner: self.owner.clone(),
+                    until: self.lease_until.unwrap_or(self.now),
+                }
+            }
             "failed" if self.retry_at.is_none_or(|at| at > self.now) => Claim::Failed {
                 retry_at: self.retry_at,
                 failures: self.failures,
@@ -213,6 +217,15 @@ impl ClaimRow {
             _ => Claim::Busy,
         }
     }
+}
+
+/// What `release` ended.
+#[derive(Debug, Clone)]
+pub struct Released {
+    /// Who was running it.
+    pub owner: String,
+    /// Until when it stays unclaimable unless its runner confirms the stop.
+    pub lease_until: Option<DateTime<Utc>>,
 }
 
 /// A period whose claim can be taken again now: its lease expired, it was
@@ -251,6 +264,24 @@ macro_rules! dispatch {
         match $self {
             Store::Sqlite(s) => s.$method($($arg),*).await,
             Store::Postgres(s) => s.$method($($arg),*).await,
+        }
+    };
+}
+
+/// How long the scheduler's own statements may take before they count as
+/// failed: a stalled connection (the server alive, the path to it not)
+/// would otherwise hold a claim, a scan or a release forever.
+pub const STATEMENT_BOUND: Duration = Duration::from_secs(10);
+
+/// [`dispatch!`] within [`STATEMENT_BOUND`], errors mapped.
+macro_rules! bounded {
+    ($self:ident . $method:ident ( $($arg:expr),* )) => {
+        match tokio::time::timeout(STATEMENT_BOUND, async { dispatch!($self.$method($($arg),*)) }).await {
+            Ok(result) => result.map_err(query_error),
+            Err(_) => Err(Error::Database(format!(
+                "database error: no answer within {}s",
+                STATEMENT_BOUND.as_secs()
+            ))),
         }
     };
 }
@@ -303,7 +334,7 @@ impl Store {
 
     /// Claims a period: wins it, or says who has it and why not.
     pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, Error> {
-        dispatch!(self.claim(request)).map_err(query_error)
+        bounded!(self.claim(request))
     }
 
     /// Renews the leases of `leases`; returns, in order, whether each is still ours.
@@ -313,7 +344,7 @@ impl Store {
 
     /// Records how an attempt ended; `false` if the claim had moved on.
     pub async fn finish(&self, lease: &Lease, finish: &Finish) -> Result<bool, Error> {
-        dispatch!(self.finish(lease, finish)).map_err(query_error)
+        bounded!(self.finish(lease, finish))
     }
 
     /// Runs `statement` with `params` and records success in one
@@ -336,18 +367,26 @@ impl Store {
     /// Ends a running attempt without an outcome (shutdown), so the period
     /// can be taken at once; spends no retry.
     pub async fn release(&self, lease: &Lease) -> Result<bool, Error> {
-        dispatch!(self.release(lease)).map_err(query_error)
+        bounded!(self.release(lease))
     }
 
-    /// Ends whatever attempt is running for `key` (`scheduler release`);
-    /// returns the owner it was taken from.
-    pub async fn release_key(&self, key: &str) -> Result<Option<String>, Error> {
-        dispatch!(self.release_key(key)).map_err(query_error)
+    /// Ends whatever attempt is running for `key` (`scheduler release`).
+    /// The period becomes claimable once its runner confirms that the job
+    /// stopped ([`Store::confirm_stopped`]), or once the lease it holds has
+    /// run out: a runner cut off from the database may still be running it.
+    pub async fn release_key(&self, key: &str) -> Result<Option<Released>, Error> {
+        bounded!(self.release_key(key))
+    }
+
+    /// A runner whose claim was released tells that its job has stopped, so
+    /// the period can be claimed at once; `false` if it moved on meanwhile.
+    pub async fn confirm_stopped(&self, lease: &Lease) -> Result<bool, Error> {
+        bounded!(self.confirm_stopped(lease))
     }
 
     /// The claim rows of `keys` that exist, by key, in one statement.
     pub async fn rows(&self, keys: &[String]) -> Result<HashMap<String, ClaimRow>, Error> {
-        let rows = dispatch!(self.rows(keys)).map_err(query_error)?;
+        let rows = bounded!(self.rows(keys))?;
         Ok(rows
             .into_iter()
             .map(|row| (row.period_key.clone(), row))
@@ -360,13 +399,13 @@ impl Store {
         jobs: &[String],
         limit: u32,
     ) -> Result<Vec<Reclaimable>, Error> {
-        dispatch!(self.reclaimable(jobs, limit)).map_err(query_error)
+        bounded!(self.reclaimable(jobs, limit))
     }
 
     /// Records `jobs` as seen (now, on the database's clock) where new, in
     /// one statement, and returns each one's record.
     pub async fn see_jobs(&self, jobs: &[String]) -> Result<HashMap<String, JobRecord>, Error> {
-        dispatch!(self.see_jobs(jobs)).map_err(query_error)
+        bounded!(self.see_jobs(jobs))
     }
 
     /// When each of `jobs` was first seen, for those seen at all; reads only.
@@ -374,12 +413,12 @@ impl Store {
         &self,
         jobs: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, Error> {
-        dispatch!(self.first_seen(jobs)).map_err(query_error)
+        bounded!(self.first_seen(jobs))
     }
 
     /// The jobs paused for every replica.
     pub async fn paused_jobs(&self) -> Result<Vec<String>, Error> {
-        dispatch!(self.paused_jobs()).map_err(query_error)
+        bounded!(self.paused_jobs())
     }
 
     /// For each of `jobs` with claims, the newest fire a claim was made for.
@@ -387,22 +426,22 @@ impl Store {
         &self,
         jobs: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, Error> {
-        dispatch!(self.last_fires(jobs)).map_err(query_error)
+        bounded!(self.last_fires(jobs))
     }
 
     /// Pauses or resumes `job` for every replica.
     pub async fn set_paused(&self, job: &str, paused: bool) -> Result<(), Error> {
-        dispatch!(self.set_paused(job, paused)).map_err(query_error)
+        bounded!(self.set_paused(job, paused))
     }
 
     /// The attempts of `job`, newest first.
     pub async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, Error> {
-        dispatch!(self.history(job, limit)).map_err(query_error)
+        bounded!(self.history(job, limit))
     }
 
     /// The most recent claim rows of `job`, newest period first.
     pub async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, Error> {
-        dispatch!(self.recent(job, limit)).map_err(query_error)
+        bounded!(self.recent(job, limit))
     }
 
     /// Deletes finished claims of `job` (and their attempts) that finished
@@ -419,8 +458,8 @@ impl Store {
 pub struct SqlLimits {
     /// How long the statement may run: the job's `timeout`.
     pub timeout: Option<Duration>,
-    /// Without a `timeout`, how long a statement may hold SQLite's one
-    /// writer (heartbeats and claims wait for it meanwhile).
+    /// How long a statement may hold SQLite's one writer at most, whatever
+    /// its `timeout` (heartbeats and claims wait for it meanwhile).
     pub writer_timeout: Duration,
     /// Set to stop the statement: its claim was lost or shutdown came.
     pub cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,

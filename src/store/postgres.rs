@@ -11,8 +11,8 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, SqlLimits,
-    Trigger,
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Released,
+    SqlLimits, Trigger,
 };
 use crate::period::Period;
 
@@ -206,8 +206,15 @@ impl PgStore {
             succeeded: true,
             ..Finish::default()
         };
+        let backend = std::sync::OnceLock::new();
         let work = async {
             let mut tx = self.actions.begin().await?;
+            // Its server process, so that a stop can cancel the statement
+            // there rather than leave it running beside the next attempt.
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await?;
+            let _ = backend.set(pid);
             if let Some(timeout) = limits.timeout {
                 // A number this code computed, never text from a user.
                 sqlx::query(&format!(
@@ -222,11 +229,22 @@ impl PgStore {
             })
             .await
         };
-        // A cancelled statement's transaction is dropped, so rolled back:
-        // it can never commit its success.
+        tokio::pin!(work);
         tokio::select! {
-            result = work => result,
-            () = limits.cancelled_wait() => Ok(Err("stopped before it ended".into())),
+            result = &mut work => return result,
+            () = limits.cancelled_wait() => {}
+        }
+        if let Some(pid) = backend.get() {
+            let _ = sqlx::query("SELECT pg_cancel_backend($1)")
+                .bind(pid)
+                .execute(&self.pool)
+                .await;
+        }
+        // The cancelled statement fails and its transaction rolls back; one
+        // that had already committed reports so.
+        match tokio::time::timeout(Duration::from_secs(5), work).await {
+            Ok(Ok(Ok(true))) => Ok(Ok(true)),
+            _ => Ok(Err("stopped before it ended".into())),
         }
     }
 
@@ -248,21 +266,37 @@ impl PgStore {
         Ok(released.is_some())
     }
 
-    pub(super) async fn release_key(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
-        sqlx::query_scalar(
+    pub(super) async fn confirm_stopped(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE scheduler_claims SET lease_until = NULL
+              WHERE period_key = $1 AND attempt = $2 AND state = 'released'",
+        )
+        .bind(&lease.key)
+        .bind(lease.attempt)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(super) async fn release_key(&self, key: &str) -> Result<Option<Released>, sqlx::Error> {
+        // The lease stays: the runner may be cut off and unable to stop its
+        // job; the period is claimable once that runner confirms the job
+        // stopped, or once the lease it was granted has run out.
+        let row: Option<(String, Option<DateTime<Utc>>)> = sqlx::query_as(
             "WITH c AS (
                 UPDATE scheduler_claims
-                   SET state = 'released', lease_until = NULL, finished_at = now()
+                   SET state = 'released', finished_at = now()
                  WHERE period_key = $1 AND state = 'running'
-             RETURNING period_key, attempt, owner),
+             RETURNING period_key, attempt, owner, lease_until),
              a AS (
                 UPDATE scheduler_attempts a SET outcome = 'released', finished_at = now()
                   FROM c WHERE a.period_key = c.period_key AND a.attempt = c.attempt)
-             SELECT owner FROM c",
+             SELECT owner, lease_until FROM c",
         )
         .bind(key)
         .fetch_optional(&self.pool)
-        .await
+        .await?;
+        Ok(row.map(|(owner, lease_until)| Released { owner, lease_until }))
     }
 
     pub(super) async fn rows(&self, keys: &[String]) -> Result<Vec<ClaimRow>, sqlx::Error> {
@@ -284,7 +318,7 @@ impl PgStore {
             "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
               WHERE job = ANY($1)
                 AND ((state = 'running' AND lease_until < now())
-                     OR state = 'released'
+                     OR (state = 'released' AND (lease_until IS NULL OR lease_until < now()))
                      OR (state = 'failed' AND retry_at <= now()))
               ORDER BY period_start LIMIT $2",
         )

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sqlx::{Connection, Row, Sqlite, Transaction};
 
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, SqlLimits,
-    Trigger,
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Released,
+    SqlLimits, Trigger,
 };
 use crate::period::Period;
 
@@ -128,7 +128,7 @@ impl SqliteStore {
                  failures, trigger, owner, lease_until, started_at)
              SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
               WHERE (SELECT count(*) FROM scheduler_claims
-                      WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
+                      WHERE job = ?2 AND state IN ('running', 'released') AND lease_until >= {NOW}
                         AND period_key <> ?1) < ?11
              ON CONFLICT (period_key) DO UPDATE SET
                 state = 'running',
@@ -144,7 +144,8 @@ impl SqliteStore {
                 started_at = excluded.started_at,
                 finished_at = NULL
              WHERE (scheduler_claims.state = 'running' AND scheduler_claims.lease_until < {NOW})
-                OR scheduler_claims.state = 'released'
+                OR (scheduler_claims.state = 'released'
+                    AND (scheduler_claims.lease_until IS NULL OR scheduler_claims.lease_until < {NOW}))
                 OR (scheduler_claims.state = 'failed' AND (?9 OR scheduler_claims.retry_at <= {NOW}))
                 OR (scheduler_claims.state = 'succeeded' AND ?10)
              RETURNING attempt, failures, trigger"
@@ -223,7 +224,12 @@ impl SqliteStore {
             succeeded: true,
             ..Finish::default()
         };
-        let timeout = limits.timeout.unwrap_or(limits.writer_timeout);
+        // Never longer than the writer bound, whatever the job's timeout:
+        // heartbeats wait for this one writer, and past lease − lease/3 every
+        // run of this process would fence itself.
+        let timeout = limits
+            .timeout
+            .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
         let deadline = std::time::Instant::now() + timeout;
         let mut conn = self.pool.acquire().await?;
         // The statement holds this process's one connection and SQLite's
@@ -251,7 +257,7 @@ impl SqliteStore {
         conn.lock_handle().await?.remove_progress_handler();
         Ok(match result? {
             Err(_) if expired.load(Ordering::SeqCst) => Err(format!(
-                "timed out after {} (an sql action on SQLite holds the database's one writer at most its `timeout`, or lease/3)",
+                "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
                 humantime::format_duration(timeout)
             )),
             other => other,
@@ -276,24 +282,39 @@ impl SqliteStore {
         Ok(released)
     }
 
-    pub(super) async fn release_key(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
+    pub(super) async fn confirm_stopped(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE scheduler_claims SET lease_until = NULL
+              WHERE period_key = ?1 AND attempt = ?2 AND state = 'released'",
+        )
+        .bind(&lease.key)
+        .bind(lease.attempt)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(super) async fn release_key(&self, key: &str) -> Result<Option<Released>, sqlx::Error> {
         let mut tx = self.begin().await?;
         let row = sqlx::query(&format!(
-            "UPDATE scheduler_claims SET state = 'released', lease_until = NULL, finished_at = {NOW}
-              WHERE period_key = ?1 AND state = 'running' RETURNING owner, attempt"
+            "UPDATE scheduler_claims SET state = 'released', finished_at = {NOW}
+              WHERE period_key = ?1 AND state = 'running' RETURNING owner, attempt, lease_until"
         ))
         .bind(key)
         .fetch_optional(&mut *tx)
         .await?;
-        let owner = match row {
+        let released = match row {
             Some(row) => {
                 mark_attempt(&mut tx, key, row.try_get("attempt")?, "released").await?;
-                Some(row.try_get("owner")?)
+                Some(Released {
+                    owner: row.try_get("owner")?,
+                    lease_until: opt_time(&row, "lease_until")?,
+                })
             }
             None => None,
         };
         tx.commit().await?;
-        Ok(owner)
+        Ok(released)
     }
 
     pub(super) async fn rows(&self, keys: &[String]) -> Result<Vec<ClaimRow>, sqlx::Error> {
@@ -319,7 +340,7 @@ impl SqliteStore {
             "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
               WHERE job IN (SELECT value FROM json_each(?1))
                 AND ((state = 'running' AND lease_until < {NOW})
-                     OR state = 'released'
+                     OR (state = 'released' AND (lease_until IS NULL OR lease_until < {NOW}))
                      OR (state = 'failed' AND retry_at <= {NOW}))
               ORDER BY period_start LIMIT ?2"
         ))

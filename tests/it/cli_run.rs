@@ -120,9 +120,11 @@ fn a_frozen_runner_cannot_overwrite_the_takeover_and_its_job_is_stopped() {
         );
 
         kill(frozen_pid, Signal::SIGCONT).unwrap();
+        // Thawed past its fence: nothing recorded, and the exit says the
+        // database (its lease) failed it.
         let out = wait(frozen, BOUND);
-        assert_eq!(out.code(), 0, "{}", out.stderr());
-        assert!(out.stdout().contains("lost"), "{}", out.stdout());
+        assert_eq!(out.code(), 3, "{}", out.stderr());
+        assert!(out.stdout().contains("fenced"), "{}", out.stdout());
         eventually(
             "the frozen runner's job to be stopped",
             Duration::from_secs(5),
@@ -413,18 +415,16 @@ fn wait_reports_the_outcome_of_a_run_held_elsewhere() {
 }
 
 #[test]
-fn release_frees_a_stuck_claim_for_an_immediate_recovery() {
+fn release_stops_the_running_job_and_frees_the_period_once_its_runner_confirms() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(
-        "[scheduler]\nlease = \"1h\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+        "[scheduler]\nlease = \"3s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
          shell = \"echo $SCHEDULER_ATTEMPT $SCHEDULER_TRIGGER >> runs.txt; if [ $SCHEDULER_ATTEMPT = 1 ]; then exec sleep 30; fi\"\n",
     );
     let stuck = start(&ws, &db, &["--period", "2026-07"]);
     eventually("the stuck run", BOUND, || {
         lines(ws.path().join("runs.txt")).len() == 1
     });
-    let stuck_pid = Pid::from_raw(stuck.id() as i32);
-    kill(stuck_pid, Signal::SIGSTOP).unwrap();
     let held = run(&ws, &db, &["--period", "2026-07"]);
     assert!(
         held.stdout().contains("skipped: running on"),
@@ -447,6 +447,9 @@ fn release_frees_a_stuck_claim_for_an_immediate_recovery() {
         "{}",
         released.stdout()
     );
+    // The runner stops its job at its next heartbeat and says it is gone.
+    let out = wait(stuck, BOUND);
+    assert!(out.stdout().contains("lost"), "{}", out.stdout());
     let taken = run(&ws, &db, &["--period", "2026-07"]);
     assert!(
         taken.stdout().contains("succeeded: attempt 2"),
@@ -454,8 +457,6 @@ fn release_frees_a_stuck_claim_for_an_immediate_recovery() {
         taken.stdout()
     );
     assert_eq!(lines(ws.path().join("runs.txt")), ["1 manual", "2 manual"]);
-    kill(stuck_pid, Signal::SIGKILL).unwrap();
-    wait(stuck, BOUND);
 }
 
 #[test]

@@ -402,9 +402,12 @@ fn a_frozen_runners_job_is_stopped_by_its_supervisor_before_the_lease_runs_out()
         .unwrap();
     eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+    // Thawed, it finds its fence long passed: it records nothing and says
+    // the database (its lease) failed it.
     signal(&frozen, Signal::SIGCONT);
     let out = wait(frozen, BOUND);
-    assert!(out.stdout().contains("lost"), "{}", out.stdout());
+    assert!(out.stdout().contains("fenced"), "{}", out.stdout());
+    assert_eq!(out.code(), 3);
     signal(&takeover, Signal::SIGKILL);
     wait(takeover, BOUND);
 }
@@ -506,5 +509,257 @@ fn a_job_starts_with_no_signal_blocked_and_a_timeout_reaches_its_trap() {
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
+    );
+}
+
+#[test]
+fn release_of_a_frozen_runners_claim_waits_for_its_lease() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&("[scheduler]\nlease = \"4s\"\n".to_owned() + &overlap_job("long")));
+    let today = today();
+    let args = ["--database-url", &db.url, "run", "long", "--period", &today];
+    let frozen = ws
+        .command(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    signal(&frozen, Signal::SIGSTOP);
+    let released = ws.run(&[
+        "--database-url",
+        &db.url,
+        "release",
+        "long",
+        "--period",
+        &today,
+    ]);
+    assert_eq!(released.code(), 0, "{}", released.stderr());
+    // Its runner cannot stop the job: the period stays held until the lease
+    // it was granted has run out (and the job's supervisor has stopped it).
+    let at_once = ws.run(&args);
+    assert!(
+        at_once.stdout().contains("skipped: running on"),
+        "{}",
+        at_once.stdout()
+    );
+    let takeover = ws
+        .command(&[&args[..], &["--wait"]].concat())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
+    assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+    signal(&takeover, Signal::SIGKILL);
+    wait(takeover, BOUND);
+    signal(&frozen, Signal::SIGKILL);
+    wait(frozen, BOUND);
+}
+
+/// The parent of process `pid`.
+fn parent(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    after.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn kill_9_of_a_jobs_supervisor_leaves_nothing_of_its_tree_running_beside_the_next_attempt() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &("[scheduler]\nlease = \"3s\"\nscan_interval = \"200ms\"\nshutdown_grace = \"1s\"\n"
+            .to_owned()
+            + &overlap_job("long")
+            + "retry = { attempts = 5, backoff = \"1s\" }\n"),
+    );
+    let server = serve(&ws, &db.url);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    let (_, shell) = starts(&ws, "long")[0];
+    let supervisor = parent(shell);
+    kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+    eventually(
+        "the job's shell to be gone",
+        Duration::from_secs(10),
+        || !alive(shell),
+    );
+    eventually("the retry", BOUND, || starts(&ws, "long").len() == 2);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+    assert_eq!(stop(server), 0);
+}
+
+#[test]
+fn a_stopped_sql_action_on_postgres_is_cancelled_on_the_server() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"3s\"\nscan_interval = \"200ms\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"ss\"\nschedule = \"* * * * * *\"\nperiod = \"day\"\nsql = { statement = \"SELECT pg_sleep(20)\" }\n",
+    );
+    let sleeping = || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = 'SELECT pg_sleep(20)' AND datname = current_database()",
+        )
+    };
+    let server = serve(&ws, &db.url);
+    eventually("the statement", BOUND, || sleeping() == 1);
+    let released = ws.run(&[
+        "--database-url",
+        &db.url,
+        "release",
+        "ss",
+        "--period",
+        &today(),
+    ]);
+    assert_eq!(released.code(), 0, "{}", released.stderr());
+    // The recovery starts a second statement only after the first is gone.
+    let until = Instant::now() + Duration::from_secs(6);
+    let mut most = 0;
+    while Instant::now() < until {
+        most = most.max(sleeping());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        most,
+        1,
+        "two statements of one period ran at once:\n{}",
+        log(&ws)
+    );
+    assert_eq!(stop(server), 0);
+}
+
+#[test]
+fn an_sql_action_on_sqlite_holds_the_writer_at_most_lease_over_3_whatever_its_timeout() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"3s\"\n\n[[job]]\nname = \"slow\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ntimeout = \"8s\"\n\
+         sql = { statement = \"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c\" }\n",
+    );
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "slow",
+        "--period",
+        "2026-07",
+    ]);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+    assert!(
+        out.stdout().contains("timed out after 1s"),
+        "{}",
+        out.stdout()
+    );
+}
+
+fn proxied(db: &TestDb) -> (Proxy, String) {
+    let upstream = url::Url::parse(&db.url).unwrap();
+    let addr = format!(
+        "{}:{}",
+        upstream.host_str().unwrap(),
+        upstream.port().unwrap_or(5432)
+    );
+    let proxy = Proxy::start(addr.parse().unwrap());
+    let url = proxy.url(&db.url);
+    (proxy, url)
+}
+
+#[test]
+fn sigterm_while_the_database_path_is_stalled_exits_after_the_grace() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy, url) = proxied(&db);
+    let ws = Workspace::new(
+        &("[scheduler]\nlease = \"3s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+            .to_owned()
+            + &overlap_job("long")),
+    );
+    let server = serve(&ws, &url);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    proxy.stall();
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&server, Signal::SIGTERM);
+    let out = wait(server, Duration::from_secs(45));
+    assert_eq!(out.code(), 0, "{}", log(&ws));
+    proxy.restore();
+}
+
+#[test]
+fn a_run_cut_off_from_its_database_stops_its_job_and_exits_3() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy, url) = proxied(&db);
+    let ws = Workspace::new(&("[scheduler]\nlease = \"3s\"\n".to_owned() + &overlap_job("long")));
+    let runner = ws
+        .command(&["--database-url", &url, "run", "long", "--period", &today()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    proxy.cut();
+    let out = wait(runner, BOUND);
+    assert_eq!(out.code(), 3, "{}{}", out.stdout(), out.stderr());
+    assert!(out.stdout().contains("fenced"), "{}", out.stdout());
+    proxy.restore();
+}
+
+#[test]
+fn a_sighup_while_serve_connects_does_not_end_it() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy, url) = proxied(&db);
+    proxy.stall();
+    let ws = Workspace::new(
+        &("[scheduler]\nlease = \"3s\"\nshutdown_grace = \"1s\"\n".to_owned()
+            + &overlap_job("long")),
+    );
+    let mut server = serve(&ws, &url);
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&server, Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        server.try_wait().unwrap().is_none(),
+        "serve ended on a SIGHUP while it connected"
+    );
+    proxy.restore();
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    assert_eq!(stop(server), 0);
+}
+
+#[test]
+fn run_job_retries_a_failed_period_whose_retry_is_due() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nretry = { attempts = 3, backoff = \"1s\" }\n\
+         shell = \"echo $SCHEDULER_PERIOD $SCHEDULER_TRIGGER >> runs.txt; test ! -e fail\"\n",
+    );
+    let earlier = (Utc::now() - chrono::TimeDelta::minutes(2))
+        .format("%Y-%m-%dT%H:%M")
+        .to_string();
+    std::fs::write(ws.path().join("fail"), "").unwrap();
+    let failed = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "tick",
+        "--period",
+        &earlier,
+    ]);
+    assert_eq!(failed.code(), 1, "{}", failed.stdout());
+    std::fs::remove_file(ws.path().join("fail")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let again = ws.run(&["--database-url", &db.url, "run", "tick"]);
+    assert_eq!(again.code(), 0, "{}{}", again.stdout(), again.stderr());
+    assert!(
+        again.stdout().contains(&format!(
+            "tick:{earlier}  succeeded: attempt 2, trigger retry"
+        )),
+        "{}",
+        again.stdout()
     );
 }

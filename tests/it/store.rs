@@ -190,19 +190,26 @@ async fn a_released_claim_is_taken_at_once_and_spends_no_retry(store: Store) {
     );
 }
 
-async fn release_by_key_ends_whatever_attempt_runs(store: Store) {
-    let period = month("2026-07");
+async fn release_by_key_holds_the_period_until_its_runner_confirms_the_stop(store: Store) {
+    let (period, other) = (month("2026-07"), month("2026-08"));
     let first = won(&store, &request(&period, "a")).await;
-    assert_eq!(
-        store
-            .release_key("billing:2026-07")
-            .await
-            .unwrap()
-            .as_deref(),
-        Some("a")
-    );
-    assert_eq!(store.release_key("billing:2026-07").await.unwrap(), None);
+    let released = store.release_key("billing:2026-07").await.unwrap();
+    assert_eq!(released.map(|r| r.owner).as_deref(), Some("a"));
+    assert!(store.release_key("billing:2026-07").await.unwrap().is_none());
     assert!(!store.finish(&first, &succeeded()).await.unwrap());
+    // Its runner may be cut off and still running it: held, and it still
+    // takes the job's one concurrency slot.
+    assert!(matches!(
+        store.claim(&request(&period, "b")).await.unwrap(),
+        Claim::Held { .. }
+    ));
+    assert!(matches!(
+        store.claim(&request(&other, "b")).await.unwrap(),
+        Claim::Busy
+    ));
+    assert!(store.confirm_stopped(&first).await.unwrap());
+    let second = won(&store, &request(&period, "b")).await;
+    assert_eq!((second.attempt, second.trigger), (2, Trigger::Recovery));
 }
 
 async fn concurrency_limits_running_periods_of_a_job(store: Store) {
@@ -437,6 +444,7 @@ async fn a_second_watch_of_one_key_leaves_the_first_one_informed(store: Store) {
     let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(60));
     let old = heartbeats.watch(&first, sent, Duration::from_secs(60));
     store.release_key(&first.key).await.unwrap();
+    store.confirm_stopped(&first).await.unwrap();
     let second = won(&store, &request(&period, "a")).await;
     let new = heartbeats.watch(&second, Instant::now(), Duration::from_secs(60));
     heartbeats.renew_now().await;
@@ -557,7 +565,7 @@ conformance!(
     a_failed_period_waits_for_its_retry_unless_run_by_hand,
     a_due_retry_is_claimed_with_trigger_retry,
     a_released_claim_is_taken_at_once_and_spends_no_retry,
-    release_by_key_ends_whatever_attempt_runs,
+    release_by_key_holds_the_period_until_its_runner_confirms_the_stop,
     concurrency_limits_running_periods_of_a_job,
     concurrent_claims_of_one_key_have_one_winner,
     an_sql_action_commits_with_the_outcome_or_not_at_all,

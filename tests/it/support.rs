@@ -236,6 +236,7 @@ pub fn lines(path: impl AsRef<Path>) -> Vec<String> {
 pub struct Proxy {
     pub port: u16,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
     open: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
     _runtime: tokio::runtime::Runtime,
 }
@@ -254,15 +255,22 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (cut2, open2) = (cut.clone(), open.clone());
+        let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cut2, open2, stalled2) = (cut.clone(), open.clone(), stalled.clone());
         runtime.spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            while let Ok((client, _)) = listener.accept().await {
                 if cut2.load(Ordering::SeqCst) {
                     continue;
                 }
+                let stalled = stalled2.clone();
                 let task = tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    if let Ok(server) = tokio::net::TcpStream::connect(upstream).await {
+                        let (client_read, client_write) = client.into_split();
+                        let (server_read, server_write) = server.into_split();
+                        tokio::join!(
+                            relay(client_read, server_write, stalled.clone()),
+                            relay(server_read, client_write, stalled),
+                        );
                     }
                 });
                 open2.lock().unwrap().push(task.abort_handle());
@@ -271,9 +279,17 @@ impl Proxy {
         Proxy {
             port,
             cut,
+            stalled,
             open,
             _runtime: runtime,
         }
+    }
+
+    /// Keeps every connection open but passes no byte either way: the
+    /// server is alive, the path to it is not.
+    pub fn stall(&self) {
+        self.stalled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Drops every open connection and refuses new ones.
@@ -286,6 +302,8 @@ impl Proxy {
 
     pub fn restore(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.stalled
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// `url` pointed at this proxy.
@@ -294,6 +312,28 @@ impl Proxy {
         url.set_host(Some("127.0.0.1")).expect("host");
         url.set_port(Some(self.port)).expect("port");
         url.to_string()
+    }
+}
+
+/// Copies bytes from `from` to `to`, holding them while `stalled`.
+async fn relay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while stalled.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
 
