@@ -195,7 +195,13 @@ async fn release_by_key_holds_the_period_until_its_runner_confirms_the_stop(stor
     let first = won(&store, &request(&period, "a")).await;
     let released = store.release_key("billing:2026-07").await.unwrap();
     assert_eq!(released.map(|r| r.owner).as_deref(), Some("a"));
-    assert!(store.release_key("billing:2026-07").await.unwrap().is_none());
+    assert!(
+        store
+            .release_key("billing:2026-07")
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(!store.finish(&first, &succeeded()).await.unwrap());
     // Its runner may be cut off and still running it: held, and it still
     // takes the job's one concurrency slot.
