@@ -49,6 +49,12 @@ fn with_pre_exec() -> Command {
 }
 
 fn supervised() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_scheduler-supervise"));
+    command.args(["60000", "--", "/bin/true"]).process_group(0);
+    command
+}
+
+fn supervised_by_scheduler() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_scheduler"));
     command
         .args([
@@ -62,20 +68,22 @@ fn supervised() -> Command {
 }
 
 fn report(parent: &str) {
-    let (bare, old, new) = (rate(bare), rate(with_pre_exec), rate(supervised));
+    let figures = [
+        ("bare posix_spawn", rate(bare)),
+        (
+            "before: pre_exec + PR_SET_PDEATHSIG (fork)",
+            rate(with_pre_exec),
+        ),
+        ("now: scheduler-supervise + job", rate(supervised)),
+        (
+            "fallback: scheduler __supervise + job",
+            rate(supervised_by_scheduler),
+        ),
+    ];
     println!("{parent}, {SPAWNS} spawns of /bin/true, each waited for:");
-    println!(
-        "  bare posix_spawn:                         {bare:.0}/s ({:.2} ms)",
-        1000.0 / bare
-    );
-    println!(
-        "  before: pre_exec + PR_SET_PDEATHSIG (fork): {old:.0}/s ({:.2} ms)",
-        1000.0 / old
-    );
-    println!(
-        "  now: supervisor (posix_spawn) + job:        {new:.0}/s ({:.2} ms)",
-        1000.0 / new
-    );
+    for (what, rate) in figures {
+        println!("  {what:<44} {rate:>5.0}/s ({:.2} ms)", 1000.0 / rate);
+    }
 }
 
 fn main() {

@@ -128,7 +128,10 @@ impl SqliteStore {
                  failures, trigger, owner, lease_until, started_at)
              SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
               WHERE (SELECT count(*) FROM scheduler_claims
-                      WHERE job = ?2 AND state IN ('running', 'released') AND lease_until >= {NOW}
+                      WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
+                        AND period_key <> ?1)
+                  + (SELECT count(*) FROM scheduler_claims
+                      WHERE job = ?2 AND state = 'released' AND lease_until >= {NOW}
                         AND period_key <> ?1) < ?11
              ON CONFLICT (period_key) DO UPDATE SET
                 state = 'running',
