@@ -122,7 +122,9 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Resume { job } => inspect::pause(&store, &job, false)
             .await
             .or_else(Stop::into_result),
-        Command::Prune => inspect::prune(&config, &store).await,
+        Command::Prune => inspect::prune(&config, &store)
+            .await
+            .or_else(Stop::into_result),
         Command::Serve { .. } => {
             let health = &crate::server::HEALTH;
             health.watch(config.settings.lease, config.settings.scan_interval);

@@ -179,17 +179,17 @@ pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, St
 }
 
 /// `scheduler prune`.
-pub async fn prune(config: &Config, store: &Store) -> Result<Outcome, Error> {
+pub async fn prune(config: &Config, store: &Store) -> Result<Outcome, Stop> {
     for job in &config.jobs {
         if let Some(keep) = job.keep {
             let pruned = store
                 .prune(&job.name, keep, config.settings.catch_up)
                 .await?;
-            println!(
-                "{}: pruned {pruned} finished claim(s) older than {}",
+            say(format_args!(
+                "{}: pruned {pruned} finished claim(s) older than {} (periods that fired inside the catch-up window are kept)",
                 job.name,
                 humantime::format_duration(keep)
-            );
+            ))?;
         }
     }
     Ok(Outcome::Done)

@@ -341,6 +341,7 @@ impl Service {
         // fence; claims already held keep the lease they were granted until
         // their next renewal.
         self.context.heartbeats.set_lease(config.settings.lease);
+        crate::server::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
         self.settings = config.settings;
         self.take_backlog();
         tracing::info!(
