@@ -50,8 +50,13 @@ fn init_logging(cli: &Cli) {
     };
     let filter = EnvFilter::try_from_env("SCHEDULER_LOG")
         .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=warn")));
+    // Colour only for a person at a terminal: log files, pipes and
+    // container logs get plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),

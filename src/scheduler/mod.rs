@@ -101,7 +101,7 @@ impl Service {
         tracing::info!(
             jobs = self.jobs.len(),
             owner = self.owner,
-            next_fire = ?self.timer.next(),
+            next_fire = self.timer.next().map(crate::period::utc_text),
             "serving"
         );
         let mut next_scan = Instant::now();
