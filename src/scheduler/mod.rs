@@ -392,11 +392,20 @@ struct RunTask {
     events: mpsc::UnboundedSender<Event>,
 }
 
+/// Frees a task's `max_running` slot when the task ends, however it ends
+/// (a panic unwinds through it too).
+struct FreeOnDrop(mpsc::UnboundedSender<Event>);
+
+impl Drop for FreeOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send(Event::Free);
+    }
+}
+
 impl RunTask {
     async fn go(self) {
-        let events = self.events.clone();
+        let _free = FreeOnDrop(self.events.clone());
         self.claim_and_run().await;
-        let _ = events.send(Event::Free);
     }
 
     async fn claim_and_run(self) {

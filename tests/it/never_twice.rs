@@ -758,3 +758,33 @@ fn run_job_retries_a_failed_period_whose_retry_is_due() {
         again.stdout()
     );
 }
+
+#[test]
+fn serve_runs_on_when_nothing_reads_its_log() {
+    use std::io::BufRead;
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"t\"\nschedule = \"* * * * * *\"\nshell = \"echo hello\"\n",
+    );
+    let mut server = ws
+        .command(&["--database-url", &db.url, "serve"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The log shipper reads one line and goes away.
+    let mut reader = std::io::BufReader::new(server.stderr.take().unwrap());
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    drop(reader);
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(stop(server), 0);
+    let count = |outcome: &str| {
+        count(
+            &db.url,
+            &format!("SELECT count(*) FROM scheduler_attempts WHERE outcome = '{outcome}'"),
+        )
+    };
+    assert!(count("succeeded") >= 4, "{} succeeded", count("succeeded"));
+    assert_eq!((count("lost"), count("running")), (0, 0));
+}
