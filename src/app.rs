@@ -156,6 +156,9 @@ fn database_url(flag: Option<&str>, config: &Config) -> Result<DatabaseUrl, Erro
         };
         return DatabaseUrl::parse(url, &cwd).map_err(|e| Error::Usage(format!("{name}: {e}")));
     }
+    if let Some(e) = &config.settings.database_url_error {
+        return Err(Error::Config(e.clone()));
+    }
     if let Some(url) = &config.settings.database_url {
         return Ok(url.clone());
     }

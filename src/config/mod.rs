@@ -89,6 +89,10 @@ pub struct Settings {
     /// otherwise; a relative SQLite path is taken from the directory of
     /// `jobs.toml`.
     pub database_url: Option<DatabaseUrl>,
+    /// Why `database_url` could not be read, when a command that opens no
+    /// database read the file leniently (an unset `${VAR}` in it): a
+    /// command that needs the database reports it.
+    pub database_url_error: Option<ConfigError>,
 }
 
 /// What to do with periods missed while nothing ran.

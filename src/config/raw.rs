@@ -127,6 +127,10 @@ impl<'a> Vars<'a> {
         (self.lookup)(name)
     }
 
+    fn is_lenient(&self) -> bool {
+        self.unset.is_some()
+    }
+
     fn unset_count(&self) -> usize {
         self.unset.as_ref().map_or(0, |u| u.borrow().len())
     }
@@ -272,15 +276,30 @@ fn templates<'a>(
 
 impl RawSettings {
     pub(super) fn validate(self, at: &Locator, env: Env) -> Result<Settings, ConfigError> {
+        let mut database_url_error = None;
         let database_url = match &self.database_url {
             Some(url) => {
                 let expanded = crate::template::expand_env(url.get_ref(), &|name| env.strict(name))
-                    .map_err(|e| at.template_error(url.span(), e))?;
-                let base = at.directory();
-                Some(
-                    DatabaseUrl::parse(&expanded, &base)
-                        .map_err(|e| at.error(url.span(), format!("`database_url`: {e}")))?,
-                )
+                    .map_err(|e| at.template_error(url.span(), e));
+                match expanded {
+                    Ok(expanded) => Some(
+                        DatabaseUrl::parse(&expanded, &at.directory())
+                            .map_err(|e| at.error(url.span(), format!("`database_url`: {e}")))?,
+                    ),
+                    // Read leniently (`check`), an unset variable in the URL
+                    // is a warning; a command that opens the database says
+                    // it is missing. The URL is never guessed without it.
+                    Err(e) if env.is_lenient() => {
+                        let before = env.unset_count();
+                        let _ = crate::template::expand_env(url.get_ref(), &|name| env.get(name));
+                        if env.unset_count() == before {
+                            return Err(e);
+                        }
+                        database_url_error = Some(e);
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             None => None,
         };
@@ -308,6 +327,7 @@ impl RawSettings {
                 Duration::from_millis(100),
             )?,
             database_url,
+            database_url_error,
         })
     }
 }

@@ -923,3 +923,27 @@ fn errors_say_what_to_do_and_every_mistake_in_a_file_is_reported() {
     );
     assert!(!ws.path().join("scheduler.db").exists());
 }
+
+#[test]
+fn an_unset_variable_in_database_url_is_a_warning_for_check_and_an_error_for_status() {
+    let ws = Workspace::new(
+        "[scheduler]\ndatabase_url = \"postgres://app:${SCHEDULER_TEST_UNSET_DB_PASS}@127.0.0.1/x\"\n\n[[job]]\nname = \"a\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n",
+    );
+    let check = ws.run(&["check"]);
+    assert_eq!(check.code(), 0, "{}", check.stderr());
+    assert!(
+        check.stderr().contains("warning: ")
+            && check.stderr().contains("SCHEDULER_TEST_UNSET_DB_PASS"),
+        "{}",
+        check.stderr()
+    );
+    let status = ws.run(&["status"]);
+    assert_eq!(status.code(), 2, "{}", status.stderr());
+    assert!(
+        status.stderr().contains("jobs.toml:2:")
+            && status.stderr().contains("SCHEDULER_TEST_UNSET_DB_PASS"),
+        "{}",
+        status.stderr()
+    );
+    assert!(!ws.path().join("scheduler.db").exists());
+}
