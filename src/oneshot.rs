@@ -531,7 +531,12 @@ impl PeriodRun<'_> {
                 }
                 Ending::Lost => line(
                     "lost",
-                    "the claim was taken over or released; this attempt was stopped and its outcome discarded".into(),
+                    "the claim was taken over; this attempt was stopped and its outcome discarded".into(),
+                    attempt,
+                ),
+                Ending::Withdrawn => line(
+                    "released",
+                    "stopped by `scheduler release`; nothing recorded and the period is not done: `run --period` runs it again".into(),
                     attempt,
                 ),
                 Ending::Fenced => line(

@@ -137,9 +137,11 @@ pub enum Ending {
         /// When a retry is due, if any.
         retry_after: Option<Duration>,
     },
-    /// The claim moved on (taken over, or released by `scheduler release`);
-    /// nothing was recorded.
+    /// The claim was taken over; nothing was recorded.
     Lost,
+    /// `scheduler release` ended this attempt: the job was stopped, nothing
+    /// recorded, and the period is not done.
+    Withdrawn,
     /// The lease could not be renewed in time (the database did not
     /// answer): the job was stopped and nothing recorded; the period is
     /// recovered once its lease has run out.
@@ -376,15 +378,18 @@ impl Context {
                 Ending::Lost
             }),
             Stop::Lost if watch.fenced() => Ok(Ending::Fenced),
-            Stop::Lost => {
-                if let Err(e) = self.store.confirm_stopped(run.lease).await {
+            Stop::Lost => match self.store.confirm_stopped(run.lease).await {
+                // Still this attempt, released: `scheduler release` did it.
+                Ok(true) => Ok(Ending::Withdrawn),
+                Ok(false) => Ok(Ending::Lost),
+                Err(e) => {
                     tracing::warn!(
                         period_key = run.key,
                         "cannot confirm that the released job stopped ({e}); the period can be claimed when its lease runs out"
                     );
+                    Ok(Ending::Lost)
                 }
-                Ok(Ending::Lost)
-            }
+            },
         }
     }
 

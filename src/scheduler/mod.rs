@@ -466,6 +466,7 @@ impl RunTask {
                     Ok(Ending::Recorded { .. }) => "failed",
                     Ok(Ending::Lost) => "lost",
                     Ok(Ending::Fenced) => "fenced",
+                    Ok(Ending::Withdrawn) => "withdrawn",
                     Ok(Ending::Released) => "released",
                     Err(_) => "unrecorded",
                 };
@@ -502,7 +503,13 @@ impl RunTask {
                         job = self.job.name,
                         period_key = key,
                         attempt = lease.attempt,
-                        "claim taken over or released; job stopped, outcome discarded"
+                        "claim taken over; job stopped, outcome discarded"
+                    ),
+                    Ok(Ending::Withdrawn) => tracing::warn!(
+                        job = self.job.name,
+                        period_key = key,
+                        attempt = lease.attempt,
+                        "stopped by `scheduler release`; nothing recorded, the period is claimed again by the next scan"
                     ),
                     Ok(Ending::Fenced) => tracing::warn!(
                         job = self.job.name,

@@ -447,9 +447,16 @@ fn release_stops_the_running_job_and_frees_the_period_once_its_runner_confirms()
         "{}",
         released.stdout()
     );
-    // The runner stops its job at its next heartbeat and says it is gone.
+    // The runner stops its job at its next heartbeat and says the period is
+    // not done (exit 1: nobody else is doing it).
     let out = wait(stuck, BOUND);
-    assert!(out.stdout().contains("lost"), "{}", out.stdout());
+    assert!(
+        out.stdout()
+            .contains("released: stopped by `scheduler release`"),
+        "{}",
+        out.stdout()
+    );
+    assert_eq!(out.code(), 1);
     let taken = run(&ws, &db, &["--period", "2026-07"]);
     assert!(
         taken.stdout().contains("succeeded: attempt 2"),
