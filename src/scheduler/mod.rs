@@ -16,7 +16,7 @@ use crate::config::{Config, Job, Missed, Settings};
 use crate::due::{Due, due};
 use crate::error::{Error, Outcome};
 use crate::runner::{Context, Ending, Run, Taken};
-use crate::store::{Claim, ClaimRequest, Store, Trigger};
+use crate::store::{Claim, ClaimRequest, Reclaimable, Store, Trigger};
 
 mod timer;
 use timer::Timer;
@@ -29,7 +29,15 @@ const MAX_SLEEP: Duration = Duration::from_secs(30);
 const SCAN_LIMIT: u32 = 500;
 
 /// What a run task tells the loop.
+/// What one scan read from the database.
+struct Scanned {
+    paused: Result<Vec<String>, Error>,
+    found: Result<Vec<Reclaimable>, Error>,
+}
+
 enum Event {
+    /// A scan ended.
+    Scanned(Box<Scanned>),
     /// No concurrency slot (or no database): try again at the next scan,
     /// or, for a slot, when a run of the job ends here.
     Again(String, Due),
@@ -52,6 +60,8 @@ pub struct Service {
     owner: String,
     /// Tasks claiming or running now, at most `settings.max_running`.
     running: usize,
+    /// A scan is under way.
+    scanning: bool,
     /// Turns true when shutdown's grace is over: running jobs stop.
     stop_now: watch::Sender<bool>,
     /// Periods waiting for a job's concurrency slot or for the database,
@@ -78,6 +88,7 @@ impl Service {
         Ok(Service {
             path,
             running: 0,
+            scanning: false,
             stop_now: watch::Sender::new(false),
             settings: config.settings,
             timer: Timer::new(&jobs, Utc::now()),
@@ -127,7 +138,7 @@ impl Service {
                 self.dispatch(job, due, now);
             }
             if Instant::now() >= next_scan {
-                self.scan().await;
+                self.scan();
                 next_scan = Instant::now() + self.settings.scan_interval;
             }
         }
@@ -203,9 +214,28 @@ impl Service {
     }
 
     /// The regular scan: pauses, waiting periods, and claims to take over.
-    async fn scan(&mut self) {
+    /// Starts the regular scan beside the timer (never in front of it: a
+    /// slow or stalled database must not delay fires); its findings come
+    /// back as [`Event::Scanned`]. One scan at a time.
+    fn scan(&mut self) {
+        if self.scanning {
+            return;
+        }
+        self.scanning = true;
         let store = self.context.store.clone();
-        match store.paused_jobs().await {
+        let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
+        let events = self.events.0.clone();
+        tokio::spawn(async move {
+            let paused = store.paused_jobs().await;
+            let found = store.reclaimable(&names, SCAN_LIMIT).await;
+            let _ = events.send(Event::Scanned(Box::new(Scanned { paused, found })));
+        });
+    }
+
+    /// What a scan found: pauses, waiting periods, and claims to take over.
+    fn scanned(&mut self, scanned: Scanned) {
+        self.scanning = false;
+        match scanned.paused {
             Ok(paused) => self.paused = paused.into_iter().collect(),
             Err(e) => tracing::warn!("scan: cannot read paused jobs: {e}"),
         }
@@ -215,8 +245,7 @@ impl Service {
             self.release_waiting(&name, slots);
         }
         let now = Utc::now();
-        let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
-        match store.reclaimable(&names, SCAN_LIMIT).await {
+        match scanned.found {
             Ok(found) => {
                 crate::server::HEALTH.database_ok();
                 for r in found {
@@ -245,6 +274,7 @@ impl Service {
 
     fn handle(&mut self, event: Event) {
         match event {
+            Event::Scanned(scanned) => self.scanned(*scanned),
             Event::Again(name, due) => self.wait(name, due),
             // A slot of this job freed here: its oldest waiting period goes next.
             Event::Done(name) => self.release_waiting(&name, 1),

@@ -788,3 +788,65 @@ fn serve_runs_on_when_nothing_reads_its_log() {
     assert!(count("succeeded") >= 4, "{} succeeded", count("succeeded"));
     assert_eq!((count("lost"), count("running")), (0, 0));
 }
+
+/// `GET path` from `addr`, the whole answer as text ("" if none).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
+#[test]
+fn a_stalled_database_never_stops_the_serve_loop() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy, url) = proxied(&db);
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = ws
+        .command(&["--database-url", &url, "serve", "--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("/healthz 200", BOUND, || {
+        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    });
+    // Scans, claims and renewals now wait on a path that passes nothing;
+    // the loop that fires must not.
+    proxy.stall();
+    let until = Instant::now() + Duration::from_secs(12);
+    let mut answers = Vec::new();
+    while Instant::now() < until {
+        answers.push(http_get(&addr, "/healthz"));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    proxy.restore();
+    let stuck: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.contains("serve loop has not run"))
+        .collect();
+    assert!(stuck.is_empty(), "{stuck:?}");
+    assert!(
+        answers.iter().any(|a| a.contains("database")),
+        "the stall was not noticed: {answers:?}"
+    );
+    assert_eq!(stop(server), 0);
+}
