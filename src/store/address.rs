@@ -77,7 +77,21 @@ impl DatabaseUrl {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return match url::Url::parse(url) {
                 Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => {
-                    Ok(DatabaseUrl::Postgres(url.to_owned()))
+                    // The driver's own reading of its parameters (sslmode, …)
+                    // is a configuration matter, found before connecting.
+                    match url.parse::<sqlx::postgres::PgConnectOptions>() {
+                        Ok(_) => Ok(DatabaseUrl::Postgres(url.to_owned())),
+                        Err(e) => {
+                            let mut text = crate::error::mask_password_in(&e.to_string(), url);
+                            while let Some(rest) = text.strip_prefix("error with configuration: ") {
+                                text = rest.to_owned();
+                            }
+                            Err(format!(
+                                "`{}`: {text}; sslmode is one of disable, allow, prefer, require, verify-ca, verify-full",
+                                mask_url(url)
+                            ))
+                        }
+                    }
                 }
                 Ok(_) => Err(format!(
                     "`{}` names no host: expected postgres://USER:PASSWORD@HOST:PORT/DB",

@@ -947,3 +947,13 @@ fn an_unset_variable_in_database_url_is_a_warning_for_check_and_an_error_for_sta
     );
     assert!(!ws.path().join("scheduler.db").exists());
 }
+
+#[test]
+fn a_bad_sslmode_is_a_configuration_error_found_before_connecting() {
+    let ws = billing("command = [\"true\"]");
+    let url = "postgres://app:S3CRETPW@127.0.0.1:1/x?sslmode=requir";
+    let out = ws.run(&["--database-url", url, "status"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert_says(&out.stderr(), &["--database-url", "requir", "require"]);
+    assert!(!out.stderr().contains("S3CRETPW"), "{}", out.stderr());
+}
