@@ -52,8 +52,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the long-running scheduler.
     Serve {
-        /// Serve /healthz and Prometheus /metrics on this address.
-        #[arg(long)]
+        /// Serve /healthz and Prometheus /metrics on this address, an IP and
+        /// a port: 127.0.0.1:9090, or 0.0.0.0:9090 for every interface.
+        #[arg(long, value_name = "IP:PORT")]
         listen: Option<SocketAddr>,
     },
     /// Claim and run due periods once, or backfill periods by hand.

@@ -551,7 +551,12 @@ fn prepare_sqlite_file(path: &std::path::Path, create: bool) -> Result<(), Error
                 .mode(0o600)
                 .open(path)
             {
-                Ok(_) => Ok(()),
+                Ok(_) => {
+                    // Worth a line: a new, empty database has run nothing,
+                    // and a wrong path here would run everything again.
+                    tracing::info!("created a new database at {}", path.display());
+                    Ok(())
+                }
                 // Another process created it meanwhile.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
                 Err(e) => Err(cannot(e)),
