@@ -282,7 +282,7 @@ impl Context {
                 let spawn = process::Spawn {
                     supervisor: &self.supervisor,
                     fence_at: watch.fence_at(),
-                    margin: self.heartbeats.interval() / 2,
+                    heartbeats: &self.heartbeats,
                 };
                 process::run(program, workdir.as_ref(), env, run, spawn, stop).await
             }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use super::{ActionResult, OUTPUT_TAIL, Run, Stop, supervisor};
 use crate::config::Program;
+use crate::heartbeat::Heartbeats;
 use crate::template::Template;
 
 /// How long a group gets between SIGTERM and SIGKILL.
@@ -32,9 +33,11 @@ pub(super) struct Spawn<'a> {
     pub supervisor: &'a supervisor::Launcher,
     /// The claim's fence deadline, moved on by every renewal.
     pub fence_at: watch::Receiver<Instant>,
-    /// How long after the runner's own fence the supervisor stops the job
-    /// by itself (when the runner cannot: frozen, or dead).
-    pub margin: Duration,
+    /// The heartbeats: the supervisor stops the job by itself half an
+    /// interval after the runner's own fence (when the runner cannot:
+    /// frozen, or dead), the interval in force when each deadline is sent
+    /// (a reload may shorten it).
+    pub heartbeats: &'a Heartbeats,
 }
 
 /// Starts the job under its supervisor, waits for it, a timeout or `stop`,
@@ -48,9 +51,10 @@ pub(super) async fn run(
     stop: impl Future<Output = Stop>,
 ) -> ActionResult {
     let mut fence_at = spawn.fence_at;
-    let margin = spawn.margin;
-    let left_ms =
-        move |at: Instant| (at.saturating_duration_since(Instant::now()) + margin).as_millis();
+    let heartbeats = spawn.heartbeats;
+    let left_ms = move |at: Instant| {
+        (at.saturating_duration_since(Instant::now()) + heartbeats.interval() / 2).as_millis()
+    };
     let mut command = Command::new(&spawn.supervisor.program);
     command
         .arg0("scheduler-supervise")

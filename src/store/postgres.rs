@@ -53,15 +53,17 @@ fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
 }
 
 /// Records the outcome and the attempt row in one statement, fenced by the
-/// attempt. The end is the clock at the write (`clock_timestamp()`), not
-/// the transaction's start: an `sql` action's statement runs before it.
+/// attempt (running, or released by `scheduler release` and not claimed
+/// since: finished work is kept rather than run again). The end is the
+/// clock at the write (`clock_timestamp()`), not the transaction's start:
+/// an `sql` action's statement runs before it.
 const RECORD: &str = "
     WITH c AS (
         UPDATE scheduler_claims
            SET state = $3, finished_at = clock_timestamp(), lease_until = NULL,
                failures = failures + $4,
                retry_at = clock_timestamp() + $5 * interval '1 millisecond'
-         WHERE period_key = $1 AND attempt = $2 AND state = 'running'
+         WHERE period_key = $1 AND attempt = $2 AND state IN ('running', 'released')
      RETURNING period_key, attempt, finished_at)
     UPDATE scheduler_attempts a
        SET outcome = $3, finished_at = c.finished_at, exit_code = $6, http_status = $7,

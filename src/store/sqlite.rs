@@ -528,7 +528,8 @@ fn period_key(r: &ClaimRequest<'_>) -> String {
     crate::check::period_key(r.job, &r.period.label)
 }
 
-/// Writes an attempt's outcome if the claim is still at that attempt; the
+/// Writes an attempt's outcome if the claim is still at that attempt
+/// (running, or released by `scheduler release` and not claimed since); the
 /// trigger `scheduler_attempts_outcome` settles the claim in the same
 /// statement.
 async fn record(
@@ -541,9 +542,10 @@ async fn record(
         "UPDATE scheduler_attempts
             SET outcome = ?3, finished_at = {NOW}, exit_code = ?4, http_status = ?5,
                 error = ?6, output = ?7, retry_after = ?8
-          WHERE period_key = ?1 AND attempt = ?2 AND outcome = 'running'
+          WHERE period_key = ?1 AND attempt = ?2 AND outcome IN ('running', 'released')
             AND EXISTS (SELECT 1 FROM scheduler_claims
-                         WHERE period_key = ?1 AND attempt = ?2 AND state = 'running')"
+                         WHERE period_key = ?1 AND attempt = ?2
+                           AND state IN ('running', 'released'))"
     ))
     .bind(&lease.key)
     .bind(lease.attempt)

@@ -202,7 +202,6 @@ async fn release_by_key_holds_the_period_until_its_runner_confirms_the_stop(stor
             .unwrap()
             .is_none()
     );
-    assert!(!store.finish(&first, &succeeded()).await.unwrap());
     // Its runner may be cut off and still running it: held, and it still
     // takes the job's one concurrency slot.
     assert!(matches!(
@@ -540,6 +539,21 @@ async fn a_sqlite_prune_around_the_cutoff_leaves_no_attempt_without_its_claim() 
     assert_eq!(orphans, 0);
 }
 
+async fn an_outcome_written_just_after_a_release_is_kept(store: Store) {
+    let period = month("2026-07");
+    let first = won(&store, &request(&period, "a")).await;
+    // `scheduler release` lands as the job exits 0: nobody claimed the
+    // period since, so the finished work counts.
+    store.release_key(&first.key).await.unwrap();
+    assert!(store.finish(&first, &succeeded()).await.unwrap());
+    assert!(matches!(
+        store.claim(&request(&period, "b")).await.unwrap(),
+        Claim::Succeeded { .. }
+    ));
+    let history = store.history("billing", 10).await.unwrap();
+    assert_eq!(history[0].outcome, "succeeded");
+}
+
 /// Runs each test function against SQLite and PostgreSQL.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -585,6 +599,7 @@ conformance!(
     a_second_watch_of_one_key_leaves_the_first_one_informed,
     a_lease_not_renewed_in_time_fences_the_run,
     an_sql_action_past_its_timeout_is_stopped_and_rolled_back,
+    an_outcome_written_just_after_a_release_is_kept,
 );
 
 #[tokio::test]
