@@ -49,7 +49,10 @@ fn init_logging(cli: &Cli) {
         (false, _) => "trace",
     };
     let filter = EnvFilter::try_from_env("SCHEDULER_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=warn")));
+        // sqlx's own warnings quote connection parameters (a key's
+        // passphrase among them) and whole statements: the scheduler says
+        // what failed itself.
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=error")));
     // Colour only for a person at a terminal: log files, pipes and
     // container logs get plain text.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())

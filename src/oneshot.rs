@@ -188,7 +188,7 @@ pub async fn run(
     if fenced > 0 {
         // Nothing is known of those periods' outcome: the database failed.
         return Err(Error::Database(format!(
-            "{fenced} period(s) stopped unfinished because the database did not answer in time; they are recovered by the next run or serve"
+            "{fenced} period(s) stopped unfinished: their lease could not be renewed in time (the database did not answer, or this process was stopped); they are recovered by the next run or serve"
         )));
     }
     Ok(outcome)
@@ -262,6 +262,11 @@ async fn plan<'a>(
 /// database is opened: labels, their order, periods not started or not due,
 /// and `--force` without periods.
 pub fn check_args(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result<(), Error> {
+    if args.early && args.period.is_none() && args.from.is_none() {
+        return Err(Error::Usage(
+            "--early: needs --period LABEL or --from LABEL --to LABEL; a scheduled run only takes periods that are due".into(),
+        ));
+    }
     if args.force && args.period.is_none() && args.from.is_none() {
         return Err(Error::Usage(
             "--force: needs --period LABEL or --from LABEL --to LABEL; it re-runs succeeded periods, so it names them".into(),
@@ -541,7 +546,7 @@ impl PeriodRun<'_> {
                 ),
                 Ending::Fenced => line(
                     "fenced",
-                    "the lease could not be renewed in time (the database did not answer); the job was stopped before the lease ran out and nothing was recorded: the next run or serve recovers the period".into(),
+                    "the lease could not be renewed in time (the database did not answer, or this process was stopped); the job was stopped before the lease ran out and nothing was recorded: the next run or serve recovers the period".into(),
                     attempt,
                 ),
                 Ending::Released => line(

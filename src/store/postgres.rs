@@ -107,7 +107,10 @@ impl PgStore {
             .max_connections(ACTION_CONNECTIONS)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(3600))
-            .connect_lazy_with(options);
+            // A runner frozen inside an action's transaction would hold its
+            // locks against the takeover; the server ends such a
+            // transaction (a live runner is never idle inside one).
+            .connect_lazy_with(options.options([("idle_in_transaction_session_timeout", "30s")]));
         Ok(PgStore { pool, actions })
     }
 
@@ -243,11 +246,21 @@ impl PgStore {
                 .await;
         }
         // The cancelled statement fails and its transaction rolls back; one
-        // that had already committed reports so.
-        match tokio::time::timeout(Duration::from_secs(5), work).await {
-            Ok(Ok(Ok(true))) => Ok(Ok(true)),
-            _ => Ok(Err("stopped before it ended".into())),
+        // that had already committed reports so. A statement that ignores
+        // the cancel has its server process ended.
+        match tokio::time::timeout(Duration::from_secs(5), &mut work).await {
+            Ok(Ok(Ok(true))) => return Ok(Ok(true)),
+            Ok(_) => return Ok(Err("stopped before it ended".into())),
+            Err(_) => {}
         }
+        if let Some(pid) = backend.get() {
+            let _ = sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&self.pool)
+                .await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), work).await;
+        Ok(Err("stopped before it ended".into()))
     }
 
     pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {

@@ -957,3 +957,22 @@ fn a_bad_sslmode_is_a_configuration_error_found_before_connecting() {
     assert_says(&out.stderr(), &["--database-url", "requir", "require"]);
     assert!(!out.stderr().contains("S3CRETPW"), "{}", out.stderr());
 }
+
+#[test]
+fn a_secret_in_a_connection_parameter_never_reaches_the_log() {
+    let ws = billing("command = [\"true\"]");
+    let url = "postgres://postgres@127.0.0.1:1/x?sslpassword=KEYSECRET1&sslmode=disable";
+    let out = ws.run(&["--database-url", url, "status"]);
+    assert_eq!(out.code(), 3, "{}", out.stderr());
+    assert!(!out.stderr().contains("KEYSECRET1"), "{}", out.stderr());
+    assert!(!out.stdout().contains("KEYSECRET1"), "{}", out.stdout());
+}
+
+#[test]
+fn early_without_periods_is_a_usage_error() {
+    let ws = billing("command = [\"true\"]");
+    let out = ws.run(&["run", "billing", "--early"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert_says(&out.stderr(), &["--early", "--period"]);
+    assert!(!ws.path().join("scheduler.db").exists());
+}

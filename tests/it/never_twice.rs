@@ -850,3 +850,33 @@ fn a_stalled_database_never_stops_the_serve_loop() {
     );
     assert_eq!(stop(server), 0);
 }
+
+#[test]
+fn a_lease_shortened_by_sighup_still_stops_a_frozen_runners_job_before_the_takeover() {
+    let db = TestDb::sqlite();
+    let settings = |lease: &str| {
+        format!(
+            "[scheduler]\nlease = \"{lease}\"\nscan_interval = \"500ms\"\nshutdown_grace = \"1s\"\n"
+        )
+    };
+    let ws = Workspace::new(&(settings("30s") + &overlap_job("long")));
+    let first = serve(&ws, &db.url);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    std::fs::write(
+        ws.path().join("jobs.toml"),
+        settings("3s") + &overlap_job("long"),
+    )
+    .unwrap();
+    signal(&first, Signal::SIGHUP);
+    // A renewal with the short lease, then the runner freezes: its job's
+    // supervisor must stop the job before that lease runs out.
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&first, Signal::SIGSTOP);
+    let second = serve(&ws, &db.url);
+    eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+    signal(&first, Signal::SIGKILL);
+    wait(first, BOUND);
+    assert_eq!(stop(second), 0);
+}
