@@ -10,6 +10,7 @@ use chrono::Utc;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::serve::{serve, signal, stop};
 use crate::support::{Proxy, Said, TestDb, Workspace, alive, databases, eventually, lines, wait};
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -46,27 +47,13 @@ fn today() -> String {
     Utc::now().format("%Y-%m-%d").to_string()
 }
 
-/// `serve`, its log in serve.log.
-fn serve(ws: &Workspace, url: &str) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(ws.path().join("serve.log"))
-        .expect("serve.log");
-    ws.command(&["--database-url", url, "serve"])
-        .stdout(Stdio::null())
-        .stderr(log)
+/// The binary with `args`, in the background, its output kept.
+fn start(ws: &Workspace, args: &[&str]) -> Child {
+    ws.command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("start serve")
-}
-
-fn signal(child: &Child, signal: Signal) {
-    kill(Pid::from_raw(child.id() as i32), signal).expect("signal");
-}
-
-fn stop(child: Child) -> i32 {
-    signal(&child, Signal::SIGTERM);
-    wait(child, BOUND).code()
+        .unwrap()
 }
 
 fn log(ws: &Workspace) -> String {
@@ -136,14 +123,7 @@ fn a_database_cut_longer_than_the_lease_stops_the_job_and_the_period_runs_once_m
     let Some(db) = TestDb::postgres_blocking() else {
         return;
     };
-    let upstream = url::Url::parse(&db.url).unwrap();
-    let addr = format!(
-        "{}:{}",
-        upstream.host_str().unwrap(),
-        upstream.port().unwrap_or(5432)
-    );
-    let proxy = Proxy::start(addr.parse().unwrap());
-    let url = proxy.url(&db.url);
+    let (proxy, url) = proxied(&db);
     let ws = Workspace::new(
         &("[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
             .to_owned()
@@ -378,12 +358,7 @@ fn a_frozen_runners_job_is_stopped_by_its_supervisor_before_the_lease_runs_out()
     let ws = Workspace::new(&("[scheduler]\nlease = \"3s\"\n".to_owned() + &overlap_job("long")));
     let today = today();
     let args = ["--database-url", &db.url, "run", "long", "--period", &today];
-    let frozen = ws
-        .command(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let frozen = start(&ws, &args);
     eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
     let (_, first) = starts(&ws, "long")[0];
     signal(&frozen, Signal::SIGSTOP);
@@ -394,12 +369,7 @@ fn a_frozen_runners_job_is_stopped_by_its_supervisor_before_the_lease_runs_out()
         || !alive(first),
     );
     // Its lease may not have run out yet: the takeover waits for it.
-    let takeover = ws
-        .command(&[&args[..], &["--wait"]].concat())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let takeover = start(&ws, &[&args[..], &["--wait"]].concat());
     eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
     // Thawed, it finds its fence long passed: it records nothing and says
@@ -513,12 +483,7 @@ fn release_of_a_frozen_runners_claim_waits_for_its_lease() {
     let ws = Workspace::new(&("[scheduler]\nlease = \"4s\"\n".to_owned() + &overlap_job("long")));
     let today = today();
     let args = ["--database-url", &db.url, "run", "long", "--period", &today];
-    let frozen = ws
-        .command(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let frozen = start(&ws, &args);
     eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
     signal(&frozen, Signal::SIGSTOP);
     let released = ws.run(&[
@@ -538,12 +503,7 @@ fn release_of_a_frozen_runners_claim_waits_for_its_lease() {
         "{}",
         at_once.stdout()
     );
-    let takeover = ws
-        .command(&[&args[..], &["--wait"]].concat())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let takeover = start(&ws, &[&args[..], &["--wait"]].concat());
     eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
     signal(&takeover, Signal::SIGKILL);

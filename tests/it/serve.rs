@@ -25,7 +25,7 @@ fn every_second(name: &str, body: &str) -> String {
 
 /// A replica; its log goes to serve.log in the workspace (a pipe nobody
 /// reads until the end could fill and stall it).
-fn serve(ws: &Workspace, url: &str) -> Child {
+pub(crate) fn serve(ws: &Workspace, url: &str) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -38,12 +38,12 @@ fn serve(ws: &Workspace, url: &str) -> Child {
         .expect("start serve")
 }
 
-fn signal(child: &Child, signal: Signal) {
+pub(crate) fn signal(child: &Child, signal: Signal) {
     kill(Pid::from_raw(child.id() as i32), signal).expect("signal");
 }
 
 /// SIGTERM, then the exit code, which must come within the bound.
-fn stop(child: Child) -> i32 {
+pub(crate) fn stop(child: Child) -> i32 {
     signal(&child, Signal::SIGTERM);
     wait(child, BOUND).code()
 }
