@@ -840,3 +840,33 @@ fn a_lease_shortened_by_sighup_still_stops_a_frozen_runners_job_before_the_takeo
     wait(first, BOUND);
     assert_eq!(stop(second), 0);
 }
+
+#[test]
+fn without_the_supervisor_binary_beside_it_the_scheduler_supervises_its_jobs_itself() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"who\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+         shell = \"tr '\\\\0' ' ' < /proc/$PPID/cmdline > parent.txt\"\n",
+    );
+    // The scheduler alone, as `cargo run` leaves it.
+    let alone = ws.path().join("bin");
+    std::fs::create_dir(&alone).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_scheduler"), alone.join("scheduler")).unwrap();
+    let out = std::process::Command::new(alone.join("scheduler"))
+        .args([
+            "--database-url",
+            &db.url,
+            "run",
+            "who",
+            "--period",
+            "2026-07",
+        ])
+        .current_dir(ws.path())
+        .env_remove("DATABASE_URL")
+        .env_remove("SCHEDULER_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+    let parent = std::fs::read_to_string(ws.path().join("parent.txt")).unwrap();
+    assert!(parent.contains("__supervise"), "{parent}");
+}
