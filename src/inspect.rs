@@ -26,11 +26,13 @@ pub async fn status(
     as_json: bool,
     now: DateTime<Utc>,
 ) -> Result<Outcome, Stop> {
+    let paused_jobs = store.paused_jobs().await?;
     for job in config
         .jobs
         .iter()
         .filter(|j| only.is_none_or(|name| j.name == name))
     {
+        let paused = paused_jobs.contains(&job.name);
         let recent = store.recent(&job.name, RECENT).await?;
         let overdue = overdue(config, store, job, now).await?;
         let running: Vec<&ClaimRow> = recent
@@ -44,6 +46,7 @@ pub async fn status(
                 "job": job.name,
                 "schedule": job.schedule.source(),
                 "timezone": job.schedule.zone().name(),
+                "paused": paused,
                 "next_fire": next.map(utc_text),
                 "recent": recent,
                 "running": running,
@@ -53,21 +56,22 @@ pub async fn status(
             say(format_args!("{value}"))?;
             continue;
         }
+        let next = if paused {
+            format!(
+                "PAUSED (nothing is scheduled; `scheduler resume {}`)",
+                job.name
+            )
+        } else {
+            format!("next {}", time(next))
+        };
         say(format_args!(
-            "{}  `{}` {}  next {}",
+            "{}  `{}` {}  {next}",
             job.name,
             job.schedule.source(),
             job.schedule.zone(),
-            time(next)
         ))?;
         for row in &recent {
-            let detail = match row.as_claim() {
-                Claim::Held { owner, until } => {
-                    format!("running on {owner} until {}", utc_text(until))
-                }
-                _ if row.state == "failed" => format!("failed (retry at {})", time(row.retry_at)),
-                _ => format!("{} at {}", row.state, time(row.finished_at)),
-            };
+            let detail = describe(row);
             say(format_args!(
                 "  {}  attempt {}  {detail}",
                 row.period_key, row.attempt
@@ -83,6 +87,32 @@ pub async fn status(
         }
     }
     Ok(Outcome::Done)
+}
+
+/// One claim row in words an operator acts on.
+fn describe(row: &ClaimRow) -> String {
+    match (row.as_claim(), row.state.as_str()) {
+        (Claim::Held { owner, until }, "released") => format!(
+            "released by `scheduler release`; held until its runner {owner} confirms the job stopped, or {} at the latest",
+            utc_text(until)
+        ),
+        (Claim::Held { owner, until }, _) => {
+            format!("running on {owner} until {}", utc_text(until))
+        }
+        (_, "running") => format!(
+            "lease expired at {} (its runner {} stopped or died); the next run or serve recovers it",
+            time(row.lease_until),
+            row.owner
+        ),
+        (_, "failed") => match row.retry_at {
+            Some(at) => format!("failed {} time(s); retry at {}", row.failures, utc_text(at)),
+            None => format!(
+                "failed {} time(s), retries exhausted; `run --period` runs it again",
+                row.failures
+            ),
+        },
+        (_, state) => format!("{state} at {}", time(row.finished_at)),
+    }
 }
 
 /// Periods due within the catch-up window, and since the job was first

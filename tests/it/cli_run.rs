@@ -709,3 +709,44 @@ fn json_logs_are_one_object_per_line() {
         "{logs:?}"
     );
 }
+
+#[test]
+fn status_says_paused_lease_expired_and_retries_exhausted_in_words() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"1s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+         shell = \"if [ $SCHEDULER_PERIOD = 2026-06 ]; then exit 4; fi; exec sleep 30\"\n",
+    );
+    assert_eq!(run(&ws, &db, &["--period", "2026-06"]).code(), 1);
+    let runner = start(&ws, &db, &["--period", "2026-07"]);
+    eventually("the running claim", BOUND, || {
+        ws.run(&["--database-url", &db.url, "status", "billing"])
+            .stdout()
+            .contains("running on")
+    });
+    kill(Pid::from_raw(runner.id() as i32), Signal::SIGKILL).unwrap();
+    wait(runner, BOUND);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        ws.run(&["--database-url", &db.url, "pause", "billing"])
+            .code(),
+        0
+    );
+    let text = ws
+        .run(&["--database-url", &db.url, "status", "billing"])
+        .stdout();
+    assert!(text.contains("PAUSED"), "{text}");
+    assert!(
+        text.contains("billing:2026-07  attempt 1  lease expired at"),
+        "{text}"
+    );
+    assert!(
+        text.contains("billing:2026-06  attempt 1  failed 1 time(s), retries exhausted"),
+        "{text}"
+    );
+    let json = ws
+        .run(&["--database-url", &db.url, "status", "billing", "--json"])
+        .stdout();
+    let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(value["paused"], true);
+}
