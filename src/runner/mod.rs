@@ -6,7 +6,6 @@ mod process;
 pub mod supervisor;
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -304,11 +303,7 @@ impl Context {
             }
             Action::Sql { statement, params } => {
                 let params: Vec<String> = params.iter().map(|p| p.render(run)).collect();
-                let limits = SqlLimits {
-                    timeout: run.job.timeout,
-                    writer_timeout: self.heartbeats.interval(),
-                    cancel: Arc::default(),
-                };
+                let limits = SqlLimits::new(run.job.timeout, self.heartbeats.interval());
                 let recording = || watch.recording();
                 let sql = self
                     .store
@@ -324,7 +319,7 @@ impl Context {
                         // The statement is stopped (SQLite interrupts it,
                         // PostgreSQL cancels it); its transaction commits
                         // only if it had already got that far.
-                        limits.cancel.store(true, Ordering::SeqCst);
+                        limits.cancel();
                         if let Ok(Ok(true)) = sql.await {
                             return Ok(Ending::Recorded {
                                 succeeded: true,

@@ -461,21 +461,34 @@ pub struct SqlLimits {
     /// How long a statement may hold SQLite's one writer at most, whatever
     /// its `timeout` (heartbeats and claims wait for it meanwhile).
     pub writer_timeout: Duration,
-    /// Set to stop the statement: its claim was lost or shutdown came.
-    pub cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Turned true to stop the statement: its claim was lost or shutdown
+    /// came. A channel, so a waiter sleeps until it turns and SQLite's
+    /// progress handler can read it too.
+    pub cancel: tokio::sync::watch::Sender<bool>,
 }
 
 impl SqlLimits {
-    fn cancelled(&self) -> bool {
-        self.cancel.load(std::sync::atomic::Ordering::SeqCst)
+    /// Limits with no cancel yet.
+    pub fn new(timeout: Option<Duration>, writer_timeout: Duration) -> SqlLimits {
+        SqlLimits {
+            timeout,
+            writer_timeout,
+            cancel: tokio::sync::watch::Sender::new(false),
+        }
     }
 
-    /// Resolves once `cancel` is set (polled: a flag is what SQLite's
-    /// progress handler can read too).
+    /// Stops the statement.
+    pub fn cancel(&self) {
+        self.cancel.send_replace(true);
+    }
+
+    /// Resolves once the statement is to stop.
     async fn cancelled_wait(&self) {
-        while !self.cancelled() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let _ = self
+            .cancel
+            .subscribe()
+            .wait_for(|cancelled| *cancelled)
+            .await;
     }
 }
 

@@ -238,7 +238,7 @@ impl SqliteStore {
         // The statement holds this process's one connection and SQLite's
         // one writer: SQLite itself interrupts it past its timeout, or once
         // it is cancelled, through the progress handler.
-        let cancel = limits.cancel.clone();
+        let cancel = limits.cancel.subscribe();
         let expired = Arc::new(AtomicBool::new(false));
         let flag = expired.clone();
         conn.lock_handle()
@@ -246,7 +246,7 @@ impl SqliteStore {
             .set_progress_handler(1000, move || {
                 let over = std::time::Instant::now() >= deadline;
                 flag.store(over, Ordering::SeqCst);
-                !(over || cancel.load(Ordering::SeqCst))
+                !(over || *cancel.borrow())
             });
         let result = match conn.begin_with("BEGIN IMMEDIATE").await {
             Ok(tx) => {

@@ -45,11 +45,7 @@ fn succeeded() -> Finish {
 }
 
 fn limits(timeout: Option<Duration>) -> SqlLimits {
-    SqlLimits {
-        timeout,
-        writer_timeout: Duration::from_secs(20),
-        cancel: Default::default(),
-    }
+    SqlLimits::new(timeout, Duration::from_secs(20))
 }
 
 fn failed(retry_after: Option<Duration>) -> Finish {
