@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use chrono::{Datelike, Utc};
 
-use crate::support::{Said, TestDb, Workspace, databases, eventually, lines, wait};
+use crate::support::{
+    Said, TestDb, Workspace, databases, eventually, free_port, http_get, lines, proxied, wait,
+};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -718,25 +720,6 @@ fn a_tls_failure_says_why() {
 
 // 12. The listener
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn get(addr: &str, path: &str) -> String {
-    let Ok(mut stream) = TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(stream, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
-    let mut body = String::new();
-    let _ = stream.read_to_string(&mut body);
-    body
-}
-
 #[test]
 fn many_idle_connections_neither_stop_fires_nor_healthz() {
     let db = TestDb::sqlite();
@@ -758,7 +741,7 @@ fn many_idle_connections_neither_stop_fires_nor_healthz() {
         .spawn()
         .unwrap();
     eventually("/healthz", BOUND, || {
-        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
     let idle: Vec<TcpStream> = (0..300)
         .filter_map(|_| TcpStream::connect(&addr).ok())
@@ -770,9 +753,9 @@ fn many_idle_connections_neither_stop_fires_nor_healthz() {
         lines(&runs).len() >= before + 3
     });
     eventually("/healthz while connections are held", BOUND, || {
-        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
-    let metrics = get(&addr, "/metrics");
+    let metrics = http_get(&addr, "/metrics");
     assert_says(&metrics, &["HTTP/1.1 200", "scheduler_runs_total"]);
     drop(idle);
     nix::sys::signal::kill(
@@ -797,9 +780,7 @@ fn healthz_answers_503_naming_the_database_while_it_is_away() {
     let Some(db) = TestDb::postgres_blocking() else {
         return;
     };
-    let upstream: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
-    let proxy = crate::support::Proxy::start(upstream);
-    let url = proxy.url(&db.url);
+    let (proxy, url) = proxied(&db);
     let ws = Workspace::new(
         "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
     );
@@ -811,13 +792,13 @@ fn healthz_answers_503_naming_the_database_while_it_is_away() {
         .spawn()
         .unwrap();
     eventually("/healthz 200", BOUND, || {
-        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
     proxy.cut();
     let mut last = String::new();
     let start = std::time::Instant::now();
     while start.elapsed() < BOUND {
-        last = get(&addr, "/healthz");
+        last = http_get(&addr, "/healthz");
         if last.starts_with("HTTP/1.1 503") {
             break;
         }
@@ -826,7 +807,7 @@ fn healthz_answers_503_naming_the_database_while_it_is_away() {
     assert_says(&last, &["HTTP/1.1 503", "database"]);
     proxy.restore();
     eventually("/healthz 200 again", BOUND, || {
-        get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(serve.id() as i32),

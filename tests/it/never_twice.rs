@@ -11,7 +11,10 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::serve::{serve, signal, stop};
-use crate::support::{Proxy, Said, TestDb, Workspace, alive, databases, eventually, lines, wait};
+use crate::support::{
+    Said, TestDb, Workspace, alive, databases, eventually, free_port, http_get, lines, proxied,
+    wait,
+};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -608,18 +611,6 @@ fn an_sql_action_on_sqlite_holds_the_writer_at_most_lease_over_3_whatever_its_ti
     );
 }
 
-fn proxied(db: &TestDb) -> (Proxy, String) {
-    let upstream = url::Url::parse(&db.url).unwrap();
-    let addr = format!(
-        "{}:{}",
-        upstream.host_str().unwrap(),
-        upstream.port().unwrap_or(5432)
-    );
-    let proxy = Proxy::start(addr.parse().unwrap());
-    let url = proxy.url(&db.url);
-    (proxy, url)
-}
-
 #[test]
 fn sigterm_while_the_database_path_is_stalled_exits_after_the_grace() {
     let Some(db) = TestDb::postgres_blocking() else {
@@ -749,22 +740,6 @@ fn serve_runs_on_when_nothing_reads_its_log() {
     assert_eq!((count("lost"), count("running")), (0, 0));
 }
 
-/// `GET path` from `addr`, the whole answer as text ("" if none).
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer
-}
-
 #[test]
 fn a_stalled_database_never_stops_the_serve_loop() {
     let Some(db) = TestDb::postgres_blocking() else {
@@ -774,12 +749,7 @@ fn a_stalled_database_never_stops_the_serve_loop() {
     let ws = Workspace::new(
         "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", free_port());
     let server = ws
         .command(&["--database-url", &url, "serve", "--listen", &addr])
         .stdout(Stdio::null())

@@ -361,14 +361,7 @@ fn replicas_survive_a_database_outage_and_run_what_was_missed_once() {
     let Some(db) = TestDb::postgres_blocking() else {
         return;
     };
-    let upstream = url::Url::parse(&db.url).unwrap();
-    let addr = format!(
-        "{}:{}",
-        upstream.host_str().unwrap(),
-        upstream.port().unwrap_or(5432)
-    );
-    let proxy = crate::support::Proxy::start(addr.parse().unwrap());
-    let url = proxy.url(&db.url);
+    let (proxy, url) = crate::support::proxied(&db);
     let ws = Workspace::new(
         &(settings("")
             + &every_second("tick", "shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"")),

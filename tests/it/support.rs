@@ -439,3 +439,38 @@ impl Drop for PrivatePostgres {
             .output();
     }
 }
+
+/// A proxy of the test's own in front of `db`, and `db`'s URL through it.
+pub fn proxied(db: &TestDb) -> (Proxy, String) {
+    let upstream = url::Url::parse(&db.url).expect("url");
+    let addr = format!(
+        "{}:{}",
+        upstream.host_str().expect("host"),
+        upstream.port().unwrap_or(5432)
+    );
+    let proxy = Proxy::start(addr.parse().expect("address"));
+    let url = proxy.url(&db.url);
+    (proxy, url)
+}
+
+/// A loopback port free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("address")
+        .port()
+}
+
+/// `GET path` from `addr`, the whole answer as text ("" if none).
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let _ = write!(stream, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
