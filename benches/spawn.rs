@@ -58,7 +58,7 @@ fn supervised_by_scheduler() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_scheduler"));
     command
         .args([
-            scheduler::runner::supervisor::ARG,
+            scheduler::engine::supervisor::ARG,
             "60000",
             "--",
             "/bin/true",

@@ -8,34 +8,30 @@
 //! The map of the crate:
 //! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column.
 //! - [`schedule`]: cron + zone + DST rule → fire instants (pure).
-//! - [`period`]: fire instant → period label, start and end; labels given by hand (pure).
+//! - [`period`]: fire instant → period label, start and end; labels given by hand;
+//!   [`period::PeriodKey`], the one way a key is made (pure).
 //! - [`template`]: `${VAR}` and `{placeholder}` strings; [`suggest`]: "did you mean …?".
-//! - [`cli`]: the command line; [`app`] runs a parsed command.
-//! - [`check`]: `check` and `next`.
-//! - [`store`]: claims, leases and attempts on SQLite or PostgreSQL (all SQL lives here).
-//! - [`due`]: which periods are due at an instant (shared by `run` and `serve`).
-//! - [`runner`]: claims a period and runs its action with heartbeats and self-fencing
-//!   ([`heartbeat`]), each job under its own supervisor ([`runner::supervisor`]), and records it.
-//! - [`oneshot`]: `run`; [`inspect`]: `status`, `history`, `release`, `pause`, `prune`.
-//! - [`scheduler`]: `serve`, the timer loop and the scan; [`server`]: `/healthz` and `/metrics`.
-//! - [`reaper`]: reaps orphans when running as PID 1.
+//! - [`store`]: claims (one key or a batch), leases and attempts on SQLite or
+//!   PostgreSQL; all SQL lives here, the claimable rule once per backend.
+//! - [`engine`]: the one claim → run → record path every front end drives:
+//!   which periods are due ([`engine::due`]), claims in batches, each action run
+//!   with heartbeats and self-fencing ([`engine::heartbeat`]) under its own
+//!   supervisor ([`engine::supervisor`]), `sql` actions committed in groups,
+//!   outcomes reported as values; [`engine::reaper`] reaps orphans.
+//! - [`serve`]: `scheduler serve`, the timer loop and the scan beside it;
+//!   [`serve::server`]: `/healthz` and `/metrics`.
+//! - [`cli`]: the command line; [`cli::app`] runs a parsed command, [`cli::run`]
+//!   is `scheduler run`, [`cli::check`] `check` and `next`, [`cli::inspect`]
+//!   `status`, `history`, `release`, `pause`, `prune`.
 //! - [`error`]: error kinds and exit codes.
 
-pub mod app;
-pub mod check;
 pub mod cli;
 pub mod config;
-pub mod due;
+pub mod engine;
 pub mod error;
-pub mod heartbeat;
-pub mod inspect;
-pub mod oneshot;
 pub mod period;
-pub mod reaper;
-pub mod runner;
 pub mod schedule;
-pub mod scheduler;
-pub mod server;
+pub mod serve;
 pub mod store;
 pub mod suggest;
 pub mod template;

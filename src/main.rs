@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use scheduler::cli::{Cli, Command, LogFormat};
-use scheduler::runner::supervisor;
+use scheduler::engine::supervisor;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -32,7 +32,7 @@ fn main() -> ExitCode {
             return ExitCode::from(3);
         }
     };
-    match runtime.block_on(scheduler::app::run(cli)) {
+    match runtime.block_on(scheduler::cli::app::run(cli)) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             eprintln!("error: {e}");

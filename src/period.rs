@@ -64,6 +64,46 @@ pub struct Period {
     pub end: DateTime<Utc>,
 }
 
+/// `<job>:<label>`: what a claim is unique on, made here and nowhere else.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
+pub struct PeriodKey(String);
+
+impl PeriodKey {
+    /// The key of `job`'s period `label`.
+    pub fn new(job: &str, label: &str) -> PeriodKey {
+        PeriodKey(format!("{job}:{label}"))
+    }
+
+    /// The key as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The job's name and the period label (job names hold no `:`).
+    pub fn parts(&self) -> (&str, &str) {
+        self.0.split_once(':').unwrap_or((&self.0, ""))
+    }
+}
+
+impl fmt::Display for PeriodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::borrow::Borrow<str> for PeriodKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<&str> for PeriodKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
 /// A label given by hand that does not name a period of the job.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{label}` is not a {unit} period label: expected {expected}, e.g. `{example}`")]

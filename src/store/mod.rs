@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::error::{Error, mask_password_in, mask_url};
-use crate::period::Period;
+use crate::period::{Period, PeriodKey};
 
 /// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -82,11 +82,18 @@ pub struct ClaimRequest<'a> {
     pub scheduled_at: DateTime<Utc>,
 }
 
+impl ClaimRequest<'_> {
+    /// The key claimed.
+    pub fn key(&self) -> PeriodKey {
+        PeriodKey::new(self.job, &self.period.label)
+    }
+}
+
 /// A won claim: the key and the attempt that fences every later write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// `<job>:<label>`.
-    pub key: String,
+    pub key: PeriodKey,
     /// The fencing token.
     pub attempt: i32,
     /// Reported failures so far.
@@ -190,31 +197,34 @@ pub struct ClaimRow {
     pub retry_at: Option<DateTime<Utc>>,
     /// When it finished.
     pub finished_at: Option<DateTime<Utc>>,
+    /// Whether a claim would take it now (a scheduled one: no force, with
+    /// backoff), as the backend's claimable rule says.
+    pub claimable: bool,
     /// The database's clock when read.
     pub now: DateTime<Utc>,
 }
 
 impl ClaimRow {
-    /// Classifies the row as the claim statement would for a caller that did
-    /// not win it.
+    /// What a claim that did not win it is told: why not, or [`Claim::Busy`]
+    /// for a claimable row (no concurrency slot was free).
     pub fn as_claim(&self) -> Claim {
+        if self.claimable {
+            return Claim::Busy;
+        }
         match self.state.as_str() {
             "succeeded" => Claim::Succeeded {
                 at: self.finished_at.unwrap_or(self.now),
             },
-            // A released claim whose runner has not confirmed the stop is
-            // held until its lease runs out.
-            "running" | "released" if self.lease_until.is_some_and(|until| until >= self.now) => {
-                Claim::Held {
-                    owner: self.owner.clone(),
-                    until: self.lease_until.unwrap_or(self.now),
-                }
-            }
-            "failed" if self.retry_at.is_none_or(|at| at > self.now) => Claim::Failed {
+            "failed" => Claim::Failed {
                 retry_at: self.retry_at,
                 failures: self.failures,
             },
-            _ => Claim::Busy,
+            // Running, or released by `scheduler release` and held until its
+            // runner confirms the stop or its lease runs out.
+            _ => Claim::Held {
+                owner: self.owner.clone(),
+                until: self.lease_until.unwrap_or(self.now),
+            },
         }
     }
 }
@@ -334,7 +344,30 @@ impl Store {
 
     /// Claims a period: wins it, or says who has it and why not.
     pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, Error> {
-        bounded!(self.claim(request))
+        let mut claims = self.claim_many(std::slice::from_ref(request)).await?;
+        claims
+            .pop()
+            .ok_or_else(|| Error::Database("database error: the claim returned no row".into()))
+    }
+
+    /// Claims many periods in one statement and one commit; the answers
+    /// come in the order of `requests`. Each key is decided as by a claim of
+    /// its own: atomically, within its job's `concurrency` (counting what
+    /// this batch won before it), with its attempt row. All requests share
+    /// the first one's owner and lease.
+    pub async fn claim_many(&self, requests: &[ClaimRequest<'_>]) -> Result<Vec<Claim>, Error> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let claims = bounded!(self.claim_many(requests))?;
+        if claims.len() != requests.len() {
+            return Err(Error::Database(format!(
+                "database error: {} claims asked for, {} answered",
+                requests.len(),
+                claims.len()
+            )));
+        }
+        Ok(claims)
     }
 
     /// Renews the leases of `leases`; returns, in order, whether each is still ours.

@@ -14,7 +14,7 @@ use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Released,
     SqlLimits, Trigger,
 };
-use crate::period::Period;
+use crate::period::{Period, PeriodKey};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -48,8 +48,45 @@ fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
         lease_until: row.try_get("lease_until")?,
         retry_at: row.try_get("retry_at")?,
         finished_at: row.try_get("finished_at")?,
+        // The rule is SQL: NULL (a comparison with a missing time) is no.
+        claimable: row
+            .try_get::<Option<bool>, _>("claimable")?
+            .unwrap_or(false),
         now: row.try_get("now")?,
     })
+}
+
+/// One row of `scheduler_claim_many`: won, or the row as it stands.
+fn claim_of(row: &PgRow, key: &PeriodKey, label: &str) -> Result<Claim, sqlx::Error> {
+    if row.try_get("o_won")? {
+        return Ok(Claim::Won(Lease {
+            key: key.clone(),
+            attempt: row.try_get("o_attempt")?,
+            failures: row.try_get("o_failures")?,
+            trigger: Trigger::parse(row.try_get("o_trigger")?),
+        }));
+    }
+    let Some(state) = row.try_get::<Option<String>, _>("o_state")? else {
+        return Ok(Claim::Busy);
+    };
+    let current = ClaimRow {
+        period_key: key.to_string(),
+        period: label.to_owned(),
+        state,
+        attempt: row.try_get("o_attempt")?,
+        failures: row.try_get("o_failures")?,
+        owner: row
+            .try_get::<Option<String>, _>("o_owner")?
+            .unwrap_or_default(),
+        lease_until: row.try_get("o_lease_until")?,
+        retry_at: row.try_get("o_retry_at")?,
+        finished_at: row.try_get("o_finished_at")?,
+        claimable: row
+            .try_get::<Option<bool>, _>("o_claimable")?
+            .unwrap_or(false),
+        now: row.try_get("o_now")?,
+    };
+    Ok(current.as_claim())
 }
 
 /// Records the outcome and the attempt row in one statement, fenced by the
@@ -118,51 +155,56 @@ impl PgStore {
         MIGRATOR.run(&self.pool).await
     }
 
-    pub(super) async fn claim(&self, r: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
-        let key = crate::check::period_key(r.job, &r.period.label);
-        let row = sqlx::query(
-            "SELECT * FROM scheduler_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    pub(super) async fn claim_many(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Claim>, sqlx::Error> {
+        let keys: Vec<PeriodKey> = requests.iter().map(ClaimRequest::key).collect();
+        let column = |f: &dyn Fn(&ClaimRequest<'_>) -> String| -> Vec<String> {
+            requests.iter().map(f).collect()
+        };
+        let jobs = column(&|r| r.job.to_owned());
+        let labels = column(&|r| r.period.label.clone());
+        let triggers = column(&|r| r.trigger.as_str().to_owned());
+        let starts: Vec<DateTime<Utc>> = requests.iter().map(|r| r.period.start).collect();
+        let ends: Vec<DateTime<Utc>> = requests.iter().map(|r| r.period.end).collect();
+        let scheduled: Vec<DateTime<Utc>> = requests.iter().map(|r| r.scheduled_at).collect();
+        let concurrency: Vec<i32> = requests
+            .iter()
+            .map(|r| i32::try_from(r.concurrency).unwrap_or(i32::MAX))
+            .collect();
+        let force: Vec<bool> = requests.iter().map(|r| r.force).collect();
+        let manual: Vec<bool> = requests.iter().map(|r| r.manual).collect();
+        let key_texts: Vec<&str> = keys.iter().map(PeriodKey::as_str).collect();
+        let rows = sqlx::query(
+            "SELECT * FROM scheduler_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
-        .bind(&key)
-        .bind(r.job)
-        .bind(&r.period.label)
-        .bind(r.period.start)
-        .bind(r.period.end)
-        .bind(r.owner)
-        .bind(millis(r.lease))
-        .bind(r.trigger.as_str())
-        .bind(i32::try_from(r.concurrency).unwrap_or(i32::MAX))
-        .bind(r.force)
-        .bind(r.manual)
-        .bind(r.scheduled_at)
-        .fetch_one(&self.pool)
+        .bind(&key_texts)
+        .bind(&jobs)
+        .bind(&labels)
+        .bind(&starts)
+        .bind(&ends)
+        .bind(&scheduled)
+        .bind(&triggers)
+        .bind(&concurrency)
+        .bind(&force)
+        .bind(&manual)
+        .bind(requests[0].owner)
+        .bind(millis(requests[0].lease))
+        .fetch_all(&self.pool)
         .await?;
-        if row.try_get("o_won")? {
-            return Ok(Claim::Won(Lease {
-                key,
-                attempt: row.try_get("o_attempt")?,
-                failures: row.try_get("o_failures")?,
-                trigger: Trigger::parse(row.try_get("o_trigger")?),
-            }));
+        let mut claims: Vec<Option<Claim>> = vec![None; requests.len()];
+        for row in &rows {
+            let ord: i32 = row.try_get("o_ord")?;
+            let Some(i) = usize::try_from(ord).ok().and_then(|o| o.checked_sub(1)) else {
+                continue;
+            };
+            let Some(slot) = claims.get_mut(i) else {
+                continue;
+            };
+            *slot = Some(claim_of(row, &keys[i], &requests[i].period.label)?);
         }
-        let Some(state) = row.try_get::<Option<String>, _>("o_state")? else {
-            return Ok(Claim::Busy);
-        };
-        let current = ClaimRow {
-            period_key: key,
-            period: r.period.label.clone(),
-            state,
-            attempt: row.try_get("o_attempt")?,
-            failures: row.try_get("o_failures")?,
-            owner: row
-                .try_get::<Option<String>, _>("o_owner")?
-                .unwrap_or_default(),
-            lease_until: row.try_get("o_lease_until")?,
-            retry_at: row.try_get("o_retry_at")?,
-            finished_at: row.try_get("o_finished_at")?,
-            now: row.try_get("o_now")?,
-        };
-        Ok(current.as_claim())
+        Ok(claims.into_iter().flatten().collect())
     }
 
     pub(super) async fn renew(
@@ -172,11 +214,21 @@ impl PgStore {
     ) -> Result<Vec<bool>, sqlx::Error> {
         let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
         let attempts: Vec<i32> = leases.iter().map(|l| l.attempt).collect();
+        // Rows locked in the order a batch claim takes them (job, then key),
+        // so a renewal never deadlocks with another replica's claim of the
+        // same keys.
         let renewed: Vec<(String, i32)> = sqlx::query_as(
-            "UPDATE scheduler_claims c
+            "WITH mine AS (
+                SELECT c.period_key FROM scheduler_claims c
+                  JOIN unnest($1::text[], $2::int[]) AS h(key, attempt)
+                    ON c.period_key = h.key AND c.attempt = h.attempt
+                 WHERE c.state = 'running'
+                 ORDER BY c.job COLLATE \"C\", c.period_key COLLATE \"C\"
+                   FOR UPDATE OF c)
+             UPDATE scheduler_claims c
                 SET lease_until = now() + $3 * interval '1 millisecond'
-               FROM unnest($1::text[], $2::int[]) AS h(key, attempt)
-              WHERE c.period_key = h.key AND c.attempt = h.attempt AND c.state = 'running'
+               FROM mine
+              WHERE c.period_key = mine.period_key
           RETURNING c.period_key, c.attempt",
         )
         .bind(&keys)
@@ -184,13 +236,13 @@ impl PgStore {
         .bind(millis(lease))
         .fetch_all(&self.pool)
         .await?;
+        let renewed: std::collections::HashSet<(&str, i32)> = renewed
+            .iter()
+            .map(|(key, attempt)| (key.as_str(), *attempt))
+            .collect();
         Ok(leases
             .iter()
-            .map(|l| {
-                renewed
-                    .iter()
-                    .any(|(key, attempt)| *key == l.key && *attempt == l.attempt)
-            })
+            .map(|l| renewed.contains(&(l.key.as_str(), l.attempt)))
             .collect())
     }
 
@@ -274,7 +326,7 @@ impl PgStore {
                FROM c WHERE a.period_key = c.period_key AND a.attempt = c.attempt
              RETURNING 1",
         )
-        .bind(&lease.key)
+        .bind(lease.key.as_str())
         .bind(lease.attempt)
         .fetch_optional(&self.pool)
         .await?;
@@ -286,7 +338,7 @@ impl PgStore {
             "UPDATE scheduler_claims SET lease_until = NULL
               WHERE period_key = $1 AND attempt = $2 AND state = 'released'",
         )
-        .bind(&lease.key)
+        .bind(lease.key.as_str())
         .bind(lease.attempt)
         .execute(&self.pool)
         .await?;
@@ -316,7 +368,9 @@ impl PgStore {
 
     pub(super) async fn rows(&self, keys: &[String]) -> Result<Vec<ClaimRow>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT c.*, now() AS now FROM scheduler_claims c WHERE c.period_key = ANY($1)",
+            "SELECT c.*, scheduler_claimable(c.state, c.lease_until, c.retry_at, false, false) AS claimable,
+                    now() AS now
+               FROM scheduler_claims c WHERE c.period_key = ANY($1)",
         )
         .bind(keys)
         .fetch_all(&self.pool)
@@ -332,9 +386,7 @@ impl PgStore {
         let rows = sqlx::query(
             "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
               WHERE job = ANY($1)
-                AND ((state = 'running' AND lease_until < now())
-                     OR (state = 'released' AND (lease_until IS NULL OR lease_until < now()))
-                     OR (state = 'failed' AND retry_at <= now()))
+                AND scheduler_claimable(state, lease_until, retry_at, false, false)
               ORDER BY period_start LIMIT $2",
         )
         .bind(jobs)
@@ -454,7 +506,9 @@ impl PgStore {
 
     pub(super) async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT c.*, now() AS now FROM scheduler_claims c WHERE c.job = $1
+            "SELECT c.*, scheduler_claimable(c.state, c.lease_until, c.retry_at, false, false) AS claimable,
+                    now() AS now
+               FROM scheduler_claims c WHERE c.job = $1
               ORDER BY c.period_start DESC LIMIT $2",
         )
         .bind(job)
@@ -497,7 +551,7 @@ async fn record(
 ) -> Result<bool, sqlx::Error> {
     let state = if f.succeeded { "succeeded" } else { "failed" };
     let row = sqlx::query(RECORD)
-        .bind(&lease.key)
+        .bind(lease.key.as_str())
         .bind(lease.attempt)
         .bind(state)
         .bind(i32::from(!f.succeeded))

@@ -56,6 +56,10 @@ fn claim_row(row: &SqliteRow) -> Result<ClaimRow, sqlx::Error> {
         lease_until: opt_time(row, "lease_until")?,
         retry_at: opt_time(row, "retry_at")?,
         finished_at: opt_time(row, "finished_at")?,
+        // The rule is SQL: NULL (a comparison with a missing time) is no.
+        claimable: row
+            .try_get::<Option<bool>, _>("claimable")?
+            .unwrap_or(false),
         now: time(row.try_get("now")?),
     })
 }
@@ -116,75 +120,20 @@ impl SqliteStore {
         self.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
-    pub(super) async fn claim(&self, r: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
-        // One statement, so one write transaction: a writing statement takes
-        // SQLite's write lock before it reads, like BEGIN IMMEDIATE. The
-        // attempt row is written by the trigger `scheduler_claims_attempt_*`.
-        // The concurrency count gates the row the upsert inserts: with no
-        // free slot there is no row, so no insert and no takeover either.
-        let won = sqlx::query(&format!(
-            "INSERT INTO scheduler_claims
-                (period_key, job, period, period_start, period_end, scheduled_at, state, attempt,
-                 failures, trigger, owner, lease_until, started_at)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
-              WHERE (SELECT count(*) FROM scheduler_claims
-                      WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
-                        AND period_key <> ?1)
-                  + (SELECT count(*) FROM scheduler_claims
-                      WHERE job = ?2 AND state = 'released' AND lease_until >= {NOW}
-                        AND period_key <> ?1) < ?11
-             ON CONFLICT (period_key) DO UPDATE SET
-                state = 'running',
-                attempt = scheduler_claims.attempt + 1,
-                trigger = CASE
-                    WHEN ?9 THEN ?6
-                    WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
-                    WHEN scheduler_claims.state = 'failed' THEN 'retry'
-                    ELSE ?6 END,
-                owner = excluded.owner,
-                lease_until = excluded.lease_until,
-                retry_at = NULL,
-                started_at = excluded.started_at,
-                finished_at = NULL
-             WHERE (scheduler_claims.state = 'running' AND scheduler_claims.lease_until < {NOW})
-                OR (scheduler_claims.state = 'released'
-                    AND (scheduler_claims.lease_until IS NULL OR scheduler_claims.lease_until < {NOW}))
-                OR (scheduler_claims.state = 'failed' AND (?9 OR scheduler_claims.retry_at <= {NOW}))
-                OR (scheduler_claims.state = 'succeeded' AND ?10)
-             RETURNING attempt, failures, trigger"
-        ))
-        .bind(period_key(r))
-        .bind(r.job)
-        .bind(&r.period.label)
-        .bind(ms(r.period.start))
-        .bind(ms(r.period.end))
-        .bind(r.trigger.as_str())
-        .bind(r.owner)
-        .bind(r.lease.as_millis() as i64)
-        .bind(r.manual)
-        .bind(r.force)
-        .bind(r.concurrency)
-        .bind(ms(r.scheduled_at))
-        .fetch_optional(&self.pool)
-        .await?;
-        if let Some(row) = won {
-            return Ok(Claim::Won(Lease {
-                key: period_key(r),
-                attempt: row.try_get("attempt")?,
-                failures: row.try_get("failures")?,
-                trigger: Trigger::parse(row.try_get("trigger")?),
-            }));
+    pub(super) async fn claim_many(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Claim>, sqlx::Error> {
+        // One write transaction, so one commit for the whole batch; inside
+        // it each key is the one-key claim statement, which sees what the
+        // batch claimed before it.
+        let mut tx = self.begin().await?;
+        let mut claims = Vec::with_capacity(requests.len());
+        for r in requests {
+            claims.push(claim(&mut tx, r).await?);
         }
-        let row = sqlx::query(&format!(
-            "SELECT *, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1"
-        ))
-        .bind(period_key(r))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(match row {
-            Some(row) => claim_row(&row)?.as_claim(),
-            None => Claim::Busy,
-        })
+        tx.commit().await?;
+        Ok(claims)
     }
 
     pub(super) async fn renew(
@@ -199,7 +148,7 @@ impl SqliteStore {
                 "UPDATE scheduler_claims SET lease_until = {NOW} + ?3
                   WHERE period_key = ?1 AND attempt = ?2 AND state = 'running'"
             ))
-            .bind(&l.key)
+            .bind(l.key.as_str())
             .bind(l.attempt)
             .bind(lease.as_millis() as i64)
             .execute(&mut *tx)
@@ -273,13 +222,13 @@ impl SqliteStore {
             "UPDATE scheduler_claims SET state = 'released', lease_until = NULL, finished_at = {NOW}
               WHERE period_key = ?1 AND attempt = ?2 AND state = 'running'"
         ))
-        .bind(&lease.key)
+        .bind(lease.key.as_str())
         .bind(lease.attempt)
         .execute(&mut *tx)
         .await?;
         let released = done.rows_affected() == 1;
         if released {
-            mark_attempt(&mut tx, &lease.key, lease.attempt, "released").await?;
+            mark_attempt(&mut tx, lease.key.as_str(), lease.attempt, "released").await?;
         }
         tx.commit().await?;
         Ok(released)
@@ -290,7 +239,7 @@ impl SqliteStore {
             "UPDATE scheduler_claims SET lease_until = NULL
               WHERE period_key = ?1 AND attempt = ?2 AND state = 'released'",
         )
-        .bind(&lease.key)
+        .bind(lease.key.as_str())
         .bind(lease.attempt)
         .execute(&self.pool)
         .await?;
@@ -324,8 +273,9 @@ impl SqliteStore {
         // One statement for many keys: the keys travel as one JSON array.
         let keys = serde_json::to_string(keys).unwrap_or_else(|_| "[]".into());
         let rows = sqlx::query(&format!(
-            "SELECT c.*, {NOW} AS now FROM scheduler_claims c
-              WHERE c.period_key IN (SELECT value FROM json_each(?1))"
+            "SELECT c.*, {} AS claimable, {NOW} AS now FROM scheduler_claims c
+              WHERE c.period_key IN (SELECT value FROM json_each(?1))",
+            claimable("0", "0")
         ))
         .bind(keys)
         .fetch_all(&self.pool)
@@ -341,11 +291,9 @@ impl SqliteStore {
         let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
         let rows = sqlx::query(&format!(
             "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
-              WHERE job IN (SELECT value FROM json_each(?1))
-                AND ((state = 'running' AND lease_until < {NOW})
-                     OR (state = 'released' AND (lease_until IS NULL OR lease_until < {NOW}))
-                     OR (state = 'failed' AND retry_at <= {NOW}))
-              ORDER BY period_start LIMIT ?2"
+              WHERE job IN (SELECT value FROM json_each(?1)) AND {}
+              ORDER BY period_start LIMIT ?2",
+            claimable("0", "0")
         ))
         .bind(jobs)
         .bind(limit)
@@ -475,8 +423,9 @@ impl SqliteStore {
 
     pub(super) async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, sqlx::Error> {
         let rows = sqlx::query(&format!(
-            "SELECT c.*, {NOW} AS now FROM scheduler_claims c WHERE c.job = ?1
-              ORDER BY c.period_start DESC LIMIT ?2"
+            "SELECT c.*, {} AS claimable, {NOW} AS now FROM scheduler_claims c WHERE c.job = ?1
+              ORDER BY c.period_start DESC LIMIT ?2",
+            claimable("0", "0")
         ))
         .bind(job)
         .bind(limit)
@@ -524,8 +473,99 @@ impl SqliteStore {
     }
 }
 
-fn period_key(r: &ClaimRequest<'_>) -> String {
-    crate::check::period_key(r.job, &r.period.label)
+/// Which claims can be taken again: the rule, written once for SQLite (a
+/// lease that ran out, a released claim whose runner confirmed the stop or
+/// whose lease ran out, a failed one whose retry is due or any failed one
+/// when `manual`, a succeeded one when `force`). `manual` and `force` are
+/// SQL: a parameter or a literal. Unqualified columns: in an upsert's
+/// `DO UPDATE … WHERE` they name the existing row.
+fn claimable(manual: &str, force: &str) -> String {
+    format!(
+        "((state = 'running' AND lease_until < {NOW})
+          OR (state = 'released' AND (lease_until IS NULL OR lease_until < {NOW}))
+          OR (state = 'failed' AND ({manual} OR retry_at <= {NOW}))
+          OR (state = 'succeeded' AND {force}))"
+    )
+}
+
+/// The claim of one key, inside a write transaction. The attempt row is
+/// written by the trigger `scheduler_claims_attempt_*`. The concurrency
+/// count gates the row the upsert inserts: with no free slot there is no
+/// row, so no insert and no takeover either.
+async fn claim(
+    tx: &mut Transaction<'static, Sqlite>,
+    r: &ClaimRequest<'_>,
+) -> Result<Claim, sqlx::Error> {
+    static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "INSERT INTO scheduler_claims
+                (period_key, job, period, period_start, period_end, scheduled_at, state, attempt,
+                 failures, trigger, owner, lease_until, started_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
+              WHERE (SELECT count(*) FROM scheduler_claims
+                      WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
+                        AND period_key <> ?1)
+                  + (SELECT count(*) FROM scheduler_claims
+                      WHERE job = ?2 AND state = 'released' AND lease_until >= {NOW}
+                        AND period_key <> ?1) < ?11
+             ON CONFLICT (period_key) DO UPDATE SET
+                state = 'running',
+                attempt = scheduler_claims.attempt + 1,
+                trigger = CASE
+                    WHEN ?9 THEN ?6
+                    WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
+                    WHEN scheduler_claims.state = 'failed' THEN 'retry'
+                    ELSE ?6 END,
+                owner = excluded.owner,
+                lease_until = excluded.lease_until,
+                retry_at = NULL,
+                started_at = excluded.started_at,
+                finished_at = NULL
+             WHERE {}
+             RETURNING attempt, failures, trigger",
+            claimable("?9", "?10")
+        )
+    });
+    static CURRENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT *, {} AS claimable, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1",
+            claimable("?2", "?3")
+        )
+    });
+    let key = r.key();
+    let won = sqlx::query(&CLAIM)
+        .bind(key.as_str())
+        .bind(r.job)
+        .bind(&r.period.label)
+        .bind(ms(r.period.start))
+        .bind(ms(r.period.end))
+        .bind(r.trigger.as_str())
+        .bind(r.owner)
+        .bind(r.lease.as_millis() as i64)
+        .bind(r.manual)
+        .bind(r.force)
+        .bind(r.concurrency)
+        .bind(ms(r.scheduled_at))
+        .fetch_optional(&mut **tx)
+        .await?;
+    if let Some(row) = won {
+        return Ok(Claim::Won(Lease {
+            key,
+            attempt: row.try_get("attempt")?,
+            failures: row.try_get("failures")?,
+            trigger: Trigger::parse(row.try_get("trigger")?),
+        }));
+    }
+    let row = sqlx::query(&CURRENT)
+        .bind(key.as_str())
+        .bind(r.manual)
+        .bind(r.force)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(match row {
+        Some(row) => claim_row(&row)?.as_claim(),
+        None => Claim::Busy,
+    })
 }
 
 /// Writes an attempt's outcome if the claim is still at that attempt
@@ -547,7 +587,7 @@ async fn record(
                          WHERE period_key = ?1 AND attempt = ?2
                            AND state IN ('running', 'released'))"
     ))
-    .bind(&lease.key)
+    .bind(lease.key.as_str())
     .bind(lease.attempt)
     .bind(outcome)
     .bind(f.exit_code)

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use scheduler::heartbeat::{Heartbeats, Loss};
+use scheduler::engine::heartbeat::{Heartbeats, Loss};
 use scheduler::period::Period;
 use scheduler::store::{Claim, ClaimRequest, Finish, Lease, SqlLimits, Store, Trigger};
 use tokio::time::Instant;
@@ -432,7 +432,7 @@ async fn a_released_claim_is_found_taken_over_by_the_next_heartbeat(store: Store
     let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(60));
     let watch = heartbeats.watch(&lease, sent, Duration::from_secs(60));
     heartbeats.renew_now().await;
-    store.release_key(&lease.key).await.unwrap();
+    store.release_key(lease.key.as_str()).await.unwrap();
     heartbeats.renew_now().await;
     let loss = tokio::time::timeout(Duration::from_secs(5), watch.lost()).await;
     assert_eq!(loss.ok(), Some(Loss::TakenOver));
@@ -444,7 +444,7 @@ async fn a_second_watch_of_one_key_leaves_the_first_one_informed(store: Store) {
     let first = won(&store, &request(&period, "a")).await;
     let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(60));
     let old = heartbeats.watch(&first, sent, Duration::from_secs(60));
-    store.release_key(&first.key).await.unwrap();
+    store.release_key(first.key.as_str()).await.unwrap();
     store.confirm_stopped(&first).await.unwrap();
     let second = won(&store, &request(&period, "a")).await;
     let new = heartbeats.watch(&second, Instant::now(), Duration::from_secs(60));
@@ -540,7 +540,7 @@ async fn an_outcome_written_just_after_a_release_is_kept(store: Store) {
     let first = won(&store, &request(&period, "a")).await;
     // `scheduler release` lands as the job exits 0: nobody claimed the
     // period since, so the finished work counts.
-    store.release_key(&first.key).await.unwrap();
+    store.release_key(first.key.as_str()).await.unwrap();
     assert!(store.finish(&first, &succeeded()).await.unwrap());
     assert!(matches!(
         store.claim(&request(&period, "b")).await.unwrap(),
@@ -548,6 +548,180 @@ async fn an_outcome_written_just_after_a_release_is_kept(store: Store) {
     ));
     let history = store.history("billing", 10).await.unwrap();
     assert_eq!(history[0].outcome, "succeeded");
+}
+
+fn months(labels: &[&str]) -> Vec<Period> {
+    labels.iter().map(|l| month(l)).collect()
+}
+
+fn batch<'a>(periods: &'a [Period], owner: &'a str, concurrency: u32) -> Vec<ClaimRequest<'a>> {
+    periods
+        .iter()
+        .map(|p| ClaimRequest {
+            concurrency,
+            ..request(p, owner)
+        })
+        .collect()
+}
+
+async fn batches_racing_a_batch_and_one_key_claims_give_each_key_one_winner(db: TestDb) {
+    let periods = months(&[
+        "2026-01", "2026-02", "2026-03", "2026-04", "2026-05", "2026-06", "2026-07", "2026-08",
+    ]);
+    // Separate connections: on SQLite each store is a writer of its own.
+    let mut racers = Vec::new();
+    for i in 0..4 {
+        let store = db.store().await;
+        let periods = periods.clone();
+        racers.push(tokio::spawn(async move {
+            let owner = format!("batch-{i}");
+            // Every racer lists the keys in another order; the store orders them.
+            let mut periods = periods;
+            periods.rotate_left((i * 3) % 8);
+            let claims = store
+                .claim_many(&batch(&periods, &owner, 100))
+                .await
+                .unwrap();
+            won_keys(&claims)
+        }));
+    }
+    for (i, period) in periods.iter().enumerate().step_by(3) {
+        let store = db.store().await;
+        let period = period.clone();
+        racers.push(tokio::spawn(async move {
+            let owner = format!("single-{i}");
+            let one = ClaimRequest {
+                concurrency: 100,
+                ..request(&period, &owner)
+            };
+            won_keys(&[store.claim(&one).await.unwrap()])
+        }));
+    }
+    let mut winners: Vec<String> = Vec::new();
+    for racer in racers {
+        winners.extend(racer.await.unwrap());
+    }
+    winners.sort();
+    let mut expected: Vec<String> = periods
+        .iter()
+        .map(|p| format!("billing:{}", p.label))
+        .collect();
+    expected.sort();
+    assert_eq!(winners, expected, "every key won exactly once");
+}
+
+fn won_keys(claims: &[Claim]) -> Vec<String> {
+    claims
+        .iter()
+        .filter_map(|c| match c {
+            Claim::Won(lease) => Some(lease.key.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn concurrency_holds_inside_one_batch_and_across_batches(store: Store) {
+    let first = months(&["2026-01", "2026-02", "2026-03"]);
+    let claims = store.claim_many(&batch(&first, "a", 2)).await.unwrap();
+    assert_eq!(won_keys(&claims), ["billing:2026-01", "billing:2026-02"]);
+    assert_eq!(
+        claims[2],
+        Claim::Busy,
+        "the third would be a third running at once"
+    );
+    let second = months(&["2026-04", "2026-05"]);
+    let claims = store.claim_many(&batch(&second, "b", 2)).await.unwrap();
+    assert_eq!(
+        claims,
+        [Claim::Busy, Claim::Busy],
+        "both slots are taken by the first batch"
+    );
+    let Claim::Won(done) = store
+        .claim(&ClaimRequest {
+            concurrency: 3,
+            ..request(&month("2026-06"), "c")
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("a third slot is free with concurrency 3");
+    };
+    assert!(store.finish(&done, &succeeded()).await.unwrap());
+    let leases: Vec<Lease> = store
+        .claim_many(&batch(&first, "a", 2))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| match c {
+            Claim::Won(lease) => Some(lease),
+            _ => None,
+        })
+        .collect();
+    assert!(leases.is_empty(), "held keys are not won again");
+}
+
+async fn a_batch_takes_expired_released_and_due_retry_claims_like_a_one_key_claim(store: Store) {
+    let periods = months(&["2026-01", "2026-02", "2026-03", "2026-04", "2026-05"]);
+    let short = |p| ClaimRequest {
+        lease: Duration::from_millis(200),
+        concurrency: 100,
+        ..request(p, "old")
+    };
+    let mut old = Vec::new();
+    for period in &periods[..4] {
+        old.push(won(&store, &short(period)).await);
+    }
+    // 01 expires, 02 is released by its runner, 03 fails with a retry due
+    // at once, 04 fails with a retry due in an hour, 05 is new.
+    assert!(store.release(&old[1]).await.unwrap());
+    assert!(
+        store
+            .finish(&old[2], &failed(Some(Duration::ZERO)))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .finish(&old[3], &failed(Some(Duration::from_secs(3600))))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let claims = store
+        .claim_many(&batch(&periods, "new", 100))
+        .await
+        .unwrap();
+    let got: Vec<(i32, Trigger)> = claims
+        .iter()
+        .filter_map(|c| match c {
+            Claim::Won(l) => Some((l.attempt, l.trigger)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (2, Trigger::Recovery),
+            (2, Trigger::Recovery),
+            (2, Trigger::Retry),
+            (1, Trigger::Schedule)
+        ]
+    );
+    assert!(
+        matches!(
+            claims[3],
+            Claim::Failed {
+                retry_at: Some(_),
+                failures: 1
+            }
+        ),
+        "a retry not yet due is not taken: {:?}",
+        claims[3]
+    );
+    assert!(
+        !store.finish(&old[0], &succeeded()).await.unwrap(),
+        "the expired attempt is fenced"
+    );
 }
 
 /// Runs each test function against SQLite and PostgreSQL.
@@ -574,7 +748,35 @@ macro_rules! conformance {
     };
 }
 
+/// Runs each test function, given the database rather than one store,
+/// against SQLite and PostgreSQL.
+macro_rules! conformance_db {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_db {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::TestDb::sqlite()).await;
+                }
+            )*
+        }
+        mod postgres_db {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(db) = crate::support::TestDb::postgres().await else { return };
+                    super::$name(db).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance_db!(batches_racing_a_batch_and_one_key_claims_give_each_key_one_winner);
+
 conformance!(
+    concurrency_holds_inside_one_batch_and_across_batches,
+    a_batch_takes_expired_released_and_due_retry_claims_like_a_one_key_claim,
     a_new_key_is_won_once_and_then_held,
     a_succeeded_period_is_done_and_force_takes_it_again,
     an_expired_lease_is_recovered_and_the_old_attempt_is_fenced,

@@ -1,8 +1,11 @@
 //! Runs one claimed period: the action, its heartbeats, its stop on
 //! takeover or shutdown, and the fenced write of its outcome.
 
+pub mod due;
+pub mod heartbeat;
 mod http;
 mod process;
+pub mod reaper;
 pub mod supervisor;
 
 use std::collections::HashSet;
@@ -13,10 +16,10 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::check::period_key;
+use crate::cli::check::period_key;
 use crate::config::{Action, Job};
+use crate::engine::heartbeat::{Heartbeats, Loss, Watch};
 use crate::error::Error;
-use crate::heartbeat::{Heartbeats, Loss, Watch};
 use crate::period::{Period, utc_text};
 use crate::store::{Claim, ClaimRequest, Finish, Lease, SqlLimits, Store};
 use crate::template::Values;

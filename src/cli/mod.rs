@@ -1,4 +1,10 @@
-//! The command line, as clap definitions only.
+//! The command line: clap's definitions here, and one module per command
+//! family that turns parsed flags into calls of the engine and the store.
+
+pub mod app;
+pub mod check;
+pub mod inspect;
+pub mod run;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -4,14 +4,14 @@
 use chrono::Utc;
 use tokio::sync::{mpsc, watch};
 
-use crate::check;
+use crate::cli::check;
+use crate::cli::inspect;
+use crate::cli::run;
 use crate::cli::{Cli, Command};
 use crate::config::{Config, ConfigError};
+use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Stop, say};
-use crate::inspect;
-use crate::oneshot;
-use crate::runner::owner_id;
-use crate::scheduler::Service;
+use crate::serve::Service;
 use crate::store::{DatabaseUrl, Store};
 
 /// The database when nothing names one: `scheduler.db` next to jobs.toml.
@@ -58,7 +58,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             if let Some(name) = &args.job {
                 config.job(name)?;
             }
-            oneshot::check_args(&config, args, now)?;
+            run::check_args(&config, args, now)?;
         }
         Command::Release { job, period } => {
             inspect::period_key_of(config.job(job)?, period)?;
@@ -74,7 +74,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     // A port that is taken is a usage error found before any database is
     // created or migrated.
     let listener = match &cli.command {
-        Command::Serve { listen: Some(addr) } => Some(crate::server::bind(*addr).await?),
+        Command::Serve { listen: Some(addr) } => Some(crate::serve::server::bind(*addr).await?),
         _ => None,
     };
     // Signals are taken over before the database is opened: a SIGHUP or
@@ -97,10 +97,10 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     let store = Store::open(&url, creates).await?;
     store.migrate().await?;
     if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
-        crate::reaper::start();
+        crate::engine::reaper::start();
     }
     match cli.command {
-        Command::Run(args) => oneshot::run(&config, &store, &args, &owner_id(), shutdown).await,
+        Command::Run(args) => run::run(&config, &store, &args, &owner_id(), shutdown).await,
         Command::Migrate => match say(format_args!("migrations applied")) {
             Ok(()) => Ok(Outcome::Done),
             Err(stop) => stop.into_result(),
@@ -126,13 +126,13 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             .await
             .or_else(Stop::into_result),
         Command::Serve { .. } => {
-            let health = &crate::server::HEALTH;
+            let health = &crate::serve::server::HEALTH;
             health.watch(config.settings.lease, config.settings.scan_interval);
             // Migrations just answered: the database is reachable. The loop
             // counts as alive from its first wake-up, after the catch-up.
             health.database_ok();
             if let Some(listener) = listener {
-                crate::server::start(listener, shutdown.clone())?;
+                crate::serve::server::start(listener, shutdown.clone())?;
             }
             let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
             let service = Service::new(cli.config.clone(), config, store, owner_id(), shutdown)?;

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::{ActionResult, OUTPUT_TAIL, Run, Stop, supervisor};
 use crate::config::Program;
-use crate::heartbeat::Heartbeats;
+use crate::engine::heartbeat::Heartbeats;
 use crate::template::Template;
 
 /// How long a group gets between SIGTERM and SIGKILL.
@@ -81,7 +81,7 @@ pub(super) async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let mut child = match crate::reaper::spawn_job(|| command.spawn(), Child::id) {
+    let mut child = match crate::engine::reaper::spawn_job(|| command.spawn(), Child::id) {
         Ok(child) => child,
         Err(e) => {
             return ActionResult::failed(format!("cannot start the job: {e}"));
@@ -144,12 +144,12 @@ pub(super) async fn run(
         () = feed => unreachable!("feeding deadlines never ends"),
     };
     if let Some(pid) = supervisor {
-        crate::reaper::forget_job(pid.as_raw() as u32);
+        crate::engine::reaper::forget_job(pid.as_raw() as u32);
     }
     // A supervisor that died of a signal may have been killed itself, with
     // its job's tree still running, now re-parented to this process.
     if supervisor_signaled {
-        crate::reaper::sweep().await;
+        crate::engine::reaper::sweep().await;
     }
     // The supervisor has ended the whole tree, so the pipes close.
     for reader in readers.into_iter().flatten() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::config::{Job, Missed};
-use crate::due::Due;
+use crate::engine::due::Due;
 use crate::store::Trigger;
 
 /// The next fire of every job, earliest first.

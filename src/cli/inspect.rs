@@ -4,9 +4,9 @@
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::check::period_key;
+use crate::cli::check::period_key;
 use crate::config::{Config, Job};
-use crate::due::due;
+use crate::engine::due::due;
 use crate::error::{Error, Outcome, Stop, say};
 use crate::period::utc_text;
 use crate::store::{Claim, ClaimRow, Released, Store};

@@ -231,7 +231,7 @@ fn children() -> Vec<Pid> {
             .filter_map(|p| p.parse().ok())
             .map(Pid::from_raw)
             .collect(),
-        Err(_) => crate::reaper::children_of(me),
+        Err(_) => crate::engine::reaper::children_of(me),
     }
 }
 

@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::{mpsc, watch};
 
-use crate::check::period_key;
+use crate::cli::check::period_key;
 use crate::config::{Config, Job, Missed, Settings};
-use crate::due::{Due, due};
+use crate::engine::due::{Due, due};
+use crate::engine::{Context, Ending, Run, Taken};
 use crate::error::{Error, Outcome};
-use crate::runner::{Context, Ending, Run, Taken};
 use crate::store::{Claim, ClaimRequest, Reclaimable, Store, Trigger};
 
+pub mod server;
 mod timer;
 use timer::Timer;
 
@@ -131,7 +132,7 @@ impl Service {
                 Some(event) = self.events.1.recv() => self.handle(event),
             }
             metrics::counter!("scheduler_wakeups_total").increment(1);
-            crate::server::HEALTH.loop_alive();
+            crate::serve::server::HEALTH.loop_alive();
             let now = Utc::now();
             for (i, due) in self.timer.pop_due(&self.jobs, now) {
                 let job = self.jobs[i].clone();
@@ -247,7 +248,7 @@ impl Service {
         let now = Utc::now();
         match scanned.found {
             Ok(found) => {
-                crate::server::HEALTH.database_ok();
+                crate::serve::server::HEALTH.database_ok();
                 for r in found {
                     if let Some(job) = self.job(&r.job) {
                         let due = Due {
@@ -371,7 +372,7 @@ impl Service {
         // fence; claims already held keep the lease they were granted until
         // their next renewal.
         self.context.heartbeats.set_lease(config.settings.lease);
-        crate::server::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
+        crate::serve::server::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
         self.settings = config.settings;
         self.take_backlog();
         tracing::info!(

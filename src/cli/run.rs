@@ -8,13 +8,13 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::check::period_key;
 use crate::cli::RunArgs;
+use crate::cli::check::period_key;
 use crate::config::{Config, Job};
-use crate::due::{Due, due};
+use crate::engine::due::{Due, due};
+use crate::engine::{Context, Ending, Run, Taken, after_grace};
 use crate::error::{Error, Outcome, Stop, say};
 use crate::period::{Period, utc_text};
-use crate::runner::{Context, Ending, Run, Taken, after_grace};
 use crate::store::{Claim, ClaimRequest, ClaimRow, Store, Trigger};
 
 /// How often `--wait` looks at a claim held elsewhere.
