@@ -50,6 +50,21 @@ BEGIN
                      WHERE c.job = p_jobs[i] AND c.state = 'released' AND c.lease_until >= now())
               INTO busy;
         END IF;
+        -- A row locked elsewhere (an sql group committing its outcome, a
+        -- claim racing this one) is reported as it stands rather than
+        -- waited for: a long statement must not stall a whole batch.
+        PERFORM 1 FROM scheduler_claims c WHERE c.period_key = p_keys[i];
+        IF FOUND THEN
+            PERFORM 1 FROM scheduler_claims c WHERE c.period_key = p_keys[i]
+                FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                RETURN QUERY
+                SELECT i, FALSE, c.state, c.attempt, c.failures, c.trigger, c.owner,
+                       c.lease_until, c.retry_at, c.finished_at, FALSE, now()
+                  FROM scheduler_claims c WHERE c.period_key = p_keys[i];
+                CONTINUE;
+            END IF;
+        END IF;
         -- A key counted in `busy` is live, so not claimable: counting it
         -- changes no answer.
         IF busy < p_concurrency[i] THEN

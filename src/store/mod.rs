@@ -397,6 +397,22 @@ impl Store {
             .map_err(query_error)
     }
 
+    /// Runs a group of `sql` actions in one transaction and one commit:
+    /// each statement in a savepoint of its own, so a failing one fails
+    /// only its own period, and every outcome fenced by its attempt. While
+    /// the group runs its claims cannot be taken over (PostgreSQL: a key
+    /// share lock each, which renewals pass and other replicas' claims
+    /// report as held; SQLite: the one writer). A group that fails to
+    /// commit records nothing. `Ok(None)`: stopped through `limits.cancel`,
+    /// nothing committed.
+    pub async fn run_sql_group(
+        &self,
+        runs: &[GroupedSql<'_>],
+        limits: &SqlLimits,
+    ) -> Result<Option<Vec<GroupedEnd>>, Error> {
+        dispatch!(self.run_sql_group(runs, limits)).map_err(query_error)
+    }
+
     /// Ends a running attempt without an outcome (shutdown), so the period
     /// can be taken at once; spends no retry.
     pub async fn release(&self, lease: &Lease) -> Result<bool, Error> {
@@ -484,6 +500,34 @@ impl Store {
     pub async fn prune(&self, job: &str, keep: Duration, window: Duration) -> Result<u64, Error> {
         dispatch!(self.prune(job, keep, window)).map_err(query_error)
     }
+}
+
+/// One `sql` action of a group committed together.
+#[derive(Debug)]
+pub struct GroupedSql<'a> {
+    /// Its won claim.
+    pub lease: &'a Lease,
+    /// The statement.
+    pub statement: &'a str,
+    /// Its params, rendered.
+    pub params: Vec<String>,
+    /// How long the statement may run: the job's `timeout`.
+    pub timeout: Option<Duration>,
+    /// What is recorded if the statement fails (its error filled in).
+    pub failure: Finish,
+}
+
+/// How one action of a group ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupedEnd {
+    /// Its statement and its success committed together.
+    Succeeded,
+    /// Its statement failed and was rolled back; the failure is recorded.
+    Failed(String),
+    /// Its claim had moved on: nothing of it ran.
+    Moved,
+    /// Not started: the group ran out of its time on SQLite's one writer.
+    NotStarted,
 }
 
 /// The bounds of an `sql` action's statement.

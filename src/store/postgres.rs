@@ -11,8 +11,8 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Released,
-    SqlLimits, Trigger,
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
+    Reclaimable, Released, SqlLimits, Trigger,
 };
 use crate::period::{Period, PeriodKey};
 
@@ -216,7 +216,7 @@ impl PgStore {
         let attempts: Vec<i32> = leases.iter().map(|l| l.attempt).collect();
         // Rows locked in the order a batch claim takes them (job, then key),
         // so a renewal never deadlocks with another replica's claim of the
-        // same keys.
+        // same keys; a no-key lock, which an sql group's key share passes.
         let renewed: Vec<(String, i32)> = sqlx::query_as(
             "WITH mine AS (
                 SELECT c.period_key FROM scheduler_claims c
@@ -224,7 +224,7 @@ impl PgStore {
                     ON c.period_key = h.key AND c.attempt = h.attempt
                  WHERE c.state = 'running'
                  ORDER BY c.job COLLATE \"C\", c.period_key COLLATE \"C\"
-                   FOR UPDATE OF c)
+                   FOR NO KEY UPDATE OF c)
              UPDATE scheduler_claims c
                 SET lease_until = now() + $3 * interval '1 millisecond'
                FROM mine
@@ -313,6 +313,117 @@ impl PgStore {
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), work).await;
         Ok(Err("stopped before it ended".into()))
+    }
+
+    pub(super) async fn run_sql_group(
+        &self,
+        runs: &[GroupedSql<'_>],
+        limits: &SqlLimits,
+    ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
+        let backend = std::sync::OnceLock::new();
+        let work = async {
+            let mut tx = self.actions.begin().await?;
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await?;
+            let _ = backend.set(pid);
+            let mut ends = Vec::with_capacity(runs.len());
+            for run in runs {
+                // Held until the commit: no takeover can change the attempt
+                // meanwhile, while renewals (no key update) pass.
+                let ours = sqlx::query(
+                    "SELECT 1 FROM scheduler_claims
+                      WHERE period_key = $1 AND attempt = $2 AND state IN ('running', 'released')
+                        FOR KEY SHARE",
+                )
+                .bind(run.lease.key.as_str())
+                .bind(run.lease.attempt)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if ours.is_none() {
+                    ends.push(GroupedEnd::Moved);
+                    continue;
+                }
+                sqlx::query(&format!(
+                    "SET LOCAL statement_timeout = {}",
+                    run.timeout.map_or(0, |t| millis(t).max(1))
+                ))
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
+                let mut query = sqlx::query(run.statement);
+                for param in &run.params {
+                    query = query.bind(param.clone());
+                }
+                match query.execute(&mut *tx).await {
+                    Ok(_) => ends.push(GroupedEnd::Succeeded),
+                    Err(_) if *limits.cancel.borrow() => return Ok(None),
+                    Err(e) => {
+                        sqlx::query("ROLLBACK TO SAVEPOINT period")
+                            .execute(&mut *tx)
+                            .await?;
+                        ends.push(GroupedEnd::Failed(e.to_string()));
+                    }
+                }
+                sqlx::query("RELEASE SAVEPOINT period")
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query("SET LOCAL statement_timeout = '30s'")
+                .execute(&mut *tx)
+                .await?;
+            let succeeded = Finish {
+                succeeded: true,
+                ..Finish::default()
+            };
+            for (run, end) in runs.iter().zip(&mut ends) {
+                let recorded = match end {
+                    GroupedEnd::Succeeded => record(&mut *tx, run.lease, &succeeded).await?,
+                    GroupedEnd::Failed(error) => {
+                        let failure = Finish {
+                            error: Some(format!("SQL failed: {error}")),
+                            ..run.failure.clone()
+                        };
+                        record(&mut *tx, run.lease, &failure).await?
+                    }
+                    GroupedEnd::Moved | GroupedEnd::NotStarted => continue,
+                };
+                if !recorded {
+                    // Cannot happen under the key share lock; if it did, the
+                    // statement must not commit without its outcome.
+                    return Err(sqlx::Error::Protocol(format!(
+                        "the claim of {} moved on inside its group",
+                        run.lease.key
+                    )));
+                }
+            }
+            tx.commit().await?;
+            Ok(Some(ends))
+        };
+        tokio::pin!(work);
+        tokio::select! {
+            result = &mut work => return result,
+            () = limits.cancelled_wait() => {}
+        }
+        if let Some(pid) = backend.get() {
+            let _ = sqlx::query("SELECT pg_cancel_backend($1)")
+                .bind(pid)
+                .execute(&self.pool)
+                .await;
+        }
+        match tokio::time::timeout(Duration::from_secs(5), &mut work).await {
+            Ok(Ok(Some(ends))) => Ok(Some(ends)),
+            Ok(_) => Ok(None),
+            Err(_) => {
+                if let Some(pid) = backend.get() {
+                    let _ = sqlx::query("SELECT pg_terminate_backend($1)")
+                        .bind(pid)
+                        .execute(&self.pool)
+                        .await;
+                }
+                Ok(None)
+            }
+        }
     }
 
     pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {

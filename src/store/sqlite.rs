@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sqlx::{Connection, Row, Sqlite, Transaction};
 
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, JobRecord, Lease, Reclaimable, Released,
-    SqlLimits, Trigger,
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
+    Reclaimable, Released, SqlLimits, Trigger,
 };
 use crate::period::Period;
 
@@ -214,6 +214,118 @@ impl SqliteStore {
             )),
             other => other,
         })
+    }
+
+    pub(super) async fn run_sql_group(
+        &self,
+        runs: &[GroupedSql<'_>],
+        limits: &SqlLimits,
+    ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
+        // The group holds SQLite's one writer, which every claim and
+        // heartbeat of every process waits for: it starts no statement past
+        // the writer bound, and no statement runs past it.
+        let started = std::time::Instant::now();
+        let budget = started + limits.writer_timeout;
+        let mut conn = self.pool.acquire().await?;
+        let cancel = limits.cancel.subscribe();
+        // The running statement's deadline, in microseconds after `started`;
+        // 0 while the group's own statements run.
+        let deadline = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let expired = Arc::new(AtomicBool::new(false));
+        let (until, flag) = (deadline.clone(), expired.clone());
+        conn.lock_handle()
+            .await?
+            .set_progress_handler(1000, move || {
+                let at = until.load(Ordering::SeqCst);
+                let over =
+                    at != 0 && std::time::Instant::now() >= started + Duration::from_micros(at);
+                flag.store(over, Ordering::SeqCst);
+                !(over || *cancel.borrow())
+            });
+        let result = async {
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            let mut ends = Vec::with_capacity(runs.len());
+            for run in runs {
+                let now = std::time::Instant::now();
+                if now >= budget {
+                    ends.push(GroupedEnd::NotStarted);
+                    continue;
+                }
+                let ours = sqlx::query(
+                    "SELECT 1 FROM scheduler_claims
+                      WHERE period_key = ?1 AND attempt = ?2 AND state IN ('running', 'released')",
+                )
+                .bind(run.lease.key.as_str())
+                .bind(run.lease.attempt)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if ours.is_none() {
+                    ends.push(GroupedEnd::Moved);
+                    continue;
+                }
+                let until = run.timeout.map_or(budget, |t| (now + t).min(budget));
+                let micros = until.duration_since(started).as_micros().max(1);
+                deadline.store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
+                sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
+                let mut query = sqlx::query(run.statement);
+                for param in &run.params {
+                    query = query.bind(param.clone());
+                }
+                let done = query.execute(&mut *tx).await;
+                deadline.store(0, Ordering::SeqCst);
+                match done {
+                    Ok(_) => ends.push(GroupedEnd::Succeeded),
+                    Err(_) if limits.cancel.borrow().to_owned() => return Ok(None),
+                    Err(e) => {
+                        sqlx::query("ROLLBACK TO SAVEPOINT period")
+                            .execute(&mut *tx)
+                            .await?;
+                        let error = if expired.load(Ordering::SeqCst) {
+                            format!(
+                                "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
+                                humantime::format_duration(until.duration_since(now))
+                            )
+                        } else {
+                            e.to_string()
+                        };
+                        ends.push(GroupedEnd::Failed(error));
+                    }
+                }
+                sqlx::query("RELEASE SAVEPOINT period")
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let succeeded = Finish {
+                succeeded: true,
+                ..Finish::default()
+            };
+            for (run, end) in runs.iter().zip(&ends) {
+                let recorded = match end {
+                    GroupedEnd::Succeeded => record(&mut tx, run.lease, &succeeded).await?,
+                    GroupedEnd::Failed(error) => {
+                        let failure = Finish {
+                            error: Some(format!("SQL failed: {error}")),
+                            ..run.failure.clone()
+                        };
+                        record(&mut tx, run.lease, &failure).await?
+                    }
+                    GroupedEnd::Moved | GroupedEnd::NotStarted => continue,
+                };
+                if !recorded {
+                    // Cannot happen while this group holds the writer; if it
+                    // did, the statement must not commit without its outcome.
+                    return Err(sqlx::Error::Protocol(format!(
+                        "the claim of {} moved on inside its group",
+                        run.lease.key
+                    )));
+                }
+            }
+            tx.commit().await?;
+            Ok(Some(ends))
+        }
+        .await;
+        conn.lock_handle().await?.remove_progress_handler();
+        result
     }
 
     pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {

@@ -6,7 +6,9 @@ use std::time::Duration;
 use chrono::Utc;
 use scheduler::engine::heartbeat::{Heartbeats, Loss};
 use scheduler::period::Period;
-use scheduler::store::{Claim, ClaimRequest, Finish, Lease, SqlLimits, Store, Trigger};
+use scheduler::store::{
+    Claim, ClaimRequest, Finish, GroupedEnd, GroupedSql, Lease, SqlLimits, Store, Trigger,
+};
 use tokio::time::Instant;
 
 use crate::support::{TestDb, job};
@@ -724,6 +726,182 @@ async fn a_batch_takes_expired_released_and_due_retry_claims_like_a_one_key_clai
     );
 }
 
+/// Copies the job row `billing` under the name `$1`: evidence that a
+/// statement committed.
+const COPY: &str = "INSERT INTO scheduler_jobs (name, first_seen, paused)
+    SELECT $1, first_seen, paused FROM scheduler_jobs WHERE name = 'billing'";
+
+fn grouped<'a>(lease: &'a Lease, statement: &'a str, name: &str) -> GroupedSql<'a> {
+    GroupedSql {
+        lease,
+        statement,
+        params: vec![name.to_owned()],
+        timeout: None,
+        failure: failed(Some(Duration::from_secs(3600))),
+    }
+}
+
+async fn leases(store: &Store, periods: &[Period], owner: &str) -> Vec<Lease> {
+    store
+        .claim_many(&batch(periods, owner, 100))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| match c {
+            Claim::Won(lease) => lease,
+            other => panic!("expected to win, got {other:?}"),
+        })
+        .collect()
+}
+
+async fn made(store: &Store, names: &[&str]) -> Vec<String> {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut found: Vec<String> = store
+        .first_seen(&names)
+        .await
+        .unwrap()
+        .into_keys()
+        .collect();
+    found.sort();
+    found
+}
+
+async fn a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_fails_alone(
+    store: Store,
+) {
+    store.see_jobs(&["billing".into()]).await.unwrap();
+    let periods = months(&["2026-01", "2026-02", "2026-03"]);
+    let leases = leases(&store, &periods, "a").await;
+    // Its second row breaks the primary key: the statement fails half-way.
+    let half = format!(
+        "{COPY} UNION ALL SELECT 'billing', first_seen, paused FROM scheduler_jobs WHERE name = 'billing'"
+    );
+    let runs = [
+        grouped(&leases[0], COPY, "made-01"),
+        grouped(&leases[1], &half, "made-02"),
+        grouped(&leases[2], COPY, "made-03"),
+    ];
+    let ends = store
+        .run_sql_group(&runs, &limits(None))
+        .await
+        .unwrap()
+        .expect("not stopped");
+    assert_eq!(ends[0], GroupedEnd::Succeeded);
+    assert!(matches!(ends[1], GroupedEnd::Failed(_)), "{:?}", ends[1]);
+    assert_eq!(ends[2], GroupedEnd::Succeeded);
+    assert_eq!(
+        made(&store, &["made-01", "made-02", "made-03"]).await,
+        ["made-01", "made-03"],
+        "nothing of the failing statement is left"
+    );
+    let claims: Vec<Claim> = store.claim_many(&batch(&periods, "b", 100)).await.unwrap();
+    assert!(
+        matches!(claims[0], Claim::Succeeded { .. }),
+        "{:?}",
+        claims[0]
+    );
+    assert!(
+        matches!(
+            claims[1],
+            Claim::Failed {
+                retry_at: Some(_),
+                failures: 1
+            }
+        ),
+        "{:?}",
+        claims[1]
+    );
+    assert!(
+        matches!(claims[2], Claim::Succeeded { .. }),
+        "{:?}",
+        claims[2]
+    );
+    let history = store.history("billing", 10).await.unwrap();
+    let failed = history
+        .iter()
+        .find(|a| a.period_key == "billing:2026-02")
+        .unwrap();
+    assert_eq!(failed.outcome, "failed");
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("SQL failed")
+    );
+}
+
+async fn a_group_runs_nothing_of_a_period_whose_claim_moved_on(store: Store) {
+    store.see_jobs(&["billing".into()]).await.unwrap();
+    let (january, february) = (month("2026-01"), month("2026-02"));
+    let short = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..request(&january, "a")
+    };
+    let old = won(&store, &short).await;
+    let kept = won(
+        &store,
+        &ClaimRequest {
+            concurrency: 2,
+            ..request(&february, "a")
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let taken = won(
+        &store,
+        &ClaimRequest {
+            concurrency: 2,
+            ..request(&january, "b")
+        },
+    )
+    .await;
+    let runs = [
+        grouped(&old, COPY, "made-01"),
+        grouped(&kept, COPY, "made-02"),
+    ];
+    let ends = store
+        .run_sql_group(&runs, &limits(None))
+        .await
+        .unwrap()
+        .expect("not stopped");
+    assert_eq!(ends, [GroupedEnd::Moved, GroupedEnd::Succeeded]);
+    assert_eq!(made(&store, &["made-01", "made-02"]).await, ["made-02"]);
+    assert!(
+        store.finish(&taken, &succeeded()).await.unwrap(),
+        "the new attempt is untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_claim_reports_a_period_held_by_a_running_group_without_waiting() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let store = db.store().await;
+    let other = db.store().await;
+    let period = month("2026-01");
+    let lease = won(&store, &request(&period, "a")).await;
+    let group = tokio::spawn(async move {
+        let runs = [GroupedSql {
+            params: Vec::new(),
+            ..grouped(&lease, "SELECT pg_sleep(3)", "")
+        }];
+        store.run_sql_group(&runs, &limits(None)).await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let claim = other.claim(&request(&period, "b")).await.unwrap();
+    assert!(
+        !group.is_finished(),
+        "the claim came back while the group still ran"
+    );
+    assert!(matches!(claim, Claim::Held { .. }), "{claim:?}");
+    assert_eq!(
+        group.await.unwrap().expect("not stopped"),
+        [GroupedEnd::Succeeded]
+    );
+}
+
 /// Runs each test function against SQLite and PostgreSQL.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -775,6 +953,8 @@ macro_rules! conformance_db {
 conformance_db!(batches_racing_a_batch_and_one_key_claims_give_each_key_one_winner);
 
 conformance!(
+    a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_fails_alone,
+    a_group_runs_nothing_of_a_period_whose_claim_moved_on,
     concurrency_holds_inside_one_batch_and_across_batches,
     a_batch_takes_expired_released_and_due_retry_claims_like_a_one_key_claim,
     a_new_key_is_won_once_and_then_held,
