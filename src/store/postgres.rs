@@ -378,13 +378,13 @@ impl PgStore {
             };
             for (run, end) in runs.iter().zip(&mut ends) {
                 let recorded = match end {
-                    GroupedEnd::Succeeded => record(&mut *tx, run.lease, &succeeded).await?,
+                    GroupedEnd::Succeeded => record(&mut tx, run.lease, &succeeded).await?,
                     GroupedEnd::Failed(error) => {
                         let failure = Finish {
                             error: Some(format!("SQL failed: {error}")),
                             ..run.failure.clone()
                         };
-                        record(&mut *tx, run.lease, &failure).await?
+                        record(&mut tx, run.lease, &failure).await?
                     }
                     GroupedEnd::Moved | GroupedEnd::NotStarted => continue,
                 };
