@@ -1,7 +1,8 @@
 //! `scheduler run`: the one-shot mode for a platform cron container, and
 //! manual backfill of one period or a range.
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -9,13 +10,12 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::cli::RunArgs;
-use crate::cli::check::period_key;
 use crate::config::{Config, Job};
 use crate::engine::due::{Due, due};
-use crate::engine::{Context, Ending, Run, Taken, after_grace};
+use crate::engine::{Ask, Engine, Mode, Report, SQL_GROUP, Status, Taken, after_grace};
 use crate::error::{Error, Outcome, Stop, say};
-use crate::period::{Period, utc_text};
-use crate::store::{Claim, ClaimRequest, ClaimRow, Store, Trigger};
+use crate::period::{Period, PeriodKey, utc_text};
+use crate::store::{Claim, ClaimRow, Store, Trigger};
 
 /// How often `--wait` looks at a claim held elsewhere.
 const WAIT_POLL: Duration = Duration::from_millis(500);
@@ -129,69 +129,266 @@ pub async fn run(
     bar.set_style(
         ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let context = Context::new(store.clone(), config.settings.lease)?;
-    let stop_now = after_grace(shutdown.clone(), config.settings.shutdown_grace);
-    let mut outcome = Outcome::Done;
-    let mut fenced = 0;
-    for plan in &mut plans {
-        loop {
-            let chunk = plan.periods.chunk(plan.job, now);
-            if chunk.is_empty() {
-                break;
-            }
-            let keys: Vec<String> = chunk
-                .iter()
-                .map(|d| period_key(&plan.job.name, &d.period.label))
-                .collect();
-            // One statement per chunk tells which periods are finished, so a
-            // repeated backfill claims nothing.
-            let rows = store.rows(&keys).await?;
-            for (due, key) in chunk.iter().zip(keys) {
-                if *shutdown.borrow() {
-                    return Ok(Outcome::RunFailed);
-                }
-                let line = if args.dry_run {
-                    dry_run_line(&key, rows.get(&key), args, plan.manual)
-                } else if let Some(skip) = rows
-                    .get(&key)
-                    .and_then(|row| skip_line(&key, row, args, plan.manual))
-                {
-                    skip
-                } else {
-                    let period_run = PeriodRun {
-                        context: &context,
-                        job: plan.job,
-                        due,
-                        key: &key,
-                        owner,
-                        manual: plan.manual,
-                    };
-                    period_run
-                        .go(config, args, shutdown.clone(), stop_now.clone())
-                        .await?
-                };
-                if matches!(line.status, "failed" | "released" | "busy") {
-                    outcome = Outcome::RunFailed;
-                }
-                fenced += usize::from(line.status == "fenced");
-                // The period is recorded; a reader that went away ends the
-                // command before the next claim.
-                if let Err(stop) = bar.suspend(|| print_line(&line, args.json)) {
-                    bar.finish_and_clear();
-                    return stop.into_result();
-                }
-                bar.inc(1);
-            }
-        }
+    let mut backfill = Backfill {
+        engine: Engine::new(store.clone(), config.settings.lease, owner.to_owned())?,
+        args,
+        stop_now: after_grace(shutdown.clone(), config.settings.shutdown_grace),
+        shutdown,
+        bar,
+        outcome: Outcome::Done,
+        fenced: 0,
+    };
+    let result = backfill.plans(&mut plans, now).await;
+    backfill.bar.finish_and_clear();
+    if let Err(stop) = result? {
+        return stop.into_result();
     }
-    bar.finish_and_clear();
-    if fenced > 0 {
+    if backfill.fenced > 0 {
         // Nothing is known of those periods' outcome: the database failed.
         return Err(Error::Database(format!(
-            "{fenced} period(s) stopped unfinished: their lease could not be renewed in time (the database did not answer, or this process was stopped); they are recovered by the next run or serve"
+            "{} period(s) stopped unfinished: their lease could not be renewed in time (the database did not answer, or this process was stopped); they are recovered by the next run or serve",
+            backfill.fenced
         )));
     }
-    Ok(outcome)
+    Ok(backfill.outcome)
+}
+
+/// `run` going through its plans, one period after another (a batch of
+/// periods at once where the job's `concurrency` allows).
+struct Backfill<'a> {
+    engine: Engine,
+    args: &'a RunArgs,
+    shutdown: watch::Receiver<bool>,
+    stop_now: watch::Receiver<bool>,
+    bar: ProgressBar,
+    outcome: Outcome,
+    fenced: usize,
+}
+
+impl Backfill<'_> {
+    async fn plans(
+        &mut self,
+        plans: &mut [Plan<'_>],
+        now: DateTime<Utc>,
+    ) -> Result<Result<(), Stop>, Error> {
+        for plan in plans {
+            let job = Arc::new(plan.job.clone());
+            let mode = Mode {
+                manual: plan.manual,
+                force: self.args.force,
+            };
+            // A batch runs its periods one after another while all hold
+            // their claims: at most as many as may run at once.
+            let batch = (job.concurrency as usize).clamp(1, SQL_GROUP);
+            loop {
+                let chunk = plan.periods.chunk(plan.job, now);
+                if chunk.is_empty() {
+                    break;
+                }
+                let keys: Vec<PeriodKey> = chunk
+                    .iter()
+                    .map(|d| PeriodKey::new(&job.name, &d.period.label))
+                    .collect();
+                // One statement per chunk tells which periods are finished,
+                // so a repeated backfill claims nothing.
+                let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
+                let rows = self.engine.store().rows(&names).await?;
+                let mut asks = Vec::new();
+                for (due, key) in chunk.into_iter().zip(keys) {
+                    if *self.shutdown.borrow() {
+                        self.outcome = Outcome::RunFailed;
+                        return Ok(Ok(()));
+                    }
+                    let row = rows.get(key.as_str());
+                    let skip = if self.args.dry_run {
+                        Some(dry_run_line(key.as_str(), row, self.args, plan.manual))
+                    } else {
+                        row.and_then(|row| skip_line(key.as_str(), row, self.args, plan.manual))
+                    };
+                    match skip {
+                        Some(line) => {
+                            if let Err(stop) = self.go(std::mem::take(&mut asks)).await? {
+                                return Ok(Err(stop));
+                            }
+                            if let Err(stop) = self.emit(&line) {
+                                return Ok(Err(stop));
+                            }
+                        }
+                        None => {
+                            asks.push(Ask {
+                                job: job.clone(),
+                                due,
+                                mode,
+                            });
+                            if asks.len() >= batch
+                                && let Err(stop) = self.go(std::mem::take(&mut asks)).await?
+                            {
+                                return Ok(Err(stop));
+                            }
+                        }
+                    }
+                }
+                if let Err(stop) = self.go(asks).await? {
+                    return Ok(Err(stop));
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Claims `asks` in one statement, runs what was won (`sql` periods as
+    /// one group) and prints a line for each, in order.
+    async fn go(&mut self, asks: Vec<Ask>) -> Result<Result<(), Stop>, Error> {
+        if asks.is_empty() {
+            return Ok(Ok(()));
+        }
+        if *self.shutdown.borrow() {
+            // Interrupted: nothing more is claimed.
+            self.outcome = Outcome::RunFailed;
+            return Ok(Ok(()));
+        }
+        let taken = self.engine.claim(&asks).await?;
+        let mut won = Vec::new();
+        let mut lines = Vec::new();
+        for (ask, taken) in asks.into_iter().zip(taken) {
+            match taken {
+                Taken::Won(w) => won.push((ask, w)),
+                Taken::Not(Claim::Held { .. } | Claim::Busy) if self.args.wait => {
+                    lines.push((ask, None));
+                }
+                not => {
+                    let line = self.not_run_line(&ask, not);
+                    lines.push((ask, Some(line)));
+                }
+            }
+        }
+        let reports = if won.iter().any(|(ask, _)| ask.is_sql()) {
+            self.engine.run_group(won, self.stop_now.clone()).await
+        } else {
+            let mut reports = Vec::with_capacity(won.len());
+            for (ask, w) in won {
+                reports.push(self.engine.run(&ask, w, self.stop_now.clone()).await);
+            }
+            reports
+        };
+        for report in reports {
+            if let Err(stop) = self.emit(&Line::of(report)?) {
+                return Ok(Err(stop));
+            }
+        }
+        for (ask, line) in lines {
+            let line = match line {
+                Some(line) => line,
+                None => self.wait_and_run(&ask).await?,
+            };
+            if let Err(stop) = self.emit(&line) {
+                return Ok(Err(stop));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// `--wait`: polls a period held elsewhere, or waiting for a
+    /// concurrency slot, until it ends or can be claimed, and runs it then.
+    async fn wait_and_run(&mut self, ask: &Ask) -> Result<Line, Error> {
+        let key = ask.key();
+        loop {
+            let won = match self.engine.claim(std::slice::from_ref(ask)).await?.pop() {
+                Some(Taken::Won(won)) => won,
+                Some(Taken::Not(Claim::Held { owner, until })) => {
+                    tracing::info!(period_key = %key, %owner, %until, "waiting for the run elsewhere");
+                    match self.wait_elsewhere(&key).await? {
+                        Some(done) => return Ok(done),
+                        None => continue,
+                    }
+                }
+                Some(Taken::Not(Claim::Busy)) => {
+                    tracing::info!(period_key = %key, "waiting for a free concurrency slot");
+                    let mut shutdown = self.shutdown.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(WAIT_POLL) => continue,
+                        _ = shutdown.wait_for(|down| *down) => {
+                            return Ok(Line::new(&key, "skipped", "interrupted while waiting for a concurrency slot".into(), None));
+                        }
+                    }
+                }
+                Some(not) => return Ok(self.not_run_line(ask, not)),
+                None => return Ok(self.not_run_line(ask, Taken::RunningHere)),
+            };
+            let report = self.engine.run(ask, won, self.stop_now.clone()).await;
+            return Line::of(report);
+        }
+    }
+
+    /// Polls a claim held elsewhere until it ends; `None` when it became
+    /// claimable (expired or released), so the caller claims again.
+    async fn wait_elsewhere(&self, key: &PeriodKey) -> Result<Option<Line>, Error> {
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(WAIT_POLL) => {}
+                _ = shutdown.wait_for(|down| *down) => {
+                    return Ok(Some(Line::new(key, "skipped", "interrupted while waiting".into(), None)));
+                }
+            }
+            let rows = self.engine.store().rows(&[key.to_string()]).await?;
+            let Some(row) = rows.get(key.as_str()) else {
+                return Ok(None);
+            };
+            let attempt = Some(row.attempt);
+            return Ok(match row.as_claim() {
+                Claim::Held { .. } => continue,
+                Claim::Succeeded { at } => Some(Line::new(
+                    key,
+                    "succeeded",
+                    format!(
+                        "on {} at {} (attempt {})",
+                        row.owner,
+                        utc_text(at),
+                        row.attempt
+                    ),
+                    attempt,
+                )),
+                Claim::Failed { .. } => Some(Line::new(
+                    key,
+                    "failed",
+                    format!("on {} (attempt {})", row.owner, row.attempt),
+                    attempt,
+                )),
+                _ => None,
+            });
+        }
+    }
+
+    /// The line of an ask that was not won; a manual run that found no
+    /// free concurrency slot is `busy`, and fails the command.
+    fn not_run_line(&self, ask: &Ask, taken: Taken) -> Line {
+        if ask.mode.manual && matches!(taken, Taken::Not(Claim::Busy)) {
+            return Line::new(
+                &ask.key(),
+                "busy",
+                format!(
+                    "not run: all {} concurrency slot(s) of `{}` are taken by running periods; --wait waits for one",
+                    ask.job.concurrency, ask.job.name
+                ),
+                None,
+            );
+        }
+        let report = Report::not_run(ask, taken);
+        Line::new(&report.key, report.word(), report.detail(), None)
+    }
+
+    /// Prints a line, counts what it says, and moves the bar on; a reader
+    /// that went away ends the command before the next claim.
+    fn emit(&mut self, line: &Line) -> Result<(), Stop> {
+        if matches!(line.status, "failed" | "released" | "busy") {
+            self.outcome = Outcome::RunFailed;
+        }
+        self.fenced += usize::from(line.status == "fenced");
+        self.bar.suspend(|| print_line(line, self.args.json))?;
+        self.bar.inc(1);
+        Ok(())
+    }
 }
 
 /// How many retryable or recoverable periods of a job one `run` takes.
@@ -342,7 +539,7 @@ fn refuse_not_due(job: &Job, period: &Period, now: DateTime<Utc>, flag: &str) ->
     match job.period.fire_for(&job.schedule, period) {
         Some(fire) if fire > now => Err(Error::Usage(format!(
             "{flag}: {} is not due yet: its fire is at {}; run now, it would turn that scheduled run into a no-op; pass --early to run it anyway",
-            period_key(&job.name, &period.label),
+            PeriodKey::new(&job.name, &period.label),
             utc_text(fire)
         ))),
         _ => Ok(()),
@@ -418,207 +615,28 @@ fn dry_run_line(key: &str, row: Option<&ClaimRow>, args: &RunArgs, manual: bool)
     }
 }
 
-/// One period being claimed and run by this process.
-struct PeriodRun<'a> {
-    context: &'a Context,
-    job: &'a Job,
-    due: &'a Due,
-    key: &'a str,
-    owner: &'a str,
-    manual: bool,
-}
-
-impl PeriodRun<'_> {
-    async fn go(
-        &self,
-        config: &Config,
-        args: &RunArgs,
-        shutdown: watch::Receiver<bool>,
-        stop_now: watch::Receiver<bool>,
-    ) -> Result<Line, Error> {
-        let request = ClaimRequest {
-            job: &self.job.name,
-            period: &self.due.period,
-            owner: self.owner,
-            lease: config.settings.lease,
-            trigger: self.due.trigger,
-            concurrency: self.job.concurrency,
-            force: args.force,
-            manual: self.manual,
-            scheduled_at: self.due.fire,
-        };
-        let line = |status, detail: String, attempt| Line {
-            key: self.key.to_owned(),
+impl Line {
+    fn new(key: &PeriodKey, status: &'static str, detail: String, attempt: Option<i32>) -> Line {
+        Line {
+            key: key.to_string(),
             status,
             detail,
             attempt,
-        };
-        loop {
-            let won = match self.context.claim(&request).await? {
-                Taken::Won(won) => won,
-                Taken::RunningHere => {
-                    return Ok(line("skipped", "running in this process".into(), None));
-                }
-                Taken::Not(Claim::Held { owner, until }) if args.wait => {
-                    tracing::info!(period_key = self.key, %owner, %until, "waiting for the run elsewhere");
-                    match self.wait_elsewhere(shutdown.clone()).await? {
-                        Some(done) => return Ok(done),
-                        None => continue,
-                    }
-                }
-                Taken::Not(Claim::Busy) if args.wait => {
-                    tracing::info!(period_key = self.key, "waiting for a free concurrency slot");
-                    let mut shutdown = shutdown.clone();
-                    tokio::select! {
-                        () = tokio::time::sleep(WAIT_POLL) => continue,
-                        _ = shutdown.wait_for(|down| *down) => {
-                            return Ok(line("skipped", "interrupted while waiting for a concurrency slot".into(), None));
-                        }
-                    }
-                }
-                Taken::Not(Claim::Busy) if self.manual => {
-                    return Ok(line(
-                        "busy",
-                        format!(
-                            "not run: all {} concurrency slot(s) of `{}` are taken by running periods; --wait waits for one",
-                            self.job.concurrency, self.job.name
-                        ),
-                        None,
-                    ));
-                }
-                Taken::Not(other) => return Ok(line("skipped", not_won(&other), None)),
-            };
-            let lease = &won.lease;
-            let started = Instant::now();
-            let run = Run {
-                job: self.job,
-                period: &self.due.period,
-                key: self.key,
-                lease,
-                scheduled_at: self.due.fire,
-            };
-            tracing::info!(
-                period_key = self.key,
-                attempt = lease.attempt,
-                trigger = lease.trigger.as_str(),
-                "claimed"
-            );
-            let ending = self.context.execute(&run, &won, stop_now.clone()).await?;
-            let took = format!("{:.2}s", started.elapsed().as_secs_f64());
-            let attempt = Some(lease.attempt);
-            let trigger = lease.trigger.as_str();
-            return Ok(match ending {
-                Ending::Recorded {
-                    succeeded: true, ..
-                } => line(
-                    "succeeded",
-                    format!("attempt {}, trigger {trigger}, {took}", lease.attempt),
-                    attempt,
-                ),
-                Ending::Recorded {
-                    succeeded: false,
-                    error,
-                    retry_after,
-                } => {
-                    let retry = match retry_after {
-                        Some(after) => format!("retry in {}", humantime::format_duration(after)),
-                        None => "no retries left".to_owned(),
-                    };
-                    let error = error.unwrap_or_default();
-                    line(
-                        "failed",
-                        format!(
-                            "{error} (attempt {}, trigger {trigger}, {took}; {retry})",
-                            lease.attempt
-                        ),
-                        attempt,
-                    )
-                }
-                Ending::Lost => line(
-                    "lost",
-                    "the claim was taken over; this attempt was stopped and its outcome discarded".into(),
-                    attempt,
-                ),
-                Ending::Withdrawn => line(
-                    "released",
-                    "stopped by `scheduler release`; nothing recorded and the period is not done: `run --period` runs it again".into(),
-                    attempt,
-                ),
-                Ending::Fenced => line(
-                    "fenced",
-                    "the lease could not be renewed in time (the database did not answer, or this process was stopped); the job was stopped before the lease ran out and nothing was recorded: the next run or serve recovers the period".into(),
-                    attempt,
-                ),
-                Ending::Released => line(
-                    "released",
-                    "interrupted by shutdown; the claim was released".into(),
-                    attempt,
-                ),
-            });
         }
     }
 
-    /// Polls a claim held elsewhere until it ends; `None` when it became
-    /// claimable (expired or released), so the caller claims again.
-    async fn wait_elsewhere(
-        &self,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> Result<Option<Line>, Error> {
-        let line = |status, detail: String, attempt| {
-            Some(Line {
-                key: self.key.to_owned(),
-                status,
-                detail,
-                attempt,
-            })
-        };
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(WAIT_POLL) => {}
-                _ = shutdown.wait_for(|down| *down) => {
-                    return Ok(line("skipped", "interrupted while waiting".into(), None));
-                }
-            }
-            let rows = self.context.store.rows(&[self.key.to_owned()]).await?;
-            let Some(row) = rows.get(self.key) else {
-                return Ok(None);
-            };
-            return Ok(match row.as_claim() {
-                Claim::Held { .. } => continue,
-                Claim::Succeeded { at } => line(
-                    "succeeded",
-                    format!(
-                        "on {} at {} (attempt {})",
-                        row.owner,
-                        utc_text(at),
-                        row.attempt
-                    ),
-                    Some(row.attempt),
-                ),
-                Claim::Failed { .. } => line(
-                    "failed",
-                    format!("on {} (attempt {})", row.owner, row.attempt),
-                    Some(row.attempt),
-                ),
-                _ => None,
-            });
+    /// The line of a run; an outcome that could not be written ends the
+    /// command with the database's error.
+    fn of(report: Report) -> Result<Line, Error> {
+        if let Status::Unrecorded(e) = report.status {
+            return Err(e);
         }
-    }
-}
-
-fn not_won(claim: &Claim) -> String {
-    match claim {
-        Claim::Succeeded { at } => format!("already succeeded at {}", utc_text(*at)),
-        Claim::Held { owner, until } => format!("running on {owner} until {}", utc_text(*until)),
-        Claim::Failed {
-            retry_at: Some(at), ..
-        } => format!("failed, retry at {}", utc_text(*at)),
-        Claim::Failed {
-            retry_at: None,
-            failures,
-        } => format!("failed {failures} time(s), no retries left"),
-        Claim::Busy => "waiting for a concurrency slot".into(),
-        Claim::Won(_) => "won".into(),
+        Ok(Line::new(
+            &report.key,
+            report.word(),
+            report.detail(),
+            report.attempt,
+        ))
     }
 }
 

@@ -81,6 +81,11 @@ impl Heartbeats {
         self.inner.changed.notify_one();
     }
 
+    /// The lease claims are granted now.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease()
+    }
+
     /// The interval between renewals.
     pub fn interval(&self) -> Duration {
         self.inner.lease() / 3

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 
-use super::{ActionResult, OUTPUT_TAIL, Run, Stop};
+use super::execute::ActionResult;
+use super::{OUTPUT_TAIL, Run, Stop};
 use crate::template::Template;
 
 /// What an `http` action sends.
@@ -28,7 +29,7 @@ pub(super) async fn run(
     let mut builder = client
         .request(method, request.url.render(run))
         .timeout(request.timeout)
-        .header("Idempotency-Key", run.key);
+        .header("Idempotency-Key", run.key.as_str());
     for (name, value) in request.headers {
         builder = builder.header(name, value.render(run));
     }

@@ -1,175 +1,104 @@
-//! Runs one claimed period: the action, its heartbeats, its stop on
-//! takeover or shutdown, and the fenced write of its outcome.
+//! The engine: the one claim → run → record path that every front end
+//! (`serve`, `run`, and later the HTTP API and the library) drives. A front
+//! end asks for periods in domain terms ([`Ask`]); the engine claims them in
+//! batches, runs each won one with heartbeats and self-fencing (`sql`
+//! actions in groups of one transaction), records the outcome under the
+//! claim's attempt, and reports how each ended as a value ([`Report`]).
 
 pub mod due;
+mod execute;
+mod group;
 pub mod heartbeat;
 mod http;
 mod process;
 pub mod reaper;
+mod report;
 pub mod supervisor;
+
+pub use execute::{Ending, Run, Stop};
+pub use report::{Report, Status};
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::cli::check::period_key;
 use crate::config::{Action, Job};
-use crate::engine::heartbeat::{Heartbeats, Loss, Watch};
 use crate::error::Error;
-use crate::period::{Period, utc_text};
-use crate::store::{Claim, ClaimRequest, Finish, Lease, SqlLimits, Store};
-use crate::template::Values;
+use crate::period::PeriodKey;
+use crate::store::{Claim, ClaimRequest, Lease, Store};
+use due::Due;
+use heartbeat::{Heartbeats, Watch};
 
 /// How much output is kept with an attempt.
 pub const OUTPUT_TAIL: usize = 4096;
 
-/// One claimed period about to run.
-pub struct Run<'a> {
+/// How many keys one claiming statement takes at most: a burst is claimed
+/// in statements of this size, each a short transaction of its own.
+pub const CLAIM_BATCH: usize = 500;
+
+/// How many `sql` periods one group runs in one transaction at most.
+pub const SQL_GROUP: usize = 100;
+
+/// A period to claim and run, as every front end asks for it.
+#[derive(Debug, Clone)]
+pub struct Ask {
     /// The job.
-    pub job: &'a Job,
-    /// The period it covers.
-    pub period: &'a Period,
-    /// `<job>:<label>`.
-    pub key: &'a str,
-    /// The won claim.
-    pub lease: &'a Lease,
-    /// The fire it stands for.
-    pub scheduled_at: DateTime<Utc>,
+    pub job: Arc<Job>,
+    /// The period, the fire it stands for and why it runs.
+    pub due: Due,
+    /// Manual or scheduled, forced or not.
+    pub mode: Mode,
 }
 
-impl Values for Run<'_> {
-    fn value(&self, name: &str) -> String {
-        match name {
-            "job" => self.job.name.clone(),
-            "period" => self.period.label.clone(),
-            "period_key" => self.key.to_owned(),
-            "period_start" => utc_text(self.period.start),
-            "period_end" => utc_text(self.period.end),
-            "scheduled_at" => utc_text(self.scheduled_at),
-            "attempt" => self.lease.attempt.to_string(),
-            _ => String::new(),
+/// How a period is asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mode {
+    /// A manual run (`--period`, a range, the API): a failed period is
+    /// taken whatever its backoff and retry budget.
+    pub manual: bool,
+    /// A succeeded period is taken too.
+    pub force: bool,
+}
+
+impl Ask {
+    /// A scheduled ask of `due`.
+    pub fn scheduled(job: Arc<Job>, due: Due) -> Ask {
+        Ask {
+            job,
+            due,
+            mode: Mode::default(),
+        }
+    }
+
+    /// The key it claims.
+    pub fn key(&self) -> PeriodKey {
+        PeriodKey::new(&self.job.name, &self.due.period.label)
+    }
+
+    /// Whether it runs in an `sql` group.
+    pub fn is_sql(&self) -> bool {
+        matches!(self.job.action, Action::Sql { .. })
+    }
+
+    fn request<'a>(&'a self, owner: &'a str, lease: Duration) -> ClaimRequest<'a> {
+        ClaimRequest {
+            job: &self.job.name,
+            period: &self.due.period,
+            owner,
+            lease,
+            trigger: self.due.trigger,
+            concurrency: self.job.concurrency,
+            force: self.mode.force,
+            manual: self.mode.manual,
+            scheduled_at: self.due.fire,
         }
     }
 }
 
-impl Run<'_> {
-    /// The `SCHEDULER_*` variables a child process sees.
-    pub fn environment(&self) -> [(&'static str, String); 8] {
-        [
-            ("SCHEDULER_JOB", self.value("job")),
-            ("SCHEDULER_PERIOD", self.value("period")),
-            ("SCHEDULER_PERIOD_KEY", self.value("period_key")),
-            ("SCHEDULER_PERIOD_START", self.value("period_start")),
-            ("SCHEDULER_PERIOD_END", self.value("period_end")),
-            ("SCHEDULER_SCHEDULED_AT", self.value("scheduled_at")),
-            ("SCHEDULER_ATTEMPT", self.value("attempt")),
-            ("SCHEDULER_TRIGGER", self.lease.trigger.as_str().to_owned()),
-        ]
-    }
-}
-
-/// Why a running action was stopped before it ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// The claim was taken over: stop now, record nothing.
-    Lost,
-    /// Shutdown and the grace ran out: stop, release the claim.
-    Shutdown,
-}
-
-/// What an action reports.
-pub(crate) enum ActionResult {
-    /// It ended; `retryable` says whether a failure may be retried.
-    Done(Finish, bool),
-    /// It was stopped.
-    Stopped(Stop),
-}
-
-impl ActionResult {
-    fn succeeded() -> ActionResult {
-        ActionResult::Done(
-            Finish {
-                succeeded: true,
-                ..Finish::default()
-            },
-            false,
-        )
-    }
-
-    fn failed(error: String) -> ActionResult {
-        ActionResult::Done(
-            Finish {
-                error: Some(error),
-                ..Finish::default()
-            },
-            true,
-        )
-    }
-
-    fn permanent(error: String) -> ActionResult {
-        ActionResult::Done(
-            Finish {
-                error: Some(error),
-                ..Finish::default()
-            },
-            false,
-        )
-    }
-
-    fn set_exit_code(&mut self, code: i32) {
-        if let ActionResult::Done(finish, _) = self {
-            finish.exit_code = Some(code);
-        }
-    }
-}
-
-/// How a run ended, as far as the caller is concerned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ending {
-    /// The outcome was recorded.
-    Recorded {
-        /// Whether it succeeded.
-        succeeded: bool,
-        /// What went wrong.
-        error: Option<String>,
-        /// When a retry is due, if any.
-        retry_after: Option<Duration>,
-    },
-    /// The claim was taken over; nothing was recorded.
-    Lost,
-    /// `scheduler release` ended this attempt: the job was stopped, nothing
-    /// recorded, and the period is not done.
-    Withdrawn,
-    /// The lease could not be renewed in time (the database did not
-    /// answer): the job was stopped and nothing recorded; the period is
-    /// recovered once its lease has run out.
-    Fenced,
-    /// Stopped by shutdown; the claim was released for another runner.
-    Released,
-}
-
-/// What every run of a process shares.
-#[derive(Clone)]
-pub struct Context {
-    /// The database.
-    pub store: Store,
-    /// Lease renewals and the fence.
-    pub heartbeats: Heartbeats,
-    /// For `http` actions.
-    pub http: reqwest::Client,
-    /// Period keys this process is running: it never claims one of them
-    /// again (a released or expired claim of its own is taken over only
-    /// once its job has stopped).
-    running_here: Arc<Mutex<HashSet<String>>>,
-    /// How each job's supervisor is started.
-    supervisor: Arc<supervisor::Launcher>,
-}
-
-/// The result of [`Context::claim`].
+/// The answer to one [`Ask`] of [`Engine::claim`].
 pub enum Taken {
     /// This process won the claim and runs the period.
     Won(Won),
@@ -179,21 +108,19 @@ pub enum Taken {
     RunningHere,
 }
 
-/// A claim this process won, with what its fence is measured from. It
-/// marks the period as running here until dropped.
+/// A claim this process won. Its lease is renewed, and its fence counted
+/// from the claiming statement, from the claim on; it marks the period as
+/// running here until dropped.
 pub struct Won {
     /// The won claim.
     pub lease: Lease,
-    /// When the claiming statement was sent.
-    sent: Instant,
-    /// The lease it asked for.
-    granted: Duration,
+    watch: Watch,
     _here: RunningHere,
 }
 
 struct RunningHere {
-    key: String,
-    set: Arc<Mutex<HashSet<String>>>,
+    key: PeriodKey,
+    set: Arc<Mutex<HashSet<PeriodKey>>>,
 }
 
 impl Drop for RunningHere {
@@ -204,232 +131,190 @@ impl Drop for RunningHere {
     }
 }
 
-impl Context {
-    /// A context on `store` with leases of `lease`.
-    pub fn new(store: Store, lease: Duration) -> Result<Context, Error> {
+/// What every run of a process shares.
+#[derive(Clone)]
+pub struct Engine {
+    store: Store,
+    heartbeats: Heartbeats,
+    http: reqwest::Client,
+    owner: Arc<str>,
+    /// Period keys this process is running: it never claims one of them
+    /// again (a released or expired claim of its own is taken over only
+    /// once its job has stopped).
+    running_here: Arc<Mutex<HashSet<PeriodKey>>>,
+    /// How each job's supervisor is started.
+    supervisor: Arc<supervisor::Launcher>,
+}
+
+impl Engine {
+    /// An engine on `store` claiming as `owner`, with leases of `lease`.
+    pub fn new(store: Store, lease: Duration, owner: String) -> Result<Engine, Error> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("scheduler/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Environment(e.into()))?;
-        Ok(Context {
+        Ok(Engine {
             heartbeats: Heartbeats::start(store.clone(), lease),
             store,
             http,
+            owner: owner.into(),
             running_here: Arc::default(),
             supervisor: Arc::new(supervisor::Launcher::find()),
         })
     }
 
-    /// Claims a period, unless this process is running it already.
-    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Taken, Error> {
-        let key = period_key(request.job, &request.period.label);
-        let here = {
+    /// The database.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Who claims.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The lease claims are granted from now on (a reload), and so the
+    /// heartbeat interval and the fence.
+    pub fn set_lease(&self, lease: Duration) {
+        self.heartbeats.set_lease(lease);
+    }
+
+    /// Claims every ask, [`CLAIM_BATCH`] keys per statement; the answers
+    /// come in the order of `asks`. A period this process is running
+    /// already is not claimed again. An error leaves every ask unclaimed
+    /// (what the chunks before it won is released for the next try).
+    pub async fn claim(&self, asks: &[Ask]) -> Result<Vec<Taken>, Error> {
+        let mut here: Vec<Option<RunningHere>> = Vec::with_capacity(asks.len());
+        {
             let Ok(mut set) = self.running_here.lock() else {
-                return Ok(Taken::RunningHere);
+                return Ok(asks.iter().map(|_| Taken::RunningHere).collect());
             };
-            if !set.insert(key.clone()) {
-                return Ok(Taken::RunningHere);
-            }
-            RunningHere {
-                key,
-                set: self.running_here.clone(),
-            }
-        };
-        let sent = Instant::now();
-        Ok(match self.store.claim(request).await? {
-            Claim::Won(lease) => Taken::Won(Won {
-                lease,
-                sent,
-                granted: request.lease,
-                _here: here,
-            }),
-            other => Taken::Not(other),
-        })
-    }
-
-    /// Runs the action of a won claim to its end, with heartbeats, and
-    /// records the outcome under the claim's attempt. `stop_now` turning
-    /// true (shutdown, once the grace is over) stops the job and releases
-    /// the claim.
-    pub async fn execute(
-        &self,
-        run: &Run<'_>,
-        won: &Won,
-        stop_now: watch::Receiver<bool>,
-    ) -> Result<Ending, Error> {
-        let watch = self.heartbeats.watch(&won.lease, won.sent, won.granted);
-        let stop = async {
-            let mut stop_now = stop_now;
-            tokio::select! {
-                loss = watch.lost() => {
-                    if loss == Loss::Fenced {
-                        tracing::warn!(
-                            period_key = run.key,
-                            attempt = won.lease.attempt,
-                            "lease not renewed in time; stopping the job before another runner may take it"
-                        );
-                    }
-                    Stop::Lost
-                }
-                _ = stop_now.wait_for(|now| *now) => Stop::Shutdown,
-            }
-        };
-        let result = match &run.job.action {
-            Action::Process {
-                program,
-                workdir,
-                env,
-            } => {
-                let spawn = process::Spawn {
-                    supervisor: &self.supervisor,
-                    fence_at: watch.fence_at(),
-                    heartbeats: &self.heartbeats,
-                };
-                process::run(program, workdir.as_ref(), env, run, spawn, stop).await
-            }
-            Action::Http {
-                url,
-                method,
-                headers,
-                body,
-                timeout,
-            } => {
-                let request = http::Request {
-                    url,
-                    method,
-                    headers,
-                    body: body.as_ref(),
-                    timeout: *timeout,
-                };
-                http::run(&self.http, request, run, stop).await
-            }
-            Action::Sql { statement, params } => {
-                let params: Vec<String> = params.iter().map(|p| p.render(run)).collect();
-                let limits = SqlLimits::new(run.job.timeout, self.heartbeats.interval());
-                let recording = || watch.recording();
-                let sql = self
-                    .store
-                    .finish_with_sql(run.lease, statement, &params, &limits, &recording);
-                tokio::pin!(sql);
-                let stopped = tokio::select! {
-                    result = &mut sql => Ok(result),
-                    why = stop => Err(why),
-                };
-                let result = match stopped {
-                    Ok(result) => result,
-                    Err(why) => {
-                        // The statement is stopped (SQLite interrupts it,
-                        // PostgreSQL cancels it); its transaction commits
-                        // only if it had already got that far.
-                        limits.cancel();
-                        if let Ok(Ok(true)) = sql.await {
-                            return Ok(Ending::Recorded {
-                                succeeded: true,
-                                error: None,
-                                retry_after: None,
-                            });
-                        }
-                        return self.stopped(run, &watch, why).await;
-                    }
-                };
-                return match result? {
-                    Ok(true) => Ok(Ending::Recorded {
-                        succeeded: true,
-                        error: None,
-                        retry_after: None,
-                    }),
-                    Ok(false) => Ok(Ending::Lost),
-                    Err(_) if watch.fenced() => Ok(Ending::Fenced),
-                    Err(error) => {
-                        let finish = Finish {
-                            error: Some(format!("SQL failed: {error}")),
-                            ..Finish::default()
-                        };
-                        self.record(run, &watch, finish, true).await
-                    }
-                };
-            }
-        };
-        match result {
-            ActionResult::Stopped(why) => self.stopped(run, &watch, why).await,
-            // A failure seen after the fence may be the fence's own doing
-            // (the supervisor stops a job whose lease it cannot vouch for):
-            // it is not the job's failure, and the period is recovered.
-            ActionResult::Done(finish, _) if !finish.succeeded && watch.fenced() => {
-                Ok(Ending::Fenced)
-            }
-            ActionResult::Done(finish, retryable) => {
-                self.record(run, &watch, finish, retryable).await
+            for ask in asks {
+                let key = ask.key();
+                here.push(set.insert(key.clone()).then(|| RunningHere {
+                    key,
+                    set: self.running_here.clone(),
+                }));
             }
         }
-    }
-
-    /// After the job was stopped: a shutdown releases the claim; a takeover
-    /// or a `release` is confirmed (the job is gone, so a released period
-    /// may be claimed at once); a fence leaves the claim to expire.
-    async fn stopped(&self, run: &Run<'_>, watch: &Watch, why: Stop) -> Result<Ending, Error> {
-        match why {
-            Stop::Shutdown => Ok(if self.store.release(run.lease).await? {
-                Ending::Released
-            } else {
-                Ending::Lost
-            }),
-            Stop::Lost if watch.fenced() => Ok(Ending::Fenced),
-            Stop::Lost => match self.store.confirm_stopped(run.lease).await {
-                // Still this attempt, released: `scheduler release` did it.
-                Ok(true) => Ok(Ending::Withdrawn),
-                Ok(false) => Ok(Ending::Lost),
+        let todo: Vec<usize> = (0..asks.len()).filter(|i| here[*i].is_some()).collect();
+        let lease = self.heartbeats.lease();
+        let mut chunks: Vec<&[usize]> = todo.chunks(CLAIM_BATCH).collect();
+        // Replicas claiming one burst start at different chunks, so they
+        // claim different keys at first rather than queue on the same rows.
+        let start = start_chunk(&self.owner, chunks.len());
+        chunks.rotate_left(start);
+        let mut answers: Vec<Option<(Claim, Instant)>> = asks.iter().map(|_| None).collect();
+        for chunk in chunks {
+            let requests: Vec<ClaimRequest<'_>> = chunk
+                .iter()
+                .map(|i| asks[*i].request(&self.owner, lease))
+                .collect();
+            let sent = Instant::now();
+            match self.store.claim_many(&requests).await {
+                Ok(claims) => {
+                    for (i, claim) in chunk.iter().zip(claims) {
+                        answers[*i] = Some((claim, sent));
+                    }
+                }
                 Err(e) => {
-                    tracing::warn!(
-                        period_key = run.key,
-                        "cannot confirm that the released job stopped ({e}); the period can be claimed when its lease runs out"
-                    );
-                    Ok(Ending::Lost)
+                    for (claim, _) in answers.into_iter().flatten() {
+                        if let Claim::Won(lease) = claim {
+                            let _ = self.store.release(&lease).await;
+                        }
+                    }
+                    return Err(e);
                 }
-            },
+            }
         }
+        Ok(asks
+            .iter()
+            .zip(answers)
+            .zip(here)
+            .map(|((ask, answer), here)| {
+                let (Some((claim, sent)), Some(here)) = (answer, here) else {
+                    return Taken::RunningHere;
+                };
+                metrics::counter!("scheduler_claims_total", "job" => ask.job.name.clone(), "result" => metric_result(&claim)).increment(1);
+                match claim {
+                    Claim::Won(won) => Taken::Won(Won {
+                        watch: self.heartbeats.watch(&won, sent, lease),
+                        lease: won,
+                        _here: here,
+                    }),
+                    other => Taken::Not(other),
+                }
+            })
+            .collect())
     }
 
-    async fn record(
-        &self,
-        run: &Run<'_>,
-        watch: &Watch,
-        mut finish: Finish,
-        retryable: bool,
-    ) -> Result<Ending, Error> {
-        if !finish.succeeded && retryable {
-            let failures = u32::try_from(run.lease.failures).unwrap_or(0) + 1;
-            finish.retry_after = run.job.retry.backoff_after(failures);
+    /// Runs a won period to its end and reports how it ended.
+    pub async fn run(&self, ask: &Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
+        if ask.is_sql() {
+            // An `sql` action is a group of one.
+            let mut reports = self.run_group(vec![(ask.clone(), won)], stop_now).await;
+            if let Some(report) = reports.pop() {
+                return report;
+            }
+            return Report::not_run(ask, Taken::RunningHere);
         }
-        // The lease is still renewed while the outcome is written; a claim
-        // that the write itself settles is not a takeover.
-        watch.recording();
-        // A database that is briefly away is waited for; the fence keeps a
-        // late write from landing on a claim that moved on.
-        let mut delay = Duration::from_millis(100);
-        let mut tries = 0;
-        let recorded = loop {
-            match self.store.finish(run.lease, &finish).await {
-                Ok(recorded) => break recorded,
-                Err(e) if tries < 8 => {
-                    tracing::warn!(period_key = run.key, "cannot record the outcome yet: {e}");
-                    tries += 1;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e),
-            }
+        self.run_action(ask, won, stop_now).await
+    }
+
+    /// Runs the action of a won `command`, `shell` or `http` period.
+    async fn run_action(&self, ask: &Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
+        self.log_won(ask, &won.lease);
+        let started = std::time::Instant::now();
+        let run = Run {
+            job: &ask.job,
+            period: &ask.due.period,
+            key: &won.lease.key,
+            lease: &won.lease,
+            scheduled_at: ask.due.fire,
         };
-        Ok(if recorded {
-            Ending::Recorded {
-                succeeded: finish.succeeded,
-                error: finish.error,
-                retry_after: finish.retry_after,
-            }
-        } else {
-            Ending::Lost
-        })
+        let ending = self.execute(&run, &won.watch, stop_now).await;
+        let report = Report::ran(&won.lease, ending, started.elapsed());
+        report.count();
+        report
+    }
+
+    /// Says a claim was won, with how late after its fire.
+    fn log_won(&self, ask: &Ask, lease: &Lease) {
+        let lateness = (chrono::Utc::now() - ask.due.fire)
+            .num_microseconds()
+            .unwrap_or(0) as f64
+            / 1000.0;
+        metrics::histogram!("scheduler_fire_lateness_seconds").record(lateness / 1000.0);
+        tracing::info!(
+            job = ask.job.name,
+            period_key = %lease.key,
+            trigger = lease.trigger.as_str(),
+            attempt = lease.attempt,
+            lateness_ms = lateness,
+            "claim won"
+        );
+    }
+}
+
+/// Where in `n` chunks this owner starts claiming.
+fn start_chunk(owner: &str, n: usize) -> usize {
+    if n < 2 {
+        return 0;
+    }
+    let hash = owner
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    (hash % n as u64) as usize
+}
+
+fn metric_result(claim: &Claim) -> &'static str {
+    match claim {
+        Claim::Won(_) => "won",
+        Claim::Busy => "busy",
+        Claim::Held { .. } => "held",
+        Claim::Succeeded { .. } => "done",
+        Claim::Failed { .. } => "failed",
     }
 }
 

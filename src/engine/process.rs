@@ -16,7 +16,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{ActionResult, OUTPUT_TAIL, Run, Stop, supervisor};
+use super::execute::ActionResult;
+use super::{OUTPUT_TAIL, Run, Stop, supervisor};
 use crate::config::Program;
 use crate::engine::heartbeat::Heartbeats;
 use crate::template::Template;
@@ -93,11 +94,11 @@ pub(super) async fn run(
         child
             .stdout
             .take()
-            .map(|s| forward(s, "stdout", run.key.to_owned(), tail.clone())),
+            .map(|s| forward(s, "stdout", run.key.to_string(), tail.clone())),
         child
             .stderr
             .take()
-            .map(|s| forward(s, "stderr", run.key.to_owned(), tail.clone())),
+            .map(|s| forward(s, "stderr", run.key.to_string(), tail.clone())),
     ];
     // Every renewal moves the supervisor's own deadline on; closing this
     // pipe (this process's death included) makes it end the job's tree.

@@ -1,7 +1,7 @@
 //! `scheduler serve`: one loop that sleeps until the earliest next fire of
-//! any job, dispatches each fire as its own task, and at a regular scan
-//! takes over expired, released and retryable claims. Shutdown and reload
-//! are inputs to the loop.
+//! any job, hands each wake-up's fires to the engine as one batch, and
+//! beside it a regular scan that finds expired, released and retryable
+//! claims to take over. Shutdown and reload are inputs to the loop.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::{mpsc, watch};
 
-use crate::cli::check::period_key;
 use crate::config::{Config, Job, Missed, Settings};
 use crate::engine::due::{Due, due};
-use crate::engine::{Context, Ending, Run, Taken};
+use crate::engine::{Ask, Engine, Report, SQL_GROUP, Status, Taken};
 use crate::error::{Error, Outcome};
-use crate::store::{Claim, ClaimRequest, Reclaimable, Store, Trigger};
+use crate::period::PeriodKey;
+use crate::store::{Claim, Reclaimable, Store, Trigger};
 
 pub mod server;
 mod timer;
@@ -29,7 +29,6 @@ const MAX_SLEEP: Duration = Duration::from_secs(30);
 /// How many claims one scan takes over at most.
 const SCAN_LIMIT: u32 = 500;
 
-/// What a run task tells the loop.
 /// What one scan read from the database.
 struct Scanned {
     paused: Result<Vec<String>, Error>,
@@ -44,7 +43,7 @@ enum Event {
     Again(String, Due),
     /// A run of this job ended here; its slot is free.
     Done(String),
-    /// A task ended; its `max_running` slot is free.
+    /// A run (or an `sql` group) ended; its `max_running` slot is free.
     Free,
 }
 
@@ -57,9 +56,9 @@ pub struct Service {
     by_name: HashMap<String, usize>,
     paused: HashSet<String>,
     timer: Timer,
-    context: Context,
-    owner: String,
-    /// Tasks claiming or running now, at most `settings.max_running`.
+    engine: Engine,
+    /// Runs (an `sql` group counting as one) claiming or running now, at
+    /// most `settings.max_running`.
     running: usize,
     /// A scan is under way.
     scanning: bool,
@@ -71,6 +70,8 @@ pub struct Service {
     /// Fires that found all of this process's `max_running` slots taken,
     /// in fire order; each freed slot takes the next.
     backlog: VecDeque<(Arc<Job>, Due)>,
+    /// Periods dispatched since the last batch went to the engine.
+    pending: Vec<(Arc<Job>, Due)>,
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
     shutdown: watch::Receiver<bool>,
 }
@@ -84,7 +85,7 @@ impl Service {
         owner: String,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Service, Error> {
-        let context = Context::new(store, config.settings.lease)?;
+        let engine = Engine::new(store, config.settings.lease, owner)?;
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
         Ok(Service {
             path,
@@ -96,10 +97,10 @@ impl Service {
             by_name: index(&jobs),
             jobs,
             paused: HashSet::new(),
-            context,
-            owner,
+            engine,
             waiting: BTreeMap::new(),
             backlog: VecDeque::new(),
+            pending: Vec::new(),
             events: mpsc::unbounded_channel(),
             shutdown,
         })
@@ -109,10 +110,11 @@ impl Service {
     /// after which they are stopped and their claims released).
     pub async fn run(mut self, mut reload: mpsc::UnboundedReceiver<()>) -> Result<Outcome, Error> {
         self.catch_up().await?;
+        self.flush();
         release_free_memory();
         tracing::info!(
             jobs = self.jobs.len(),
-            owner = self.owner,
+            owner = self.engine.owner(),
             next_fire = self.timer.next().map(crate::period::utc_text),
             "serving"
         );
@@ -142,9 +144,11 @@ impl Service {
                 self.scan();
                 next_scan = Instant::now() + self.settings.scan_interval;
             }
+            self.flush();
         }
         self.backlog.clear();
         self.waiting.clear();
+        self.pending.clear();
         tracing::info!(
             running = self.running,
             shutdown_grace = %humantime::format_duration(self.settings.shutdown_grace),
@@ -175,7 +179,7 @@ impl Service {
     /// catch-up window and not before the job was first seen.
     async fn catch_up(&mut self) -> Result<(), Error> {
         let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
-        let store = &self.context.store;
+        let store = self.engine.store();
         let records = store.see_jobs(&names).await?;
         let last_fires = store.last_fires(&names).await?;
         let now = Utc::now();
@@ -223,7 +227,7 @@ impl Service {
             return;
         }
         self.scanning = true;
-        let store = self.context.store.clone();
+        let store = self.engine.store().clone();
         let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
         let events = self.events.0.clone();
         tokio::spawn(async move {
@@ -265,7 +269,10 @@ impl Service {
     }
 
     fn wait(&mut self, job: String, due: Due) {
-        let key = (due.fire, period_key(&job, &due.period.label));
+        let key = (
+            due.fire,
+            PeriodKey::new(&job, &due.period.label).to_string(),
+        );
         self.waiting.insert(key, (job, due));
     }
 
@@ -289,7 +296,7 @@ impl Service {
     /// Dispatches backlogged fires while slots are free.
     fn take_backlog(&mut self) {
         let now = Utc::now();
-        while self.running < self.settings.max_running
+        while self.running + self.pending.len() < self.settings.max_running
             && let Some((job, due)) = self.backlog.pop_front()
         {
             self.dispatch(job, due, now);
@@ -330,21 +337,52 @@ impl Service {
             );
             return;
         }
-        if self.running >= self.settings.max_running {
-            self.backlog.push_back((job, due));
+        self.pending.push((job, due));
+    }
+
+    /// Hands what was dispatched since the last call to the engine, as one
+    /// batch of claims, as far as `max_running` allows: a run of a
+    /// `command` or `http` job takes a slot, a group of up to [`SQL_GROUP`]
+    /// `sql` periods one slot together. The rest waits in the backlog.
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
             return;
         }
-        self.running += 1;
-        let task = RunTask {
-            context: self.context.clone(),
-            job,
-            due,
-            owner: self.owner.clone(),
-            lease: self.settings.lease,
+        let mut units: Vec<Vec<Ask>> = Vec::new();
+        let mut sql = None;
+        let mut pending = std::mem::take(&mut self.pending).into_iter();
+        for (job, due) in pending.by_ref() {
+            let ask = Ask::scheduled(job, due);
+            if let Some(i) = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP) {
+                units[i].push(ask);
+                continue;
+            }
+            if self.running + units.len() >= self.settings.max_running {
+                self.backlog.push_back((ask.job, ask.due));
+                break;
+            }
+            if ask.is_sql() {
+                sql = Some(units.len());
+            }
+            units.push(vec![ask]);
+        }
+        self.backlog.extend(pending);
+        if units.is_empty() {
+            return;
+        }
+        self.running += units.len();
+        let slots: Vec<FreeOnDrop> = units
+            .iter()
+            .map(|_| FreeOnDrop(self.events.0.clone()))
+            .collect();
+        let batch = Batch {
+            engine: self.engine.clone(),
+            units,
+            slots,
             stop_now: self.stop_now.subscribe(),
             events: self.events.0.clone(),
         };
-        tokio::spawn(task.go());
+        tokio::spawn(batch.go());
     }
 
     /// Re-reads jobs.toml and applies all of it, jobs and settings alike;
@@ -359,7 +397,7 @@ impl Service {
         };
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
-        if let Err(e) = self.context.store.see_jobs(&names).await {
+        if let Err(e) = self.engine.store().see_jobs(&names).await {
             tracing::warn!("reload: cannot record new jobs yet: {e}");
         }
         if config.settings.database_url != self.settings.database_url {
@@ -371,7 +409,7 @@ impl Service {
         // Leases granted from now on, and so the heartbeat interval and the
         // fence; claims already held keep the lease they were granted until
         // their next renewal.
-        self.context.heartbeats.set_lease(config.settings.lease);
+        self.engine.set_lease(config.settings.lease);
         crate::serve::server::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
         self.settings = config.settings;
         self.take_backlog();
@@ -412,19 +450,18 @@ fn release_free_memory() {
     }
 }
 
-/// One fire being claimed and run.
-struct RunTask {
-    context: Context,
-    job: Arc<Job>,
-    due: Due,
-    owner: String,
-    lease: Duration,
+/// One wake-up's periods: claimed together, then run, each unit (one
+/// period, or an `sql` group) on its own `max_running` slot.
+struct Batch {
+    engine: Engine,
+    units: Vec<Vec<Ask>>,
+    slots: Vec<FreeOnDrop>,
     stop_now: watch::Receiver<bool>,
     events: mpsc::UnboundedSender<Event>,
 }
 
-/// Frees a task's `max_running` slot when the task ends, however it ends
-/// (a panic unwinds through it too).
+/// Frees a `max_running` slot when dropped, however its run ends (a panic
+/// unwinds through it too).
 struct FreeOnDrop(mpsc::UnboundedSender<Event>);
 
 impl Drop for FreeOnDrop {
@@ -433,186 +470,69 @@ impl Drop for FreeOnDrop {
     }
 }
 
-impl RunTask {
-    async fn go(self) {
-        let _free = FreeOnDrop(self.events.clone());
-        self.claim_and_run().await;
+impl Batch {
+    async fn go(mut self) {
+        let asks: Vec<Ask> = self.units.iter().flatten().cloned().collect();
+        let taken = match self.engine.claim(&asks).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::warn!(periods = asks.len(), "cannot claim, will try again: {e}");
+                for ask in asks {
+                    let _ = self
+                        .events
+                        .send(Event::Again(ask.job.name.clone(), ask.due));
+                }
+                return;
+            }
+        };
+        let mut taken = taken.into_iter();
+        let units = std::mem::take(&mut self.units);
+        let slots = std::mem::take(&mut self.slots);
+        for (unit, slot) in units.into_iter().zip(slots) {
+            let mut won = Vec::new();
+            for ask in unit {
+                match taken.next() {
+                    Some(Taken::Won(w)) => won.push((ask, w)),
+                    Some(not) => self.not_won(ask, not),
+                    None => {}
+                }
+            }
+            if won.is_empty() {
+                continue;
+            }
+            let engine = self.engine.clone();
+            let stop_now = self.stop_now.clone();
+            let events = self.events.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                let names: Vec<String> = won.iter().map(|(ask, _)| ask.job.name.clone()).collect();
+                let reports = if won.len() == 1 && !won[0].0.is_sql() {
+                    let (ask, w) = won.remove(0);
+                    vec![engine.run(&ask, w, stop_now).await]
+                } else {
+                    engine.run_group(won, stop_now).await
+                };
+                for report in &reports {
+                    report.log();
+                }
+                for name in names {
+                    let _ = events.send(Event::Done(name));
+                }
+            });
+        }
     }
 
-    async fn claim_and_run(self) {
-        let key = period_key(&self.job.name, &self.due.period.label);
-        let lateness = (Utc::now() - self.due.fire).num_microseconds().unwrap_or(0) as f64 / 1000.0;
-        let request = ClaimRequest {
-            job: &self.job.name,
-            period: &self.due.period,
-            owner: &self.owner,
-            lease: self.lease,
-            trigger: self.due.trigger,
-            concurrency: self.job.concurrency,
-            force: false,
-            manual: false,
-            scheduled_at: self.due.fire,
-        };
-        let claim = self.context.claim(&request).await;
-        let trigger = self.due.trigger.as_str();
-        let result = match &claim {
-            Ok(Taken::Won(_)) => "won",
-            Ok(Taken::RunningHere) => "running_here",
-            Ok(Taken::Not(Claim::Busy)) => "busy",
-            Ok(Taken::Not(Claim::Held { .. })) => "held",
-            Ok(Taken::Not(Claim::Succeeded { .. })) => "done",
-            Ok(Taken::Not(Claim::Failed { .. })) => "failed",
-            Ok(Taken::Not(Claim::Won(_))) | Err(_) => "error",
-        };
-        metrics::counter!("scheduler_claims_total", "job" => self.job.name.clone(), "result" => result).increment(1);
-        match claim {
-            Ok(Taken::Won(won)) => {
-                let lease = &won.lease;
-                tracing::info!(
-                    job = self.job.name,
-                    period_key = key,
-                    trigger = lease.trigger.as_str(),
-                    attempt = lease.attempt,
-                    lateness_ms = lateness,
-                    "claim won"
-                );
-                let started = Instant::now();
-                let run = Run {
-                    job: &self.job,
-                    period: &self.due.period,
-                    key: &key,
-                    lease,
-                    scheduled_at: self.due.fire,
-                };
-                let ending = self
-                    .context
-                    .execute(&run, &won, self.stop_now.clone())
-                    .await;
-                let took_ms = started.elapsed().as_millis() as u64;
-                metrics::histogram!("scheduler_fire_lateness_seconds").record(lateness / 1000.0);
-                let outcome = match &ending {
-                    Ok(Ending::Recorded {
-                        succeeded: true, ..
-                    }) => "succeeded",
-                    Ok(Ending::Recorded { .. }) => "failed",
-                    Ok(Ending::Lost) => "lost",
-                    Ok(Ending::Fenced) => "fenced",
-                    Ok(Ending::Withdrawn) => "withdrawn",
-                    Ok(Ending::Released) => "released",
-                    Err(_) => "unrecorded",
-                };
-                metrics::counter!("scheduler_runs_total", "job" => self.job.name.clone(), "outcome" => outcome).increment(1);
-                match ending {
-                    Ok(Ending::Recorded {
-                        succeeded: true, ..
-                    }) => {
-                        tracing::info!(
-                            job = self.job.name,
-                            period_key = key,
-                            attempt = lease.attempt,
-                            took_ms,
-                            "succeeded"
-                        );
-                    }
-                    Ok(Ending::Recorded {
-                        succeeded: false,
-                        error,
-                        retry_after,
-                    }) => {
-                        let retry = retry_after.map(|d| humantime::format_duration(d).to_string());
-                        tracing::warn!(
-                            job = self.job.name,
-                            period_key = key,
-                            attempt = lease.attempt,
-                            took_ms,
-                            error,
-                            retry_in = retry,
-                            "failed"
-                        );
-                    }
-                    Ok(Ending::Lost) => tracing::warn!(
-                        job = self.job.name,
-                        period_key = key,
-                        attempt = lease.attempt,
-                        "claim taken over; job stopped, outcome discarded"
-                    ),
-                    Ok(Ending::Withdrawn) => tracing::warn!(
-                        job = self.job.name,
-                        period_key = key,
-                        attempt = lease.attempt,
-                        "stopped by `scheduler release`; nothing recorded, the period is claimed again by the next scan"
-                    ),
-                    Ok(Ending::Fenced) => tracing::warn!(
-                        job = self.job.name,
-                        period_key = key,
-                        attempt = lease.attempt,
-                        "job stopped: its lease could not be renewed in time; nothing recorded, the period is recovered once the lease has run out"
-                    ),
-                    Ok(Ending::Released) => tracing::info!(
-                        job = self.job.name,
-                        period_key = key,
-                        attempt = lease.attempt,
-                        "stopped by shutdown; claim released"
-                    ),
-                    Err(e) => tracing::error!(
-                        job = self.job.name,
-                        period_key = key,
-                        attempt = lease.attempt,
-                        "cannot write to the database: {e}; the claim is taken over once its lease runs out"
-                    ),
-                }
-                drop(won);
-                let _ = self.events.send(Event::Done(self.job.name.clone()));
-            }
-            Ok(Taken::RunningHere) => tracing::debug!(
-                job = self.job.name,
-                period_key = key,
-                trigger,
-                "running in this process already"
-            ),
-            Ok(Taken::Not(Claim::Won(_))) => {}
-            Ok(Taken::Not(Claim::Busy)) => {
-                tracing::info!(
-                    job = self.job.name,
-                    period_key = key,
-                    trigger,
-                    "no concurrency slot; waiting"
-                );
-                let due = Due {
-                    trigger: Trigger::CatchUp,
-                    ..self.due.clone()
-                };
-                let _ = self.events.send(Event::Again(self.job.name.clone(), due));
-            }
-            Ok(Taken::Not(Claim::Held { owner, until })) => {
-                tracing::info!(job = self.job.name, period_key = key, trigger, %owner, %until, "held elsewhere");
-            }
-            Ok(Taken::Not(Claim::Succeeded { .. })) => tracing::info!(
-                job = self.job.name,
-                period_key = key,
-                trigger,
-                "already succeeded"
-            ),
-            Ok(Taken::Not(Claim::Failed { retry_at, .. })) => {
-                tracing::info!(
-                    job = self.job.name,
-                    period_key = key,
-                    trigger,
-                    ?retry_at,
-                    "failed; retry not due"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(
-                    job = self.job.name,
-                    period_key = key,
-                    trigger,
-                    "cannot claim, will try again: {e}"
-                );
-                let _ = self
-                    .events
-                    .send(Event::Again(self.job.name.clone(), self.due.clone()));
-            }
+    /// Logs an ask not won; one that found no concurrency slot waits for
+    /// one.
+    fn not_won(&self, ask: Ask, taken: Taken) {
+        let report = Report::not_run(&ask, taken);
+        report.log();
+        if let Status::NotWon(Claim::Busy) = report.status {
+            let due = Due {
+                trigger: Trigger::CatchUp,
+                ..ask.due
+            };
+            let _ = self.events.send(Event::Again(ask.job.name.clone(), due));
         }
     }
 }

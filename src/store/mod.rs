@@ -380,23 +380,6 @@ impl Store {
         bounded!(self.finish(lease, finish))
     }
 
-    /// Runs `statement` with `params` and records success in one
-    /// transaction, within `limits`; `recording` is called just before the
-    /// success is written. `Ok(Err(e))` is the statement's own failure
-    /// (a timeout or a cancel included), rolled back and not recorded;
-    /// `Ok(Ok(false))` means the claim had moved on.
-    pub async fn finish_with_sql(
-        &self,
-        lease: &Lease,
-        statement: &str,
-        params: &[String],
-        limits: &SqlLimits,
-        recording: &(dyn Fn() + Sync),
-    ) -> Result<Result<bool, String>, Error> {
-        dispatch!(self.finish_with_sql(lease, statement, params, limits, recording))
-            .map_err(query_error)
-    }
-
     /// Runs a group of `sql` actions in one transaction and one commit:
     /// each statement in a savepoint of its own, so a failing one fails
     /// only its own period, and every outcome fenced by its attempt. While
@@ -567,40 +550,6 @@ impl SqlLimits {
             .wait_for(|cancelled| *cancelled)
             .await;
     }
-}
-
-/// Runs an `sql` action's statement with its params bound, then `record`,
-/// in the transaction `tx`: both commit or neither. `Ok(Err(e))` is the
-/// statement's own failure; `Ok(Ok(false))`, a claim that moved on.
-async fn statement_then_record<'t, DB>(
-    mut tx: sqlx::Transaction<'t, DB>,
-    statement: &str,
-    params: &[String],
-    recording: &(dyn Fn() + Sync),
-    record: impl AsyncFnOnce(&mut DB::Connection) -> Result<bool, sqlx::Error>,
-) -> Result<Result<bool, String>, sqlx::Error>
-where
-    DB: sqlx::Database,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    let mut query = sqlx::query(statement);
-    for param in params {
-        query = query.bind(param.clone());
-    }
-    if let Err(e) = query.execute(&mut *tx).await {
-        tx.rollback().await?;
-        return Ok(Err(e.to_string()));
-    }
-    recording();
-    let recorded = record(&mut tx).await?;
-    if recorded {
-        tx.commit().await?;
-    } else {
-        tx.rollback().await?;
-    }
-    Ok(Ok(recorded))
 }
 
 fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {

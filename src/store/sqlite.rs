@@ -164,58 +164,6 @@ impl SqliteStore {
         record(&mut conn, lease, finish).await
     }
 
-    pub(super) async fn finish_with_sql(
-        &self,
-        lease: &Lease,
-        statement: &str,
-        params: &[String],
-        limits: &SqlLimits,
-        recording: &(dyn Fn() + Sync),
-    ) -> Result<Result<bool, String>, sqlx::Error> {
-        let finish = Finish {
-            succeeded: true,
-            ..Finish::default()
-        };
-        // Never longer than the writer bound, whatever the job's timeout:
-        // heartbeats wait for this one writer, and past lease − lease/3 every
-        // run of this process would fence itself.
-        let timeout = limits
-            .timeout
-            .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
-        let deadline = std::time::Instant::now() + timeout;
-        let mut conn = self.pool.acquire().await?;
-        // The statement holds this process's one connection and SQLite's
-        // one writer: SQLite itself interrupts it past its timeout, or once
-        // it is cancelled, through the progress handler.
-        let cancel = limits.cancel.subscribe();
-        let expired = Arc::new(AtomicBool::new(false));
-        let flag = expired.clone();
-        conn.lock_handle()
-            .await?
-            .set_progress_handler(1000, move || {
-                let over = std::time::Instant::now() >= deadline;
-                flag.store(over, Ordering::SeqCst);
-                !(over || *cancel.borrow())
-            });
-        let result = match conn.begin_with("BEGIN IMMEDIATE").await {
-            Ok(tx) => {
-                super::statement_then_record(tx, statement, params, recording, async |conn| {
-                    record(conn, lease, &finish).await
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
-        conn.lock_handle().await?.remove_progress_handler();
-        Ok(match result? {
-            Err(_) if expired.load(Ordering::SeqCst) => Err(format!(
-                "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
-                humantime::format_duration(timeout)
-            )),
-            other => other,
-        })
-    }
-
     pub(super) async fn run_sql_group(
         &self,
         runs: &[GroupedSql<'_>],
@@ -263,7 +211,10 @@ impl SqliteStore {
                     ends.push(GroupedEnd::Moved);
                     continue;
                 }
-                let until = run.timeout.map_or(budget, |t| (now + t).min(budget));
+                let bound = run
+                    .timeout
+                    .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
+                let until = (now + bound).min(budget);
                 let micros = until.duration_since(started).as_micros().max(1);
                 deadline.store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
                 sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
@@ -283,7 +234,7 @@ impl SqliteStore {
                         let error = if expired.load(Ordering::SeqCst) {
                             format!(
                                 "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
-                                humantime::format_duration(until.duration_since(now))
+                                humantime::format_duration(bound)
                             )
                         } else {
                             e.to_string()

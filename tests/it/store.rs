@@ -254,38 +254,33 @@ async fn concurrent_claims_of_one_key_have_one_winner(store: Store) {
 async fn an_sql_action_commits_with_the_outcome_or_not_at_all(store: Store) {
     let period = month("2026-07");
     let lease = won(&store, &request(&period, "a")).await;
-    let bad = store
-        .finish_with_sql(
-            &lease,
-            "INSERT INTO no_such_table VALUES ($1)",
-            &["x".into()],
-            &limits(None),
-            &|| {},
-        )
-        .await
-        .unwrap();
-    assert!(bad.is_err(), "a failing statement is reported");
+    let bad = GroupedSql {
+        failure: failed(Some(Duration::ZERO)),
+        ..grouped(&lease, "INSERT INTO no_such_table VALUES ($1)", "x")
+    };
+    let ends = store.run_sql_group(&[bad], &limits(None)).await.unwrap();
+    assert!(
+        matches!(ends.as_deref(), Some([GroupedEnd::Failed(_)])),
+        "a failing statement is reported: {ends:?}"
+    );
+    let Claim::Won(lease) = store.claim(&request(&period, "a")).await.unwrap() else {
+        panic!("the failed period is retried at once");
+    };
     assert_eq!(
         store
             .renew(&[&lease], Duration::from_secs(60))
             .await
             .unwrap(),
         [true],
-        "and the claim still runs"
+        "and the retry runs"
     );
     let statement = "UPDATE scheduler_jobs SET paused = paused WHERE name = $1";
     assert_eq!(
         store
-            .finish_with_sql(
-                &lease,
-                statement,
-                &["billing".into()],
-                &limits(None),
-                &|| {}
-            )
+            .run_sql_group(&[grouped(&lease, statement, "billing")], &limits(None))
             .await
             .unwrap(),
-        Ok(true)
+        Some(vec![GroupedEnd::Succeeded])
     );
     assert!(matches!(
         store.claim(&request(&period, "b")).await.unwrap(),
@@ -486,21 +481,26 @@ async fn an_sql_action_past_its_timeout_is_stopped_and_rolled_back(store: Store)
         Store::Postgres(_) => "SELECT pg_sleep(30)",
     };
     let started = std::time::Instant::now();
+    let endless = GroupedSql {
+        params: Vec::new(),
+        timeout: Some(Duration::from_millis(500)),
+        ..grouped(&lease, endless, "")
+    };
     let result = store
-        .finish_with_sql(
-            &lease,
-            endless,
-            &[],
-            &limits(Some(Duration::from_millis(500))),
-            &|| {},
-        )
+        .run_sql_group(&[endless], &limits(None))
         .await
         .unwrap();
-    assert!(result.is_err(), "{result:?}");
+    assert!(
+        matches!(result.as_deref(), Some([GroupedEnd::Failed(_)])),
+        "{result:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(20), "not stopped");
     assert!(matches!(
         store.claim(&request(&period, "b")).await.unwrap(),
-        Claim::Held { .. }
+        Claim::Failed {
+            retry_at: Some(_),
+            ..
+        }
     ));
 }
 

@@ -1,0 +1,289 @@
+//! Runs one claimed period: the action, its stop on takeover or shutdown,
+//! and the fenced write of its outcome.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::watch;
+
+use super::heartbeat::{Loss, Watch};
+use super::{Engine, http, process};
+use crate::config::{Action, Job};
+use crate::error::Error;
+use crate::period::{Period, PeriodKey, utc_text};
+use crate::store::{Finish, Lease};
+use crate::template::Values;
+
+/// One claimed period about to run.
+pub struct Run<'a> {
+    /// The job.
+    pub job: &'a Job,
+    /// The period it covers.
+    pub period: &'a Period,
+    /// `<job>:<label>`.
+    pub key: &'a PeriodKey,
+    /// The won claim.
+    pub lease: &'a Lease,
+    /// The fire it stands for.
+    pub scheduled_at: DateTime<Utc>,
+}
+
+impl Values for Run<'_> {
+    fn value(&self, name: &str) -> String {
+        match name {
+            "job" => self.job.name.clone(),
+            "period" => self.period.label.clone(),
+            "period_key" => self.key.to_string(),
+            "period_start" => utc_text(self.period.start),
+            "period_end" => utc_text(self.period.end),
+            "scheduled_at" => utc_text(self.scheduled_at),
+            "attempt" => self.lease.attempt.to_string(),
+            _ => String::new(),
+        }
+    }
+}
+
+impl Run<'_> {
+    /// The `SCHEDULER_*` variables a child process sees.
+    pub fn environment(&self) -> [(&'static str, String); 8] {
+        [
+            ("SCHEDULER_JOB", self.value("job")),
+            ("SCHEDULER_PERIOD", self.value("period")),
+            ("SCHEDULER_PERIOD_KEY", self.value("period_key")),
+            ("SCHEDULER_PERIOD_START", self.value("period_start")),
+            ("SCHEDULER_PERIOD_END", self.value("period_end")),
+            ("SCHEDULER_SCHEDULED_AT", self.value("scheduled_at")),
+            ("SCHEDULER_ATTEMPT", self.value("attempt")),
+            ("SCHEDULER_TRIGGER", self.lease.trigger.as_str().to_owned()),
+        ]
+    }
+}
+
+/// Why a running action was stopped before it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The claim was taken over: stop now, record nothing.
+    Lost,
+    /// Shutdown and the grace ran out: stop, release the claim.
+    Shutdown,
+}
+
+/// What an action reports.
+pub(crate) enum ActionResult {
+    /// It ended; `retryable` says whether a failure may be retried.
+    Done(Finish, bool),
+    /// It was stopped.
+    Stopped(Stop),
+}
+
+impl ActionResult {
+    pub(super) fn succeeded() -> ActionResult {
+        ActionResult::Done(
+            Finish {
+                succeeded: true,
+                ..Finish::default()
+            },
+            false,
+        )
+    }
+
+    pub(super) fn failed(error: String) -> ActionResult {
+        ActionResult::Done(
+            Finish {
+                error: Some(error),
+                ..Finish::default()
+            },
+            true,
+        )
+    }
+
+    pub(super) fn permanent(error: String) -> ActionResult {
+        ActionResult::Done(
+            Finish {
+                error: Some(error),
+                ..Finish::default()
+            },
+            false,
+        )
+    }
+
+    pub(super) fn set_exit_code(&mut self, code: i32) {
+        if let ActionResult::Done(finish, _) = self {
+            finish.exit_code = Some(code);
+        }
+    }
+}
+
+/// How a run ended, as far as the caller is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// The outcome was recorded.
+    Recorded {
+        /// Whether it succeeded.
+        succeeded: bool,
+        /// What went wrong.
+        error: Option<String>,
+        /// When a retry is due, if any.
+        retry_after: Option<Duration>,
+    },
+    /// The claim was taken over; nothing was recorded.
+    Lost,
+    /// `scheduler release` ended this attempt: the job was stopped, nothing
+    /// recorded, and the period is not done.
+    Withdrawn,
+    /// The lease could not be renewed in time (the database did not
+    /// answer): the job was stopped and nothing recorded; the period is
+    /// recovered once its lease has run out.
+    Fenced,
+    /// Stopped by shutdown; the claim was released for another runner.
+    Released,
+}
+
+impl Engine {
+    /// Runs the action of a won claim to its end, with heartbeats, and
+    /// records the outcome under the claim's attempt. `stop_now` turning
+    /// true (shutdown, once the grace is over) stops the job and releases
+    /// the claim.
+    pub async fn execute(
+        &self,
+        run: &Run<'_>,
+        watch: &Watch,
+        stop_now: watch::Receiver<bool>,
+    ) -> Result<Ending, Error> {
+        let stop = async {
+            let mut stop_now = stop_now;
+            tokio::select! {
+                loss = watch.lost() => {
+                    if loss == Loss::Fenced {
+                        tracing::warn!(
+                            period_key = run.key.as_str(),
+                            attempt = run.lease.attempt,
+                            "lease not renewed in time; stopping the job before another runner may take it"
+                        );
+                    }
+                    Stop::Lost
+                }
+                _ = stop_now.wait_for(|now| *now) => Stop::Shutdown,
+            }
+        };
+        let result = match &run.job.action {
+            Action::Process {
+                program,
+                workdir,
+                env,
+            } => {
+                let spawn = process::Spawn {
+                    supervisor: &self.supervisor,
+                    fence_at: watch.fence_at(),
+                    heartbeats: &self.heartbeats,
+                };
+                process::run(program, workdir.as_ref(), env, run, spawn, stop).await
+            }
+            Action::Http {
+                url,
+                method,
+                headers,
+                body,
+                timeout,
+            } => {
+                let request = http::Request {
+                    url,
+                    method,
+                    headers,
+                    body: body.as_ref(),
+                    timeout: *timeout,
+                };
+                http::run(&self.http, request, run, stop).await
+            }
+            // Run by the group path (`Engine::run_group`), never here.
+            Action::Sql { .. } => ActionResult::permanent("an sql action runs in a group".into()),
+        };
+        match result {
+            ActionResult::Stopped(why) => self.stopped(run, watch, why).await,
+            // A failure seen after the fence may be the fence's own doing
+            // (the supervisor stops a job whose lease it cannot vouch for):
+            // it is not the job's failure, and the period is recovered.
+            ActionResult::Done(finish, _) if !finish.succeeded && watch.fenced() => {
+                Ok(Ending::Fenced)
+            }
+            ActionResult::Done(finish, retryable) => {
+                self.record(run, watch, finish, retryable).await
+            }
+        }
+    }
+
+    /// After the job was stopped: a shutdown releases the claim; a takeover
+    /// or a `release` is confirmed (the job is gone, so a released period
+    /// may be claimed at once); a fence leaves the claim to expire.
+    pub(super) async fn stopped(
+        &self,
+        run: &Run<'_>,
+        watch: &Watch,
+        why: Stop,
+    ) -> Result<Ending, Error> {
+        match why {
+            Stop::Shutdown => Ok(if self.store.release(run.lease).await? {
+                Ending::Released
+            } else {
+                Ending::Lost
+            }),
+            Stop::Lost if watch.fenced() => Ok(Ending::Fenced),
+            Stop::Lost => match self.store.confirm_stopped(run.lease).await {
+                // Still this attempt, released: `scheduler release` did it.
+                Ok(true) => Ok(Ending::Withdrawn),
+                Ok(false) => Ok(Ending::Lost),
+                Err(e) => {
+                    tracing::warn!(
+                        period_key = run.key.as_str(),
+                        "cannot confirm that the released job stopped ({e}); the period can be claimed when its lease runs out"
+                    );
+                    Ok(Ending::Lost)
+                }
+            },
+        }
+    }
+
+    async fn record(
+        &self,
+        run: &Run<'_>,
+        watch: &Watch,
+        mut finish: Finish,
+        retryable: bool,
+    ) -> Result<Ending, Error> {
+        if !finish.succeeded && retryable {
+            let failures = u32::try_from(run.lease.failures).unwrap_or(0) + 1;
+            finish.retry_after = run.job.retry.backoff_after(failures);
+        }
+        // The lease is still renewed while the outcome is written; a claim
+        // that the write itself settles is not a takeover.
+        watch.recording();
+        // A database that is briefly away is waited for; the fence keeps a
+        // late write from landing on a claim that moved on.
+        let mut delay = Duration::from_millis(100);
+        let mut tries = 0;
+        let recorded = loop {
+            match self.store.finish(run.lease, &finish).await {
+                Ok(recorded) => break recorded,
+                Err(e) if tries < 8 => {
+                    tracing::warn!(
+                        period_key = run.key.as_str(),
+                        "cannot record the outcome yet: {e}"
+                    );
+                    tries += 1;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(if recorded {
+            Ending::Recorded {
+                succeeded: finish.succeeded,
+                error: finish.error,
+                retry_after: finish.retry_after,
+            }
+        } else {
+            Ending::Lost
+        })
+    }
+}

@@ -1,0 +1,155 @@
+//! `sql` actions in groups: the won periods of a burst run their statements
+//! in one transaction, a savepoint each, their outcomes fenced and
+//! committed together, so 10,000 in-database jobs are not 10,000 commits.
+
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::heartbeat::Loss;
+use super::{Ask, Engine, Report, Run, Status, Stop, Won};
+use crate::config::Action;
+use crate::error::Error;
+use crate::store::{Finish, GroupedEnd, GroupedSql, SqlLimits};
+
+impl Engine {
+    /// Runs won `sql` periods as groups of one transaction each and reports
+    /// each one's end, in the order given. A group that cannot commit
+    /// records nothing: its periods are recovered once their leases run out.
+    /// `stop_now` (the end of shutdown's grace) stops the running statement
+    /// and releases every claim of the group.
+    pub async fn run_group(
+        &self,
+        runs: Vec<(Ask, Won)>,
+        stop_now: watch::Receiver<bool>,
+    ) -> Vec<Report> {
+        let (sql, other): (Vec<_>, Vec<_>) = runs.into_iter().partition(|(ask, _)| ask.is_sql());
+        let mut reports = Vec::new();
+        for (ask, won) in other {
+            reports.push(self.run_action(&ask, won, stop_now.clone()).await);
+        }
+        for (ask, won) in &sql {
+            self.log_won(ask, &won.lease);
+            // The group writes every outcome itself; a renewal that finds a
+            // claim settled meanwhile is not a takeover.
+            won.watch.recording();
+        }
+        let mut rest = sql;
+        while !rest.is_empty() {
+            let started = Instant::now();
+            let result = self.commit_group(&rest, stop_now.clone()).await;
+            let took = started.elapsed();
+            let ends = match result {
+                Ok(Ok(ends)) => ends,
+                Ok(Err(why)) => {
+                    // Stopped: nothing of the group committed.
+                    for (ask, won) in rest {
+                        let ending = self.stopped(&run_of(&ask, &won), &won.watch, why).await;
+                        reports.push(Report::ran(&won.lease, ending, took));
+                    }
+                    break;
+                }
+                Err(e) => {
+                    let error = e.to_string();
+                    for (_, won) in rest {
+                        let status = Status::Unrecorded(Error::Database(error.clone()));
+                        reports.push(Report::of(&won, status, took));
+                    }
+                    break;
+                }
+            };
+            let mut later = Vec::new();
+            for ((ask, won), end) in rest.into_iter().zip(ends) {
+                let status = match end {
+                    GroupedEnd::NotStarted => {
+                        later.push((ask, won));
+                        continue;
+                    }
+                    GroupedEnd::Succeeded => Status::Succeeded,
+                    GroupedEnd::Failed(error) => Status::Failed {
+                        error: format!("SQL failed: {error}"),
+                        retry_after: retry_after(&ask, &won),
+                    },
+                    GroupedEnd::Moved => Status::Lost,
+                };
+                reports.push(Report::of(&won, status, took));
+            }
+            rest = later;
+        }
+        for report in &reports {
+            report.count();
+        }
+        reports
+    }
+
+    /// One transaction over `runs`, or why it was stopped: shutdown's
+    /// grace ran out, or (for a group of one, run as a single `sql` action
+    /// is) its claim was lost. A bigger group's claims cannot be taken
+    /// over while it runs; a `release` of one of them is settled by the
+    /// group's commit.
+    async fn commit_group(
+        &self,
+        runs: &[(Ask, Won)],
+        mut stop_now: watch::Receiver<bool>,
+    ) -> Result<Result<Vec<GroupedEnd>, Stop>, Error> {
+        let grouped: Vec<GroupedSql<'_>> = runs
+            .iter()
+            .filter_map(|(ask, won)| {
+                let Action::Sql { statement, params } = &ask.job.action else {
+                    return None;
+                };
+                let run = run_of(ask, won);
+                Some(GroupedSql {
+                    lease: &won.lease,
+                    statement,
+                    params: params.iter().map(|p| p.render(&run)).collect(),
+                    timeout: ask.job.timeout,
+                    failure: Finish {
+                        retry_after: retry_after(ask, won),
+                        ..Finish::default()
+                    },
+                })
+            })
+            .collect();
+        let limits = SqlLimits::new(None, self.heartbeats.interval());
+        let group = self.store.run_sql_group(&grouped, &limits);
+        tokio::pin!(group);
+        let lost = async {
+            match runs {
+                [(_, won)] => {
+                    if won.watch.lost().await == Loss::Fenced {
+                        tracing::warn!(
+                            period_key = %won.lease.key,
+                            attempt = won.lease.attempt,
+                            "lease not renewed in time; stopping the statement before another runner may take it"
+                        );
+                    }
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        let why = tokio::select! {
+            result = &mut group => return Ok(result?.ok_or(Stop::Shutdown)),
+            _ = stop_now.wait_for(|now| *now) => Stop::Shutdown,
+            () = lost => Stop::Lost,
+        };
+        limits.cancel();
+        // A group that had already got as far as its commit is kept.
+        Ok(group.await?.ok_or(why))
+    }
+}
+
+fn run_of<'a>(ask: &'a Ask, won: &'a Won) -> Run<'a> {
+    Run {
+        job: &ask.job,
+        period: &ask.due.period,
+        key: &won.lease.key,
+        lease: &won.lease,
+        scheduled_at: ask.due.fire,
+    }
+}
+
+fn retry_after(ask: &Ask, won: &Won) -> Option<std::time::Duration> {
+    let failures = u32::try_from(won.lease.failures).unwrap_or(0) + 1;
+    ask.job.retry.backoff_after(failures)
+}

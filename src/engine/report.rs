@@ -1,0 +1,276 @@
+//! How one asked-for period ended, as a value: what `run` prints as a line,
+//! what `serve` logs, and later what the API answers, all in the same words.
+
+use std::time::Duration;
+
+use super::{Ask, Ending, Taken};
+use crate::error::Error;
+use crate::period::{PeriodKey, utc_text};
+use crate::store::{Claim, Lease, Trigger};
+
+/// How one period ended.
+#[derive(Debug)]
+pub struct Report {
+    /// The period.
+    pub key: PeriodKey,
+    /// Why it ran (the claim's trigger), or was asked for.
+    pub trigger: Trigger,
+    /// The attempt that ran, if one did.
+    pub attempt: Option<i32>,
+    /// How it ended.
+    pub status: Status,
+    /// How long it ran.
+    pub took: Duration,
+}
+
+/// The end of one period, as far as this process knows.
+#[derive(Debug)]
+pub enum Status {
+    /// Ran and succeeded; recorded.
+    Succeeded,
+    /// Ran and failed; recorded.
+    Failed {
+        /// What went wrong.
+        error: String,
+        /// When a retry is due, if any.
+        retry_after: Option<Duration>,
+    },
+    /// The claim was taken over; the job was stopped and nothing recorded.
+    Lost,
+    /// `scheduler release` stopped it; nothing recorded.
+    Withdrawn,
+    /// The lease could not be renewed in time; the job was stopped before
+    /// it ran out and nothing recorded.
+    Fenced,
+    /// Stopped by shutdown; the claim was released.
+    Released,
+    /// Ran, but the outcome could not be written: the period is recovered
+    /// once its lease runs out.
+    Unrecorded(Error),
+    /// Not claimed: this process is running it already.
+    RunningHere,
+    /// Not won: why, as the store said.
+    NotWon(Claim),
+}
+
+impl Report {
+    /// The report of a run.
+    pub(super) fn ran(lease: &Lease, ending: Result<Ending, Error>, took: Duration) -> Report {
+        let status = match ending {
+            Ok(Ending::Recorded {
+                succeeded: true, ..
+            }) => Status::Succeeded,
+            Ok(Ending::Recorded {
+                error, retry_after, ..
+            }) => Status::Failed {
+                error: error.unwrap_or_default(),
+                retry_after,
+            },
+            Ok(Ending::Lost) => Status::Lost,
+            Ok(Ending::Withdrawn) => Status::Withdrawn,
+            Ok(Ending::Fenced) => Status::Fenced,
+            Ok(Ending::Released) => Status::Released,
+            Err(e) => Status::Unrecorded(e),
+        };
+        Report {
+            key: lease.key.clone(),
+            trigger: lease.trigger,
+            attempt: Some(lease.attempt),
+            status,
+            took,
+        }
+    }
+
+    /// The report of a won claim's end.
+    pub(super) fn of(won: &super::Won, status: Status, took: Duration) -> Report {
+        Report {
+            key: won.lease.key.clone(),
+            trigger: won.lease.trigger,
+            attempt: Some(won.lease.attempt),
+            status,
+            took,
+        }
+    }
+
+    /// The report of an ask that was not won.
+    pub fn not_run(ask: &Ask, taken: Taken) -> Report {
+        let status = match taken {
+            Taken::Not(claim) => Status::NotWon(claim),
+            Taken::RunningHere | Taken::Won(_) => Status::RunningHere,
+        };
+        Report {
+            key: ask.key(),
+            trigger: ask.due.trigger,
+            attempt: None,
+            status,
+            took: Duration::ZERO,
+        }
+    }
+
+    /// One word for it: `succeeded`, `failed`, `lost`, `released`,
+    /// `fenced`, `error` or `skipped`.
+    pub fn word(&self) -> &'static str {
+        match self.status {
+            Status::Succeeded => "succeeded",
+            Status::Failed { .. } => "failed",
+            Status::Lost => "lost",
+            Status::Withdrawn | Status::Released => "released",
+            Status::Fenced => "fenced",
+            Status::Unrecorded(_) => "error",
+            Status::RunningHere | Status::NotWon(_) => "skipped",
+        }
+    }
+
+    /// What happened, in words.
+    pub fn detail(&self) -> String {
+        let attempt = self.attempt.unwrap_or_default();
+        let trigger = self.trigger.as_str();
+        let took = format!("{:.2}s", self.took.as_secs_f64());
+        match &self.status {
+            Status::Succeeded => format!("attempt {attempt}, trigger {trigger}, {took}"),
+            Status::Failed { error, retry_after } => {
+                let retry = match retry_after {
+                    Some(after) => format!("retry in {}", humantime::format_duration(*after)),
+                    None => "no retries left".to_owned(),
+                };
+                format!("{error} (attempt {attempt}, trigger {trigger}, {took}; {retry})")
+            }
+            Status::Lost => {
+                "the claim was taken over; this attempt was stopped and its outcome discarded".into()
+            }
+            Status::Withdrawn => "stopped by `scheduler release`; nothing recorded and the period is not done: `run --period` runs it again".into(),
+            Status::Fenced => "the lease could not be renewed in time (the database did not answer, or this process was stopped); the job was stopped before the lease ran out and nothing was recorded: the next run or serve recovers the period".into(),
+            Status::Released => "interrupted by shutdown; the claim was released".into(),
+            Status::Unrecorded(e) => format!(
+                "cannot write to the database: {e}; the claim is taken over once its lease runs out"
+            ),
+            Status::RunningHere => "running in this process".into(),
+            Status::NotWon(claim) => not_won(claim),
+        }
+    }
+
+    /// Counts the run in `scheduler_runs_total`.
+    pub(super) fn count(&self) {
+        let outcome = match self.status {
+            Status::Succeeded => "succeeded",
+            Status::Failed { .. } => "failed",
+            Status::Lost => "lost",
+            Status::Fenced => "fenced",
+            Status::Withdrawn => "withdrawn",
+            Status::Released => "released",
+            Status::Unrecorded(_) => "unrecorded",
+            Status::RunningHere | Status::NotWon(_) => return,
+        };
+        let (job, _) = self.key.parts();
+        metrics::counter!("scheduler_runs_total", "job" => job.to_owned(), "outcome" => outcome)
+            .increment(1);
+    }
+
+    /// Logs it: at info what went as planned, at warn what needs a look,
+    /// at error an outcome that could not be written.
+    pub fn log(&self) {
+        let (job, _) = self.key.parts();
+        let key = self.key.as_str();
+        let trigger = self.trigger.as_str();
+        let took_ms = self.took.as_millis() as u64;
+        match &self.status {
+            Status::Succeeded => {
+                tracing::info!(
+                    job,
+                    period_key = key,
+                    attempt = self.attempt,
+                    took_ms,
+                    "succeeded"
+                );
+            }
+            Status::Failed { error, retry_after } => {
+                let retry = retry_after.map(|d| humantime::format_duration(d).to_string());
+                tracing::warn!(
+                    job,
+                    period_key = key,
+                    attempt = self.attempt,
+                    took_ms,
+                    error,
+                    retry_in = retry,
+                    "failed"
+                );
+            }
+            Status::Lost | Status::Withdrawn | Status::Fenced => {
+                tracing::warn!(
+                    job,
+                    period_key = key,
+                    attempt = self.attempt,
+                    "{}",
+                    self.detail()
+                );
+            }
+            Status::Released => {
+                tracing::info!(
+                    job,
+                    period_key = key,
+                    attempt = self.attempt,
+                    "{}",
+                    self.detail()
+                );
+            }
+            Status::Unrecorded(_) => {
+                tracing::error!(
+                    job,
+                    period_key = key,
+                    attempt = self.attempt,
+                    "{}",
+                    self.detail()
+                );
+            }
+            Status::RunningHere => {
+                tracing::debug!(
+                    job,
+                    period_key = key,
+                    trigger,
+                    "running in this process already"
+                );
+            }
+            Status::NotWon(Claim::Held { owner, until }) => {
+                tracing::info!(job, period_key = key, trigger, %owner, %until, "held elsewhere");
+            }
+            Status::NotWon(Claim::Busy) => {
+                tracing::info!(
+                    job,
+                    period_key = key,
+                    trigger,
+                    "no concurrency slot; waiting"
+                );
+            }
+            Status::NotWon(Claim::Succeeded { .. }) => {
+                tracing::info!(job, period_key = key, trigger, "already succeeded");
+            }
+            Status::NotWon(Claim::Failed { retry_at, .. }) => {
+                tracing::info!(
+                    job,
+                    period_key = key,
+                    trigger,
+                    ?retry_at,
+                    "failed; retry not due"
+                );
+            }
+            Status::NotWon(Claim::Won(_)) => {}
+        }
+    }
+}
+
+/// Why a claim was not won, in words.
+pub fn not_won(claim: &Claim) -> String {
+    match claim {
+        Claim::Succeeded { at } => format!("already succeeded at {}", utc_text(*at)),
+        Claim::Held { owner, until } => format!("running on {owner} until {}", utc_text(*until)),
+        Claim::Failed {
+            retry_at: Some(at), ..
+        } => format!("failed, retry at {}", utc_text(*at)),
+        Claim::Failed {
+            retry_at: None,
+            failures,
+        } => format!("failed {failures} time(s), no retries left"),
+        Claim::Busy => "waiting for a concurrency slot".into(),
+        Claim::Won(_) => "won".into(),
+    }
+}
