@@ -5,12 +5,7 @@ use std::io::Write;
 use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job};
-use crate::period::utc_text;
-
-/// `<job>:<label>`, unique in the database.
-pub fn period_key(job: &str, label: &str) -> String {
-    format!("{job}:{label}")
-}
+use crate::period::{PeriodKey, utc_text};
 
 /// One line per fire: local time in the job's zone, UTC, period key.
 pub fn fire_line(job: &Job, fire: DateTime<Utc>) -> String {
@@ -20,7 +15,7 @@ pub fn fire_line(job: &Job, fire: DateTime<Utc>) -> String {
         "{}  {}  {}",
         local.format("%Y-%m-%d %H:%M:%S %Z"),
         utc_text(fire),
-        period_key(&job.name, &period.label)
+        PeriodKey::new(&job.name, &period.label)
     )
 }
 

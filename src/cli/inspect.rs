@@ -4,11 +4,10 @@
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::cli::check::period_key;
 use crate::config::{Config, Job};
 use crate::engine::due::due;
 use crate::error::{Error, Outcome, Stop, say};
-use crate::period::utc_text;
+use crate::period::{PeriodKey, utc_text};
 use crate::store::{Claim, ClaimRow, Released, Store};
 
 /// How many recent periods `status` shows per job.
@@ -131,7 +130,7 @@ async fn overdue(
     let due = due(job, now, since, true);
     let keys: Vec<String> = due
         .iter()
-        .map(|d| period_key(&job.name, &d.period.label))
+        .map(|d| PeriodKey::new(&job.name, &d.period.label).to_string())
         .collect();
     let rows = store.rows(&keys).await?;
     Ok(keys
@@ -195,7 +194,7 @@ pub fn period_key_of(job: &Job, label: &str) -> Result<String, Error> {
         .period
         .parse_label(&job.schedule, label)
         .map_err(|e| Error::Usage(format!("--period: {e}")))?;
-    Ok(period_key(&job.name, &period.label))
+    Ok(PeriodKey::new(&job.name, &period.label).to_string())
 }
 
 /// `scheduler pause JOB` / `scheduler resume JOB`.

@@ -108,7 +108,7 @@ mod tests {
             .into_iter()
             .map(|(i, due)| {
                 (
-                    format!("{}:{}", jobs[i].name, due.period.label),
+                    crate::period::PeriodKey::new(&jobs[i].name, &due.period.label).to_string(),
                     due.trigger.as_str(),
                 )
             })
