@@ -1,8 +1,7 @@
 //! Figures for `serve`: fire lateness over 60 fires on SQLite and
 //! PostgreSQL; 10,000 idle jobs (startup, RSS, CPU per idle minute, timer
-//! wake-ups); and, with SCHEDULER_BENCH_BIG=1 (or `only`), 10,000 every-minute jobs on
-//! three replicas (fires missed or doubled, lateness). Run with
-//! `cargo bench --bench serve` (about 4 minutes; 7 with the big one).
+//! wake-ups). Run with `cargo bench --bench serve` (about 4 minutes). Bursts
+//! of every-minute jobs on several replicas are `benches/burst.rs`.
 
 mod support;
 use support::postgres_database;
@@ -10,8 +9,6 @@ use support::postgres_database;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use sqlx::Connection;
 
 fn scheduler(dir: &std::path::Path, url: &str, args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_scheduler"))
@@ -142,46 +139,6 @@ fn ten_thousand_idle_jobs(url: &str) {
     );
 }
 
-fn ten_thousand_every_minute_jobs_on_three_replicas(url: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut text = String::from("[scheduler]\nmax_running = 64\n\n");
-    for i in 0..10_000 {
-        text.push_str(&format!(
-            "[[job]]\nname = \"job-{i}\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nmissed = \"skip\"\nsql = {{ statement = \"SELECT 1\" }}\n\n"
-        ));
-    }
-    std::fs::write(dir.path().join("jobs.toml"), text).unwrap();
-    let replicas: Vec<Child> = (0..3)
-        .map(|_| scheduler(dir.path(), url, &["-q", "serve"]))
-        .collect();
-    std::thread::sleep(Duration::from_secs(185));
-    for r in replicas {
-        stop(r);
-    }
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let rows: Vec<(String, i64, i64, f64, f64)> = runtime.block_on(async {
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_as(
-            "SELECT period,
-                    count(*) FILTER (WHERE state = 'succeeded'),
-                    count(*) FILTER (WHERE attempt > 1),
-                    (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - scheduled_at)))::float8,
-                    (percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - scheduled_at)))::float8
-               FROM scheduler_claims GROUP BY period ORDER BY period",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-    });
-    println!("10,000 every-minute jobs (sql action), 3 replicas on PostgreSQL:");
-    for (minute, succeeded, doubled, p50, p99) in rows {
-        println!(
-            "  {minute}: {succeeded} of 10,000 succeeded, {doubled} claimed twice; claim lateness p50 {:.2} s, p99 {:.2} s",
-            p50, p99
-        );
-    }
-}
-
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
@@ -189,13 +146,6 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let pg = |name: &str| runtime.block_on(postgres_database(name));
-    let big = std::env::var("SCHEDULER_BENCH_BIG").unwrap_or_default();
-    if big == "only" {
-        if let Some(url) = pg("scheduler_bench_big") {
-            ten_thousand_every_minute_jobs_on_three_replicas(&url);
-        }
-        return;
-    }
     fire_lateness(
         "SQLite",
         &format!("sqlite://{}", dir.path().join("late.db").display()),
@@ -207,9 +157,4 @@ fn main() {
         "sqlite://{}",
         dir.path().join("idle.db").display()
     ));
-    if big == "1"
-        && let Some(url) = pg("scheduler_bench_big")
-    {
-        ten_thousand_every_minute_jobs_on_three_replicas(&url);
-    }
 }

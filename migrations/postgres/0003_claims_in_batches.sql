@@ -14,13 +14,16 @@ LANGUAGE sql STABLE AS $$
         OR (p_state = 'succeeded' AND p_force)
 $$;
 
--- Many claims in one call: one round trip and one commit for a whole burst.
--- Each key is decided as a claim of its own (the primary key, the
--- concurrency count that includes what this call claimed before it, the
--- attempt rows). Every job's lock is taken first, in name order, then the
--- keys in byte order: calls racing over the same keys wait for each other
--- rather than deadlock. The result has one row per key, in `o_ord`, the
--- key's place in the arrays.
+-- Many claims in one call and one statement: one round trip and one commit
+-- for a whole burst. Each key is decided as a claim of its own would be: the
+-- primary key, the claimable rule, the job's concurrency (counting the live
+-- claims and, in key order, what this call claims before it), the attempt
+-- rows. Every job's lock is taken first, in name order; then the batch's
+-- existing rows are locked in (job, key) order, as renewals lock them, so
+-- calls racing over the same keys wait for each other rather than deadlock.
+-- A row locked elsewhere (an sql group holding its claim) is reported as it
+-- stands rather than waited for. The result has one row per key; `o_ord` is
+-- its place in the arrays.
 CREATE FUNCTION scheduler_claim_many(
     p_keys TEXT[], p_jobs TEXT[], p_periods TEXT[], p_starts TIMESTAMPTZ[],
     p_ends TIMESTAMPTZ[], p_scheduled TIMESTAMPTZ[], p_triggers TEXT[],
@@ -31,97 +34,91 @@ RETURNS TABLE (
     o_trigger TEXT, o_owner TEXT, o_lease_until TIMESTAMPTZ, o_retry_at TIMESTAMPTZ,
     o_finished_at TIMESTAMPTZ, o_claimable BOOLEAN, o_now TIMESTAMPTZ)
 LANGUAGE plpgsql AS $$
-DECLARE
-    i INTEGER;
-    v_job TEXT := NULL;
-    busy INTEGER := 0;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('scheduler_claims:' || name, 0))
        FROM (SELECT DISTINCT j COLLATE "C" AS name FROM unnest(p_jobs) AS j ORDER BY name) AS jobs;
-    FOR i IN SELECT k.ord FROM unnest(p_keys) WITH ORDINALITY AS k(key, ord)
-              ORDER BY p_jobs[k.ord] COLLATE "C", k.key COLLATE "C" LOOP
-        IF v_job IS DISTINCT FROM p_jobs[i] THEN
-            v_job := p_jobs[i];
-            -- Two counts, so that each is answered by its partial index. A
-            -- released claim still holding its lease may still be running.
-            SELECT (SELECT count(*) FROM scheduler_claims c
-                     WHERE c.job = p_jobs[i] AND c.state = 'running' AND c.lease_until >= now())
-                 + (SELECT count(*) FROM scheduler_claims c
-                     WHERE c.job = p_jobs[i] AND c.state = 'released' AND c.lease_until >= now())
-              INTO busy;
-        END IF;
-        -- A row locked elsewhere (an sql group committing its outcome, a
-        -- claim racing this one) is reported as it stands rather than
-        -- waited for: a long statement must not stall a whole batch.
-        PERFORM 1 FROM scheduler_claims c WHERE c.period_key = p_keys[i];
-        IF FOUND THEN
-            PERFORM 1 FROM scheduler_claims c WHERE c.period_key = p_keys[i]
-                FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                RETURN QUERY
-                SELECT i, FALSE, c.state, c.attempt, c.failures, c.trigger, c.owner,
-                       c.lease_until, c.retry_at, c.finished_at, FALSE, now()
-                  FROM scheduler_claims c WHERE c.period_key = p_keys[i];
-                CONTINUE;
-            END IF;
-        END IF;
-        -- A key counted in `busy` is live, so not claimable: counting it
-        -- changes no answer.
-        IF busy < p_concurrency[i] THEN
-            RETURN QUERY
-            WITH claimed AS (
-                INSERT INTO scheduler_claims AS c
-                    (period_key, job, period, period_start, period_end, scheduled_at, state,
-                     attempt, failures, trigger, owner, lease_until, started_at)
-                VALUES (p_keys[i], p_jobs[i], p_periods[i], p_starts[i], p_ends[i], p_scheduled[i],
-                        'running', 1, 0, p_triggers[i], p_owner,
-                        now() + p_lease_ms * interval '1 millisecond', now())
-                ON CONFLICT (period_key) DO UPDATE SET
-                    state = 'running',
-                    attempt = c.attempt + 1,
-                    trigger = CASE
-                        WHEN p_manual[i] THEN p_triggers[i]
-                        WHEN c.state IN ('running', 'released') THEN 'recovery'
-                        WHEN c.state = 'failed' THEN 'retry'
-                        ELSE p_triggers[i] END,
-                    owner = excluded.owner,
-                    lease_until = excluded.lease_until,
-                    retry_at = NULL,
-                    started_at = now(),
-                    finished_at = NULL
-                WHERE scheduler_claimable(c.state, c.lease_until, c.retry_at, p_manual[i], p_force[i])
-                RETURNING c.*
-            ), logged AS (
-                INSERT INTO scheduler_attempts
-                    (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
-                SELECT period_key, attempt, job, trigger, owner, scheduled_at, started_at, 'running'
-                  FROM claimed
-            ), lost AS (
-                UPDATE scheduler_attempts a SET outcome = 'lost', finished_at = now()
-                  FROM claimed
-                 WHERE a.period_key = claimed.period_key AND a.outcome = 'running'
-                   AND a.attempt < claimed.attempt
-            )
-            SELECT i, TRUE, claimed.state, claimed.attempt, claimed.failures, claimed.trigger,
-                   claimed.owner, claimed.lease_until, claimed.retry_at, claimed.finished_at,
-                   FALSE, now()
-              FROM claimed;
-            IF FOUND THEN
-                busy := busy + 1;
-                CONTINUE;
-            END IF;
-        END IF;
-        RETURN QUERY
-        SELECT i, FALSE, c.state, c.attempt, c.failures, c.trigger, c.owner, c.lease_until,
-               c.retry_at, c.finished_at,
-               scheduler_claimable(c.state, c.lease_until, c.retry_at, p_manual[i], p_force[i]),
-               now()
-          FROM scheduler_claims c WHERE c.period_key = p_keys[i];
-        IF NOT FOUND THEN
-            RETURN QUERY SELECT i, FALSE, NULL::TEXT, 0, 0, NULL::TEXT, NULL::TEXT,
-                NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, TRUE, now();
-        END IF;
-    END LOOP;
+    -- A new statement, so its snapshot sees every claim committed before
+    -- the locks were granted.
+    RETURN QUERY
+    WITH asked AS (
+        SELECT k.ord::INTEGER AS ord, k.key, p_jobs[k.ord] AS job, p_periods[k.ord] AS period,
+               p_starts[k.ord] AS period_start, p_ends[k.ord] AS period_end,
+               p_scheduled[k.ord] AS scheduled_at, p_triggers[k.ord] AS trigger,
+               p_concurrency[k.ord] AS concurrency, p_force[k.ord] AS force,
+               p_manual[k.ord] AS manual
+          FROM unnest(p_keys) WITH ORDINALITY AS k(key, ord)
+    ), mine AS (
+        SELECT c.period_key, c.state, c.lease_until, c.retry_at
+          FROM scheduler_claims c JOIN asked a ON c.period_key = a.key
+         ORDER BY c.job COLLATE "C", c.period_key COLLATE "C"
+           FOR UPDATE OF c SKIP LOCKED
+    ), busy AS (
+        -- Live claims; a released one still holding its lease may still run.
+        SELECT c.job, count(*) AS n FROM scheduler_claims c
+         WHERE c.job = ANY(p_jobs) AND c.state IN ('running', 'released')
+           AND c.lease_until >= now()
+         GROUP BY c.job
+    ), candidates AS (
+        SELECT a.*,
+               CASE WHEN a.manual THEN a.trigger
+                    WHEN m.state IN ('running', 'released') THEN 'recovery'
+                    WHEN m.state = 'failed' THEN 'retry'
+                    ELSE a.trigger END AS new_trigger,
+               row_number() OVER (PARTITION BY a.job ORDER BY a.key COLLATE "C") AS rank
+          FROM asked a LEFT JOIN mine m ON m.period_key = a.key
+         WHERE CASE WHEN m.period_key IS NULL
+                    THEN NOT EXISTS (SELECT 1 FROM scheduler_claims c WHERE c.period_key = a.key)
+                    ELSE scheduler_claimable(m.state, m.lease_until, m.retry_at, a.manual, a.force)
+               END
+    ), allowed AS (
+        SELECT c.* FROM candidates c LEFT JOIN busy b ON b.job = c.job
+         WHERE coalesce(b.n, 0) + c.rank <= c.concurrency
+    ), claimed AS (
+        INSERT INTO scheduler_claims AS c
+            (period_key, job, period, period_start, period_end, scheduled_at, state,
+             attempt, failures, trigger, owner, lease_until, started_at)
+        SELECT a.key, a.job, a.period, a.period_start, a.period_end, a.scheduled_at, 'running',
+               1, 0, a.new_trigger, p_owner, now() + p_lease_ms * interval '1 millisecond', now()
+          FROM allowed a
+         ORDER BY a.job COLLATE "C", a.key COLLATE "C"
+        ON CONFLICT (period_key) DO UPDATE SET
+            state = 'running',
+            attempt = c.attempt + 1,
+            trigger = excluded.trigger,
+            owner = excluded.owner,
+            lease_until = excluded.lease_until,
+            retry_at = NULL,
+            started_at = now(),
+            finished_at = NULL
+        -- Only a row this call locked and found claimable; a key inserted
+        -- meanwhile by anyone else is theirs.
+        WHERE EXISTS (SELECT 1 FROM mine WHERE mine.period_key = c.period_key)
+        RETURNING c.*
+    ), logged AS (
+        INSERT INTO scheduler_attempts
+            (period_key, attempt, job, trigger, owner, scheduled_at, started_at, outcome)
+        SELECT period_key, attempt, job, trigger, owner, scheduled_at, started_at, 'running'
+          FROM claimed
+    ), lost AS (
+        UPDATE scheduler_attempts a SET outcome = 'lost', finished_at = now()
+          FROM claimed
+         WHERE a.period_key = claimed.period_key AND a.outcome = 'running'
+           AND a.attempt < claimed.attempt
+    )
+    SELECT a.ord, w.period_key IS NOT NULL,
+           coalesce(w.state, c.state), coalesce(w.attempt, c.attempt, 0),
+           coalesce(w.failures, c.failures, 0), coalesce(w.trigger, c.trigger),
+           coalesce(w.owner, c.owner),
+           CASE WHEN w.period_key IS NOT NULL THEN w.lease_until ELSE c.lease_until END,
+           CASE WHEN w.period_key IS NOT NULL THEN w.retry_at ELSE c.retry_at END,
+           CASE WHEN w.period_key IS NOT NULL THEN w.finished_at ELSE c.finished_at END,
+           w.period_key IS NULL AND (c.period_key IS NULL
+               OR (EXISTS (SELECT 1 FROM mine WHERE mine.period_key = a.key)
+                   AND scheduler_claimable(c.state, c.lease_until, c.retry_at, a.manual, a.force))),
+           now()
+      FROM asked a
+      LEFT JOIN claimed w ON w.period_key = a.key
+      LEFT JOIN scheduler_claims c ON c.period_key = a.key;
 END
 $$;
 

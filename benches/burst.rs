@@ -1,0 +1,271 @@
+//! The burst: N jobs that all fire every minute, an in-database `sql`
+//! insert each, on several `serve` replicas sharing one database. Prints,
+//! per minute, the lateness of each statement's start after its fire
+//! (p50 / p99 / max), the periods run, doubled and missed, and per replica
+//! its peak RSS and CPU.
+//!
+//! `cargo bench --bench burst` runs 1,000 and 10,000 jobs on 3 PostgreSQL
+//! replicas and 1,000 on 2 SQLite processes, 3 minutes each (about 12
+//! minutes). `BURST=pg:1000:3,sqlite:1000:2` picks the runs (backend, jobs,
+//! replicas); `BURST_MINUTES` the minutes.
+
+mod support;
+use support::postgres_database;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Timelike, Utc};
+use sqlx::Connection;
+
+struct Setup {
+    backend: String,
+    jobs: usize,
+    replicas: usize,
+    minutes: u32,
+}
+
+/// What a replica used: peak RSS and CPU seconds.
+#[derive(Default, Clone, Copy)]
+struct Usage {
+    rss_kib: u64,
+    cpu_ticks: u64,
+}
+
+fn jobs_toml(jobs: usize, backend: &str) -> String {
+    let statement = if backend == "pg" {
+        "INSERT INTO burst_runs VALUES ($1, $2::timestamptz, clock_timestamp())"
+    } else {
+        "INSERT INTO burst_runs VALUES ($1, $2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+    };
+    let mut text = String::new();
+    for i in 0..jobs {
+        text.push_str(&format!(
+            "[[job]]\nname = \"job-{i}\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\n\
+             sql = {{ statement = \"{statement}\", params = [\"{{period_key}}\", \"{{scheduled_at}}\"] }}\n\n"
+        ));
+    }
+    text
+}
+
+fn usage(pid: u32) -> Usage {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let cpu_ticks = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+        })
+        .unwrap_or(0);
+    let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    Usage { rss_kib, cpu_ticks }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// (period key, fire, statement start) of every run, by reading the table.
+async fn runs(url: &str, backend: &str) -> Vec<(String, DateTime<Utc>, DateTime<Utc>)> {
+    if backend == "pg" {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_as("SELECT period_key, scheduled_at, started_at FROM burst_runs")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        let rows: Vec<(String, String, String)> =
+            sqlx::query_as("SELECT period_key, scheduled_at, started_at FROM burst_runs")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        rows.into_iter()
+            .map(|(k, f, s)| (k, parse(&f), parse(&s)))
+            .collect()
+    }
+}
+
+fn parse(text: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.to_utc())
+        .unwrap_or_default()
+}
+
+async fn create_table(url: &str, backend: &str) {
+    if backend == "pg" {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query("CREATE TABLE burst_runs (period_key TEXT, scheduled_at TIMESTAMPTZ, started_at TIMESTAMPTZ)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    } else {
+        let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+        let mut conn = sqlx::SqliteConnection::connect_with(&options.create_if_missing(true))
+            .await
+            .unwrap();
+        sqlx::query(
+            "CREATE TABLE burst_runs (period_key TEXT, scheduled_at TEXT, started_at TEXT)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+}
+
+fn burst(setup: &Setup, url: &str) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(create_table(url, &setup.backend));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("jobs.toml"),
+        jobs_toml(setup.jobs, &setup.backend),
+    )
+    .unwrap();
+    // Start 20 s before a minute, so that every replica is up for its first fire.
+    let now = Utc::now();
+    let to_minute = 60 - now.second() as u64;
+    if to_minute < 20 {
+        std::thread::sleep(Duration::from_secs(to_minute + 1));
+    }
+    let mut replicas: Vec<Child> = (0..setup.replicas)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_scheduler"))
+                .args(["--database-url", url, "serve"])
+                .env("SCHEDULER_LOG", "warn")
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let start = Utc::now();
+    let first = start
+        .with_second(0)
+        .and_then(|t| t.with_nanosecond(0))
+        .unwrap()
+        + chrono::Duration::minutes(1);
+    let last = first + chrono::Duration::minutes(i64::from(setup.minutes) - 1);
+    let end = last + chrono::Duration::seconds(58);
+    let mut peak = vec![Usage::default(); replicas.len()];
+    let mut cpu_at_first = vec![0u64; replicas.len()];
+    let mut counted = false;
+    let began = Instant::now();
+    while Utc::now() < end {
+        for (i, r) in replicas.iter().enumerate() {
+            let u = usage(r.id());
+            peak[i].rss_kib = peak[i].rss_kib.max(u.rss_kib);
+            peak[i].cpu_ticks = u.cpu_ticks;
+        }
+        if !counted && Utc::now() >= first {
+            counted = true;
+            cpu_at_first = peak.iter().map(|u| u.cpu_ticks).collect();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = began.elapsed();
+    for r in &mut replicas {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(r.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    for mut r in replicas {
+        let _ = r.wait();
+    }
+    let rows = runtime.block_on(runs(url, &setup.backend));
+    let mut by_minute: HashMap<DateTime<Utc>, Vec<(String, f64)>> = HashMap::new();
+    for (key, fire, started) in rows {
+        let ms = (started - fire).num_microseconds().unwrap_or(0) as f64 / 1000.0;
+        by_minute.entry(fire).or_default().push((key, ms));
+    }
+    println!(
+        "{} jobs firing every minute, an sql insert each, {} replicas on {} ({:.0} s):",
+        setup.jobs,
+        setup.replicas,
+        if setup.backend == "pg" {
+            "PostgreSQL"
+        } else {
+            "SQLite"
+        },
+        took.as_secs_f64()
+    );
+    let mut minute = first;
+    while minute <= last {
+        let runs = by_minute.remove(&minute).unwrap_or_default();
+        let mut keys: Vec<&str> = runs.iter().map(|(k, _)| k.as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut ms: Vec<f64> = runs.iter().map(|(_, ms)| *ms).collect();
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "  {}: {} run, {} doubled, {} missed; lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            minute.format("%H:%M"),
+            runs.len(),
+            runs.len() - keys.len(),
+            setup.jobs - keys.len(),
+            percentile(&ms, 0.5),
+            percentile(&ms, 0.99),
+            ms.last().copied().unwrap_or(f64::NAN),
+        );
+        minute += chrono::Duration::minutes(1);
+    }
+    let minutes = f64::from(setup.minutes);
+    for (i, u) in peak.iter().enumerate() {
+        println!(
+            "  replica {}: peak RSS {:.1} MiB, CPU {:.2} s per minute",
+            i + 1,
+            u.rss_kib as f64 / 1024.0,
+            (u.cpu_ticks - cpu_at_first[i]) as f64 / 100.0 / minutes
+        );
+    }
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let minutes: u32 = std::env::var("BURST_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(3);
+    let plan =
+        std::env::var("BURST").unwrap_or_else(|_| "pg:1000:3,pg:10000:3,sqlite:1000:2".into());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for (n, item) in plan.split(',').enumerate() {
+        let parts: Vec<&str> = item.split(':').collect();
+        let [backend, jobs, replicas] = parts[..] else {
+            panic!("BURST: expected backend:jobs:replicas, got {item}");
+        };
+        let setup = Setup {
+            backend: backend.to_owned(),
+            jobs: jobs.parse().unwrap(),
+            replicas: replicas.parse().unwrap(),
+            minutes,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let url = if backend == "pg" {
+            match runtime.block_on(postgres_database(&format!("scheduler_bench_burst_{n}"))) {
+                Some(url) => url,
+                None => {
+                    println!("no PostgreSQL server: skipping {item}");
+                    continue;
+                }
+            }
+        } else {
+            format!("sqlite://{}", dir.path().join("burst.db").display())
+        };
+        burst(&setup, &url);
+    }
+}
