@@ -34,42 +34,73 @@ RETURNS TABLE (
     o_trigger TEXT, o_owner TEXT, o_lease_until TIMESTAMPTZ, o_retry_at TIMESTAMPTZ,
     o_finished_at TIMESTAMPTZ, o_claimable BOOLEAN, o_now TIMESTAMPTZ)
 LANGUAGE plpgsql AS $$
+DECLARE
+    -- Per key: answered as it stands, without a lock. A boolean array, so
+    -- that `settled[ord]` is one step (the arrays are walked only by unnest:
+    -- indexing a text array walks it).
+    settled BOOLEAN[];
 BEGIN
+    -- Keys whose claim cannot be taken now (held elsewhere, done, failed
+    -- and not due) are answered as they stand, without a lock: in a burst
+    -- that every replica claims, most keys are another replica's already.
+    SELECT array_agg(c.period_key IS NOT NULL AND NOT coalesce(
+               scheduler_claimable(c.state, c.lease_until, c.retry_at, k.manual, k.force), FALSE)
+             ORDER BY k.ord)
+      INTO settled
+      FROM unnest(p_keys, p_manual, p_force) WITH ORDINALITY AS k(key, manual, force, ord)
+      LEFT JOIN scheduler_claims c ON c.period_key = k.key;
     PERFORM pg_advisory_xact_lock(hashtextextended('scheduler_claims:' || name, 0))
-       FROM (SELECT DISTINCT j COLLATE "C" AS name FROM unnest(p_jobs) AS j ORDER BY name) AS jobs;
+       FROM (SELECT DISTINCT k.job COLLATE "C" AS name
+               FROM unnest(p_jobs) WITH ORDINALITY AS k(job, ord)
+              WHERE NOT settled[k.ord]
+              ORDER BY name) AS jobs;
+    RETURN QUERY
+    SELECT k.ord::INTEGER, FALSE, c.state, c.attempt, c.failures, c.trigger, c.owner,
+           c.lease_until, c.retry_at, c.finished_at, FALSE, now()
+      FROM unnest(p_keys) WITH ORDINALITY AS k(key, ord)
+      JOIN scheduler_claims c ON c.period_key = k.key
+     WHERE settled[k.ord];
     -- A new statement, so its snapshot sees every claim committed before
     -- the locks were granted.
     RETURN QUERY
     WITH asked AS (
-        SELECT k.ord::INTEGER AS ord, k.key, p_jobs[k.ord] AS job, p_periods[k.ord] AS period,
-               p_starts[k.ord] AS period_start, p_ends[k.ord] AS period_end,
-               p_scheduled[k.ord] AS scheduled_at, p_triggers[k.ord] AS trigger,
-               p_concurrency[k.ord] AS concurrency, p_force[k.ord] AS force,
-               p_manual[k.ord] AS manual
-          FROM unnest(p_keys) WITH ORDINALITY AS k(key, ord)
+        SELECT k.ord::INTEGER AS ord, k.key, k.job, k.period, k.period_start, k.period_end,
+               k.scheduled_at, k.trigger, k.concurrency, k.force, k.manual
+          FROM unnest(p_keys, p_jobs, p_periods, p_starts, p_ends, p_scheduled, p_triggers,
+                      p_concurrency, p_force, p_manual) WITH ORDINALITY
+               AS k(key, job, period, period_start, period_end, scheduled_at, trigger,
+                    concurrency, force, manual, ord)
+         WHERE NOT settled[k.ord]
     ), mine AS (
-        SELECT c.period_key, c.state, c.lease_until, c.retry_at
+        -- The claimable rows, locked; one locked elsewhere is skipped.
+        SELECT c.period_key, c.state, c.attempt
           FROM scheduler_claims c JOIN asked a ON c.period_key = a.key
+         WHERE scheduler_claimable(c.state, c.lease_until, c.retry_at, a.manual, a.force)
          ORDER BY c.job COLLATE "C", c.period_key COLLATE "C"
            FOR UPDATE OF c SKIP LOCKED
     ), busy AS (
-        -- Live claims; a released one still holding its lease may still run.
-        SELECT c.job, count(*) AS n FROM scheduler_claims c
-         WHERE c.job = ANY(p_jobs) AND c.state IN ('running', 'released')
-           AND c.lease_until >= now()
-         GROUP BY c.job
+        -- Live claims; a released one still holding its lease may still
+        -- run. Two scans, each answered by its partial index.
+        SELECT l.job, count(*) AS n FROM (
+            SELECT c.job FROM scheduler_claims c
+             WHERE c.job IN (SELECT job FROM asked) AND c.state = 'running'
+               AND c.lease_until >= now()
+            UNION ALL
+            SELECT c.job FROM scheduler_claims c
+             WHERE c.job IN (SELECT job FROM asked) AND c.state = 'released'
+               AND c.lease_until >= now()
+        ) AS l GROUP BY l.job
     ), candidates AS (
-        SELECT a.*,
+        SELECT a.*, m.attempt AS locked_attempt,
                CASE WHEN a.manual THEN a.trigger
                     WHEN m.state IN ('running', 'released') THEN 'recovery'
                     WHEN m.state = 'failed' THEN 'retry'
                     ELSE a.trigger END AS new_trigger,
                row_number() OVER (PARTITION BY a.job ORDER BY a.key COLLATE "C") AS rank
           FROM asked a LEFT JOIN mine m ON m.period_key = a.key
-         WHERE CASE WHEN m.period_key IS NULL
-                    THEN NOT EXISTS (SELECT 1 FROM scheduler_claims c WHERE c.period_key = a.key)
-                    ELSE scheduler_claimable(m.state, m.lease_until, m.retry_at, a.manual, a.force)
-               END
+         -- A claimable row this call locked, or a new key.
+         WHERE m.period_key IS NOT NULL
+            OR NOT EXISTS (SELECT 1 FROM scheduler_claims c WHERE c.period_key = a.key)
     ), allowed AS (
         SELECT c.* FROM candidates c LEFT JOIN busy b ON b.job = c.job
          WHERE coalesce(b.n, 0) + c.rank <= c.concurrency
@@ -78,21 +109,22 @@ BEGIN
             (period_key, job, period, period_start, period_end, scheduled_at, state,
              attempt, failures, trigger, owner, lease_until, started_at)
         SELECT a.key, a.job, a.period, a.period_start, a.period_end, a.scheduled_at, 'running',
-               1, 0, a.new_trigger, p_owner, now() + p_lease_ms * interval '1 millisecond', now()
+               coalesce(a.locked_attempt, 0) + 1, 0, a.new_trigger, p_owner,
+               now() + p_lease_ms * interval '1 millisecond', now()
           FROM allowed a
          ORDER BY a.job COLLATE "C", a.key COLLATE "C"
         ON CONFLICT (period_key) DO UPDATE SET
             state = 'running',
-            attempt = c.attempt + 1,
+            attempt = excluded.attempt,
             trigger = excluded.trigger,
             owner = excluded.owner,
             lease_until = excluded.lease_until,
             retry_at = NULL,
             started_at = now(),
             finished_at = NULL
-        -- Only a row this call locked and found claimable; a key inserted
+        -- Only the row at the attempt this call locked: a key inserted
         -- meanwhile by anyone else is theirs.
-        WHERE EXISTS (SELECT 1 FROM mine WHERE mine.period_key = c.period_key)
+        WHERE c.attempt + 1 = excluded.attempt
         RETURNING c.*
     ), logged AS (
         INSERT INTO scheduler_attempts
@@ -112,12 +144,12 @@ BEGIN
            CASE WHEN w.period_key IS NOT NULL THEN w.lease_until ELSE c.lease_until END,
            CASE WHEN w.period_key IS NOT NULL THEN w.retry_at ELSE c.retry_at END,
            CASE WHEN w.period_key IS NOT NULL THEN w.finished_at ELSE c.finished_at END,
-           w.period_key IS NULL AND (c.period_key IS NULL
-               OR (EXISTS (SELECT 1 FROM mine WHERE mine.period_key = a.key)
-                   AND scheduler_claimable(c.state, c.lease_until, c.retry_at, a.manual, a.force))),
+           -- Not won but claimable: no concurrency slot was free.
+           w.period_key IS NULL AND (c.period_key IS NULL OR m.period_key IS NOT NULL),
            now()
       FROM asked a
       LEFT JOIN claimed w ON w.period_key = a.key
+      LEFT JOIN mine m ON m.period_key = a.key
       LEFT JOIN scheduler_claims c ON c.period_key = a.key;
 END
 $$;

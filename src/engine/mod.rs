@@ -37,7 +37,10 @@ pub const OUTPUT_TAIL: usize = 4096;
 
 /// How many keys one claiming statement takes at most: a burst is claimed
 /// in statements of this size, each a short transaction of its own.
-pub const CLAIM_BATCH: usize = 500;
+pub const CLAIM_BATCH: usize = 200;
+
+/// How many claiming statements of one burst run at once.
+const CLAIMS_AT_ONCE: usize = 4;
 
 /// How many `sql` periods one group runs in one transaction at most.
 pub const SQL_GROUP: usize = 100;
@@ -200,33 +203,48 @@ impl Engine {
         }
         let todo: Vec<usize> = (0..asks.len()).filter(|i| here[*i].is_some()).collect();
         let lease = self.heartbeats.lease();
-        let mut chunks: Vec<&[usize]> = todo.chunks(CLAIM_BATCH).collect();
+        let mut chunks: Vec<Vec<usize>> = todo.chunks(CLAIM_BATCH).map(<[usize]>::to_vec).collect();
         // Replicas claiming one burst start at different chunks, so they
         // claim different keys at first rather than queue on the same rows.
-        let start = start_chunk(&self.owner, chunks.len());
+        let start = start_at(&self.owner, chunks.len());
         chunks.rotate_left(start);
         let mut answers: Vec<Option<(Claim, Instant)>> = asks.iter().map(|_| None).collect();
-        for chunk in chunks {
-            let requests: Vec<ClaimRequest<'_>> = chunk
-                .iter()
-                .map(|i| asks[*i].request(&self.owner, lease))
-                .collect();
-            let sent = Instant::now();
-            match self.store.claim_many(&requests).await {
-                Ok(claims) => {
-                    for (i, claim) in chunk.iter().zip(claims) {
-                        answers[*i] = Some((claim, sent));
+        // Chunks are claimed side by side, a few at a time: they lock
+        // disjoint jobs, and a burst is claimed in the time of its slowest
+        // chunk rather than of all of them.
+        let mut chunks = chunks.into_iter();
+        let mut running = tokio::task::JoinSet::new();
+        let mut failure = None;
+        loop {
+            while failure.is_none() && running.len() < CLAIMS_AT_ONCE {
+                let Some(chunk) = chunks.next() else { break };
+                let mine: Vec<Ask> = chunk.iter().map(|i| asks[*i].clone()).collect();
+                let (store, owner) = (self.store.clone(), self.owner.clone());
+                running.spawn(async move {
+                    let requests: Vec<ClaimRequest<'_>> =
+                        mine.iter().map(|ask| ask.request(&owner, lease)).collect();
+                    let sent = Instant::now();
+                    (chunk, store.claim_many(&requests).await, sent)
+                });
+            }
+            let Some(done) = running.join_next().await else { break };
+            match done {
+                Ok((chunk, Ok(claims), sent)) => {
+                    for (i, claim) in chunk.into_iter().zip(claims) {
+                        answers[i] = Some((claim, sent));
                     }
                 }
-                Err(e) => {
-                    for (claim, _) in answers.into_iter().flatten() {
-                        if let Claim::Won(lease) = claim {
-                            let _ = self.store.release(&lease).await;
-                        }
-                    }
-                    return Err(e);
+                Ok((_, Err(e), _)) => failure = Some(e),
+                Err(e) => failure = Some(Error::Environment(e.into())),
+            }
+        }
+        if let Some(e) = failure {
+            for (claim, _) in answers.into_iter().flatten() {
+                if let Claim::Won(lease) = claim {
+                    let _ = self.store.release(&lease).await;
                 }
             }
+            return Err(e);
         }
         Ok(asks
             .iter()
@@ -297,8 +315,9 @@ impl Engine {
     }
 }
 
-/// Where in `n` chunks this owner starts claiming.
-fn start_chunk(owner: &str, n: usize) -> usize {
+/// Where in `n` chunks of one burst this owner starts claiming, so that
+/// replicas claim different keys first.
+pub fn start_at(owner: &str, n: usize) -> usize {
     if n < 2 {
         return 0;
     }

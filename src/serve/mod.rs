@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, Job, Missed, Settings};
 use crate::engine::due::{Due, due};
-use crate::engine::{Ask, Engine, Report, SQL_GROUP, Status, Taken};
+use crate::engine::{Ask, CLAIM_BATCH, Engine, Report, SQL_GROUP, Status, Taken};
 use crate::error::{Error, Outcome};
 use crate::period::PeriodKey;
 use crate::store::{Claim, Reclaimable, Store, Trigger};
@@ -371,18 +371,34 @@ impl Service {
             return;
         }
         self.running += units.len();
-        let slots: Vec<FreeOnDrop> = units
-            .iter()
-            .map(|_| FreeOnDrop(self.events.0.clone()))
-            .collect();
-        let batch = Batch {
-            engine: self.engine.clone(),
-            units,
-            slots,
-            stop_now: self.stop_now.subscribe(),
-            events: self.events.0.clone(),
-        };
-        tokio::spawn(batch.go());
+        // One batch per claiming statement, each running what it won as
+        // soon as it is claimed: the first periods of a burst start while
+        // the last are still being claimed. Replicas start at different
+        // batches, so they claim different keys first.
+        let mut batches: Vec<Batch> = Vec::new();
+        for unit in units {
+            let fits = batches.last().is_some_and(|b| {
+                b.units.iter().map(Vec::len).sum::<usize>() + unit.len() <= CLAIM_BATCH
+            });
+            if !fits {
+                batches.push(Batch {
+                    engine: self.engine.clone(),
+                    units: Vec::new(),
+                    slots: Vec::new(),
+                    stop_now: self.stop_now.subscribe(),
+                    events: self.events.0.clone(),
+                });
+            }
+            if let Some(batch) = batches.last_mut() {
+                batch.units.push(unit);
+                batch.slots.push(FreeOnDrop(self.events.0.clone()));
+            }
+        }
+        let start = crate::engine::start_at(self.engine.owner(), batches.len());
+        batches.rotate_left(start);
+        for batch in batches {
+            tokio::spawn(batch.go());
+        }
     }
 
     /// Re-reads jobs.toml and applies all of it, jobs and settings alike;

@@ -89,25 +89,36 @@ fn claim_of(row: &PgRow, key: &PeriodKey, label: &str) -> Result<Claim, sqlx::Er
     Ok(current.as_claim())
 }
 
-/// Records the outcome and the attempt row in one statement, fenced by the
-/// attempt (running, or released by `scheduler release` and not claimed
-/// since: finished work is kept rather than run again). The end is the
+/// Records outcomes and their attempt rows in one statement, each fenced
+/// by its attempt (running, or released by `scheduler release` and not
+/// claimed since: finished work is kept rather than run again). The rows
+/// are locked in the order claims and renewals lock them. The end is the
 /// clock at the write (`clock_timestamp()`), not the transaction's start:
 /// an `sql` action's statement runs before it.
 const RECORD: &str = "
-    WITH c AS (
-        UPDATE scheduler_claims
-           SET state = $3, finished_at = clock_timestamp(), lease_until = NULL,
-               failures = failures + $4,
-               retry_at = clock_timestamp() + $5 * interval '1 millisecond'
-         WHERE period_key = $1 AND attempt = $2 AND state IN ('running', 'released')
-     RETURNING period_key, attempt, finished_at)
+    WITH h AS (
+        SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::bigint[],
+                             $6::int[], $7::int[], $8::text[], $9::text[])
+            AS h(key, attempt, state, failed, retry_ms, exit_code, http_status, error, output)
+    ), mine AS (
+        SELECT c.period_key FROM scheduler_claims c JOIN h ON c.period_key = h.key
+         WHERE c.attempt = h.attempt AND c.state IN ('running', 'released')
+         ORDER BY c.job COLLATE \"C\", c.period_key COLLATE \"C\"
+           FOR NO KEY UPDATE OF c
+    ), c AS (
+        UPDATE scheduler_claims c
+           SET state = h.state, finished_at = clock_timestamp(), lease_until = NULL,
+               failures = c.failures + h.failed,
+               retry_at = clock_timestamp() + h.retry_ms * interval '1 millisecond'
+          FROM h JOIN mine ON mine.period_key = h.key
+         WHERE c.period_key = h.key
+     RETURNING c.period_key, c.attempt, c.finished_at)
     UPDATE scheduler_attempts a
-       SET outcome = $3, finished_at = c.finished_at, exit_code = $6, http_status = $7,
-           error = $8, output = $9
-      FROM c
+       SET outcome = h.state, finished_at = c.finished_at, exit_code = h.exit_code,
+           http_status = h.http_status, error = h.error, output = h.output
+      FROM c JOIN h ON h.key = c.period_key
      WHERE a.period_key = c.period_key AND a.attempt = c.attempt
-    RETURNING 1";
+    RETURNING a.period_key";
 
 impl PgStore {
     pub(super) async fn connect(url: &str) -> Result<PgStore, sqlx::Error> {
@@ -258,83 +269,68 @@ impl PgStore {
     ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
         let backend = std::sync::OnceLock::new();
         let work = async {
-            let mut tx = self.actions.begin().await?;
-            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                .fetch_one(&mut *tx)
-                .await?;
-            let _ = backend.set(pid);
-            let mut ends = Vec::with_capacity(runs.len());
-            for run in runs {
-                // Held until the commit: no takeover can change the attempt
-                // meanwhile, while renewals (no key update) pass.
-                let ours = sqlx::query(
-                    "SELECT 1 FROM scheduler_claims
-                      WHERE period_key = $1 AND attempt = $2 AND state IN ('running', 'released')
-                        FOR KEY SHARE",
-                )
-                .bind(run.lease.key.as_str())
-                .bind(run.lease.attempt)
-                .fetch_optional(&mut *tx)
-                .await?;
-                if ours.is_none() {
-                    ends.push(GroupedEnd::Moved);
-                    continue;
-                }
-                sqlx::query(&format!(
-                    "SET LOCAL statement_timeout = {}",
-                    run.timeout.map_or(0, |t| millis(t).max(1))
-                ))
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
-                let mut query = sqlx::query(run.statement);
-                for param in &run.params {
-                    query = query.bind(param.clone());
-                }
-                match query.execute(&mut *tx).await {
-                    Ok(_) => ends.push(GroupedEnd::Succeeded),
-                    Err(_) if *limits.cancel.borrow() => return Ok(None),
-                    Err(e) => {
-                        sqlx::query("ROLLBACK TO SAVEPOINT period")
-                            .execute(&mut *tx)
-                            .await?;
-                        ends.push(GroupedEnd::Failed(e.to_string()));
+            // What is known already: a failing statement found by a pass.
+            let mut failed: Vec<Option<String>> = vec![None; runs.len()];
+            let mut careful = false;
+            loop {
+                let mut tx = self.actions.begin().await?;
+                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let _ = backend.get_or_init(|| pid);
+                let ours = lock_group(&mut tx, runs).await?;
+                let mut ends = Vec::with_capacity(runs.len());
+                match run_pass(&mut tx, runs, &ours, &failed, careful, limits, &mut ends).await? {
+                    Pass::Done => {}
+                    Pass::Stopped => return Ok(None),
+                    // Statements run without savepoints first (one round
+                    // trip each); one that fails rolls the pass back, and
+                    // the group runs again with a savepoint per statement.
+                    Pass::FailedAt(i, error) => {
+                        tx.rollback().await?;
+                        failed[i] = Some(error);
+                        careful = true;
+                        continue;
                     }
                 }
-                sqlx::query("RELEASE SAVEPOINT period")
+                sqlx::query("SET LOCAL statement_timeout = '30s'")
                     .execute(&mut *tx)
                     .await?;
-            }
-            sqlx::query("SET LOCAL statement_timeout = '30s'")
-                .execute(&mut *tx)
-                .await?;
-            let succeeded = Finish {
-                succeeded: true,
-                ..Finish::default()
-            };
-            for (run, end) in runs.iter().zip(&mut ends) {
-                let recorded = match end {
-                    GroupedEnd::Succeeded => record(&mut tx, run.lease, &succeeded).await?,
-                    GroupedEnd::Failed(error) => {
-                        let failure = Finish {
+                let succeeded = Finish {
+                    succeeded: true,
+                    ..Finish::default()
+                };
+                let failures: Vec<Finish> = runs
+                    .iter()
+                    .zip(&ends)
+                    .map(|(run, end)| match end {
+                        GroupedEnd::Failed(error) => Finish {
                             error: Some(format!("SQL failed: {error}")),
                             ..run.failure.clone()
-                        };
-                        record(&mut tx, run.lease, &failure).await?
-                    }
-                    GroupedEnd::Moved | GroupedEnd::NotStarted => continue,
-                };
-                if !recorded {
-                    // Cannot happen under the key share lock; if it did, the
-                    // statement must not commit without its outcome.
-                    return Err(sqlx::Error::Protocol(format!(
-                        "the claim of {} moved on inside its group",
-                        run.lease.key
-                    )));
+                        },
+                        _ => Finish::default(),
+                    })
+                    .collect();
+                let outcomes: Vec<(&Lease, &Finish)> = runs
+                    .iter()
+                    .zip(&ends)
+                    .zip(&failures)
+                    .filter_map(|((run, end), failure)| match end {
+                        GroupedEnd::Succeeded => Some((run.lease, &succeeded)),
+                        GroupedEnd::Failed(_) => Some((run.lease, failure)),
+                        GroupedEnd::Moved | GroupedEnd::NotStarted => None,
+                    })
+                    .collect();
+                if record_many(&mut tx, &outcomes).await? != outcomes.len() {
+                    // Cannot happen under the key share locks; if it did, no
+                    // statement may commit without its outcome.
+                    return Err(sqlx::Error::Protocol(
+                        "a claim moved on inside its sql group".into(),
+                    ));
                 }
+                tx.commit().await?;
+                return Ok(Some(ends));
             }
-            tx.commit().await?;
-            Ok(Some(ends))
         };
         tokio::pin!(work);
         tokio::select! {
@@ -596,18 +592,131 @@ async fn record(
     lease: &Lease,
     f: &Finish,
 ) -> Result<bool, sqlx::Error> {
-    let state = if f.succeeded { "succeeded" } else { "failed" };
-    let row = sqlx::query(RECORD)
-        .bind(lease.key.as_str())
-        .bind(lease.attempt)
-        .bind(state)
-        .bind(i32::from(!f.succeeded))
-        .bind(f.retry_after.map(millis))
-        .bind(f.exit_code)
-        .bind(f.http_status)
-        .bind(&f.error)
-        .bind(&f.output)
-        .fetch_optional(conn)
+    Ok(record_many(conn, &[(lease, f)]).await? == 1)
+}
+
+/// Writes outcomes with [`RECORD`]; how many were still at their attempt.
+async fn record_many(
+    conn: &mut sqlx::PgConnection,
+    outcomes: &[(&Lease, &Finish)],
+) -> Result<usize, sqlx::Error> {
+    let keys: Vec<&str> = outcomes.iter().map(|(l, _)| l.key.as_str()).collect();
+    let attempts: Vec<i32> = outcomes.iter().map(|(l, _)| l.attempt).collect();
+    let states: Vec<&str> = outcomes
+        .iter()
+        .map(|(_, f)| if f.succeeded { "succeeded" } else { "failed" })
+        .collect();
+    let failed: Vec<i32> = outcomes.iter().map(|(_, f)| i32::from(!f.succeeded)).collect();
+    let retry: Vec<Option<i64>> = outcomes.iter().map(|(_, f)| f.retry_after.map(millis)).collect();
+    let exit_codes: Vec<Option<i32>> = outcomes.iter().map(|(_, f)| f.exit_code).collect();
+    let statuses: Vec<Option<i32>> = outcomes.iter().map(|(_, f)| f.http_status).collect();
+    let errors: Vec<Option<&str>> = outcomes.iter().map(|(_, f)| f.error.as_deref()).collect();
+    let output: Vec<Option<&str>> = outcomes.iter().map(|(_, f)| f.output.as_deref()).collect();
+    let rows = sqlx::query(RECORD)
+        .bind(&keys)
+        .bind(&attempts)
+        .bind(&states)
+        .bind(&failed)
+        .bind(&retry)
+        .bind(&exit_codes)
+        .bind(&statuses)
+        .bind(&errors)
+        .bind(&output)
+        .fetch_all(conn)
         .await?;
-    Ok(row.is_some())
+    Ok(rows.len())
+}
+
+/// Takes a key share lock on every claim of the group still at its
+/// attempt, in one statement: held until the commit, so no takeover can
+/// change an attempt meanwhile, while renewals (no key update) pass. The
+/// keys it holds.
+async fn lock_group(
+    tx: &mut sqlx::PgConnection,
+    runs: &[GroupedSql<'_>],
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+    let keys: Vec<&str> = runs.iter().map(|r| r.lease.key.as_str()).collect();
+    let attempts: Vec<i32> = runs.iter().map(|r| r.lease.attempt).collect();
+    let ours: Vec<String> = sqlx::query_scalar(
+        "SELECT c.period_key FROM scheduler_claims c
+           JOIN unnest($1::text[], $2::int[]) AS h(key, attempt)
+             ON c.period_key = h.key AND c.attempt = h.attempt
+          WHERE c.state IN ('running', 'released')
+          ORDER BY c.job COLLATE \"C\", c.period_key COLLATE \"C\"
+            FOR KEY SHARE OF c",
+    )
+    .bind(&keys)
+    .bind(&attempts)
+    .fetch_all(tx)
+    .await?;
+    Ok(ours.into_iter().collect())
+}
+
+/// How one pass over a group's statements went.
+enum Pass {
+    /// Every statement ran; `ends` says how.
+    Done,
+    /// Stopped through the cancel.
+    Stopped,
+    /// Statement `i` failed outside a savepoint: the transaction is lost.
+    FailedAt(usize, String),
+}
+
+/// Runs the group's statements once, in `tx`. `careful`: each in a
+/// savepoint of its own, so a failure is rolled back alone.
+async fn run_pass(
+    tx: &mut sqlx::PgConnection,
+    runs: &[GroupedSql<'_>],
+    ours: &std::collections::HashSet<String>,
+    failed: &[Option<String>],
+    careful: bool,
+    limits: &SqlLimits,
+    ends: &mut Vec<GroupedEnd>,
+) -> Result<Pass, sqlx::Error> {
+    // The actions pool's connections start without a statement timeout.
+    let mut timeout = None;
+    for (i, run) in runs.iter().enumerate() {
+        if !ours.contains(run.lease.key.as_str()) {
+            ends.push(GroupedEnd::Moved);
+            continue;
+        }
+        if let Some(error) = &failed[i] {
+            ends.push(GroupedEnd::Failed(error.clone()));
+            continue;
+        }
+        if run.timeout != timeout {
+            timeout = run.timeout;
+            // A number this code computed, never text from a user.
+            sqlx::query(&format!(
+                "SET LOCAL statement_timeout = {}",
+                timeout.map_or(0, |t| millis(t).max(1))
+            ))
+            .execute(&mut *tx)
+            .await?;
+        }
+        if careful {
+            sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
+        }
+        let mut query = sqlx::query(run.statement);
+        for param in &run.params {
+            query = query.bind(param.clone());
+        }
+        match query.execute(&mut *tx).await {
+            Ok(_) => ends.push(GroupedEnd::Succeeded),
+            Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
+            Err(e) if !careful => return Ok(Pass::FailedAt(i, e.to_string())),
+            Err(e) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT period")
+                    .execute(&mut *tx)
+                    .await?;
+                ends.push(GroupedEnd::Failed(e.to_string()));
+            }
+        }
+        if careful {
+            sqlx::query("RELEASE SAVEPOINT period")
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    Ok(Pass::Done)
 }
