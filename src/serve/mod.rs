@@ -288,18 +288,7 @@ impl Service {
             Event::Done(name) => self.release_waiting(&name, 1),
             Event::Free => {
                 self.running -= 1;
-                self.take_backlog();
             }
-        }
-    }
-
-    /// Dispatches backlogged fires while slots are free.
-    fn take_backlog(&mut self) {
-        let now = Utc::now();
-        while self.running + self.pending.len() < self.settings.max_running
-            && let Some((job, due)) = self.backlog.pop_front()
-        {
-            self.dispatch(job, due, now);
         }
     }
 
@@ -345,13 +334,23 @@ impl Service {
     /// `command` or `http` job takes a slot, a group of up to [`SQL_GROUP`]
     /// `sql` periods one slot together. The rest waits in the backlog.
     fn flush(&mut self) {
-        if self.pending.is_empty() {
+        if self.running >= self.settings.max_running {
+            self.backlog.extend(self.pending.drain(..));
+            return;
+        }
+        if self.pending.is_empty() && self.backlog.is_empty() {
             return;
         }
         let mut units: Vec<Vec<Ask>> = Vec::new();
         let mut sql = None;
-        let mut pending = std::mem::take(&mut self.pending).into_iter();
+        // The backlog holds older fires: it goes first.
+        let mut backlog = std::mem::take(&mut self.backlog);
+        backlog.extend(self.pending.drain(..));
+        let mut pending = backlog.into_iter();
         for (job, due) in pending.by_ref() {
+            if self.paused.contains(&job.name) {
+                continue;
+            }
             let ask = Ask::scheduled(job, due);
             if let Some(i) = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP) {
                 units[i].push(ask);
@@ -428,7 +427,6 @@ impl Service {
         self.engine.set_lease(config.settings.lease);
         crate::serve::server::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
         self.settings = config.settings;
-        self.take_backlog();
         tracing::info!(
             jobs = self.jobs.len(),
             lease = %humantime::format_duration(self.settings.lease),
