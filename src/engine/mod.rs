@@ -227,7 +227,9 @@ impl Engine {
                     (chunk, store.claim_many(&requests).await, sent)
                 });
             }
-            let Some(done) = running.join_next().await else { break };
+            let Some(done) = running.join_next().await else {
+                break;
+            };
             match done {
                 Ok((chunk, Ok(claims), sent)) => {
                     for (i, claim) in chunk.into_iter().zip(claims) {

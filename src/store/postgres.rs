@@ -606,8 +606,14 @@ async fn record_many(
         .iter()
         .map(|(_, f)| if f.succeeded { "succeeded" } else { "failed" })
         .collect();
-    let failed: Vec<i32> = outcomes.iter().map(|(_, f)| i32::from(!f.succeeded)).collect();
-    let retry: Vec<Option<i64>> = outcomes.iter().map(|(_, f)| f.retry_after.map(millis)).collect();
+    let failed: Vec<i32> = outcomes
+        .iter()
+        .map(|(_, f)| i32::from(!f.succeeded))
+        .collect();
+    let retry: Vec<Option<i64>> = outcomes
+        .iter()
+        .map(|(_, f)| f.retry_after.map(millis))
+        .collect();
     let exit_codes: Vec<Option<i32>> = outcomes.iter().map(|(_, f)| f.exit_code).collect();
     let statuses: Vec<Option<i32>> = outcomes.iter().map(|(_, f)| f.http_status).collect();
     let errors: Vec<Option<&str>> = outcomes.iter().map(|(_, f)| f.error.as_deref()).collect();
