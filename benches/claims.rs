@@ -1,7 +1,8 @@
 //! Figures for claiming: in-process claim + complete of a no-op run next to
 //! a raw loop of the two minimal statements (insert-on-conflict, update), on
-//! SQLite and PostgreSQL in the same run; and `scheduler run --from --to`
-//! over 1,000 periods of /bin/true. Run with `cargo bench --bench claims`
+//! SQLite and PostgreSQL in the same run; `scheduler run --from --to` over
+//! 1,000 periods of /bin/true and over 10,000 of a no-op `sql` job, next to
+//! the batched-claim limit (a bare insert of 100 keys per commit). Run with `cargo bench --bench claims`
 //! (PostgreSQL from SCHEDULER_TEST_DATABASE_URL, default the local server).
 
 mod support;
@@ -144,6 +145,100 @@ fn backfill(url: &str) {
     );
 }
 
+/// `run --from --to` over 10,000 periods of a no-op `sql` job that may run
+/// 100 periods at once: claimed 100 per statement, run as groups.
+fn backfill_sql(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("jobs.toml"),
+        "[[job]]\nname = \"rollup\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nconcurrency = 100\nsql = { statement = \"SELECT 1\" }\n",
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_scheduler"))
+        .args([
+            "-q",
+            "--database-url",
+            url,
+            "run",
+            "rollup",
+            "--from",
+            "2026-01-01T00:00",
+            "--to",
+            "2026-01-07T22:39",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = String::from_utf8_lossy(&out.stdout)
+        .matches("succeeded")
+        .count();
+    assert_eq!(done, 10_000);
+    println!(
+        "  run --from --to, 10,000 periods of a no-op sql job (concurrency 100): {secs:.2}s = {:.0} periods/s",
+        10_000.0 / secs
+    );
+}
+
+/// The batched-claim limit: 10,000 keys claimed 100 per statement by a
+/// bare `INSERT … SELECT … ON CONFLICT DO NOTHING`, one commit each.
+async fn raw_batched_postgres(url: &str) -> f64 {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS raw_batch (k TEXT PRIMARY KEY, state TEXT, n INT)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for chunk in 0..100 {
+        let keys: Vec<String> = (0..100).map(|i| format!("k{chunk}-{i}")).collect();
+        sqlx::query(
+            "INSERT INTO raw_batch SELECT k, 'running', 1 FROM unnest($1::text[]) AS k
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&keys)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    10_000.0 / started.elapsed().as_secs_f64()
+}
+
+/// The same on SQLite: 100 single-row upserts per transaction.
+async fn raw_batched_sqlite(url: &str) -> f64 {
+    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+    sqlx::query("PRAGMA journal_mode = WAL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("PRAGMA synchronous = FULL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS raw_batch (k TEXT PRIMARY KEY, state TEXT, n INT)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for chunk in 0..100 {
+        let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+        for i in 0..100 {
+            sqlx::query("INSERT INTO raw_batch VALUES (?1, 'running', 1) ON CONFLICT DO NOTHING")
+                .bind(format!("k{chunk}-{i}"))
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    10_000.0 / started.elapsed().as_secs_f64()
+}
+
 #[tokio::main]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -164,6 +259,18 @@ async fn main() {
         "sqlite://{}",
         dir.path().join("backfill.db").display()
     ));
+    backfill_sql(&format!(
+        "sqlite://{}",
+        dir.path().join("backfill_sql.db").display()
+    ));
+    let raw_batch = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("raw_batch.db").display()
+    );
+    println!(
+        "  batched-claim limit (100 keys per transaction): {:.0} claims/s",
+        raw_batched_sqlite(&raw_batch).await
+    );
 
     let admin = admin_url();
     let (Some(ours_url), Some(raw_url), Some(backfill_url)) = (
@@ -186,4 +293,11 @@ async fn main() {
         ours / baseline
     );
     backfill(&backfill_url);
+    if let Some(url) = postgres_database("scheduler_bench_backfill_sql").await {
+        backfill_sql(&url);
+    }
+    println!(
+        "  batched-claim limit (100 keys per statement): {:.0} claims/s",
+        raw_batched_postgres(&raw_url).await
+    );
 }

@@ -513,6 +513,30 @@ pub enum GroupedEnd {
     NotStarted,
 }
 
+/// What a group records: each success, and each failure with its error.
+fn group_outcomes<'a>(runs: &[GroupedSql<'a>], ends: &[GroupedEnd]) -> Vec<(&'a Lease, Finish)> {
+    runs.iter()
+        .zip(ends)
+        .filter_map(|(run, end)| match end {
+            GroupedEnd::Succeeded => Some((
+                run.lease,
+                Finish {
+                    succeeded: true,
+                    ..Finish::default()
+                },
+            )),
+            GroupedEnd::Failed(error) => Some((
+                run.lease,
+                Finish {
+                    error: Some(format!("SQL failed: {error}")),
+                    ..run.failure.clone()
+                },
+            )),
+            GroupedEnd::Moved | GroupedEnd::NotStarted => None,
+        })
+        .collect()
+}
+
 /// The bounds of an `sql` action's statement.
 #[derive(Debug)]
 pub struct SqlLimits {

@@ -296,31 +296,7 @@ impl PgStore {
                 sqlx::query("SET LOCAL statement_timeout = '30s'")
                     .execute(&mut *tx)
                     .await?;
-                let succeeded = Finish {
-                    succeeded: true,
-                    ..Finish::default()
-                };
-                let failures: Vec<Finish> = runs
-                    .iter()
-                    .zip(&ends)
-                    .map(|(run, end)| match end {
-                        GroupedEnd::Failed(error) => Finish {
-                            error: Some(format!("SQL failed: {error}")),
-                            ..run.failure.clone()
-                        },
-                        _ => Finish::default(),
-                    })
-                    .collect();
-                let outcomes: Vec<(&Lease, &Finish)> = runs
-                    .iter()
-                    .zip(&ends)
-                    .zip(&failures)
-                    .filter_map(|((run, end), failure)| match end {
-                        GroupedEnd::Succeeded => Some((run.lease, &succeeded)),
-                        GroupedEnd::Failed(_) => Some((run.lease, failure)),
-                        GroupedEnd::Moved | GroupedEnd::NotStarted => None,
-                    })
-                    .collect();
+                let outcomes = super::group_outcomes(runs, &ends);
                 if record_many(&mut tx, &outcomes).await? != outcomes.len() {
                     // Cannot happen under the key share locks; if it did, no
                     // statement may commit without its outcome.
@@ -592,13 +568,13 @@ async fn record(
     lease: &Lease,
     f: &Finish,
 ) -> Result<bool, sqlx::Error> {
-    Ok(record_many(conn, &[(lease, f)]).await? == 1)
+    Ok(record_many(conn, &[(lease, f.clone())]).await? == 1)
 }
 
 /// Writes outcomes with [`RECORD`]; how many were still at their attempt.
 async fn record_many(
     conn: &mut sqlx::PgConnection,
-    outcomes: &[(&Lease, &Finish)],
+    outcomes: &[(&Lease, Finish)],
 ) -> Result<usize, sqlx::Error> {
     let keys: Vec<&str> = outcomes.iter().map(|(l, _)| l.key.as_str()).collect();
     let attempts: Vec<i32> = outcomes.iter().map(|(l, _)| l.attempt).collect();

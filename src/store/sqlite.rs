@@ -191,88 +191,88 @@ impl SqliteStore {
                 !(over || *cancel.borrow())
             });
         let result = async {
-            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-            let mut ends = Vec::with_capacity(runs.len());
-            for run in runs {
-                let now = std::time::Instant::now();
-                if now >= budget {
-                    ends.push(GroupedEnd::NotStarted);
-                    continue;
-                }
-                let ours = sqlx::query(
-                    "SELECT 1 FROM scheduler_claims
-                      WHERE period_key = ?1 AND attempt = ?2 AND state IN ('running', 'released')",
-                )
-                .bind(run.lease.key.as_str())
-                .bind(run.lease.attempt)
-                .fetch_optional(&mut *tx)
-                .await?;
-                if ours.is_none() {
-                    ends.push(GroupedEnd::Moved);
-                    continue;
-                }
-                let bound = run
-                    .timeout
-                    .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
-                let until = (now + bound).min(budget);
-                let micros = until.duration_since(started).as_micros().max(1);
-                deadline.store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
-                sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
-                let mut query = sqlx::query(run.statement);
-                for param in &run.params {
-                    query = query.bind(param.clone());
-                }
-                let done = query.execute(&mut *tx).await;
-                deadline.store(0, Ordering::SeqCst);
-                match done {
-                    Ok(_) => ends.push(GroupedEnd::Succeeded),
-                    Err(_) if limits.cancel.borrow().to_owned() => return Ok(None),
-                    Err(e) => {
-                        sqlx::query("ROLLBACK TO SAVEPOINT period")
+            // A failing statement found by a pass: the group runs again,
+            // with a savepoint per statement (the first pass has none: one
+            // statement per period).
+            let mut failed: Vec<Option<String>> = vec![None; runs.len()];
+            let mut careful = false;
+            'pass: loop {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                let ours = owned(&mut tx, runs).await?;
+                let mut ends = Vec::with_capacity(runs.len());
+                for (i, run) in runs.iter().enumerate() {
+                    let now = std::time::Instant::now();
+                    if !ours.contains(run.lease.key.as_str()) {
+                        ends.push(GroupedEnd::Moved);
+                        continue;
+                    }
+                    if let Some(error) = &failed[i] {
+                        ends.push(GroupedEnd::Failed(error.clone()));
+                        continue;
+                    }
+                    if now >= budget {
+                        ends.push(GroupedEnd::NotStarted);
+                        continue;
+                    }
+                    let bound = run
+                        .timeout
+                        .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
+                    let until = (now + bound).min(budget);
+                    let micros = until.duration_since(started).as_micros().max(1);
+                    deadline.store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
+                    if careful {
+                        sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
+                    }
+                    let mut query = sqlx::query(run.statement);
+                    for param in &run.params {
+                        query = query.bind(param.clone());
+                    }
+                    let done = query.execute(&mut *tx).await;
+                    deadline.store(0, Ordering::SeqCst);
+                    let error = match done {
+                        Ok(_) => {
+                            ends.push(GroupedEnd::Succeeded);
+                            None
+                        }
+                        Err(_) if limits.cancel.borrow().to_owned() => return Ok(None),
+                        Err(_) if expired.load(Ordering::SeqCst) => Some(format!(
+                            "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
+                            humantime::format_duration(bound)
+                        )),
+                        Err(e) => Some(e.to_string()),
+                    };
+                    match error {
+                        Some(error) if !careful => {
+                            tx.rollback().await?;
+                            failed[i] = Some(error);
+                            careful = true;
+                            continue 'pass;
+                        }
+                        Some(error) => {
+                            sqlx::query("ROLLBACK TO SAVEPOINT period")
+                                .execute(&mut *tx)
+                                .await?;
+                            ends.push(GroupedEnd::Failed(error));
+                        }
+                        None => {}
+                    }
+                    if careful {
+                        sqlx::query("RELEASE SAVEPOINT period")
                             .execute(&mut *tx)
                             .await?;
-                        let error = if expired.load(Ordering::SeqCst) {
-                            format!(
-                                "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
-                                humantime::format_duration(bound)
-                            )
-                        } else {
-                            e.to_string()
-                        };
-                        ends.push(GroupedEnd::Failed(error));
                     }
                 }
-                sqlx::query("RELEASE SAVEPOINT period")
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let succeeded = Finish {
-                succeeded: true,
-                ..Finish::default()
-            };
-            for (run, end) in runs.iter().zip(&ends) {
-                let recorded = match end {
-                    GroupedEnd::Succeeded => record(&mut tx, run.lease, &succeeded).await?,
-                    GroupedEnd::Failed(error) => {
-                        let failure = Finish {
-                            error: Some(format!("SQL failed: {error}")),
-                            ..run.failure.clone()
-                        };
-                        record(&mut tx, run.lease, &failure).await?
-                    }
-                    GroupedEnd::Moved | GroupedEnd::NotStarted => continue,
-                };
-                if !recorded {
+                let outcomes = super::group_outcomes(runs, &ends);
+                if record_many(&mut tx, &outcomes).await? != outcomes.len() {
                     // Cannot happen while this group holds the writer; if it
-                    // did, the statement must not commit without its outcome.
-                    return Err(sqlx::Error::Protocol(format!(
-                        "the claim of {} moved on inside its group",
-                        run.lease.key
-                    )));
+                    // did, no statement may commit without its outcome.
+                    return Err(sqlx::Error::Protocol(
+                        "a claim moved on inside its sql group".into(),
+                    ));
                 }
+                tx.commit().await?;
+                return Ok(Some(ends));
             }
-            tx.commit().await?;
-            Ok(Some(ends))
         }
         .await;
         conn.lock_handle().await?.remove_progress_handler();
@@ -640,27 +640,56 @@ async fn record(
     lease: &Lease,
     f: &Finish,
 ) -> Result<bool, sqlx::Error> {
-    let outcome = if f.succeeded { "succeeded" } else { "failed" };
+    Ok(record_many(conn, &[(lease, f.clone())]).await? == 1)
+}
+
+/// Writes outcomes in one statement, each only if its claim is still at
+/// that attempt (running, or released by `scheduler release` and not
+/// claimed since); the trigger `scheduler_attempts_outcome` settles each
+/// claim in the same statement. How many were written.
+async fn record_many(
+    conn: &mut sqlx::SqliteConnection,
+    outcomes: &[(&Lease, Finish)],
+) -> Result<usize, sqlx::Error> {
+    if outcomes.is_empty() {
+        return Ok(0);
+    }
+    let rows: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|(lease, f)| {
+            serde_json::json!([
+                lease.key.as_str(),
+                lease.attempt,
+                if f.succeeded { "succeeded" } else { "failed" },
+                f.exit_code,
+                f.http_status,
+                f.error,
+                f.output,
+                f.retry_after.map(|d| d.as_millis() as i64),
+            ])
+        })
+        .collect();
+    let rows = serde_json::Value::Array(rows).to_string();
     let done = sqlx::query(&format!(
         "UPDATE scheduler_attempts
-            SET outcome = ?3, finished_at = {NOW}, exit_code = ?4, http_status = ?5,
-                error = ?6, output = ?7, retry_after = ?8
-          WHERE period_key = ?1 AND attempt = ?2 AND outcome IN ('running', 'released')
-            AND EXISTS (SELECT 1 FROM scheduler_claims
-                         WHERE period_key = ?1 AND attempt = ?2
-                           AND state IN ('running', 'released'))"
+            SET outcome = h.outcome, finished_at = {NOW}, exit_code = h.exit_code,
+                http_status = h.http_status, error = h.error, output = h.output,
+                retry_after = h.retry_after
+           FROM (SELECT json_extract(value, '$[0]') AS key, json_extract(value, '$[1]') AS attempt,
+                        json_extract(value, '$[2]') AS outcome, json_extract(value, '$[3]') AS exit_code,
+                        json_extract(value, '$[4]') AS http_status, json_extract(value, '$[5]') AS error,
+                        json_extract(value, '$[6]') AS output, json_extract(value, '$[7]') AS retry_after
+                   FROM json_each(?1)) AS h
+          WHERE scheduler_attempts.period_key = h.key AND scheduler_attempts.attempt = h.attempt
+            AND scheduler_attempts.outcome IN ('running', 'released')
+            AND EXISTS (SELECT 1 FROM scheduler_claims c
+                         WHERE c.period_key = h.key AND c.attempt = h.attempt
+                           AND c.state IN ('running', 'released'))"
     ))
-    .bind(lease.key.as_str())
-    .bind(lease.attempt)
-    .bind(outcome)
-    .bind(f.exit_code)
-    .bind(f.http_status)
-    .bind(&f.error)
-    .bind(&f.output)
-    .bind(f.retry_after.map(|d| d.as_millis() as i64))
+    .bind(rows)
     .execute(conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(done.rows_affected() as usize)
 }
 
 async fn mark_attempt(
@@ -679,4 +708,28 @@ async fn mark_attempt(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// The keys of `runs` whose claims are still at their attempts, in one
+/// statement.
+async fn owned(
+    tx: &mut sqlx::SqliteConnection,
+    runs: &[GroupedSql<'_>],
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+    let pairs: Vec<(&str, i32)> = runs
+        .iter()
+        .map(|r| (r.lease.key.as_str(), r.lease.attempt))
+        .collect();
+    let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT c.period_key FROM scheduler_claims c
+           JOIN json_each(?1) AS h
+             ON c.period_key = json_extract(h.value, '$[0]')
+            AND c.attempt = json_extract(h.value, '$[1]')
+          WHERE c.state IN ('running', 'released')",
+    )
+    .bind(pairs)
+    .fetch_all(tx)
+    .await?;
+    Ok(keys.into_iter().collect())
 }
