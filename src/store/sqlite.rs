@@ -554,7 +554,10 @@ fn claimable(manual: &str, force: &str) -> String {
 /// The claim of one key, inside a write transaction. The attempt row is
 /// written by the trigger `scheduler_claims_attempt_*`. The concurrency
 /// count gates the row the upsert inserts: with no free slot there is no
-/// row, so no insert and no takeover either.
+/// row, so no insert and no takeover either. The counts name their partial
+/// indexes: without statistics SQLite would count the released claims
+/// through the job's index, every claim of the job, which grows with
+/// history.
 async fn claim(
     tx: &mut Transaction<'static, Sqlite>,
     r: &ClaimRequest<'_>,
@@ -565,10 +568,10 @@ async fn claim(
                 (period_key, job, period, period_start, period_end, scheduled_at, state, attempt,
                  failures, trigger, owner, lease_until, started_at)
              SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
-              WHERE (SELECT count(*) FROM scheduler_claims
+              WHERE (SELECT count(*) FROM scheduler_claims INDEXED BY scheduler_claims_running
                       WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
                         AND period_key <> ?1)
-                  + (SELECT count(*) FROM scheduler_claims
+                  + (SELECT count(*) FROM scheduler_claims INDEXED BY scheduler_claims_released
                       WHERE job = ?2 AND state = 'released' AND lease_until >= {NOW}
                         AND period_key <> ?1) < ?11
              ON CONFLICT (period_key) DO UPDATE SET
