@@ -106,26 +106,15 @@ async fn raw_postgres(url: &str) -> f64 {
     RUNS as f64 / started.elapsed().as_secs_f64()
 }
 
-fn backfill(url: &str) {
+/// `scheduler run JOB --from 2026-01-01T00:00 --to TO` of job `job` in
+/// `toml`; prints `periods` over the time taken.
+fn backfill(url: &str, toml: &str, job: &str, to: &str, periods: usize, what: &str) {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("jobs.toml"),
-        "[[job]]\nname = \"sync\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"/bin/true\"]\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("jobs.toml"), toml).unwrap();
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_scheduler"))
-        .args([
-            "-q",
-            "--database-url",
-            url,
-            "run",
-            "sync",
-            "--from",
-            "2026-01-01T00:00",
-            "--to",
-            "2026-01-01T16:39",
-        ])
+        .args(["-q", "--database-url", url, "run", job])
+        .args(["--from", "2026-01-01T00:00", "--to", to])
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -138,51 +127,29 @@ fn backfill(url: &str) {
     let done = String::from_utf8_lossy(&out.stdout)
         .matches("succeeded")
         .count();
-    assert_eq!(done, 1000);
+    assert_eq!(done, periods);
     println!(
-        "  run --from --to, 1,000 periods of /bin/true: {secs:.2}s = {:.0} periods/s",
-        1000.0 / secs
+        "  run --from --to, {periods} periods of {what}: {secs:.2}s = {:.0} periods/s",
+        periods as f64 / secs
     );
 }
 
-/// `run --from --to` over 10,000 periods of a no-op `sql` job that may run
-/// 100 periods at once: claimed 100 per statement, run as groups.
+/// 1,000 periods of `/bin/true`, one at a time (`concurrency = 1`).
+fn backfill_true(url: &str) {
+    let toml = "[[job]]\nname = \"sync\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"/bin/true\"]\n";
+    backfill(url, toml, "sync", "2026-01-01T16:39", 1_000, "/bin/true");
+}
+
+/// 10,000 periods of a no-op `sql` job that may run 100 at once: claimed
+/// 100 per statement, run as groups.
 fn backfill_sql(url: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("jobs.toml"),
-        "[[job]]\nname = \"rollup\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nconcurrency = 100\nsql = { statement = \"SELECT 1\" }\n",
-    )
-    .unwrap();
-    let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_scheduler"))
-        .args([
-            "-q",
-            "--database-url",
-            url,
-            "run",
-            "rollup",
-            "--from",
-            "2026-01-01T00:00",
-            "--to",
-            "2026-01-07T22:39",
-        ])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let secs = started.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let done = String::from_utf8_lossy(&out.stdout)
-        .matches("succeeded")
-        .count();
-    assert_eq!(done, 10_000);
-    println!(
-        "  run --from --to, 10,000 periods of a no-op sql job (concurrency 100): {secs:.2}s = {:.0} periods/s",
-        10_000.0 / secs
+    let toml = "[[job]]\nname = \"rollup\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nconcurrency = 100\nsql = { statement = \"SELECT 1\" }\n";
+    backfill(
+        url,
+        toml,
+        "2026-01-07T22:39",
+        10_000,
+        "a no-op sql job (concurrency 100)",
     );
 }
 
@@ -255,7 +222,7 @@ async fn main() {
         "  claim + complete: {ours:.0} runs/s; raw two statements: {baseline:.0} runs/s; ratio {:.2}",
         ours / baseline
     );
-    backfill(&format!(
+    backfill_true(&format!(
         "sqlite://{}",
         dir.path().join("backfill.db").display()
     ));
@@ -292,7 +259,7 @@ async fn main() {
         "  claim + complete: {ours:.0} runs/s; raw two statements: {baseline:.0} runs/s; ratio {:.2}",
         ours / baseline
     );
-    backfill(&backfill_url);
+    backfill_true(&backfill_url);
     if let Some(url) = postgres_database("scheduler_bench_backfill_sql").await {
         backfill_sql(&url);
     }

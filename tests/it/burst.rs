@@ -7,38 +7,9 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 
 use crate::serve::{serve, stop};
-use crate::support::{Workspace, databases};
+use crate::support::{Workspace, count, databases};
 
 const JOBS: usize = 500;
-
-/// Runs one statement against the test's database; its one number, if any.
-fn query(url: &str, sql: &str) -> i64 {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        use sqlx::Connection;
-        if url.starts_with("sqlite:") {
-            let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
-            let mut conn = sqlx::SqliteConnection::connect_with(&options.create_if_missing(true))
-                .await
-                .unwrap();
-            let row: Option<i64> = sqlx::query_scalar(sql)
-                .fetch_optional(&mut conn)
-                .await
-                .unwrap();
-            row.unwrap_or(0)
-        } else {
-            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-            let row: Option<i64> = sqlx::query_scalar(sql)
-                .fetch_optional(&mut conn)
-                .await
-                .unwrap();
-            row.unwrap_or(0)
-        }
-    })
-}
 
 fn jobs_toml() -> String {
     let mut toml = String::from("[scheduler]\nlease = \"10s\"\nshutdown_grace = \"5s\"\n");
@@ -56,7 +27,7 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
     for db in databases() {
         let sqlite = db.url.starts_with("sqlite:");
         let replicas = if sqlite { 2 } else { 3 };
-        query(
+        count(
             &db.url,
             "CREATE TABLE burst_runs (period_key TEXT NOT NULL)",
         );
@@ -70,7 +41,7 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
         }
         let log = std::fs::read_to_string(ws.path().join("serve.log")).unwrap_or_default();
         assert_eq!(
-            query(
+            count(
                 &db.url,
                 "SELECT count(*) - count(DISTINCT period_key) FROM burst_runs"
             ),
@@ -78,7 +49,7 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
             "a period ran twice"
         );
         assert_eq!(
-            query(
+            count(
                 &db.url,
                 "SELECT count(*) FROM burst_runs r WHERE NOT EXISTS (SELECT 1 FROM scheduler_claims c
                   WHERE c.period_key = r.period_key AND c.state = 'succeeded')"
@@ -87,7 +58,7 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
             "a statement committed without its success"
         );
         assert_eq!(
-            query(
+            count(
                 &db.url,
                 "SELECT count(*) FROM scheduler_claims c WHERE c.state = 'succeeded' AND NOT EXISTS
                   (SELECT 1 FROM burst_runs r WHERE r.period_key = c.period_key)"
@@ -101,7 +72,7 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
         let mut seconds = 0;
         while second <= last {
             let label = second.format("%Y-%m-%dT%H:%M:%SZ");
-            let ran = query(
+            let ran = count(
                 &db.url,
                 &format!("SELECT count(*) FROM burst_runs WHERE period_key LIKE '%:{label}'"),
             );

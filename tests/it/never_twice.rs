@@ -12,8 +12,8 @@ use nix::unistd::Pid;
 
 use crate::serve::{serve, signal, stop};
 use crate::support::{
-    Said, TestDb, Workspace, alive, databases, eventually, free_port, http_get, lines, proxied,
-    wait,
+    Said, TestDb, Workspace, alive, count, databases, eventually, free_port, http_get, lines,
+    proxied, wait,
 };
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -61,24 +61,6 @@ fn start(ws: &Workspace, args: &[&str]) -> Child {
 
 fn log(ws: &Workspace) -> String {
     std::fs::read_to_string(ws.path().join("serve.log")).unwrap_or_default()
-}
-
-/// One number from the test's database.
-fn count(url: &str, sql: &str) -> i64 {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        use sqlx::Connection;
-        if url.starts_with("sqlite:") {
-            let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-        } else {
-            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-        }
-    })
 }
 
 #[test]

@@ -474,3 +474,33 @@ pub fn http_get(addr: &str, path: &str) -> String {
     let _ = stream.read_to_string(&mut answer);
     answer
 }
+
+/// One number from the test's database (0 for a statement that returns no
+/// row, such as `CREATE TABLE`); a missing SQLite file is created.
+pub fn count(url: &str, sql: &str) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use sqlx::Connection;
+        if url.starts_with("sqlite:") {
+            let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+            let mut conn = sqlx::SqliteConnection::connect_with(&options.create_if_missing(true))
+                .await
+                .unwrap();
+            let row: Option<i64> = sqlx::query_scalar(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .unwrap();
+            row.unwrap_or(0)
+        } else {
+            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+            let row: Option<i64> = sqlx::query_scalar(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .unwrap();
+            row.unwrap_or(0)
+        }
+    })
+}
