@@ -147,6 +147,7 @@ fn backfill_sql(url: &str) {
     backfill(
         url,
         toml,
+        "rollup",
         "2026-01-07T22:39",
         10_000,
         "a no-op sql job (concurrency 100)",
