@@ -30,9 +30,6 @@ impl Engine {
         }
         for (ask, won) in &sql {
             self.log_won(ask, &won.lease);
-            // The group writes every outcome itself; a renewal that finds a
-            // claim settled meanwhile is not a takeover.
-            won.watch.recording();
         }
         let mut rest = sql;
         while !rest.is_empty() {
@@ -112,7 +109,14 @@ impl Engine {
             })
             .collect();
         let limits = SqlLimits::new(None, self.heartbeats.interval());
-        let group = self.store.run_sql_group(&grouped, &limits);
+        // The group writes every outcome itself; a renewal that finds a
+        // claim settled from then on is not a takeover.
+        let recording = || {
+            for (_, won) in runs {
+                won.watch.recording();
+            }
+        };
+        let group = self.store.run_sql_group(&grouped, &limits, &recording);
         tokio::pin!(group);
         let lost = async {
             match runs {

@@ -386,14 +386,16 @@ impl Store {
     /// the group runs its claims cannot be taken over (PostgreSQL: a key
     /// share lock each, which renewals pass and other replicas' claims
     /// report as held; SQLite: the one writer). A group that fails to
-    /// commit records nothing. `Ok(None)`: stopped through `limits.cancel`,
+    /// commit records nothing. `recording` is called just before the
+    /// outcomes are written. `Ok(None)`: stopped through `limits.cancel`,
     /// nothing committed.
     pub async fn run_sql_group(
         &self,
         runs: &[GroupedSql<'_>],
         limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
     ) -> Result<Option<Vec<GroupedEnd>>, Error> {
-        dispatch!(self.run_sql_group(runs, limits)).map_err(query_error)
+        dispatch!(self.run_sql_group(runs, limits, recording)).map_err(query_error)
     }
 
     /// Ends a running attempt without an outcome (shutdown), so the period

@@ -266,6 +266,7 @@ impl PgStore {
         &self,
         runs: &[GroupedSql<'_>],
         limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
     ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
         let backend = std::sync::OnceLock::new();
         let work = async {
@@ -297,6 +298,7 @@ impl PgStore {
                     .execute(&mut *tx)
                     .await?;
                 let outcomes = super::group_outcomes(runs, &ends);
+                recording();
                 if record_many(&mut tx, &outcomes).await? != outcomes.len() {
                     // Cannot happen under the key share locks; if it did, no
                     // statement may commit without its outcome.

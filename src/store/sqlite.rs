@@ -168,6 +168,7 @@ impl SqliteStore {
         &self,
         runs: &[GroupedSql<'_>],
         limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
     ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
         // The group holds SQLite's one writer, which every claim and
         // heartbeat of every process waits for: it starts no statement past
@@ -263,6 +264,7 @@ impl SqliteStore {
                     }
                 }
                 let outcomes = super::group_outcomes(runs, &ends);
+                recording();
                 if record_many(&mut tx, &outcomes).await? != outcomes.len() {
                     // Cannot happen while this group holds the writer; if it
                     // did, no statement may commit without its outcome.

@@ -258,7 +258,10 @@ async fn an_sql_action_commits_with_the_outcome_or_not_at_all(store: Store) {
         failure: failed(Some(Duration::ZERO)),
         ..grouped(&lease, "INSERT INTO no_such_table VALUES ($1)", "x")
     };
-    let ends = store.run_sql_group(&[bad], &limits(None)).await.unwrap();
+    let ends = store
+        .run_sql_group(&[bad], &limits(None), &|| {})
+        .await
+        .unwrap();
     assert!(
         matches!(ends.as_deref(), Some([GroupedEnd::Failed(_)])),
         "a failing statement is reported: {ends:?}"
@@ -277,7 +280,11 @@ async fn an_sql_action_commits_with_the_outcome_or_not_at_all(store: Store) {
     let statement = "UPDATE scheduler_jobs SET paused = paused WHERE name = $1";
     assert_eq!(
         store
-            .run_sql_group(&[grouped(&lease, statement, "billing")], &limits(None))
+            .run_sql_group(
+                &[grouped(&lease, statement, "billing")],
+                &limits(None),
+                &|| {}
+            )
             .await
             .unwrap(),
         Some(vec![GroupedEnd::Succeeded])
@@ -487,7 +494,7 @@ async fn an_sql_action_past_its_timeout_is_stopped_and_rolled_back(store: Store)
         ..grouped(&lease, endless, "")
     };
     let result = store
-        .run_sql_group(&[endless], &limits(None))
+        .run_sql_group(&[endless], &limits(None), &|| {})
         .await
         .unwrap();
     assert!(
@@ -782,7 +789,7 @@ async fn a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_
         grouped(&leases[2], COPY, "made-03"),
     ];
     let ends = store
-        .run_sql_group(&runs, &limits(None))
+        .run_sql_group(&runs, &limits(None), &|| {})
         .await
         .unwrap()
         .expect("not stopped");
@@ -861,7 +868,7 @@ async fn a_group_runs_nothing_of_a_period_whose_claim_moved_on(store: Store) {
         grouped(&kept, COPY, "made-02"),
     ];
     let ends = store
-        .run_sql_group(&runs, &limits(None))
+        .run_sql_group(&runs, &limits(None), &|| {})
         .await
         .unwrap()
         .expect("not stopped");
@@ -887,7 +894,10 @@ async fn a_postgres_claim_reports_a_period_held_by_a_running_group_without_waiti
             params: Vec::new(),
             ..grouped(&lease, "SELECT pg_sleep(3)", "")
         }];
-        store.run_sql_group(&runs, &limits(None)).await.unwrap()
+        store
+            .run_sql_group(&runs, &limits(None), &|| {})
+            .await
+            .unwrap()
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let claim = other.claim(&request(&period, "b")).await.unwrap();
