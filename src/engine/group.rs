@@ -13,11 +13,13 @@ use crate::error::Error;
 use crate::store::{Finish, GroupedEnd, GroupedSql, SqlLimits};
 
 impl Engine {
-    /// Runs won `sql` periods as groups of one transaction each and reports
-    /// each one's end, in the order given. A group that cannot commit
-    /// records nothing: its periods are recovered once their leases run out.
-    /// `stop_now` (the end of shutdown's grace) stops the running statement
-    /// and releases every claim of the group.
+    /// Runs won `sql` periods as one group (one transaction) and reports
+    /// each one's end; what the group did not start within its budget
+    /// ([`crate::store::GROUP_BUDGET`]) then runs a period per transaction,
+    /// side by side. A group that cannot commit records nothing: its periods
+    /// are recovered once their leases run out. `stop_now` (the end of
+    /// shutdown's grace) stops the running statement and releases every
+    /// claim of the group. Other actions among `runs` run one by one.
     pub async fn run_group(
         &self,
         runs: Vec<(Ask, Won)>,
@@ -31,52 +33,74 @@ impl Engine {
         for (ask, won) in &sql {
             self.log_won(ask, &won.lease);
         }
-        let mut rest = sql;
-        while !rest.is_empty() {
-            let started = Instant::now();
-            let result = self.commit_group(&rest, stop_now.clone()).await;
-            let took = started.elapsed();
-            let ends = match result {
-                Ok(Ok(ends)) => ends,
-                Ok(Err(why)) => {
-                    // Stopped: nothing of the group committed.
-                    for (ask, won) in rest {
-                        let ending = self.stopped(&run_of(&ask, &won), &won.watch, why).await;
-                        reports.push(Report::ran(&won.lease, ending, took));
-                    }
-                    break;
-                }
-                Err(e) => {
-                    let error = e.to_string();
-                    for (_, won) in rest {
-                        let status = Status::Unrecorded(Error::Database(error.clone()));
-                        reports.push(Report::of(&won, status, took));
-                    }
-                    break;
-                }
-            };
-            let mut later = Vec::new();
-            for ((ask, won), end) in rest.into_iter().zip(ends) {
-                let status = match end {
-                    GroupedEnd::NotStarted => {
-                        later.push((ask, won));
-                        continue;
-                    }
-                    GroupedEnd::Succeeded => Status::Succeeded,
-                    GroupedEnd::Failed(error) => Status::Failed {
-                        error: format!("SQL failed: {error}"),
-                        retry_after: retry_after(&ask, &won),
-                    },
-                    GroupedEnd::Moved => Status::Lost,
-                };
-                reports.push(Report::of(&won, status, took));
+        let (ended, later) = self.group_once(sql, stop_now.clone()).await;
+        reports.extend(ended);
+        // What the group did not start (it ran past its budget: a slow
+        // statement) runs a period per transaction, side by side, so the
+        // slow one delays the rest once at most.
+        let mut apart = tokio::task::JoinSet::new();
+        for run in later {
+            let engine = self.clone();
+            let stop_now = stop_now.clone();
+            apart.spawn(async move { engine.group_once(vec![run], stop_now).await.0 });
+        }
+        while let Some(done) = apart.join_next().await {
+            if let Ok(done) = done {
+                reports.extend(done);
             }
-            rest = later;
+        }
+        reports
+    }
+
+    /// Runs `sql` as one group: the reports of what ended, and the periods
+    /// it did not start.
+    async fn group_once(
+        &self,
+        sql: Vec<(Ask, Won)>,
+        stop_now: watch::Receiver<bool>,
+    ) -> (Vec<Report>, Vec<(Ask, Won)>) {
+        let started = Instant::now();
+        let result = self.commit_group(&sql, stop_now).await;
+        let took = started.elapsed();
+        let mut reports = Vec::new();
+        let mut later = Vec::new();
+        match result {
+            Ok(Ok(ends)) => {
+                for ((ask, won), end) in sql.into_iter().zip(ends) {
+                    let status = match end {
+                        GroupedEnd::NotStarted => {
+                            later.push((ask, won));
+                            continue;
+                        }
+                        GroupedEnd::Succeeded => Status::Succeeded,
+                        GroupedEnd::Failed(error) => Status::Failed {
+                            error: format!("SQL failed: {error}"),
+                            retry_after: retry_after(&ask, &won),
+                        },
+                        GroupedEnd::Moved => Status::Lost,
+                    };
+                    reports.push(Report::of(&won, status, took));
+                }
+            }
+            // Stopped: nothing of the group committed.
+            Ok(Err(why)) => {
+                for (ask, won) in sql {
+                    let ending = self.stopped(&run_of(&ask, &won), &won.watch, why).await;
+                    reports.push(Report::ran(&won.lease, ending, took));
+                }
+            }
+            Err(e) => {
+                let error = e.to_string();
+                for (_, won) in sql {
+                    let status = Status::Unrecorded(Error::Database(error.clone()));
+                    reports.push(Report::of(&won, status, took));
+                }
+            }
         }
         for report in &reports {
             report.count();
         }
-        reports
+        (reports, later)
     }
 
     /// One transaction over `runs`, or why it was stopped: shutdown's

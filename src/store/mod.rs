@@ -511,9 +511,15 @@ pub enum GroupedEnd {
     Failed(String),
     /// Its claim had moved on: nothing of it ran.
     Moved,
-    /// Not started: the group ran out of its time on SQLite's one writer.
+    /// Not started: the group had run its [`GROUP_BUDGET`].
     NotStarted,
 }
+
+/// How long a group of `sql` actions runs before it starts no more
+/// statements: it commits what it ran and leaves the rest
+/// ([`GroupedEnd::NotStarted`]) to run apart, so a slow statement delays
+/// the others of its group once at most.
+pub const GROUP_BUDGET: Duration = Duration::from_millis(100);
 
 /// What a group records: each success, and each failure with its error.
 fn group_outcomes<'a>(runs: &[GroupedSql<'a>], ends: &[GroupedEnd]) -> Vec<(&'a Lease, Finish)> {

@@ -659,6 +659,8 @@ async fn run_pass(
 ) -> Result<Pass, sqlx::Error> {
     // The actions pool's connections start without a statement timeout.
     let mut timeout = None;
+    let started = std::time::Instant::now();
+    let mut ran = false;
     for (i, run) in runs.iter().enumerate() {
         if !ours.contains(run.lease.key.as_str()) {
             ends.push(GroupedEnd::Moved);
@@ -668,6 +670,11 @@ async fn run_pass(
             ends.push(GroupedEnd::Failed(error.clone()));
             continue;
         }
+        if ran && started.elapsed() >= super::GROUP_BUDGET {
+            ends.push(GroupedEnd::NotStarted);
+            continue;
+        }
+        ran = true;
         if run.timeout != timeout {
             timeout = run.timeout;
             // A number this code computed, never text from a user.

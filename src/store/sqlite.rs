@@ -14,7 +14,7 @@ use sqlx::sqlite::{
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sqlx::{Connection, Row, Sqlite, Transaction};
+use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
@@ -171,10 +171,9 @@ impl SqliteStore {
         recording: &(dyn Fn() + Sync),
     ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
         // The group holds SQLite's one writer, which every claim and
-        // heartbeat of every process waits for: it starts no statement past
-        // the writer bound, and no statement runs past it.
+        // heartbeat of every process waits for: no statement runs past the
+        // writer bound, and none starts once the group has run its budget.
         let started = std::time::Instant::now();
-        let budget = started + limits.writer_timeout;
         let mut conn = self.pool.acquire().await?;
         let cancel = limits.cancel.subscribe();
         // The running statement's deadline, in microseconds after `started`;
@@ -191,6 +190,10 @@ impl SqliteStore {
                 flag.store(over, Ordering::SeqCst);
                 !(over || *cancel.borrow())
             });
+        let conn: &mut sqlx::SqliteConnection = &mut conn;
+        // The transaction is driven by statements, not sqlx's transaction
+        // type: an interrupted write makes SQLite roll the whole transaction
+        // back by itself, which that type would not know.
         let result = async {
             // A failing statement found by a pass: the group runs again,
             // with a savepoint per statement (the first pass has none: one
@@ -198,9 +201,10 @@ impl SqliteStore {
             let mut failed: Vec<Option<String>> = vec![None; runs.len()];
             let mut careful = false;
             'pass: loop {
-                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-                let ours = owned(&mut tx, runs).await?;
+                sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+                let ours = owned(conn, runs).await?;
                 let mut ends = Vec::with_capacity(runs.len());
+                let mut ran = false;
                 for (i, run) in runs.iter().enumerate() {
                     let now = std::time::Instant::now();
                     if !ours.contains(run.lease.key.as_str()) {
@@ -211,72 +215,86 @@ impl SqliteStore {
                         ends.push(GroupedEnd::Failed(error.clone()));
                         continue;
                     }
-                    if now >= budget {
+                    if ran && now >= started + super::GROUP_BUDGET {
                         ends.push(GroupedEnd::NotStarted);
                         continue;
                     }
+                    ran = true;
                     let bound = run
                         .timeout
                         .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
-                    let until = (now + bound).min(budget);
-                    let micros = until.duration_since(started).as_micros().max(1);
+                    let micros = (now + bound).duration_since(started).as_micros().max(1);
                     deadline.store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
                     if careful {
-                        sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
+                        sqlx::query("SAVEPOINT period").execute(&mut *conn).await?;
                     }
                     let mut query = sqlx::query(run.statement);
                     for param in &run.params {
                         query = query.bind(param.clone());
                     }
-                    let done = query.execute(&mut *tx).await;
+                    let done = query.execute(&mut *conn).await;
                     deadline.store(0, Ordering::SeqCst);
                     let error = match done {
-                        Ok(_) => {
-                            ends.push(GroupedEnd::Succeeded);
-                            None
+                        Ok(_) => None,
+                        Err(_) if limits.cancel.borrow().to_owned() => {
+                            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                            return Ok(None);
                         }
-                        Err(_) if limits.cancel.borrow().to_owned() => return Ok(None),
                         Err(_) if expired.load(Ordering::SeqCst) => Some(format!(
                             "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
                             humantime::format_duration(bound)
                         )),
                         Err(e) => Some(e.to_string()),
                     };
-                    match error {
-                        Some(error) if !careful => {
-                            tx.rollback().await?;
-                            failed[i] = Some(error);
-                            careful = true;
-                            continue 'pass;
-                        }
-                        Some(error) => {
-                            sqlx::query("ROLLBACK TO SAVEPOINT period")
-                                .execute(&mut *tx)
+                    let Some(error) = error else {
+                        if careful {
+                            sqlx::query("RELEASE SAVEPOINT period")
+                                .execute(&mut *conn)
                                 .await?;
-                            ends.push(GroupedEnd::Failed(error));
                         }
-                        None => {}
+                        ends.push(GroupedEnd::Succeeded);
+                        continue;
+                    };
+                    let alone = careful
+                        && sqlx::query("ROLLBACK TO SAVEPOINT period")
+                            .execute(&mut *conn)
+                            .await
+                            .is_ok()
+                        && sqlx::query("RELEASE SAVEPOINT period")
+                            .execute(&mut *conn)
+                            .await
+                            .is_ok();
+                    if alone {
+                        ends.push(GroupedEnd::Failed(error));
+                        continue;
                     }
-                    if careful {
-                        sqlx::query("RELEASE SAVEPOINT period")
-                            .execute(&mut *tx)
-                            .await?;
-                    }
+                    // Without a savepoint, or SQLite ended the transaction
+                    // itself: the pass is lost; the next one has savepoints
+                    // and skips this statement.
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                    failed[i] = Some(error);
+                    careful = true;
+                    continue 'pass;
                 }
                 let outcomes = super::group_outcomes(runs, &ends);
                 recording();
-                if record_many(&mut tx, &outcomes).await? != outcomes.len() {
+                if record_many(conn, &outcomes).await? != outcomes.len() {
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
                     // Cannot happen while this group holds the writer; if it
                     // did, no statement may commit without its outcome.
                     return Err(sqlx::Error::Protocol(
                         "a claim moved on inside its sql group".into(),
                     ));
                 }
-                tx.commit().await?;
+                sqlx::query("COMMIT").execute(&mut *conn).await?;
                 return Ok(Some(ends));
             }
         }
         .await;
+        if result.is_err() {
+            // Whatever failed, the connection goes back without a transaction.
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        }
         conn.lock_handle().await?.remove_progress_handler();
         result
     }

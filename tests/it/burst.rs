@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 
 use crate::serve::{serve, stop};
-use crate::support::{Workspace, count, databases};
+use crate::support::{Said, Workspace, count, databases};
 
 const JOBS: usize = 500;
 
@@ -87,4 +87,92 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
         }
         assert!(seconds >= 3, "the run was too short to judge");
     }
+}
+
+/// Takes about a second per million of `n` on SQLite, far less otherwise:
+/// a write whose time depends on its period.
+const SLOW_FOR_MINUTE_00: &str = "INSERT INTO group_runs SELECT $1, max(x) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < CASE WHEN $1 LIKE '%:00' THEN 1000000000 ELSE 10 END) SELECT x FROM c)";
+
+#[test]
+fn a_sqlite_write_stopped_at_the_writer_bound_fails_alone_and_the_group_goes_on() {
+    let db = crate::support::TestDb::sqlite();
+    count(&db.url, "CREATE TABLE group_runs (period TEXT, n INTEGER)");
+    let ws = Workspace::new(&format!(
+        "[scheduler]\nlease = \"3s\"\n\n[[job]]\nname = \"slow\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nconcurrency = 4\n\
+         sql = {{ statement = \"{SLOW_FOR_MINUTE_00}\", params = [\"{{period}}\"] }}\n"
+    ));
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "slow",
+        "--from",
+        "2026-01-01T00:00",
+        "--to",
+        "2026-01-01T00:03",
+    ]);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+    assert!(
+        out.stdout()
+            .contains("slow:2026-01-01T00:00  failed: SQL failed: timed out after 1s"),
+        "{}",
+        out.stdout()
+    );
+    for minute in ["01", "02", "03"] {
+        assert!(
+            out.stdout()
+                .contains(&format!("slow:2026-01-01T00:{minute}  succeeded")),
+            "{}",
+            out.stdout()
+        );
+    }
+    assert_eq!(count(&db.url, "SELECT count(*) FROM group_runs"), 3);
+    // The database is fine afterwards: a rerun claims nothing new and the
+    // failed period runs again by hand.
+    let again = ws.run(&["--database-url", &db.url, "status", "slow"]);
+    assert_eq!(again.code(), 0, "{}", again.stderr());
+}
+
+#[test]
+fn a_slow_statement_does_not_hold_back_the_rest_of_its_group() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = Workspace::new(
+        "[[job]]\nname = \"nap\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nconcurrency = 6\n\
+         sql = { statement = \"SELECT pg_sleep(2)\" }\n",
+    );
+    let run = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "nap",
+            "--from",
+            "2026-01-01T00:00",
+            "--to",
+            "2026-01-01T00:05",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let active = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = 'SELECT pg_sleep(2)' AND datname = current_database()";
+    let mut most = 0;
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < until && most < 2 {
+        most = most.max(count(&db.url, active));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = crate::support::wait(run, Duration::from_secs(60));
+    assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+    assert_eq!(
+        out.stdout().matches("succeeded").count(),
+        6,
+        "{}",
+        out.stdout()
+    );
+    assert!(
+        most >= 2,
+        "the statements of the group ran one after another"
+    );
 }
