@@ -95,6 +95,14 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Run(_) | Command::Serve { .. } | Command::Migrate
     );
     let store = Store::open(&url, creates).await?;
+    // Only `run`, `serve` and `migrate` make a database the scheduler's;
+    // any command brings one up to date.
+    if !creates && !store.has_schema().await? {
+        return Err(Error::Database(format!(
+            "no scheduler tables in the database at {}: nothing has run against it yet, or this is not the right one; `scheduler migrate` creates them",
+            url
+        )));
+    }
     store.migrate().await?;
     if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
         crate::engine::reaper::start();

@@ -342,6 +342,12 @@ impl Store {
         })
     }
 
+    /// Whether the scheduler's tables are here at all (a database that
+    /// nothing has run against has none).
+    pub async fn has_schema(&self) -> Result<bool, Error> {
+        bounded!(self.has_schema())
+    }
+
     /// Claims a period: wins it, or says who has it and why not.
     pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, Error> {
         let mut claims = self.claim_many(std::slice::from_ref(request)).await?;

@@ -162,6 +162,12 @@ impl PgStore {
         Ok(PgStore { pool, actions })
     }
 
+    pub(super) async fn has_schema(&self) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("SELECT to_regclass('scheduler_claims') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await
+    }
+
     pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         MIGRATOR.run(&self.pool).await
     }

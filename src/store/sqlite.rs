@@ -98,6 +98,14 @@ impl SqliteStore {
         Ok(SqliteStore { pool })
     }
 
+    pub(super) async fn has_schema(&self) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'scheduler_claims'",
+        )
+        .fetch_one(&self.pool)
+        .await
+    }
+
     pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         // Processes starting together on a new file race to migrate; the
         // loser finds the work done on its next try.

@@ -957,3 +957,33 @@ fn early_without_periods_is_a_usage_error() {
     assert_says(&out.stderr(), &["--early", "--period"]);
     assert!(!ws.path().join("scheduler.db").exists());
 }
+
+#[test]
+fn a_reading_command_against_a_database_nothing_has_run_against_creates_no_tables() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = billing("command = [\"true\"]");
+    for args in [&["status"][..], &["history", "billing"][..]] {
+        let mut all = vec!["--database-url", db.url.as_str()];
+        all.extend_from_slice(args);
+        let out = ws.run(&all);
+        assert_eq!(out.code(), 3, "{args:?}: {}", out.stderr());
+        assert_says(
+            &out.stderr(),
+            &["no scheduler tables", "`scheduler migrate` creates them"],
+        );
+    }
+    assert_eq!(
+        crate::support::count(
+            &db.url,
+            "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'scheduler%'"
+        ),
+        0,
+        "tables were created"
+    );
+    let migrated = ws.run(&["--database-url", &db.url, "migrate"]);
+    assert_eq!(migrated.code(), 0, "{}", migrated.stderr());
+    let out = ws.run(&["--database-url", &db.url, "status"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+}
