@@ -631,6 +631,14 @@ impl RawJob {
         if sql.statement.get_ref().contains('\0') {
             no_nul(at, &sql.statement)?;
         }
+        if let Some(word) = transaction_control(sql.statement.get_ref()) {
+            return Err(at.error(
+                sql.statement.span(),
+                format!(
+                    "the SQL statement starts with `{word}`: a statement runs inside the transaction that records its outcome, and must not end or split it; expected a statement such as \"INSERT INTO t VALUES ($1)\""
+                ),
+            ));
+        }
         Ok(Action::Sql {
             statement: sql.statement.get_ref().clone(),
             params: sql
@@ -661,4 +669,36 @@ impl crate::template::Values for NoValues {
     fn value(&self, _: &str) -> String {
         String::new()
     }
+}
+
+/// The transaction-control keyword a statement starts with, if any (after
+/// blanks and `--` or `/* */` comments).
+fn transaction_control(statement: &str) -> Option<String> {
+    let mut rest = statement.trim_start();
+    loop {
+        if let Some(line) = rest.strip_prefix("--") {
+            rest = line.split_once('\n').map_or("", |(_, r)| r).trim_start();
+        } else if let Some(block) = rest.strip_prefix("/*") {
+            rest = block.split_once("*/").map_or("", |(_, r)| r).trim_start();
+        } else {
+            break;
+        }
+    }
+    let word: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphabetic())
+        .collect::<String>()
+        .to_ascii_uppercase();
+    const CONTROL: [&str; 9] = [
+        "BEGIN",
+        "START",
+        "COMMIT",
+        "END",
+        "ROLLBACK",
+        "ABORT",
+        "SAVEPOINT",
+        "RELEASE",
+        "PREPARE",
+    ];
+    CONTROL.contains(&word.as_str()).then_some(word)
 }

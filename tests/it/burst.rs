@@ -176,3 +176,39 @@ fn a_slow_statement_does_not_hold_back_the_rest_of_its_group() {
         "the statements of the group ran one after another"
     );
 }
+
+#[test]
+fn a_job_whose_statement_ends_its_own_connection_harms_no_other_job() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    count(
+        &db.url,
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL)",
+    );
+    let mut toml = String::from(
+        "[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\n\n[[job]]\nname = \"evil\"\nschedule = \"* * * * * *\"\n\
+         sql = { statement = \"SELECT pg_terminate_backend(pg_backend_pid())\" }\n",
+    );
+    for i in 0..5 {
+        toml.push_str(&format!(
+            "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
+             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
+        ));
+    }
+    let ws = Workspace::new(&toml);
+    let started = Utc::now();
+    let server = serve(&ws, &db.url);
+    std::thread::sleep(Duration::from_secs(7));
+    assert_eq!(stop(server), 0);
+    let mut second = started.trunc_subsecs(0) + TimeDelta::seconds(2);
+    while second <= started + TimeDelta::seconds(5) {
+        let label = second.format("%Y-%m-%dT%H:%M:%SZ");
+        let ran = count(
+            &db.url,
+            &format!("SELECT count(*) FROM burst_runs WHERE period_key LIKE '%:{label}'"),
+        );
+        assert_eq!(ran, 5, "{label}: {ran} of the 5 good jobs ran");
+        second += TimeDelta::seconds(1);
+    }
+}

@@ -353,3 +353,30 @@ fn bad_period_labels_exit_2_before_the_database_is_opened() {
         );
     }
 }
+
+#[test]
+fn an_sql_statement_that_would_end_the_transaction_is_a_configuration_error() {
+    for statement in [
+        "COMMIT",
+        "  rollback",
+        "-- done\nEND",
+        "/* x */ begin",
+        "Savepoint s",
+    ] {
+        let ws = crate::support::Workspace::new(&format!(
+            "[[job]]\nname = \"t\"\nschedule = \"* * * * *\"\nsql = {{ statement = {statement:?} }}\n"
+        ));
+        let out = ws.run(&["check"]);
+        assert_eq!(out.code(), 2, "{statement:?}: {}", out.stderr());
+        assert!(
+            out.stderr().contains("must not end or split it")
+                && out.stderr().contains("jobs.toml:4:"),
+            "{statement:?}: {}",
+            out.stderr()
+        );
+    }
+    let fine = crate::support::Workspace::new(
+        "[[job]]\nname = \"t\"\nschedule = \"* * * * *\"\nsql = { statement = \"UPDATE ends SET committed = true\" }\n",
+    );
+    assert_eq!(fine.run(&["check"]).code(), 0);
+}
