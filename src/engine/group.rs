@@ -13,10 +13,10 @@ use crate::error::Error;
 use crate::store::{Finish, GroupedEnd, GroupedSql, SqlLimits};
 
 impl Engine {
-    /// Runs won `sql` periods as one group (one transaction) and reports
-    /// each one's end; what the group did not start within its budget
-    /// ([`crate::store::GROUP_BUDGET`]) then runs a period per transaction,
-    /// side by side. A group that cannot commit records nothing: its periods
+    /// Runs won `sql` periods, a transaction per job (the jobs side by
+    /// side), and reports each one's end; what a job's group did not start
+    /// within its budget ([`crate::store::GROUP_BUDGET`]) then runs a period
+    /// per transaction, side by side. A group that cannot commit records nothing: its periods
     /// are recovered once their leases run out. `stop_now` (the end of
     /// shutdown's grace) stops the running statement and releases every
     /// claim of the group. Other actions among `runs` run one by one.
@@ -30,11 +30,43 @@ impl Engine {
         for (ask, won) in other {
             reports.push(self.run_action(&ask, won, stop_now.clone()).await);
         }
+        // A transaction holds periods of one job only: one job's statement
+        // (slow, failing, ending its connection) never touches another's
+        // run. The jobs' transactions run side by side.
+        let mut jobs: Vec<Vec<(Ask, Won)>> = Vec::new();
+        for run in sql {
+            match jobs.iter_mut().find(|j| j[0].0.job.name == run.0.job.name) {
+                Some(job) => job.push(run),
+                None => jobs.push(vec![run]),
+            }
+        }
+        if jobs.len() == 1 {
+            if let Some(job) = jobs.pop() {
+                reports.extend(self.one_job(job, stop_now).await);
+            }
+            return reports;
+        }
+        let mut side_by_side = tokio::task::JoinSet::new();
+        for job in jobs {
+            let engine = self.clone();
+            let stop_now = stop_now.clone();
+            side_by_side.spawn(async move { engine.one_job(job, stop_now).await });
+        }
+        while let Some(done) = side_by_side.join_next().await {
+            if let Ok(done) = done {
+                reports.extend(done);
+            }
+        }
+        reports
+    }
+
+    /// Runs one job's won `sql` periods as one group, then what the group
+    /// did not start, a period per transaction, side by side.
+    async fn one_job(&self, sql: Vec<(Ask, Won)>, stop_now: watch::Receiver<bool>) -> Vec<Report> {
         for (ask, won) in &sql {
             self.log_won(ask, &won.lease);
         }
-        let (ended, later) = self.group_once(sql, stop_now.clone()).await;
-        reports.extend(ended);
+        let (mut reports, later) = self.group_once(sql, stop_now.clone()).await;
         // What the group did not start (it ran past its budget: a slow
         // statement) runs a period per transaction, side by side, so the
         // slow one delays the rest once at most.

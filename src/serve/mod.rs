@@ -342,9 +342,9 @@ impl Service {
             return;
         }
         let mut units: Vec<Vec<Ask>> = Vec::new();
-        // A group holds periods of one job only: one job's statement (slow,
-        // failing, or ending its connection) never touches another's run.
-        let mut open: HashMap<String, usize> = HashMap::new();
+        // Up to SQL_GROUP `sql` periods share a slot; the engine runs them a
+        // transaction per job, side by side.
+        let mut sql = None;
         // The backlog holds older fires: it goes first.
         let mut backlog = std::mem::take(&mut self.backlog);
         backlog.extend(self.pending.drain(..));
@@ -354,10 +354,7 @@ impl Service {
                 continue;
             }
             let ask = Ask::scheduled(job, due);
-            if let Some(&i) = open.get(&ask.job.name)
-                && ask.is_sql()
-                && units[i].len() < SQL_GROUP
-            {
+            if let Some(i) = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP) {
                 units[i].push(ask);
                 continue;
             }
@@ -366,7 +363,7 @@ impl Service {
                 break;
             }
             if ask.is_sql() {
-                open.insert(ask.job.name.clone(), units.len());
+                sql = Some(units.len());
             }
             units.push(vec![ask]);
         }
