@@ -631,11 +631,14 @@ impl RawJob {
         if sql.statement.get_ref().contains('\0') {
             no_nul(at, &sql.statement)?;
         }
-        if let Some(word) = transaction_control(sql.statement.get_ref()) {
+        if let Some(word) = statements(sql.statement.get_ref())
+            .into_iter()
+            .find_map(transaction_control)
+        {
             return Err(at.error(
                 sql.statement.span(),
                 format!(
-                    "the SQL statement starts with `{word}`: a statement runs inside the transaction that records its outcome, and must not end or split it; expected a statement such as \"INSERT INTO t VALUES ($1)\""
+                    "the SQL statement runs `{word}`: a statement runs inside the transaction that records its outcome, and must not end or split it; expected a statement such as \"INSERT INTO t VALUES ($1)\""
                 ),
             ));
         }
@@ -669,6 +672,47 @@ impl crate::template::Values for NoValues {
     fn value(&self, _: &str) -> String {
         String::new()
     }
+}
+
+/// The statements of `text`: split at each `;` outside quotes, quoted
+/// names, comments and dollar-quoted bodies (SQLite runs every statement
+/// of a text, so a `COMMIT` after the first one counts too).
+fn statements(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    let skip_to = |from: usize, end: &[u8]| {
+        bytes[from..]
+            .windows(end.len())
+            .position(|w| w == end)
+            .map_or(bytes.len(), |at| from + at + end.len() - 1)
+    };
+    let mut pieces = Vec::new();
+    let (mut start, mut i) = (0, 0);
+    while i < bytes.len() {
+        match bytes[i] {
+            quote @ (b'\'' | b'"') => i = skip_to(i + 1, &[quote]),
+            b'-' if bytes.get(i + 1) == Some(&b'-') => i = skip_to(i + 2, b"\n"),
+            b'/' if bytes.get(i + 1) == Some(&b'*') => i = skip_to(i + 2, b"*/"),
+            b'$' => {
+                let tag = bytes[i + 1..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                    .count();
+                let close = i + 1 + tag;
+                let numbered = bytes.get(i + 1).is_some_and(u8::is_ascii_digit);
+                if !numbered && bytes.get(close) == Some(&b'$') {
+                    i = skip_to(close + 1, &bytes[i..=close]);
+                }
+            }
+            b';' => {
+                pieces.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    pieces.push(&text[start..]);
+    pieces
 }
 
 /// The transaction-control keyword a statement starts with, if any (after

@@ -2,7 +2,9 @@
 //! in one transaction, a savepoint each, their outcomes fenced and
 //! committed together, so 10,000 in-database jobs are not 10,000 commits.
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -13,11 +15,12 @@ use crate::error::Error;
 use crate::store::{Finish, GroupedEnd, GroupedSql, SqlLimits};
 
 impl Engine {
-    /// Runs won `sql` periods, a transaction per job (the jobs side by
-    /// side), and reports each one's end; what a job's group did not start
-    /// within its budget ([`crate::store::GROUP_BUDGET`]) then runs a period
-    /// per transaction, side by side. A group that cannot commit records nothing: its periods
-    /// are recovered once their leases run out. `stop_now` (the end of
+    /// Runs won `sql` periods and reports each one's end: the jobs proven
+    /// quick in one transaction, every other job in one of its own, side by
+    /// side. What a group did not start within its budget
+    /// ([`crate::store::GROUP_BUDGET`]) then runs a period per transaction,
+    /// side by side. A group that cannot commit records nothing: its
+    /// periods are recovered once their leases run out. `stop_now` (the end of
     /// shutdown's grace) stops the running statement and releases every
     /// claim of the group. Other actions among `runs` run one by one.
     pub async fn run_group(
@@ -30,9 +33,9 @@ impl Engine {
         for (ask, won) in other {
             reports.push(self.run_action(&ask, won, stop_now.clone()).await);
         }
-        // A transaction holds periods of one job only: one job's statement
-        // (slow, failing, ending its connection) never touches another's
-        // run. The jobs' transactions run side by side.
+        // A transaction holds periods of one job only, unless the jobs have
+        // proven quick: one job's statement (slow, failing, ending its
+        // connection) never touches a job that has not earned the company.
         let mut jobs: Vec<Vec<(Ask, Won)>> = Vec::new();
         for run in sql {
             match jobs.iter_mut().find(|j| j[0].0.job.name == run.0.job.name) {
@@ -40,17 +43,23 @@ impl Engine {
                 None => jobs.push(vec![run]),
             }
         }
-        if jobs.len() == 1 {
-            if let Some(job) = jobs.pop() {
-                reports.extend(self.one_job(job, stop_now).await);
+        let (quick, mut groups): (Vec<_>, Vec<_>) = jobs
+            .into_iter()
+            .partition(|job| self.quick.proven(&job[0].0.job.name));
+        if !quick.is_empty() {
+            groups.push(quick.into_iter().flatten().collect());
+        }
+        if groups.len() == 1 {
+            if let Some(group) = groups.pop() {
+                reports.extend(self.one_group(group, stop_now).await);
             }
             return reports;
         }
         let mut side_by_side = tokio::task::JoinSet::new();
-        for job in jobs {
+        for group in groups {
             let engine = self.clone();
             let stop_now = stop_now.clone();
-            side_by_side.spawn(async move { engine.one_job(job, stop_now).await });
+            side_by_side.spawn(async move { engine.one_group(group, stop_now).await });
         }
         while let Some(done) = side_by_side.join_next().await {
             if let Ok(done) = done {
@@ -60,9 +69,13 @@ impl Engine {
         reports
     }
 
-    /// Runs one job's won `sql` periods as one group, then what the group
-    /// did not start, a period per transaction, side by side.
-    async fn one_job(&self, sql: Vec<(Ask, Won)>, stop_now: watch::Receiver<bool>) -> Vec<Report> {
+    /// Runs won `sql` periods as one group, then what the group did not
+    /// start, a period per transaction, side by side.
+    async fn one_group(
+        &self,
+        sql: Vec<(Ask, Won)>,
+        stop_now: watch::Receiver<bool>,
+    ) -> Vec<Report> {
         for (ask, won) in &sql {
             self.log_won(ask, &won.lease);
         }
@@ -104,11 +117,17 @@ impl Engine {
                             later.push((ask, won));
                             continue;
                         }
-                        GroupedEnd::Succeeded => Status::Succeeded,
-                        GroupedEnd::Failed(error) => Status::Failed {
-                            error: format!("SQL failed: {error}"),
-                            retry_after: retry_after(&ask, &won),
-                        },
+                        GroupedEnd::Succeeded(took) => {
+                            self.quick.note(&ask.job.name, took < QUICK);
+                            Status::Succeeded
+                        }
+                        GroupedEnd::Failed(error) => {
+                            self.quick.note(&ask.job.name, false);
+                            Status::Failed {
+                                error: format!("SQL failed: {error}"),
+                                retry_after: retry_after(&ask, &won),
+                            }
+                        }
                         GroupedEnd::Moved => Status::Lost,
                     };
                     reports.push(Report::of(&won, status, took));
@@ -121,9 +140,12 @@ impl Engine {
                     reports.push(Report::ran(&won.lease, ending, took));
                 }
             }
+            // Which statement broke the transaction is not known: every job
+            // of the group proves itself alone again.
             Err(e) => {
                 let error = e.to_string();
-                for (_, won) in sql {
+                for (ask, won) in sql {
+                    self.quick.note(&ask.job.name, false);
                     let status = Status::Unrecorded(Error::Database(error.clone()));
                     reports.push(Report::of(&won, status, took));
                 }
@@ -212,4 +234,37 @@ fn run_of<'a>(ask: &'a Ask, won: &'a Won) -> Run<'a> {
 fn retry_after(ask: &Ask, won: &Won) -> Option<std::time::Duration> {
     let failures = u32::try_from(won.lease.failures).unwrap_or(0) + 1;
     ask.job.retry.backoff_after(failures)
+}
+
+/// A statement this quick, ended well, counts towards its job's proof.
+const QUICK: Duration = Duration::from_millis(5);
+
+/// How many quick statements in a row prove a job.
+const PROVEN_AFTER: u8 = 2;
+
+/// Which jobs share a transaction with other jobs: those whose last
+/// [`PROVEN_AFTER`] statements each succeeded within [`QUICK`], with no
+/// group of theirs failing since. A slow, failing or connection-ending
+/// statement sends its job back to a transaction of its own.
+#[derive(Default)]
+pub(super) struct Quick(Mutex<HashMap<String, u8>>);
+
+impl Quick {
+    fn proven(&self, job: &str) -> bool {
+        self.0
+            .lock()
+            .is_ok_and(|jobs| jobs.get(job).is_some_and(|n| *n >= PROVEN_AFTER))
+    }
+
+    fn note(&self, job: &str, quick: bool) {
+        let Ok(mut jobs) = self.0.lock() else {
+            return;
+        };
+        if quick {
+            let n = jobs.entry(job.to_owned()).or_default();
+            *n = n.saturating_add(1).min(PROVEN_AFTER);
+        } else {
+            jobs.remove(job);
+        }
+    }
 }

@@ -147,6 +147,8 @@ pub struct Engine {
     running_here: Arc<Mutex<HashSet<PeriodKey>>>,
     /// How each job's supervisor is started.
     supervisor: Arc<supervisor::Launcher>,
+    /// Which `sql` jobs share a transaction with other jobs.
+    quick: Arc<group::Quick>,
 }
 
 impl Engine {
@@ -164,6 +166,7 @@ impl Engine {
             owner: owner.into(),
             running_here: Arc::default(),
             supervisor: Arc::new(supervisor::Launcher::find()),
+            quick: Arc::default(),
         })
     }
 

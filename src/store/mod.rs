@@ -511,8 +511,9 @@ pub struct GroupedSql<'a> {
 /// How one action of a group ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupedEnd {
-    /// Its statement and its success committed together.
-    Succeeded,
+    /// Its statement (which ran this long) and its success committed
+    /// together.
+    Succeeded(Duration),
     /// Its statement failed and was rolled back; the failure is recorded.
     Failed(String),
     /// Its claim had moved on: nothing of it ran.
@@ -532,7 +533,7 @@ fn group_outcomes<'a>(runs: &[GroupedSql<'a>], ends: &[GroupedEnd]) -> Vec<(&'a 
     runs.iter()
         .zip(ends)
         .filter_map(|(run, end)| match end {
-            GroupedEnd::Succeeded => Some((
+            GroupedEnd::Succeeded(_) => Some((
                 run.lease,
                 Finish {
                     succeeded: true,

@@ -698,8 +698,9 @@ async fn run_pass(
         for param in &run.params {
             query = query.bind(param.clone());
         }
+        let statement_started = std::time::Instant::now();
         match query.execute(&mut *tx).await {
-            Ok(_) => ends.push(GroupedEnd::Succeeded),
+            Ok(_) => ends.push(GroupedEnd::Succeeded(statement_started.elapsed())),
             Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
             Err(e) if !careful => return Ok(Pass::FailedAt(i, e.to_string())),
             Err(e) => {

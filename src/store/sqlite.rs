@@ -241,6 +241,7 @@ impl SqliteStore {
                         query = query.bind(param.clone());
                     }
                     let done = query.execute(&mut *conn).await;
+                    let took = now.elapsed();
                     deadline.store(0, Ordering::SeqCst);
                     let error = match done {
                         Ok(_) => None,
@@ -260,7 +261,7 @@ impl SqliteStore {
                                 .execute(&mut *conn)
                                 .await?;
                         }
-                        ends.push(GroupedEnd::Succeeded);
+                        ends.push(GroupedEnd::Succeeded(took));
                         continue;
                     };
                     let alone = careful

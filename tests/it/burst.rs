@@ -212,3 +212,73 @@ fn a_job_whose_statement_ends_its_own_connection_harms_no_other_job() {
         second += TimeDelta::seconds(1);
     }
 }
+
+#[test]
+fn quick_jobs_share_a_transaction_and_one_that_turns_bad_goes_back_to_its_own() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    count(
+        &db.url,
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL, tx BIGINT NOT NULL)",
+    );
+    count(&db.url, "CREATE TABLE turned (bad BOOLEAN)");
+    // Quick until `turned` has a row; then its statement ends its own
+    // connection, and with it whatever transaction it shares.
+    let mut toml = String::from(
+        "[scheduler]\nlease = \"4s\"\nscan_interval = \"1s\"\n\n[[job]]\nname = \"turncoat\"\nschedule = \"* * * * * *\"\n\
+         sql = { statement = \"INSERT INTO burst_runs SELECT $1, txid_current() WHERE CASE WHEN EXISTS (SELECT 1 FROM turned) THEN pg_terminate_backend(pg_backend_pid()) ELSE true END\", params = [\"{period_key}\"] }\n",
+    );
+    for i in 0..5 {
+        toml.push_str(&format!(
+            "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
+             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1, txid_current())\", params = [\"{{period_key}}\"] }}\n"
+        ));
+    }
+    let ws = Workspace::new(&toml);
+    let started = Utc::now();
+    let server = serve(&ws, &db.url);
+    let shared =
+        "SELECT count(*) FROM (SELECT tx FROM burst_runs GROUP BY tx HAVING count(*) = 6) AS t";
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while count(&db.url, shared) == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the six quick jobs never shared a transaction"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    count(&db.url, "INSERT INTO turned VALUES (true)");
+    let turned = Utc::now();
+    // Past the lease, so the periods of the broken group are recovered.
+    std::thread::sleep(Duration::from_secs(9));
+    assert_eq!(stop(server), 0);
+    let twice = count(
+        &db.url,
+        "SELECT count(*) FROM (SELECT period_key FROM burst_runs GROUP BY period_key HAVING count(*) > 1) AS t",
+    );
+    assert_eq!(twice, 0, "a period ran twice");
+    let mut second = started.trunc_subsecs(0) + TimeDelta::seconds(2);
+    while second <= turned + TimeDelta::seconds(4) {
+        let label = second.format("%Y-%m-%dT%H:%M:%SZ");
+        let ran = count(
+            &db.url,
+            &format!("SELECT count(*) FROM burst_runs WHERE period_key LIKE 'good_:{label}'"),
+        );
+        assert_eq!(ran, 5, "{label}: {ran} of the 5 good jobs ran");
+        second += TimeDelta::seconds(1);
+    }
+    // Once the turncoat broke its group, the good jobs ran without it:
+    // on their first attempt, not recovered after its lease.
+    for late in 3..=5 {
+        let label =
+            (turned.trunc_subsecs(0) + TimeDelta::seconds(late)).format("%Y-%m-%dT%H:%M:%SZ");
+        let first = count(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_claims WHERE period_key LIKE 'good_:{label}' AND attempt = 1 AND state = 'succeeded'"
+            ),
+        );
+        assert_eq!(first, 5, "{label}: {first} of the 5 good jobs ran at once");
+    }
+}

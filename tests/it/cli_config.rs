@@ -362,6 +362,8 @@ fn an_sql_statement_that_would_end_the_transaction_is_a_configuration_error() {
         "-- done\nEND",
         "/* x */ begin",
         "Savepoint s",
+        "INSERT INTO t VALUES ('a;b'); COMMIT",
+        "UPDATE t SET n = 1; /* ; */ -- ;\n rollback",
     ] {
         let ws = crate::support::Workspace::new(&format!(
             "[[job]]\nname = \"t\"\nschedule = \"* * * * *\"\nsql = {{ statement = {statement:?} }}\n"
@@ -375,8 +377,18 @@ fn an_sql_statement_that_would_end_the_transaction_is_a_configuration_error() {
             out.stderr()
         );
     }
-    let fine = crate::support::Workspace::new(
-        "[[job]]\nname = \"t\"\nschedule = \"* * * * *\"\nsql = { statement = \"UPDATE ends SET committed = true\" }\n",
-    );
-    assert_eq!(fine.run(&["check"]).code(), 0);
+    for statement in [
+        "UPDATE ends SET committed = true",
+        "INSERT INTO t VALUES ('; COMMIT', $1)",
+        "INSERT INTO \"x;end\" VALUES (1)",
+        "DO $body$ BEGIN PERFORM 1; END $body$",
+        "SELECT $$;rollback$$, $1",
+        "-- ; commit\nSELECT 1",
+    ] {
+        let fine = crate::support::Workspace::new(&format!(
+            "[[job]]\nname = \"t\"\nschedule = \"* * * * *\"\nsql = {{ statement = {statement:?} }}\n"
+        ));
+        let out = fine.run(&["check"]);
+        assert_eq!(out.code(), 0, "{statement:?}: {}", out.stderr());
+    }
 }
