@@ -139,12 +139,22 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             // Migrations just answered: the database is reachable. The loop
             // counts as alive from its first wake-up, after the catch-up.
             health.database_ok();
-            if let Some(listener) = listener {
-                crate::serve::server::start(listener, shutdown.clone())?;
-            }
             let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
-            let service = Service::new(cli.config.clone(), config, store, owner_id(), shutdown)?;
-            service.run(reload).await
+            let service = Service::new(
+                cli.config.clone(),
+                config,
+                store,
+                owner_id(),
+                shutdown.clone(),
+            )?;
+            let api = service.api();
+            if let Some(listener) = listener {
+                crate::serve::server::start(listener, api.clone(), shutdown)?;
+            }
+            let outcome = service.run(reload).await;
+            // Runs asked for over the API end within the same grace.
+            api.finish().await;
+            outcome
         }
         Command::Check { .. } | Command::Next { .. } => Ok(Outcome::Done),
     }

@@ -221,5 +221,12 @@ pub async fn prune(config: &Config, store: &Store) -> Result<Outcome, Stop> {
             ))?;
         }
     }
+    if let Some(api) = &config.api {
+        let pruned = store.prune_api().await?;
+        say(format_args!(
+            "api: pruned {pruned} Idempotency-Key(s) and run(s) older than {} (key_ttl)",
+            humantime::format_duration(api.key_ttl)
+        ))?;
+    }
     Ok(Outcome::Done)
 }

@@ -1,8 +1,7 @@
 //! `scheduler run`: the one-shot mode for a platform cron container, and
-//! manual backfill of one period or a range.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! manual backfill of one period or a range. The flags become one
+//! [`Request`] for the engine; this file draws the progress bar and prints
+//! each period's line.
 
 use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -10,96 +9,33 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::cli::RunArgs;
-use crate::config::{Config, Job};
-use crate::engine::due::{Due, due};
-use crate::engine::{Ask, Engine, Mode, Report, SQL_GROUP, Status, Taken, after_grace};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
 use crate::error::{Error, Outcome, Stop, say};
-use crate::period::{Period, PeriodKey, utc_text};
-use crate::store::{Claim, ClaimRow, Store, Trigger};
+use crate::store::Store;
 
-/// How often `--wait` looks at a claim held elsewhere.
-const WAIT_POLL: Duration = Duration::from_millis(500);
-
-/// How many periods are looked up and claimed per database round trip; a
-/// range is held in memory this many at a time, whatever its length.
-const CHUNK: usize = 1_000;
-
-/// Up to how many periods a range is counted for its progress bar; a longer
-/// one shows its position without a length.
-const COUNT_LIMIT: u64 = 100_000;
-
-/// One job's periods to go through, oldest first.
-struct Plan<'a> {
-    job: &'a Job,
-    periods: Periods,
-    manual: bool,
-}
-
-/// A job's periods, handed out a chunk at a time.
-enum Periods {
-    /// Worked out in full (a scheduled run: at most the catch-up window).
-    Listed(std::vec::IntoIter<Due>),
-    /// `--period` or `--from/--to`: walked as it goes, never stored whole.
-    Range(RangeWalk),
-}
-
-/// The periods from one label to another, walked one `following` at a time.
-#[derive(Clone)]
-struct RangeWalk {
-    next: Option<Period>,
-    last: Period,
-}
-
-impl RangeWalk {
-    fn step(&mut self, job: &Job) -> Option<Period> {
-        let current = self.next.take()?;
-        if current.label != self.last.label && current.start < self.last.start {
-            let following = job.period.following(&job.schedule, &current);
-            // A walk that does not move forward ends rather than loops.
-            if following.start > current.start {
-                self.next = Some(following);
-            }
-        }
-        Some(current)
+/// The request the flags of `run` make.
+pub fn request(args: &RunArgs) -> Request {
+    let periods = match (&args.period, &args.from, &args.to) {
+        (Some(label), _, _) => Selection::Period(label.clone()),
+        (None, Some(from), Some(to)) => Selection::Range(from.clone(), to.clone()),
+        _ => Selection::Due,
+    };
+    Request {
+        job: args.job.clone(),
+        periods,
+        force: args.force,
+        early: args.early,
+        wait: args.wait,
+        dry_run: args.dry_run,
+        names: Names::FLAGS,
     }
 }
 
-impl Periods {
-    fn chunk(&mut self, job: &Job, now: DateTime<Utc>) -> Vec<Due> {
-        match self {
-            Periods::Listed(dues) => dues.take(CHUNK).collect(),
-            Periods::Range(walk) => std::iter::from_fn(|| walk.step(job))
-                .take(CHUNK)
-                .map(|p| manual_due(job, p, now))
-                .collect(),
-        }
-    }
-
-    /// How many periods there are, if that is quick to know.
-    fn len(&self, job: &Job) -> Option<u64> {
-        match self {
-            Periods::Listed(dues) => Some(dues.len() as u64),
-            Periods::Range(walk) => {
-                let mut walk = walk.clone();
-                let mut n = 0;
-                while walk.step(job).is_some() {
-                    n += 1;
-                    if n > COUNT_LIMIT {
-                        return None;
-                    }
-                }
-                Some(n)
-            }
-        }
-    }
-}
-
-/// What happened to one period, printed as one line.
-struct Line {
-    key: String,
-    status: &'static str,
-    detail: String,
-    attempt: Option<i32>,
+/// Checks the flags of `run` before the database is opened.
+pub fn check_args(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result<(), Error> {
+    manual::check(config, &request(args), now)
 }
 
 /// Runs `scheduler run` to the end.
@@ -110,533 +46,41 @@ pub async fn run(
     owner: &str,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Outcome, Error> {
-    let now = Utc::now();
-    let mut plans = plan(config, store, args, now).await?;
-    let total = plans
-        .iter()
-        .try_fold(0u64, |sum, p| Some(sum + p.periods.len(p.job)?));
-    let bar = match total {
-        Some(total) => ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr()),
-        None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+    let engine = Engine::new(store.clone(), config.settings.lease, owner.to_owned())?;
+    let mut printer = Printer {
+        bar: ProgressBar::hidden(),
+        json: args.json,
     };
-    if total.is_some_and(|t| t < 2) {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    let template = match total {
-        Some(_) => "{bar:40} {pos}/{len} periods, {elapsed} {msg}",
-        None => "{spinner} {pos} periods, {elapsed} {msg}",
-    };
-    bar.set_style(
-        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut backfill = Backfill {
-        engine: Engine::new(store.clone(), config.settings.lease, owner.to_owned())?,
-        args,
-        stop_now: after_grace(shutdown.clone(), config.settings.shutdown_grace),
-        shutdown,
-        bar,
-        outcome: Outcome::Done,
-        fenced: 0,
-    };
-    let result = backfill.plans(&mut plans, now).await;
-    backfill.bar.finish_and_clear();
-    if let Err(stop) = result? {
-        return stop.into_result();
-    }
-    if backfill.fenced > 0 {
-        // Nothing is known of those periods' outcome: the database failed.
-        return Err(Error::Database(format!(
-            "{} period(s) stopped unfinished: their lease could not be renewed in time (the database did not answer, or this process was stopped); they are recovered by the next run or serve",
-            backfill.fenced
-        )));
-    }
-    Ok(backfill.outcome)
+    let result = manual::run(config, &engine, &request(args), shutdown, &mut printer).await;
+    printer.bar.finish_and_clear();
+    result
 }
 
-/// `run` going through its plans, one period after another (a batch of
-/// periods at once where the job's `concurrency` allows).
-struct Backfill<'a> {
-    engine: Engine,
-    args: &'a RunArgs,
-    shutdown: watch::Receiver<bool>,
-    stop_now: watch::Receiver<bool>,
+/// Prints each line, with a progress bar on standard error for a range.
+struct Printer {
     bar: ProgressBar,
-    outcome: Outcome,
-    fenced: usize,
+    json: bool,
 }
 
-impl Backfill<'_> {
-    async fn plans(
-        &mut self,
-        plans: &mut [Plan<'_>],
-        now: DateTime<Utc>,
-    ) -> Result<Result<(), Stop>, Error> {
-        for plan in plans {
-            let job = Arc::new(plan.job.clone());
-            let mode = Mode {
-                manual: plan.manual,
-                force: self.args.force,
-            };
-            // A batch runs its periods one after another while all hold
-            // their claims: at most as many as may run at once.
-            let batch = (job.concurrency as usize).clamp(1, SQL_GROUP);
-            loop {
-                let chunk = plan.periods.chunk(plan.job, now);
-                if chunk.is_empty() {
-                    break;
-                }
-                let keys: Vec<PeriodKey> = chunk
-                    .iter()
-                    .map(|d| PeriodKey::new(&job.name, &d.period.label))
-                    .collect();
-                // One statement per chunk tells which periods are finished,
-                // so a repeated backfill claims nothing.
-                let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
-                let rows = self.engine.store().rows(&names).await?;
-                let mut asks = Vec::new();
-                for (due, key) in chunk.into_iter().zip(keys) {
-                    if *self.shutdown.borrow() {
-                        self.outcome = Outcome::RunFailed;
-                        return Ok(Ok(()));
-                    }
-                    let row = rows.get(key.as_str());
-                    let skip = if self.args.dry_run {
-                        Some(dry_run_line(key.as_str(), row, self.args, plan.manual))
-                    } else {
-                        row.and_then(|row| skip_line(key.as_str(), row, self.args, plan.manual))
-                    };
-                    match skip {
-                        Some(line) => {
-                            if let Err(stop) = self.go(std::mem::take(&mut asks)).await? {
-                                return Ok(Err(stop));
-                            }
-                            if let Err(stop) = self.emit(&line) {
-                                return Ok(Err(stop));
-                            }
-                        }
-                        None => {
-                            asks.push(Ask {
-                                job: job.clone(),
-                                due,
-                                mode,
-                            });
-                            if asks.len() >= batch
-                                && let Err(stop) = self.go(std::mem::take(&mut asks)).await?
-                            {
-                                return Ok(Err(stop));
-                            }
-                        }
-                    }
-                }
-                if let Err(stop) = self.go(asks).await? {
-                    return Ok(Err(stop));
-                }
-            }
+impl Sink for Printer {
+    fn total(&mut self, total: Option<u64>) {
+        if total.is_some_and(|t| t < 2) {
+            return;
         }
-        Ok(Ok(()))
-    }
-
-    /// Claims `asks` in one statement, runs what was won (`sql` periods as
-    /// one group) and prints a line for each, in order.
-    async fn go(&mut self, asks: Vec<Ask>) -> Result<Result<(), Stop>, Error> {
-        if asks.is_empty() {
-            return Ok(Ok(()));
-        }
-        if *self.shutdown.borrow() {
-            // Interrupted: nothing more is claimed.
-            self.outcome = Outcome::RunFailed;
-            return Ok(Ok(()));
-        }
-        let taken = self.engine.claim(&asks).await?;
-        let mut won = Vec::new();
-        let mut lines = Vec::new();
-        for (ask, taken) in asks.into_iter().zip(taken) {
-            match taken {
-                Taken::Won(w) => won.push((ask, w)),
-                Taken::Not(Claim::Held { .. } | Claim::Busy) if self.args.wait => {
-                    lines.push((ask, None));
-                }
-                not => {
-                    let line = self.not_run_line(&ask, not);
-                    lines.push((ask, Some(line)));
-                }
-            }
-        }
-        let reports = if won.iter().any(|(ask, _)| ask.is_sql()) {
-            self.engine.run_group(won, self.stop_now.clone()).await
-        } else {
-            let mut reports = Vec::with_capacity(won.len());
-            for (ask, w) in won {
-                reports.push(self.engine.run(&ask, w, self.stop_now.clone()).await);
-            }
-            reports
+        self.bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+        let template = match total {
+            Some(_) => "{bar:40} {pos}/{len} periods, {elapsed} {msg}",
+            None => "{spinner} {pos} periods, {elapsed} {msg}",
         };
-        for report in reports {
-            if let Err(stop) = self.emit(&Line::of(report)?) {
-                return Ok(Err(stop));
-            }
-        }
-        for (ask, line) in lines {
-            let line = match line {
-                Some(line) => line,
-                None => self.wait_and_run(&ask).await?,
-            };
-            if let Err(stop) = self.emit(&line) {
-                return Ok(Err(stop));
-            }
-        }
-        Ok(Ok(()))
+        self.bar.set_style(
+            ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
     }
 
-    /// `--wait`: polls a period held elsewhere, or waiting for a
-    /// concurrency slot, until it ends or can be claimed, and runs it then.
-    async fn wait_and_run(&mut self, ask: &Ask) -> Result<Line, Error> {
-        let key = ask.key();
-        loop {
-            let won = match self.engine.claim(std::slice::from_ref(ask)).await?.pop() {
-                Some(Taken::Won(won)) => won,
-                Some(Taken::Not(Claim::Held { owner, until })) => {
-                    tracing::info!(period_key = %key, %owner, %until, "waiting for the run elsewhere");
-                    match self.wait_elsewhere(&key).await? {
-                        Some(done) => return Ok(done),
-                        None => continue,
-                    }
-                }
-                Some(Taken::Not(Claim::Busy)) => {
-                    tracing::info!(period_key = %key, "waiting for a free concurrency slot");
-                    let mut shutdown = self.shutdown.clone();
-                    tokio::select! {
-                        () = tokio::time::sleep(WAIT_POLL) => continue,
-                        _ = shutdown.wait_for(|down| *down) => {
-                            return Ok(Line::new(&key, "skipped", "interrupted while waiting for a concurrency slot".into(), None));
-                        }
-                    }
-                }
-                Some(not) => return Ok(self.not_run_line(ask, not)),
-                None => return Ok(self.not_run_line(ask, Taken::RunningHere)),
-            };
-            let report = self.engine.run(ask, won, self.stop_now.clone()).await;
-            return Line::of(report);
-        }
-    }
-
-    /// Polls a claim held elsewhere until it ends; `None` when it became
-    /// claimable (expired or released), so the caller claims again.
-    async fn wait_elsewhere(&self, key: &PeriodKey) -> Result<Option<Line>, Error> {
-        let mut shutdown = self.shutdown.clone();
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(WAIT_POLL) => {}
-                _ = shutdown.wait_for(|down| *down) => {
-                    return Ok(Some(Line::new(key, "skipped", "interrupted while waiting".into(), None)));
-                }
-            }
-            let rows = self.engine.store().rows(&[key.to_string()]).await?;
-            let Some(row) = rows.get(key.as_str()) else {
-                return Ok(None);
-            };
-            let attempt = Some(row.attempt);
-            return Ok(match row.as_claim() {
-                Claim::Held { .. } => continue,
-                Claim::Succeeded { at } => Some(Line::new(
-                    key,
-                    "succeeded",
-                    format!(
-                        "on {} at {} (attempt {})",
-                        row.owner,
-                        utc_text(at),
-                        row.attempt
-                    ),
-                    attempt,
-                )),
-                Claim::Failed { .. } => Some(Line::new(
-                    key,
-                    "failed",
-                    format!("on {} (attempt {})", row.owner, row.attempt),
-                    attempt,
-                )),
-                _ => None,
-            });
-        }
-    }
-
-    /// The line of an ask that was not won; a manual run that found no
-    /// free concurrency slot is `busy`, and fails the command.
-    fn not_run_line(&self, ask: &Ask, taken: Taken) -> Line {
-        if ask.mode.manual && matches!(taken, Taken::Not(Claim::Busy)) {
-            return Line::new(
-                &ask.key(),
-                "busy",
-                format!(
-                    "not run: all {} concurrency slot(s) of `{}` are taken by running periods; --wait waits for one",
-                    ask.job.concurrency, ask.job.name
-                ),
-                None,
-            );
-        }
-        let report = Report::not_run(ask, taken);
-        Line::new(&report.key, report.word(), report.detail(), None)
-    }
-
-    /// Prints a line, counts what it says, and moves the bar on; a reader
-    /// that went away ends the command before the next claim.
-    fn emit(&mut self, line: &Line) -> Result<(), Stop> {
-        if matches!(line.status, "failed" | "released" | "busy") {
-            self.outcome = Outcome::RunFailed;
-        }
-        self.fenced += usize::from(line.status == "fenced");
-        self.bar.suspend(|| print_line(line, self.args.json))?;
+    fn line(&mut self, line: &Line) -> Result<(), Stop> {
+        self.bar.suspend(|| print_line(line, self.json))?;
         self.bar.inc(1);
         Ok(())
-    }
-}
-
-/// How many retryable or recoverable periods of a job one `run` takes.
-const RECLAIM_LIMIT: u32 = 1_000;
-
-/// Works out which periods `args` asks for.
-async fn plan<'a>(
-    config: &'a Config,
-    store: &Store,
-    args: &RunArgs,
-    now: DateTime<Utc>,
-) -> Result<Vec<Plan<'a>>, Error> {
-    let jobs: Vec<&Job> = match &args.job {
-        Some(name) => vec![config.job(name)?],
-        None => config.jobs.iter().collect(),
-    };
-    let mut plans = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let manual = args.period.is_some() || args.from.is_some();
-        let periods = if let Some(walk) = manual_range(job, args, now)? {
-            Periods::Range(walk)
-        } else {
-            let seen = store.see_jobs(std::slice::from_ref(&job.name)).await?;
-            let Some(seen) = seen.get(&job.name) else {
-                continue;
-            };
-            if seen.paused {
-                eprintln!(
-                    "{}: paused; `scheduler resume {}` to run it again",
-                    job.name, job.name
-                );
-                continue;
-            }
-            let window =
-                now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-            let since = window.max(seen.first_seen);
-            let mut listed = due(job, now, since, true);
-            // Failed periods whose retry is due, and claims whose lease ran
-            // out or that were released, run again as `serve`'s scan would
-            // take them: a platform cron container may be all there is.
-            let again = store
-                .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
-                .await?;
-            for r in again {
-                if r.scheduled_at >= window
-                    && !listed.iter().any(|d| d.period.label == r.period.label)
-                {
-                    listed.push(Due {
-                        period: r.period,
-                        fire: r.scheduled_at,
-                        trigger: Trigger::Retry,
-                    });
-                }
-            }
-            listed.sort_by_key(|d| d.fire);
-            Periods::Listed(listed.into_iter())
-        };
-        plans.push(Plan {
-            job,
-            periods,
-            manual,
-        });
-    }
-    Ok(plans)
-}
-
-/// Checks the flags of `run` against every job they apply to, before the
-/// database is opened: labels, their order, periods not started or not due,
-/// and `--force` without periods.
-pub fn check_args(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result<(), Error> {
-    if args.early && args.period.is_none() && args.from.is_none() {
-        return Err(Error::Usage(
-            "--early: needs --period LABEL or --from LABEL --to LABEL; a scheduled run only takes periods that are due".into(),
-        ));
-    }
-    if args.force && args.period.is_none() && args.from.is_none() {
-        return Err(Error::Usage(
-            "--force: needs --period LABEL or --from LABEL --to LABEL; it re-runs succeeded periods, so it names them".into(),
-        ));
-    }
-    for job in &config.jobs {
-        if args.job.as_ref().is_none_or(|name| *name == job.name) {
-            manual_range(job, args, now)?;
-        }
-    }
-    Ok(())
-}
-
-/// The periods a manual run (`--period`, `--from/--to`) asks for, or `None`
-/// for a scheduled one. The newest must have started and, unless `--early`,
-/// be due.
-fn manual_range(job: &Job, args: &RunArgs, now: DateTime<Utc>) -> Result<Option<RangeWalk>, Error> {
-    if let Some(label) = &args.period {
-        let period = parse_label(job, label, "--period")?;
-        refuse_future(&period, now, "--period")?;
-        if !args.early {
-            refuse_not_due(job, &period, now, "--period")?;
-        }
-        return Ok(Some(RangeWalk {
-            next: Some(period.clone()),
-            last: period,
-        }));
-    }
-    if let (Some(from), Some(to)) = (&args.from, &args.to) {
-        let first = parse_label(job, from, "--from")?;
-        let last = parse_label(job, to, "--to")?;
-        if last.start < first.start {
-            return Err(Error::Usage(format!(
-                "--to: {} comes before --from {}",
-                last.label, first.label
-            )));
-        }
-        refuse_future(&last, now, "--to")?;
-        if !args.early {
-            refuse_not_due(job, &last, now, "--to")?;
-        }
-        return Ok(Some(RangeWalk {
-            next: Some(first),
-            last,
-        }));
-    }
-    Ok(None)
-}
-
-fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
-    job.period.parse_label(&job.schedule, label).map_err(|e| {
-        Error::Usage(format!(
-            "{flag}: {e} (job `{}` has {} periods)",
-            job.name, job.period.unit
-        ))
-    })
-}
-
-fn refuse_future(period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), Error> {
-    if period.start > now {
-        return Err(Error::Usage(format!(
-            "{flag}: period {} starts at {}, after now; only a period that has started can be run",
-            period.label,
-            utc_text(period.start)
-        )));
-    }
-    Ok(())
-}
-
-/// A period whose fire is still ahead would, run now, turn its scheduled
-/// run into a no-op (and cover a period that is not over).
-fn refuse_not_due(job: &Job, period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), Error> {
-    match job.period.fire_for(&job.schedule, period) {
-        Some(fire) if fire > now => Err(Error::Usage(format!(
-            "{flag}: {} is not due yet: its fire is at {}; run now, it would turn that scheduled run into a no-op; pass --early to run it anyway",
-            PeriodKey::new(&job.name, &period.label),
-            utc_text(fire)
-        ))),
-        _ => Ok(()),
-    }
-}
-
-fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Due {
-    let fire = job
-        .period
-        .fire_for(&job.schedule, &period)
-        .filter(|f| *f <= now)
-        .unwrap_or(now);
-    Due {
-        period,
-        fire,
-        trigger: Trigger::Manual,
-    }
-}
-
-/// Why a period is passed over without a claim, from its row, if it is.
-fn skip_line(key: &str, row: &ClaimRow, args: &RunArgs, manual: bool) -> Option<Line> {
-    let detail = match row.as_claim() {
-        Claim::Succeeded { at } if !args.force => format!("already succeeded at {}", utc_text(at)),
-        Claim::Held { owner, until } if !args.wait => {
-            format!("running on {owner} until {}", utc_text(until))
-        }
-        Claim::Failed {
-            retry_at: Some(at), ..
-        } if !manual => format!("failed, retry at {}", utc_text(at)),
-        Claim::Failed {
-            retry_at: None,
-            failures,
-        } if !manual => {
-            format!("failed {failures} time(s), no retries left; `run --period` runs it again")
-        }
-        _ => return None,
-    };
-    Some(Line {
-        key: key.to_owned(),
-        status: "skipped",
-        detail,
-        attempt: Some(row.attempt),
-    })
-}
-
-fn dry_run_line(key: &str, row: Option<&ClaimRow>, args: &RunArgs, manual: bool) -> Line {
-    let (status, detail) = match row {
-        None => ("would claim", "new period".to_owned()),
-        Some(row) => match skip_line(key, row, args, manual) {
-            Some(skip) => ("skipped", skip.detail),
-            None => (
-                "would claim",
-                match row.as_claim() {
-                    Claim::Succeeded { .. } => {
-                        "already succeeded; --force runs it again".to_owned()
-                    }
-                    Claim::Failed { .. } => format!("retry of attempt {}", row.attempt),
-                    Claim::Held { owner, .. } => format!("after waiting for {owner}"),
-                    _ if row.state == "running" => {
-                        format!("recovery: the lease of {} expired", row.owner)
-                    }
-                    _ if row.state == "released" => "recovery: released".to_owned(),
-                    _ => format!("retry of attempt {}", row.attempt),
-                },
-            ),
-        },
-    };
-    Line {
-        key: key.to_owned(),
-        status,
-        detail,
-        attempt: row.map(|r| r.attempt),
-    }
-}
-
-impl Line {
-    fn new(key: &PeriodKey, status: &'static str, detail: String, attempt: Option<i32>) -> Line {
-        Line {
-            key: key.to_string(),
-            status,
-            detail,
-            attempt,
-        }
-    }
-
-    /// The line of a run; an outcome that could not be written ends the
-    /// command with the database's error.
-    fn of(report: Report) -> Result<Line, Error> {
-        if let Status::Unrecorded(e) = report.status {
-            return Err(e);
-        }
-        Ok(Line::new(
-            &report.key,
-            report.word(),
-            report.detail(),
-            report.attempt,
-        ))
     }
 }
 

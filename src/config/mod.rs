@@ -70,6 +70,71 @@ fn read(path: &Path) -> Result<String, ConfigError> {
     })
 }
 
+/// The HTTP API's settings, from `[api]`.
+#[derive(Debug, Clone)]
+pub struct Api {
+    /// How long an Idempotency-Key is remembered.
+    pub key_ttl: Duration,
+    /// Who may call it.
+    pub tokens: Vec<Token>,
+}
+
+/// A bearer token of the API.
+#[derive(Debug, Clone)]
+pub struct Token {
+    /// Its name: the scope of its Idempotency-Keys, and who asked for a run.
+    pub name: String,
+    /// Its secret, hashed.
+    pub secret: Secret,
+    /// What it may do.
+    pub allow: Allow,
+}
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Allow {
+    /// Read jobs, periods and runs.
+    pub read: bool,
+    /// Start runs.
+    pub trigger: bool,
+    /// Pause, resume, release.
+    pub operate: bool,
+}
+
+/// A token's secret, kept only as its SHA-256 hash, compared in constant
+/// time; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Option<[u8; 32]>);
+
+impl Secret {
+    fn new(secret: &str) -> Secret {
+        use sha2::Digest;
+        Secret((!secret.is_empty()).then(|| sha2::Sha256::digest(secret.as_bytes()).into()))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Whether `given` is this secret, in time independent of where they
+    /// differ.
+    pub fn matches(&self, given: &str) -> bool {
+        use sha2::Digest;
+        use subtle::ConstantTimeEq;
+        let Some(hash) = &self.0 else {
+            return false;
+        };
+        let given: [u8; 32] = sha2::Sha256::digest(given.as_bytes()).into();
+        hash.ct_eq(&given).into()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
 /// Process-wide settings from `[scheduler]`.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -204,6 +269,8 @@ pub struct Config {
     pub path: PathBuf,
     /// `[scheduler]`.
     pub settings: Settings,
+    /// `[api]`; `None` without it (`/v1/` answers 404).
+    pub api: Option<Api>,
     /// `[[job]]`s in file order.
     pub jobs: Vec<Job>,
 }
@@ -248,10 +315,12 @@ impl Config {
         let root = toml::de::DeTable::parse(text).map_err(|e| at.toml_error(&e))?;
         let mut errors: Vec<ConfigError> = Vec::new();
         let mut raw_settings = None;
+        let mut raw_api = None;
         let mut raw_jobs = Vec::new();
         for (key, value) in root.into_inner() {
             match key.get_ref().as_ref() {
                 "scheduler" => raw_settings = Some(value),
+                "api" => raw_api = Some(value),
                 "job" => match value.get_ref().as_array() {
                     Some(jobs) => raw_jobs.extend(jobs.iter().cloned()),
                     None => {
@@ -261,12 +330,14 @@ impl Config {
                     }
                 },
                 other => {
-                    let hint = nearest(other, ["scheduler", "job"])
+                    let hint = nearest(other, ["scheduler", "api", "job"])
                         .map(|n| format!("; did you mean `{n}`?"))
                         .unwrap_or_default();
                     errors.push(at.error(
                         key.span(),
-                        format!("unknown field `{other}`, expected `scheduler` or `job`{hint}"),
+                        format!(
+                            "unknown field `{other}`, expected `scheduler`, `api` or `job`{hint}"
+                        ),
                     ));
                 }
             }
@@ -282,6 +353,18 @@ impl Config {
                 errors.push(e);
                 // The jobs are still checked, against the defaults.
                 raw::RawSettings::default().validate(&at, &vars)?
+            }
+        };
+        let api = match raw_api
+            .map(|value| raw::RawApi::deserialize(value.into_deserializer()))
+            .transpose()
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.map(|raw| raw.validate(&at, &vars)).transpose())
+        {
+            Ok(api) => api,
+            Err(e) => {
+                errors.push(e);
+                None
             }
         };
         let mut jobs: Vec<Job> = Vec::with_capacity(raw_jobs.len());
@@ -338,6 +421,7 @@ impl Config {
             Config {
                 path: path.to_owned(),
                 settings,
+                api,
                 jobs,
             },
             warnings,

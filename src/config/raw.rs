@@ -10,7 +10,9 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Action, ConfigError, Job, Locator, Missed, Program, Retry, Settings};
+use super::{
+    Action, Allow, Api, ConfigError, Job, Locator, Missed, Program, Retry, Secret, Settings, Token,
+};
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::{DstRule, Gap, Repeat, Schedule};
 use crate::store::DatabaseUrl;
@@ -745,4 +747,106 @@ fn transaction_control(statement: &str) -> Option<String> {
         "PREPARE",
     ];
     CONTROL.contains(&word.as_str()).then_some(word)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawApi {
+    key_ttl: Option<Spanned<String>>,
+    #[serde(default)]
+    tokens: Vec<Spanned<RawToken>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    name: Spanned<String>,
+    secret: Spanned<String>,
+    allow: Spanned<Vec<Spanned<String>>>,
+}
+
+/// The shortest secret a token may have: long enough not to be guessed.
+const SHORTEST_SECRET: usize = 16;
+
+impl RawApi {
+    pub(super) fn validate(self, at: &Locator, env: Env) -> Result<Api, ConfigError> {
+        let key_ttl = at_least(
+            at,
+            ("key_ttl", self.key_ttl.as_ref()),
+            "24h",
+            Duration::from_secs(60),
+        )?;
+        let mut tokens: Vec<Token> = Vec::with_capacity(self.tokens.len());
+        for raw in self.tokens {
+            let raw = raw.into_inner();
+            let name = raw.name.get_ref();
+            let name_ok = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if !name_ok {
+                return Err(at.error(
+                    raw.name.span(),
+                    format!("token name `{name}`: expected letters, digits, `-`, `_` or `.`, e.g. \"ci\""),
+                ));
+            }
+            if tokens.iter().any(|t| t.name == *name) {
+                return Err(at.error(
+                    raw.name.span(),
+                    format!("token name `{name}` is used twice; each token needs its own name"),
+                ));
+            }
+            let unset = env.unset_count();
+            let secret = crate::template::expand_env(raw.secret.get_ref(), &|n| env.get(n))
+                .map_err(|e| at.template_error(raw.secret.span(), e))?;
+            // Read leniently (`check`, `status`), an unset variable leaves
+            // the secret empty (a warning): those commands serve no API.
+            let complete = env.unset_count() == unset;
+            if complete && secret.chars().count() < SHORTEST_SECRET {
+                return Err(at.error(
+                    raw.secret.span(),
+                    format!(
+                        "the secret of token `{name}` is {} character(s) long: expected at least {SHORTEST_SECRET}, e.g. from `openssl rand -hex 32`",
+                        secret.chars().count()
+                    ),
+                ));
+            }
+            let secret = Secret::new(&secret);
+            if !secret.is_empty() && tokens.iter().any(|t| t.secret == secret) {
+                return Err(at.error(
+                    raw.secret.span(),
+                    format!("the secret of token `{name}` is another token's too; each token needs its own"),
+                ));
+            }
+            let mut allow = Allow::default();
+            for word in raw.allow.get_ref() {
+                match word.get_ref().as_str() {
+                    "read" => allow.read = true,
+                    "trigger" => allow.trigger = true,
+                    "operate" => allow.operate = true,
+                    other => {
+                        let hint = nearest(other, ["read", "trigger", "operate"])
+                            .map(|n| format!("; did you mean `{n}`?"))
+                            .unwrap_or_default();
+                        return Err(at.error(
+                            word.span(),
+                            format!("unknown permission `{other}`, expected `read`, `trigger` or `operate`{hint}"),
+                        ));
+                    }
+                }
+            }
+            if allow == Allow::default() {
+                return Err(at.error(
+                    raw.allow.span(),
+                    format!("token `{name}` allows nothing: expected some of \"read\", \"trigger\", \"operate\""),
+                ));
+            }
+            tokens.push(Token {
+                name: name.clone(),
+                secret,
+                allow,
+            });
+        }
+        Ok(Api { key_ttl, tokens })
+    }
 }

@@ -10,6 +10,7 @@ mod execute;
 mod group;
 pub mod heartbeat;
 mod http;
+pub mod manual;
 mod process;
 pub mod reaper;
 mod report;

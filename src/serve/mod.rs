@@ -18,6 +18,7 @@ use crate::error::{Error, Outcome};
 use crate::period::PeriodKey;
 use crate::store::{Claim, Reclaimable, Store, Trigger};
 
+pub mod api;
 pub mod server;
 mod timer;
 use timer::Timer;
@@ -74,6 +75,8 @@ pub struct Service {
     pending: Vec<(Arc<Job>, Due)>,
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
     shutdown: watch::Receiver<bool>,
+    /// The HTTP API's view of the configuration and its runs.
+    api: Arc<api::Api>,
 }
 
 impl Service {
@@ -86,6 +89,7 @@ impl Service {
         shutdown: watch::Receiver<bool>,
     ) -> Result<Service, Error> {
         let engine = Engine::new(store, config.settings.lease, owner)?;
+        let api = api::Api::new(api_view(&config), engine.clone(), shutdown.clone());
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
         Ok(Service {
             path,
@@ -103,7 +107,13 @@ impl Service {
             pending: Vec::new(),
             events: mpsc::unbounded_channel(),
             shutdown,
+            api,
         })
+    }
+
+    /// The HTTP API of this replica.
+    pub fn api(&self) -> Arc<api::Api> {
+        self.api.clone()
     }
 
     /// Runs until shutdown; then waits for running jobs (up to the grace,
@@ -112,6 +122,7 @@ impl Service {
         self.catch_up().await?;
         self.flush();
         release_free_memory();
+        crate::serve::server::HEALTH.ready();
         tracing::info!(
             jobs = self.jobs.len(),
             owner = self.engine.owner(),
@@ -412,6 +423,7 @@ impl Service {
                 return;
             }
         };
+        self.api.set_config(api_view(&config));
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         if let Err(e) = self.engine.store().see_jobs(&names).await {
@@ -446,6 +458,20 @@ impl Service {
             );
         }
     }
+}
+
+/// The configuration the HTTP API answers from: all of it with `[api]`;
+/// without, no jobs (`/v1/` answers 404 and needs none of them).
+fn api_view(config: &Config) -> Arc<Config> {
+    if config.api.is_some() {
+        return Arc::new(config.clone());
+    }
+    Arc::new(Config {
+        path: config.path.clone(),
+        settings: config.settings.clone(),
+        api: None,
+        jobs: Vec::new(),
+    })
 }
 
 fn index(jobs: &[Arc<Job>]) -> HashMap<String, usize> {

@@ -4,8 +4,9 @@
 //! idle client costs one capped slot for a few seconds, never a fire.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -18,13 +19,18 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
+use super::api::Api;
 use crate::error::Error;
 
 /// How long a client has to send its request head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The longest a connection stays open, request and answer included.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest a connection stays open, request and answer included: a
+/// `?wait=` of the API at most, and some.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(super::api::MAX_WAIT + 30);
+
+/// How often `serve` deletes Idempotency-Keys and API runs past `key_ttl`.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// The longest wait after a failed accept (out of file descriptors, say).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
@@ -46,6 +52,8 @@ pub struct Health {
     loop_limit: AtomicU64,
     /// How old the last database answer may be, in milliseconds.
     database_limit: AtomicU64,
+    /// Migrations and the start-up catch-up are done.
+    ready: AtomicBool,
 }
 
 /// The process's health, updated by `serve` and read by `/healthz`.
@@ -58,7 +66,13 @@ impl Health {
             database: AtomicU64::new(0),
             loop_limit: AtomicU64::new(60_000),
             database_limit: AtomicU64::new(60_000),
+            ready: AtomicBool::new(false),
         }
+    }
+
+    /// Start-up is over: migrations ran and the catch-up was claimed.
+    pub fn ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
     }
 
     /// Sets the limits from the settings: the database must have answered
@@ -139,21 +153,41 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
         .map_err(|e| Error::Usage(format!("--listen: cannot listen on {addr}: {e}")))
 }
 
-/// Installs the Prometheus recorder and serves `listener` until `shutdown`.
-pub fn start(listener: TcpListener, shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+/// Installs the Prometheus recorder and serves `listener` until `shutdown`:
+/// the probes, the metrics and the API.
+pub fn start(
+    listener: TcpListener,
+    api: Arc<Api>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
     let handle = PrometheusBuilder::new().install_recorder().map_err(|e| {
         Error::Environment(anyhow::anyhow!("cannot install the metrics recorder: {e}"))
     })?;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /healthz and /metrics");
+        tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /v1/");
     }
-    tokio::spawn(serve(listener, router(handle), shutdown));
+    tokio::spawn(prune_keys(api.clone(), shutdown.clone()));
+    tokio::spawn(serve(listener, router(handle, api), shutdown));
     Ok(())
 }
 
-fn router(handle: PrometheusHandle) -> Router {
+/// Deletes expired Idempotency-Keys and API runs now and then.
+async fn prune_keys(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(PRUNE_EVERY) => {}
+            _ = shutdown.wait_for(|down| *down) => return,
+        }
+        if let Err(e) = api.prune().await {
+            tracing::warn!("cannot prune expired Idempotency-Keys: {e}");
+        }
+    }
+}
+
+fn router(handle: PrometheusHandle, api: Arc<Api>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route(
             "/metrics",
             get(move || {
@@ -161,7 +195,19 @@ fn router(handle: PrometheusHandle) -> Router {
                 async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
             }),
         )
+        .merge(super::api::routes(api))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+}
+
+async fn readyz() -> impl IntoResponse {
+    if HEALTH.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: migrations or the start-up catch-up are not done\n",
+        )
+    }
 }
 
 async fn healthz() -> impl IntoResponse {

@@ -6,10 +6,12 @@
 //! expiry is measured on the database's clock.
 
 mod address;
+mod api;
 mod postgres;
 mod sqlite;
 
 pub use address::DatabaseUrl;
+pub use api::{ApiRun, KeyClaim, KeyRecord};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -476,7 +478,12 @@ impl Store {
 
     /// The attempts of `job`, newest first.
     pub async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, Error> {
-        bounded!(self.history(job, limit))
+        bounded!(self.history("job", job, limit))
+    }
+
+    /// The attempts of one period, newest first.
+    pub async fn attempts(&self, key: &str, limit: u32) -> Result<Vec<Attempt>, Error> {
+        bounded!(self.history("period_key", key, limit))
     }
 
     /// The most recent claim rows of `job`, newest period first.

@@ -24,7 +24,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres")
 pub struct PgStore {
     /// Claims, heartbeats, outcomes and scans: short statements, bounded
     /// by a server-side statement and lock timeout.
-    pool: PgPool,
+    pub(super) pool: PgPool,
     /// `sql` actions only, each holding a connection for its statement.
     actions: PgPool,
 }
@@ -502,12 +502,18 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, sqlx::Error> {
-        let rows = sqlx::query(
-            "SELECT * FROM scheduler_attempts WHERE job = $1
-              ORDER BY started_at DESC, attempt DESC LIMIT $2",
-        )
-        .bind(job)
+    /// The attempts whose `column` (`job` or `period_key`) is `value`.
+    pub(super) async fn history(
+        &self,
+        column: &'static str,
+        value: &str,
+        limit: u32,
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        let rows = sqlx::query(&format!(
+            "SELECT * FROM scheduler_attempts WHERE {column} = $1
+              ORDER BY started_at DESC, attempt DESC LIMIT $2"
+        ))
+        .bind(value)
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;

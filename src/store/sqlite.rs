@@ -25,12 +25,12 @@ use crate::period::Period;
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
 /// SQLite's clock in milliseconds.
-const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+pub(super) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// A handle on one SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    pub(super) pool: SqlitePool,
 }
 
 fn ms(t: DateTime<Utc>) -> i64 {
@@ -484,12 +484,18 @@ impl SqliteStore {
         Ok(())
     }
 
-    pub(super) async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, sqlx::Error> {
-        let rows = sqlx::query(
-            "SELECT * FROM scheduler_attempts WHERE job = ?1
-              ORDER BY started_at DESC, attempt DESC LIMIT ?2",
-        )
-        .bind(job)
+    /// The attempts whose `column` (`job` or `period_key`) is `value`.
+    pub(super) async fn history(
+        &self,
+        column: &'static str,
+        value: &str,
+        limit: u32,
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        let rows = sqlx::query(&format!(
+            "SELECT * FROM scheduler_attempts WHERE {column} = ?1
+              ORDER BY started_at DESC, attempt DESC LIMIT ?2"
+        ))
+        .bind(value)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;

@@ -3,6 +3,7 @@
 //! backends.
 
 mod actions;
+mod api;
 mod burst;
 mod cli_config;
 mod cli_run;

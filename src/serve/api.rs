@@ -1,0 +1,1049 @@
+//! The HTTP API under `/v1/` (SPEC §7): bearer tokens from `[api]`, the
+//! Idempotency-Key contract on every `POST`, and manual runs through the
+//! engine's one manual path ([`crate::engine::manual`]) on this replica,
+//! under its heartbeats and its shutdown.
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, Job, Token};
+use crate::engine::Engine;
+use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
+use crate::error::{Error, Stop};
+use crate::period::{PeriodKey, utc_text};
+use crate::store::{ApiRun, Claim, KeyClaim, Released, Store};
+use crate::suggest::nearest;
+
+/// The largest request body.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// How long a client may take to send its body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest `?wait=`.
+pub const MAX_WAIT: u64 = 300;
+
+/// The longest range one request reads or runs.
+const RANGE_LIMIT: usize = 10_000;
+
+/// How often a running run writes what it did so far, and so how far
+/// ahead it keeps itself alive (three times this).
+const RUN_TICK: Duration = Duration::from_secs(1);
+
+/// How long an Idempotency-Key may stay in progress past its request's own
+/// bound before another request may take it over (its replica went away).
+const KEY_SLACK: Duration = Duration::from_secs(30);
+
+/// What the API serves from: the current configuration (replaced on
+/// SIGHUP), the engine that runs its periods, and the runs it started.
+pub struct Api {
+    config: RwLock<Arc<Config>>,
+    engine: Engine,
+    shutdown: watch::Receiver<bool>,
+    runs: tokio::sync::Mutex<JoinSet<()>>,
+}
+
+impl Api {
+    /// The API of a replica that runs on `engine`.
+    pub fn new(config: Arc<Config>, engine: Engine, shutdown: watch::Receiver<bool>) -> Arc<Api> {
+        Arc::new(Api {
+            config: RwLock::new(config),
+            engine,
+            shutdown,
+            runs: tokio::sync::Mutex::new(JoinSet::new()),
+        })
+    }
+
+    /// A reload: requests from now on see `config`.
+    pub fn set_config(&self, config: Arc<Config>) {
+        if let Ok(mut current) = self.config.write() {
+            *current = config;
+        }
+    }
+
+    fn config(&self) -> Arc<Config> {
+        match self.config.read() {
+            Ok(config) => config.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn store(&self) -> &Store {
+        self.engine.store()
+    }
+
+    /// Deletes Idempotency-Keys and runs past `key_ttl`, with `[api]` on.
+    pub async fn prune(&self) -> Result<u64, Error> {
+        if self.config().api.is_none() {
+            return Ok(0);
+        }
+        self.store().prune_api().await
+    }
+
+    /// Waits for the runs this replica started (at shutdown, they stop
+    /// claiming and their running periods get the grace).
+    pub async fn finish(&self) {
+        let mut runs = self.runs.lock().await;
+        while runs.join_next().await.is_some() {}
+    }
+}
+
+/// The `/v1/` routes.
+pub fn routes(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/v1/jobs", get(jobs))
+        .route("/v1/jobs/{job}/periods", get(periods))
+        .route("/v1/jobs/{job}/periods/{label}", get(period))
+        .route("/v1/jobs/{job}/runs", post(start_run))
+        .route("/v1/runs/{id}", get(run))
+        .route("/v1/jobs/{job}/pause", post(pause))
+        .route("/v1/jobs/{job}/resume", post(resume))
+        .route("/v1/jobs/{job}/periods/{label}/release", post(release))
+        .fallback(|| async { Reply::error(StatusCode::NOT_FOUND, "no such route under /v1/") })
+        .with_state(api)
+}
+
+/// An answer: a status, a JSON body and headers.
+struct Reply {
+    status: StatusCode,
+    body: Value,
+    headers: Vec<(HeaderName, String)>,
+}
+
+impl Reply {
+    fn ok(status: StatusCode, body: Value) -> Reply {
+        Reply {
+            status,
+            body,
+            headers: Vec::new(),
+        }
+    }
+
+    fn error(status: StatusCode, message: impl Into<String>) -> Reply {
+        Reply::ok(status, json!({ "error": message.into() }))
+    }
+
+    /// 400 naming the bad field.
+    fn bad(field: &str, message: impl Into<String>) -> Reply {
+        Reply::ok(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": message.into(), "field": field }),
+        )
+    }
+
+    fn with(mut self, name: HeaderName, value: impl Into<String>) -> Reply {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    fn location(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(name, _)| name == header::LOCATION)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The answer for an error of the engine or the store: the database's
+    /// is a server-side failure (503), a usage error the client's (400).
+    fn of(e: &Error) -> Reply {
+        match e {
+            Error::Usage(message) => {
+                let field = message.split_once(':').map_or("", |(f, _)| f);
+                Reply::bad(field, message.clone())
+            }
+            Error::Config(e) => Reply::error(StatusCode::BAD_REQUEST, e.to_string()),
+            Error::Database(message) => {
+                tracing::warn!(error = %message, "API request failed on the database");
+                Reply::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database did not answer; retry later",
+                )
+                .with(header::RETRY_AFTER, "5")
+            }
+            Error::Environment(e) => {
+                tracing::warn!(error = %e, "API request failed");
+                Reply::error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+            }
+        }
+    }
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{}\n", self.body),
+        )
+            .into_response();
+        for (name, value) in self.headers {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                response.headers_mut().append(name, value);
+            }
+        }
+        response
+    }
+}
+
+/// What a token must be allowed.
+#[derive(Clone, Copy)]
+enum Need {
+    Read,
+    Trigger,
+    Operate,
+}
+
+impl Need {
+    fn word(self) -> &'static str {
+        match self {
+            Need::Read => "read",
+            Need::Trigger => "trigger",
+            Need::Operate => "operate",
+        }
+    }
+}
+
+/// The configuration and the caller's token, or the answer that refuses
+/// the request: 404 without `[api]`, 401 without a known token, 403 for a
+/// token without `need`.
+fn authorize(api: &Api, headers: &HeaderMap, need: Need) -> Result<(Arc<Config>, Token), Reply> {
+    let config = api.config();
+    let Some(settings) = &config.api else {
+        return Err(Reply::error(
+            StatusCode::NOT_FOUND,
+            "the API is off: jobs.toml has no [api] section",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let unauthorized = |message: &str| {
+        Reply::error(StatusCode::UNAUTHORIZED, message).with(header::WWW_AUTHENTICATE, "Bearer")
+    };
+    let Some(given) = given else {
+        return Err(unauthorized(
+            "missing bearer token: send `Authorization: Bearer <secret>`",
+        ));
+    };
+    // Every secret is compared, each in constant time.
+    let mut found = None;
+    for token in &settings.tokens {
+        if token.secret.matches(given) {
+            found = Some(token.clone());
+        }
+    }
+    let Some(token) = found else {
+        return Err(unauthorized("unknown bearer token"));
+    };
+    let allowed = match need {
+        Need::Read => token.allow.read,
+        Need::Trigger => token.allow.trigger,
+        Need::Operate => token.allow.operate,
+    };
+    if !allowed {
+        return Err(Reply::ok(
+            StatusCode::FORBIDDEN,
+            json!({
+                "error": format!("token `{}` may not {}", token.name, need.word()),
+                "needs": need.word(),
+            }),
+        ));
+    }
+    Ok((config, token))
+}
+
+/// The job named `name`, or a 404 naming the nearest one.
+fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a Job, Reply> {
+    config.jobs.iter().find(|j| j.name == name).ok_or_else(|| {
+        let near = nearest(name, config.jobs.iter().map(|j| j.name.as_str()));
+        let mut body = json!({
+            "error": format!("no job named `{name}`"),
+            "field": "job",
+        });
+        if let Some(near) = near {
+            body["nearest"] = json!(near);
+            body["error"] = json!(format!("no job named `{name}`; did you mean `{near}`?"));
+        }
+        Reply::ok(StatusCode::NOT_FOUND, body)
+    })
+}
+
+async fn jobs(State(api): State<Arc<Api>>, headers: HeaderMap) -> Reply {
+    let (config, _) = match authorize(&api, &headers, Need::Read) {
+        Ok(ok) => ok,
+        Err(reply) => return reply,
+    };
+    let result = async {
+        let paused = api.store().paused_jobs().await?;
+        let now = Utc::now();
+        let mut jobs = Vec::with_capacity(config.jobs.len());
+        for job in &config.jobs {
+            let last = api.store().recent(&job.name, 1).await?.pop();
+            let next = job.schedule.next_after(now);
+            let next_key = next.map(|fire| {
+                PeriodKey::new(&job.name, &job.period.period_of(&job.schedule, fire).label)
+                    .to_string()
+            });
+            jobs.push(json!({
+                "job": job.name,
+                "schedule": job.schedule.source(),
+                "timezone": job.schedule.zone().name(),
+                "period": job.period.unit.to_string(),
+                "next_fire": next.map(utc_text),
+                "next_key": next_key,
+                "paused": paused.contains(&job.name),
+                "last": last,
+            }));
+        }
+        Ok::<_, Error>(json!({ "jobs": jobs }))
+    };
+    match result.await {
+        Ok(body) => Reply::ok(StatusCode::OK, body),
+        Err(e) => Reply::of(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct Range {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+async fn periods(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(range): Query<Range>,
+) -> Reply {
+    let (config, _) = match authorize(&api, &headers, Need::Read) {
+        Ok(ok) => ok,
+        Err(reply) => return reply,
+    };
+    let job = match find_job(&config, &name) {
+        Ok(job) => job,
+        Err(reply) => return reply,
+    };
+    let (Some(from), Some(to)) = (&range.from, &range.to) else {
+        let field = if range.from.is_none() { "from" } else { "to" };
+        return Reply::bad(
+            field,
+            format!("`{field}` is missing: ask for ?from=LABEL&to=LABEL"),
+        );
+    };
+    let listed = match manual::periods_between(job, (from, to), RANGE_LIMIT, Names::JSON) {
+        Ok(listed) => listed,
+        Err(e) => return Reply::of(&e),
+    };
+    let mut out = Vec::with_capacity(listed.len());
+    for chunk in listed.chunks(1_000) {
+        let keys: Vec<String> = chunk
+            .iter()
+            .map(|p| PeriodKey::new(&job.name, &p.label).to_string())
+            .collect();
+        let rows = match api.store().rows(&keys).await {
+            Ok(rows) => rows,
+            Err(e) => return Reply::of(&e),
+        };
+        for (period, key) in chunk.iter().zip(keys) {
+            out.push(match rows.get(&key) {
+                Some(row) => json!({
+                    "period": period.label,
+                    "key": key,
+                    "state": state_of(row),
+                    "attempt": row.attempt,
+                    "failures": row.failures,
+                    "owner": row.owner,
+                    "lease_until": row.lease_until.map(utc_text),
+                    "retry_at": row.retry_at.map(utc_text),
+                    "finished_at": row.finished_at.map(utc_text),
+                }),
+                None => json!({ "period": period.label, "key": key, "state": "never run" }),
+            });
+        }
+    }
+    Reply::ok(
+        StatusCode::OK,
+        json!({ "job": job.name, "from": from, "to": to, "periods": out }),
+    )
+}
+
+/// A claim row's state as an operator reads it: a running claim whose
+/// lease ran out is `lease expired`.
+fn state_of(row: &crate::store::ClaimRow) -> &str {
+    match (row.as_claim(), row.state.as_str()) {
+        (Claim::Held { .. }, state) => state,
+        (_, "running") => "lease expired",
+        (_, state) => state,
+    }
+}
+
+async fn period(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path((name, label)): Path<(String, String)>,
+) -> Reply {
+    let (config, _) = match authorize(&api, &headers, Need::Read) {
+        Ok(ok) => ok,
+        Err(reply) => return reply,
+    };
+    let job = match find_job(&config, &name) {
+        Ok(job) => job,
+        Err(reply) => return reply,
+    };
+    let period = match manual::periods_between(job, (&label, &label), 1, Names::JSON) {
+        Ok(mut periods) => periods.remove(0),
+        Err(e) => return Reply::of(&e),
+    };
+    let key = PeriodKey::new(&job.name, &period.label).to_string();
+    let result = async {
+        let row = api.store().rows(std::slice::from_ref(&key)).await?;
+        let attempts = api.store().attempts(&key, 1_000).await?;
+        Ok::<_, Error>((row.get(&key).cloned(), attempts))
+    };
+    match result.await {
+        Ok((row, attempts)) => Reply::ok(
+            StatusCode::OK,
+            json!({
+                "job": job.name,
+                "period": period.label,
+                "key": key,
+                "state": row.as_ref().map_or("never run", state_of),
+                "claim": row,
+                "attempts": attempts,
+            }),
+        ),
+        Err(e) => Reply::of(&e),
+    }
+}
+
+async fn run(State(api): State<Arc<Api>>, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    if let Err(reply) = authorize(&api, &headers, Need::Read) {
+        return reply;
+    }
+    match api.store().api_run(&id).await {
+        Ok(Some(run)) => Reply::ok(StatusCode::OK, run_body(&run)),
+        Ok(None) => Reply::error(StatusCode::NOT_FOUND, format!("no run `{id}`")),
+        Err(e) => Reply::of(&e),
+    }
+}
+
+/// A stored run as the API shows it: `abandoned` when its replica stopped
+/// keeping it alive (its periods are recovered like any others).
+fn run_body(run: &ApiRun) -> Value {
+    let state = match (run.state.as_str(), run.alive) {
+        ("running", 0) => "abandoned",
+        (state, _) => state,
+    };
+    let mut body: Value = serde_json::from_str(&run.body).unwrap_or_else(|_| json!({}));
+    body["id"] = json!(run.id);
+    body["job"] = json!(run.job);
+    body["requested_by"] = json!(run.requested_by);
+    body["owner"] = json!(run.owner);
+    body["state"] = json!(state);
+    body
+}
+
+/// A `POST` body: any JSON object; an empty body is `{}`.
+fn body_of(bytes: &[u8]) -> Result<Value, Reply> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value @ Value::Object(_)) => Ok(value),
+        Ok(_) => Err(Reply::bad("body", "the body must be a JSON object")),
+        Err(e) => Err(Reply::bad("body", format!("the body is not JSON: {e}"))),
+    }
+}
+
+/// Reads a body of at most [`BODY_LIMIT`] bytes within [`BODY_TIMEOUT`].
+async fn read_body(body: Body) -> Result<Bytes, Reply> {
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(Reply::error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is over {} KiB", BODY_LIMIT / 1024),
+        )),
+        Err(_) => Err(Reply::error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body took over {}s", BODY_TIMEOUT.as_secs()),
+        )),
+    }
+}
+
+fn hex_sha256(parts: &[&[u8]]) -> String {
+    let mut hash = Sha256::new();
+    for part in parts {
+        // Each part's length first, so no two splits hash alike.
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    hex::encode(hash.finalize())
+}
+
+/// One `POST` under the Idempotency-Key contract: the key is claimed for
+/// (token, route template) with the request's hash; a new one executes
+/// `execute` and stores its answer (a 5xx frees the key instead), a known
+/// one is answered from what is stored.
+struct Idempotent<'a> {
+    api: &'a Api,
+    token: &'a Token,
+    /// The route template, e.g. `POST /v1/jobs/{job}/runs`.
+    route: &'static str,
+    /// The concrete path, without the query string.
+    path: String,
+    /// How long the request may take to answer.
+    bound: Duration,
+}
+
+impl Idempotent<'_> {
+    async fn answer<F, Fut>(self, headers: &HeaderMap, body: &Value, execute: F) -> Reply
+    where
+        F: FnOnce(Scope) -> Fut,
+        Fut: std::future::Future<Output = Reply>,
+    {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .unwrap_or_default();
+        if key.is_empty() || key.len() > 255 {
+            return Reply::bad(
+                "Idempotency-Key",
+                "every POST under /v1/ needs an Idempotency-Key header of 1 to 255 characters, one value per operation (a UUID, say); a retry sends the same value",
+            );
+        }
+        let Some(settings) = self.api.config().api.clone() else {
+            return Reply::error(StatusCode::NOT_FOUND, "the API is off");
+        };
+        // serde_json's maps are sorted: the text is canonical.
+        let canonical = body.to_string();
+        let scope = hex_sha256(&[
+            self.token.name.as_bytes(),
+            self.route.as_bytes(),
+            key.as_bytes(),
+        ]);
+        let request = hex_sha256(&[b"POST", self.path.as_bytes(), canonical.as_bytes()]);
+        let store = self.api.store();
+        let bound = self.bound + KEY_SLACK;
+        let known = match store
+            .claim_key(&scope, &request, bound, settings.key_ttl)
+            .await
+        {
+            Ok(KeyClaim::New) => None,
+            Ok(KeyClaim::Known(known)) => Some(known),
+            Err(e) => return Reply::of(&e),
+        };
+        if let Some(known) = known {
+            if known.request != request {
+                return Reply::ok(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    json!({
+                        "error": "this Idempotency-Key was used for another request (another body or path) on this route; use a new key for a new operation",
+                        "field": "Idempotency-Key",
+                    }),
+                );
+            }
+            let in_flight = known.state == "running" || known.run_going == 1;
+            if in_flight {
+                let mut reply = Reply::error(
+                    StatusCode::CONFLICT,
+                    "a request with this Idempotency-Key is still being answered or its run is still going; retry later",
+                )
+                .with(header::RETRY_AFTER, "1");
+                if let Some(location) = known.location {
+                    reply = reply.with(header::LOCATION, location);
+                }
+                return reply;
+            }
+            let status = known
+                .status
+                .and_then(|s| u16::try_from(s).ok())
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .unwrap_or(StatusCode::OK);
+            let body = known
+                .body
+                .as_deref()
+                .and_then(|b| serde_json::from_str(b).ok())
+                .unwrap_or_else(|| json!({}));
+            let mut reply = Reply::ok(status, body)
+                .with(HeaderName::from_static("idempotent-replayed"), "true");
+            if let Some(location) = known.location {
+                reply = reply.with(header::LOCATION, location);
+            }
+            return reply;
+        }
+        let reply = execute(Scope {
+            store: store.clone(),
+            scope: scope.clone(),
+        })
+        .await;
+        let stored = if reply.status.is_server_error() {
+            store.forget_key(&scope).await
+        } else {
+            let location = reply.location().map(str::to_owned);
+            let run_id = location
+                .as_deref()
+                .and_then(|l| l.strip_prefix("/v1/runs/"))
+                .map(str::to_owned);
+            store
+                .answer_key(
+                    &scope,
+                    reply.status.as_u16(),
+                    &reply.body.to_string(),
+                    location.as_deref(),
+                    run_id.as_deref(),
+                )
+                .await
+        };
+        if let Err(e) = stored {
+            // The key stays in progress until its bound: a retry meanwhile
+            // gets 409, never a second execution.
+            tracing::warn!(error = %e, "cannot store the answer of an Idempotency-Key");
+        }
+        reply
+    }
+}
+
+/// The Idempotency-Key a request executes under: a run it starts is noted
+/// on it at once, so a retry meanwhile gets the run's `Location`.
+struct Scope {
+    store: Store,
+    scope: String,
+}
+
+impl Scope {
+    async fn note_run(&self, id: &str) -> Result<(), Error> {
+        self.store
+            .note_key_run(&self.scope, id, &format!("/v1/runs/{id}"))
+            .await
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    period: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    early: bool,
+}
+
+#[derive(Deserialize)]
+struct Wait {
+    wait: Option<String>,
+}
+
+async fn start_run(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(wait): Query<Wait>,
+    body: Body,
+) -> Reply {
+    let (config, token) = match authorize(&api, &headers, Need::Trigger) {
+        Ok(ok) => ok,
+        Err(reply) => return reply,
+    };
+    let wait = match wait.wait.as_deref().map(str::parse::<u64>) {
+        None => 0,
+        Some(Ok(secs)) if secs <= MAX_WAIT => secs,
+        Some(_) => {
+            return Reply::bad(
+                "wait",
+                format!("?wait= takes whole seconds from 0 to {MAX_WAIT}"),
+            );
+        }
+    };
+    let bytes = match read_body(body).await {
+        Ok(bytes) => bytes,
+        Err(reply) => return reply,
+    };
+    let value = match body_of(&bytes) {
+        Ok(value) => value,
+        Err(reply) => return reply,
+    };
+    let idempotent = Idempotent {
+        api: &api,
+        token: &token,
+        route: "POST /v1/jobs/{job}/runs",
+        path: format!("/v1/jobs/{name}/runs"),
+        bound: Duration::from_secs(wait) + BODY_TIMEOUT,
+    };
+    let api = api.clone();
+    let caller = token.clone();
+    idempotent
+        .answer(&headers, &value.clone(), |scope| async move {
+            let asked: RunBody = match serde_json::from_value(value) {
+                Ok(asked) => asked,
+                Err(e) => {
+                    let message = e.to_string();
+                    let field = message
+                        .split('`')
+                        .nth(1)
+                        .unwrap_or("body")
+                        .to_owned();
+                    return Reply::bad(&field, format!("the body: {message}"));
+                }
+            };
+            let job = match find_job(&config, &name) {
+                Ok(job) => job.name.clone(),
+                Err(reply) => return reply,
+            };
+            let periods = match (asked.period, asked.from, asked.to) {
+                (Some(period), None, None) => Selection::Period(period),
+                (None, Some(from), Some(to)) => Selection::Range(from, to),
+                (Some(_), _, _) => {
+                    return Reply::bad("period", "give `period`, or `from` and `to`, not both");
+                }
+                (None, None, _) => {
+                    return Reply::bad(
+                        "period",
+                        "`period` is missing: give {\"period\": LABEL} or {\"from\": LABEL, \"to\": LABEL}",
+                    );
+                }
+                (None, Some(_), None) => return Reply::bad("to", "`to` is missing"),
+            };
+            let request = Request {
+                job: Some(job.clone()),
+                periods,
+                force: asked.force,
+                early: asked.early,
+                wait: false,
+                dry_run: false,
+                names: Names::JSON,
+            };
+            if let Err(e) = manual::check(&config, &request, Utc::now()) {
+                return Reply::of(&e);
+            }
+            if let Selection::Range(from, to) = &request.periods
+                && let Ok(found) = config.job(&job)
+                && let Err(e) = manual::periods_between(found, (from, to), RANGE_LIMIT, Names::JSON)
+            {
+                return Reply::of(&e);
+            }
+            api.start(config, request, &caller, &scope, Duration::from_secs(wait))
+                .await
+        })
+        .await
+}
+
+/// What a run did so far, shared by the run and the writer that stores it.
+#[derive(Default)]
+struct Progress {
+    /// Claimed, not ended yet: key and attempt.
+    claimed: Vec<(String, i32)>,
+    /// Ended.
+    lines: Vec<Line>,
+    /// Why the run itself ended early, if it did.
+    error: Option<String>,
+    done: bool,
+}
+
+impl Progress {
+    fn body(&self) -> Value {
+        let mut periods: Vec<Value> = self
+            .lines
+            .iter()
+            .map(|l| {
+                json!({
+                    "key": l.key,
+                    "status": l.status,
+                    "detail": l.detail,
+                    "attempt": l.attempt,
+                })
+            })
+            .collect();
+        for (key, attempt) in &self.claimed {
+            periods.push(json!({ "key": key, "status": "running", "attempt": attempt }));
+        }
+        let mut body = json!({ "periods": periods });
+        if let Some(error) = &self.error {
+            body["error"] = json!(error);
+        }
+        body
+    }
+}
+
+/// The sink of an API run: it fills the shared [`Progress`].
+struct Collect(Arc<Mutex<Progress>>, watch::Sender<u64>);
+
+impl Sink for Collect {
+    fn claimed(&mut self, key: &str, attempt: i32) {
+        if let Ok(mut p) = self.0.lock() {
+            p.claimed.push((key.to_owned(), attempt));
+        }
+        self.1.send_modify(|n| *n += 1);
+    }
+
+    fn line(&mut self, line: &Line) -> Result<(), Stop> {
+        if let Ok(mut p) = self.0.lock() {
+            p.claimed.retain(|(key, _)| *key != line.key);
+            p.lines.push(line.clone());
+        }
+        self.1.send_modify(|n| *n += 1);
+        Ok(())
+    }
+}
+
+impl Api {
+    /// Starts `request` on this replica: records the run, runs it in a
+    /// task of its own, and answers 202 with what it did first (or, with
+    /// `wait`, 200 once it ended within that).
+    async fn start(
+        self: &Arc<Api>,
+        config: Arc<Config>,
+        request: Request,
+        token: &Token,
+        scope: &Scope,
+        wait: Duration,
+    ) -> Reply {
+        let mut id = [0u8; 16];
+        if getrandom::fill(&mut id).is_err() {
+            return Reply::error(StatusCode::INTERNAL_SERVER_ERROR, "no random numbers");
+        }
+        let id = hex::encode(id);
+        let Some(ttl) = config.api.as_ref().map(|a| a.key_ttl) else {
+            return Reply::error(StatusCode::NOT_FOUND, "the API is off");
+        };
+        let job = request.job.clone().unwrap_or_default();
+        let record = ApiRun {
+            id: id.clone(),
+            job: job.clone(),
+            requested_by: token.name.clone(),
+            owner: self.engine.owner().to_owned(),
+            state: "running".into(),
+            body: json!({ "periods": [] }).to_string(),
+            alive: 1,
+        };
+        let store = self.store().clone();
+        if let Err(e) = store.create_run(&record, RUN_TICK * 3, ttl).await {
+            return Reply::of(&e);
+        }
+        if let Err(e) = scope.note_run(&id).await {
+            return Reply::of(&e);
+        }
+        tracing::info!(run = %id, job = %job, by = %token.name, "run asked for over the API");
+        let progress = Arc::new(Mutex::new(Progress::default()));
+        let (changed, mut seen) = watch::channel(0u64);
+        let api = self.clone();
+        let shared = progress.clone();
+        let run_id = id.clone();
+        self.runs.lock().await.spawn(async move {
+            let mut sink = Collect(shared.clone(), changed);
+            let ended = {
+                let run =
+                    manual::run(&config, &api.engine, &request, api.shutdown.clone(), &mut sink);
+                tokio::pin!(run);
+                loop {
+                    tokio::select! {
+                        ended = &mut run => break ended,
+                        () = tokio::time::sleep(RUN_TICK) => {
+                            let body = lock(&shared).body().to_string();
+                            if let Err(e) = store.update_run(&run_id, &body, false, RUN_TICK * 3).await {
+                                tracing::warn!(run = %run_id, error = %e, "cannot write a run's progress");
+                            }
+                        }
+                    }
+                }
+            };
+            let body = {
+                let mut p = lock(&shared);
+                if let Err(e) = ended {
+                    p.error = Some(e.to_string());
+                }
+                p.done = true;
+                p.body().to_string()
+            };
+            sink.1.send_modify(|n| *n += 1);
+            // The last word is written until it lands (or shutdown ends
+            // the process): a reader must not see a finished run as
+            // running.
+            for _ in 0..10 {
+                match store.update_run(&run_id, &body, true, RUN_TICK * 3).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(run = %run_id, error = %e, "cannot write a run's end");
+                        tokio::time::sleep(RUN_TICK).await;
+                    }
+                }
+            }
+        });
+        // Without `wait`, the answer comes once something happened (the
+        // first claim or line) or after a second.
+        let until = tokio::time::Instant::now() + wait.max(Duration::from_secs(1));
+        loop {
+            let (done, anything) = {
+                let p = lock(&progress);
+                (p.done, !p.lines.is_empty() || !p.claimed.is_empty())
+            };
+            if done || (wait.is_zero() && anything) {
+                break;
+            }
+            if tokio::time::timeout_at(until, seen.changed())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        let (done, mut body) = {
+            let p = lock(&progress);
+            (p.done, p.body())
+        };
+        body["id"] = json!(id);
+        body["job"] = json!(job);
+        body["state"] = json!(if done { "done" } else { "running" });
+        let status = if done && !wait.is_zero() {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        };
+        Reply::ok(status, body).with(header::LOCATION, format!("/v1/runs/{id}"))
+    }
+}
+
+fn lock(progress: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
+    match progress.lock() {
+        Ok(p) => p,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+async fn pause(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Reply {
+    set_paused(api, headers, name, body, true).await
+}
+
+async fn resume(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Reply {
+    set_paused(api, headers, name, body, false).await
+}
+
+async fn set_paused(
+    api: Arc<Api>,
+    headers: HeaderMap,
+    name: String,
+    body: Body,
+    paused: bool,
+) -> Reply {
+    let (config, token) = match authorize(&api, &headers, Need::Operate) {
+        Ok(ok) => ok,
+        Err(reply) => return reply,
+    };
+    let value = match read_body(body).await.and_then(|b| body_of(&b)) {
+        Ok(value) => value,
+        Err(reply) => return reply,
+    };
+    let (route, verb) = if paused {
+        ("POST /v1/jobs/{job}/pause", "pause")
+    } else {
+        ("POST /v1/jobs/{job}/resume", "resume")
+    };
+    let idempotent = Idempotent {
+        api: &api,
+        token: &token,
+        route,
+        path: format!("/v1/jobs/{name}/{verb}"),
+        bound: BODY_TIMEOUT,
+    };
+    let store = api.store().clone();
+    let by = token.name.clone();
+    idempotent
+        .answer(&headers, &value, |_| async move {
+            let job = match find_job(&config, &name) {
+                Ok(job) => job,
+                Err(reply) => return reply,
+            };
+            match store.set_paused(&job.name, paused).await {
+                Ok(()) => {
+                    tracing::info!(job = %job.name, by = %by, paused, "paused over the API");
+                    Reply::ok(StatusCode::OK, json!({ "job": job.name, "paused": paused }))
+                }
+                Err(e) => Reply::of(&e),
+            }
+        })
+        .await
+}
+
+async fn release(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path((name, label)): Path<(String, String)>,
+    body: Body,
+) -> Reply {
+    let (config, token) = match authorize(&api, &headers, Need::Operate) {
+        Ok(ok) => ok,
+        Err(reply) => return reply,
+    };
+    let value = match read_body(body).await.and_then(|b| body_of(&b)) {
+        Ok(value) => value,
+        Err(reply) => return reply,
+    };
+    let idempotent = Idempotent {
+        api: &api,
+        token: &token,
+        route: "POST /v1/jobs/{job}/periods/{label}/release",
+        path: format!("/v1/jobs/{name}/periods/{label}/release"),
+        bound: BODY_TIMEOUT,
+    };
+    let store = api.store().clone();
+    let by = token.name.clone();
+    idempotent
+        .answer(&headers, &value, |_| async move {
+            let job = match find_job(&config, &name) {
+                Ok(job) => job,
+                Err(reply) => return reply,
+            };
+            let period = match manual::periods_between(job, (&label, &label), 1, Names::JSON) {
+                Ok(mut periods) => periods.remove(0),
+                Err(e) => return Reply::bad("label", e.to_string()),
+            };
+            let key = PeriodKey::new(&job.name, &period.label).to_string();
+            match store.release_key(&key).await {
+                Ok(Some(Released { owner, lease_until })) => {
+                    tracing::info!(period_key = %key, by = %by, "released over the API");
+                    Reply::ok(
+                        StatusCode::OK,
+                        json!({
+                            "key": key,
+                            "released": true,
+                            "owner": owner,
+                            "claimable_by": lease_until.map(utc_text),
+                        }),
+                    )
+                }
+                Ok(None) => Reply::ok(
+                    StatusCode::OK,
+                    json!({ "key": key, "released": false, "reason": "no running claim" }),
+                ),
+                Err(e) => Reply::of(&e),
+            }
+        })
+        .await
+}

@@ -1,0 +1,291 @@
+//! What the HTTP API keeps: Idempotency-Keys and the runs it started. The
+//! statements are the same on both backends (times are milliseconds on the
+//! database's clock); only the clock's spelling differs.
+
+use std::time::Duration;
+
+use super::{STATEMENT_BOUND, Store, query_error};
+use crate::error::Error;
+
+/// PostgreSQL's clock, in milliseconds since the epoch.
+const PG_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// Runs `$body` with `$pool` bound to the backend's pool and `$now` to its
+/// clock expression, within [`STATEMENT_BOUND`].
+macro_rules! on_pool {
+    ($store:expr, |$pool:ident, $now:ident| $body:expr) => {{
+        let work = async {
+            match $store {
+                Store::Sqlite(s) => {
+                    let ($pool, $now) = (&s.pool, super::sqlite::NOW);
+                    $body
+                }
+                Store::Postgres(s) => {
+                    let ($pool, $now) = (&s.pool, PG_NOW);
+                    $body
+                }
+            }
+        };
+        match tokio::time::timeout(STATEMENT_BOUND, work).await {
+            Ok(result) => result.map_err(query_error),
+            Err(_) => Err(Error::Database(format!(
+                "database error: no answer within {}s",
+                STATEMENT_BOUND.as_secs()
+            ))),
+        }
+    }};
+}
+
+/// How an Idempotency-Key was claimed.
+#[derive(Debug)]
+pub enum KeyClaim {
+    /// New (or its earlier record expired, or was left in progress past
+    /// its bound by a replica that went away): this request executes.
+    New,
+    /// Known: what the first request left.
+    Known(KeyRecord),
+}
+
+/// A stored Idempotency-Key.
+#[derive(Debug, sqlx::FromRow)]
+pub struct KeyRecord {
+    /// The hash of the first request's method, path and body.
+    pub request: String,
+    /// `running` (being answered) or `answered`.
+    pub state: String,
+    /// The stored answer.
+    pub status: Option<i32>,
+    /// Its body.
+    pub body: Option<String>,
+    /// Its `Location`.
+    pub location: Option<String>,
+    /// 1 while the run it started is still going.
+    pub run_going: i32,
+}
+
+/// A run asked for over the API, as stored.
+#[derive(Debug, sqlx::FromRow)]
+pub struct ApiRun {
+    /// Its id.
+    pub id: String,
+    /// The job.
+    pub job: String,
+    /// The token's name that asked for it.
+    pub requested_by: String,
+    /// The replica running it.
+    pub owner: String,
+    /// `running` or `done`.
+    pub state: String,
+    /// What each period did, as JSON.
+    pub body: String,
+    /// 1 while its replica keeps it alive.
+    pub alive: i32,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+impl Store {
+    /// Claims the Idempotency-Key `scope` for a request hashed `request`,
+    /// in one statement decided by the primary key: new, or what is known.
+    /// A record in progress past its bound (its replica went away) is
+    /// taken over by the same request; an expired one by any.
+    pub async fn claim_key(
+        &self,
+        scope: &str,
+        request: &str,
+        bound: Duration,
+        ttl: Duration,
+    ) -> Result<KeyClaim, Error> {
+        loop {
+            let claimed = on_pool!(self, |pool, now| {
+                sqlx::query(&format!(
+                    "INSERT INTO scheduler_idempotency (scope, request, state, bound_at, expires_at)
+                     VALUES ($1, $2, 'running', {now} + $3, {now} + $4)
+                     ON CONFLICT (scope) DO UPDATE
+                        SET request = excluded.request, state = 'running', status = NULL,
+                            body = NULL, location = NULL, run_id = NULL,
+                            bound_at = excluded.bound_at, expires_at = excluded.expires_at
+                      WHERE scheduler_idempotency.expires_at <= {now}
+                         OR (scheduler_idempotency.state = 'running'
+                             AND scheduler_idempotency.bound_at <= {now}
+                             AND scheduler_idempotency.request = excluded.request)"
+                ))
+                .bind(scope)
+                .bind(request)
+                .bind(ms(bound))
+                .bind(ms(ttl))
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected() == 1)
+            })?;
+            if claimed {
+                return Ok(KeyClaim::New);
+            }
+            let known = on_pool!(self, |pool, now| {
+                sqlx::query_as::<_, KeyRecord>(&format!(
+                    "SELECT i.request, i.state, i.status, i.body, i.location,
+                            CASE WHEN r.state = 'running' AND r.alive_until > {now} THEN 1 ELSE 0 END AS run_going
+                       FROM scheduler_idempotency i
+                       LEFT JOIN scheduler_api_runs r ON r.id = i.run_id
+                      WHERE i.scope = $1"
+                ))
+                .bind(scope)
+                .fetch_optional(pool)
+                .await
+            })?;
+            // Gone in between (a request that failed freed it): claim again.
+            if let Some(known) = known {
+                return Ok(KeyClaim::Known(known));
+            }
+        }
+    }
+
+    /// Stores the answer of the request that claimed `scope`.
+    pub async fn answer_key(
+        &self,
+        scope: &str,
+        status: u16,
+        body: &str,
+        location: Option<&str>,
+        run_id: Option<&str>,
+    ) -> Result<(), Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query(
+                "UPDATE scheduler_idempotency
+                    SET state = 'answered', status = $2, body = $3, location = $4, run_id = $5
+                  WHERE scope = $1",
+            )
+            .bind(scope)
+            .bind(i32::from(status))
+            .bind(body)
+            .bind(location)
+            .bind(run_id)
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })
+    }
+
+    /// Notes on `scope`, still in progress, the run its request started,
+    /// so a retry meanwhile is pointed at it.
+    pub async fn note_key_run(
+        &self,
+        scope: &str,
+        run_id: &str,
+        location: &str,
+    ) -> Result<(), Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query(
+                "UPDATE scheduler_idempotency SET run_id = $2, location = $3
+                  WHERE scope = $1 AND state = 'running'",
+            )
+            .bind(scope)
+            .bind(run_id)
+            .bind(location)
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })
+    }
+
+    /// Frees `scope` (its request ended in a server-side error), so that a
+    /// retry executes.
+    pub async fn forget_key(&self, scope: &str) -> Result<(), Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query("DELETE FROM scheduler_idempotency WHERE scope = $1 AND state = 'running'")
+                .bind(scope)
+                .execute(pool)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    /// Records a run this replica (`owner`) starts, alive for `alive_for`
+    /// and kept for `ttl`.
+    pub async fn create_run(
+        &self,
+        run: &ApiRun,
+        alive_for: Duration,
+        ttl: Duration,
+    ) -> Result<(), Error> {
+        on_pool!(self, |pool, now| {
+            sqlx::query(&format!(
+                "INSERT INTO scheduler_api_runs
+                        (id, job, requested_by, owner, state, body, created_at, alive_until, expires_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, {now}, {now} + $7, {now} + $8)"
+            ))
+            .bind(&run.id)
+            .bind(&run.job)
+            .bind(&run.requested_by)
+            .bind(&run.owner)
+            .bind(&run.state)
+            .bind(&run.body)
+            .bind(ms(alive_for))
+            .bind(ms(ttl))
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })
+    }
+
+    /// Writes what run `id` did so far (`done`: all of it), keeping it
+    /// alive for `alive_for` more.
+    pub async fn update_run(
+        &self,
+        id: &str,
+        body: &str,
+        done: bool,
+        alive_for: Duration,
+    ) -> Result<(), Error> {
+        on_pool!(self, |pool, now| {
+            sqlx::query(&format!(
+                "UPDATE scheduler_api_runs
+                    SET body = $2, state = $3, alive_until = {now} + $4
+                  WHERE id = $1"
+            ))
+            .bind(id)
+            .bind(body)
+            .bind(if done { "done" } else { "running" })
+            .bind(ms(alive_for))
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })
+    }
+
+    /// Run `id`, if it is known.
+    pub async fn api_run(&self, id: &str) -> Result<Option<ApiRun>, Error> {
+        on_pool!(self, |pool, now| {
+            sqlx::query_as::<_, ApiRun>(&format!(
+                "SELECT id, job, requested_by, owner, state, body,
+                        CASE WHEN alive_until > {now} THEN 1 ELSE 0 END AS alive
+                   FROM scheduler_api_runs WHERE id = $1"
+            ))
+            .bind(id)
+            .fetch_optional(pool)
+            .await
+        })
+    }
+
+    /// Deletes Idempotency-Keys and API runs past their `key_ttl`; how many.
+    pub async fn prune_api(&self) -> Result<u64, Error> {
+        on_pool!(self, |pool, now| {
+            let keys = sqlx::query(&format!(
+                "DELETE FROM scheduler_idempotency WHERE expires_at <= {now}"
+            ))
+            .execute(pool)
+            .await?
+            .rows_affected();
+            let runs = sqlx::query(&format!(
+                "DELETE FROM scheduler_api_runs
+                  WHERE expires_at <= {now} AND (state = 'done' OR alive_until <= {now})"
+            ))
+            .execute(pool)
+            .await?
+            .rows_affected();
+            Ok::<u64, sqlx::Error>(keys + runs)
+        })
+    }
+}

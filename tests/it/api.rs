@@ -1,0 +1,651 @@
+//! The HTTP API against the real server, with a real HTTP client: tokens,
+//! the Idempotency-Key contract, runs on the answering replica, and what a
+//! slow or idle client can and cannot do.
+
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::blocking::{Client, Response};
+use serde_json::{Value, json};
+
+use crate::serve::stop;
+use crate::support::{Said, TestDb, Workspace, count, databases, eventually, free_port, lines};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+const CI: &str = "ci-secret-0123456789abcdef";
+const ONCALL: &str = "oncall-secret-0123456789abcdef";
+const READER: &str = "reader-secret-0123456789abcdef";
+
+/// A jobs.toml with the three tokens and `jobs`.
+fn with_api(jobs: &str) -> String {
+    format!(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"2s\"\n\n\
+         [api]\ntokens = [\n\
+           {{ name = \"ci\", secret = \"${{CI_TOKEN}}\", allow = [\"read\", \"trigger\"] }},\n\
+           {{ name = \"on-call\", secret = \"${{ONCALL_TOKEN}}\", allow = [\"read\", \"trigger\", \"operate\"] }},\n\
+           {{ name = \"reader\", secret = \"${{READER_TOKEN}}\", allow = [\"read\"] }},\n\
+         ]\n{jobs}"
+    )
+}
+
+/// A monthly job that appends its period key to runs.txt, after `nap`.
+fn monthly(name: &str, nap: &str) -> String {
+    format!(
+        "\n[[job]]\nname = \"{name}\"\nschedule = \"0 0 1 * *\"\nperiod = \"month\"\n\
+         shell = \"sleep {nap}; echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n"
+    )
+}
+
+/// A replica serving the API.
+struct Server {
+    child: Option<Child>,
+    base: String,
+}
+
+impl Server {
+    fn start(ws: &Workspace, url: &str) -> Server {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(ws.path().join("serve.log"))
+            .expect("serve.log");
+        let child = ws
+            .command(&["--database-url", url, "serve", "--listen", &addr])
+            .env("CI_TOKEN", CI)
+            .env("ONCALL_TOKEN", ONCALL)
+            .env("READER_TOKEN", READER)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start serve");
+        let server = Server {
+            child: Some(child),
+            base: format!("http://{addr}"),
+        };
+        eventually("/readyz", BOUND, || {
+            client()
+                .get(format!("{}/readyz", server.base))
+                .send()
+                .is_ok_and(|r| r.status() == StatusCode::OK)
+        });
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn get(&self, token: &str, path: &str) -> Response {
+        client()
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .expect("GET")
+    }
+
+    fn post(&self, token: &str, path: &str, key: &str, body: &Value) -> Response {
+        client()
+            .post(self.url(path))
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .expect("POST")
+    }
+
+    fn stop(mut self) -> i32 {
+        stop(self.child.take().expect("running"))
+    }
+
+    fn kill(mut self) {
+        let mut child = self.child.take().expect("running");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client")
+}
+
+/// Status, the `Idempotent-Replayed` header, `Location` and the JSON body.
+fn answer(response: Response) -> (StatusCode, bool, Option<String>, Value) {
+    let status = response.status();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let location = response
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = response.json().unwrap_or(Value::Null);
+    (status, replayed, location, body)
+}
+
+fn runs(ws: &Workspace) -> Vec<String> {
+    lines(ws.path().join("runs.txt"))
+}
+
+#[test]
+fn missing_wrong_and_insufficient_tokens_get_401_401_403_and_no_api_section_is_404() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+    let server = Server::start(&ws, &db.url);
+    let none = client().get(server.url("/v1/jobs")).send().unwrap();
+    assert_eq!(none.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        server.get("not-a-token-at-all-xxxxx", "/v1/jobs").status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, _, _, body) = answer(server.post(
+        READER,
+        "/v1/jobs/billing/runs",
+        "k1",
+        &json!({"period": "2026-07"}),
+    ));
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["needs"], "trigger", "{body}");
+    let (status, _, _, body) = answer(server.post(CI, "/v1/jobs/billing/pause", "k2", &json!({})));
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, _, _, body) = answer(server.get(READER, "/v1/jobs"));
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["jobs"][0]["job"], "billing", "{body}");
+    assert_eq!(server.stop(), 0);
+
+    let plain = Workspace::new(&monthly("billing", "0"));
+    let server = Server::start(&plain, &db.url);
+    let (status, _, _, body) = answer(server.get(CI, "/v1/jobs"));
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body["error"].as_str().unwrap().contains("[api]"), "{body}");
+    assert_eq!(
+        client()
+            .get(server.url("/healthz"))
+            .send()
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(server.stop(), 0);
+}
+
+#[test]
+fn the_same_key_and_body_run_once_and_the_stored_answer_is_replayed() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+        let server = Server::start(&ws, &db.url);
+        let body = json!({"period": "2026-07"});
+        let (status, replayed, location, first) =
+            answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "july-1", &body));
+        assert_eq!(status, StatusCode::OK, "{first}");
+        assert!(!replayed);
+        assert_eq!(first["periods"][0]["status"], "succeeded", "{first}");
+        let location = location.expect("Location");
+        for _ in 0..3 {
+            let (again, replayed, again_location, again_body) =
+                answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "july-1", &body));
+            assert_eq!(again, status);
+            assert!(replayed, "not marked as replayed");
+            assert_eq!(again_location.as_deref(), Some(location.as_str()));
+            assert_eq!(again_body, first);
+        }
+        assert_eq!(runs(&ws), ["billing:2026-07"], "{}", db.url);
+        let (status, _, _, run) = answer(server.get(READER, &location));
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(run["state"], "done", "{run}");
+        assert_eq!(run["requested_by"], "ci", "{run}");
+        assert_eq!(server.stop(), 0);
+    }
+}
+
+#[test]
+fn the_same_key_sent_from_several_threads_at_once_runs_once() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "1")));
+        let server = Server::start(&ws, &db.url);
+        let answers: Vec<(StatusCode, bool)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        let (status, replayed, _, _) = answer(server.post(
+                            CI,
+                            "/v1/jobs/billing/runs?wait=30",
+                            "same",
+                            &json!({"period": "2026-07"}),
+                        ));
+                        (status, replayed)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let executed = answers
+            .iter()
+            .filter(|(s, replayed)| s.is_success() && !replayed)
+            .count();
+        assert_eq!(executed, 1, "{answers:?}");
+        assert!(
+            answers
+                .iter()
+                .all(|(s, replayed)| *s == StatusCode::CONFLICT
+                    || s.is_success() && (*replayed || *s == StatusCode::OK)),
+            "{answers:?}"
+        );
+        assert_eq!(runs(&ws), ["billing:2026-07"], "{}", db.url);
+        assert_eq!(server.stop(), 0);
+    }
+}
+
+#[test]
+fn the_same_key_sent_to_two_replicas_on_postgres_runs_once() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = Workspace::new(&with_api(&monthly("billing", "1")));
+    let a = Server::start(&ws, &db.url);
+    let b = Server::start(&ws, &db.url);
+    let body = json!({"period": "2026-07", "force": true});
+    let answers: Vec<(StatusCode, bool)> = std::thread::scope(|s| {
+        let handles: Vec<_> = [&a, &b, &a, &b]
+            .into_iter()
+            .map(|server| {
+                let body = body.clone();
+                s.spawn(move || {
+                    let (status, replayed, _, _) =
+                        answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "twice", &body));
+                    (status, replayed)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let executed = answers
+        .iter()
+        .filter(|(s, replayed)| s.is_success() && !replayed)
+        .count();
+    assert_eq!(executed, 1, "{answers:?}");
+    eventually("the run", BOUND, || !runs(&ws).is_empty());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(runs(&ws), ["billing:2026-07"]);
+    assert_eq!(a.stop(), 0);
+    assert_eq!(b.stop(), 0);
+}
+
+#[test]
+fn in_flight_is_409_another_body_is_422_and_another_token_has_its_own_scope() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "3")));
+    let server = Server::start(&ws, &db.url);
+    let body = json!({"period": "2026-07"});
+    let (status, _, location, first) =
+        answer(server.post(CI, "/v1/jobs/billing/runs", "slow", &body));
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
+    let location = location.expect("Location");
+    let response = server.post(CI, "/v1/jobs/billing/runs", "slow", &body);
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert!(response.headers().get("retry-after").is_some());
+    assert_eq!(
+        response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok()),
+        Some(location.as_str())
+    );
+    let (status, _, _, error) = answer(server.post(
+        CI,
+        "/v1/jobs/billing/runs",
+        "slow",
+        &json!({"period": "2026-06"}),
+    ));
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+    // The same key value from another token is that token's own key: it
+    // executes (and finds the period running).
+    let (status, replayed, other, _) =
+        answer(server.post(ONCALL, "/v1/jobs/billing/runs", "slow", &body));
+    assert!(status.is_success() && !replayed, "{status}");
+    assert_ne!(other.as_deref(), Some(location.as_str()));
+    eventually("the run ends", BOUND, || {
+        answer(server.get(READER, &location)).3["state"] == "done"
+    });
+    let (status, replayed, _, replay) =
+        answer(server.post(CI, "/v1/jobs/billing/runs", "slow", &body));
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert!(replayed);
+    assert_eq!(replay, first);
+    assert_eq!(runs(&ws), ["billing:2026-07"]);
+    assert_eq!(server.stop(), 0);
+}
+
+#[test]
+fn a_forced_rerun_retried_three_times_with_one_key_makes_one_new_attempt() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+        let server = Server::start(&ws, &db.url);
+        let (status, _, _, _) = answer(server.post(
+            CI,
+            "/v1/jobs/billing/runs?wait=30",
+            "first",
+            &json!({"period": "2026-07"}),
+        ));
+        assert_eq!(status, StatusCode::OK);
+        for _ in 0..3 {
+            let (status, _, _, body) = answer(server.post(
+                CI,
+                "/v1/jobs/billing/runs?wait=30",
+                "rerun-july",
+                &json!({"period": "2026-07", "force": true}),
+            ));
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        assert_eq!(runs(&ws).len(), 2, "{:?}", runs(&ws));
+        let (_, _, _, period) = answer(server.get(READER, "/v1/jobs/billing/periods/2026-07"));
+        assert_eq!(
+            period["attempts"].as_array().map(Vec::len),
+            Some(2),
+            "{period}"
+        );
+        assert_eq!(server.stop(), 0);
+    }
+}
+
+#[test]
+fn a_failed_run_is_replayed_and_a_database_failure_frees_the_key() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy, url) = crate::support::proxied(&db);
+    let ws = Workspace::new(&with_api(
+        "\n[[job]]\nname = \"broken\"\nschedule = \"0 0 1 * *\"\nperiod = \"month\"\n\
+         shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt; exit 3\"\n",
+    ));
+    let server = Server::start(&ws, &url);
+    let body = json!({"period": "2026-07"});
+    let (status, _, _, first) =
+        answer(server.post(CI, "/v1/jobs/broken/runs?wait=30", "fails", &body));
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(first["periods"][0]["status"], "failed", "{first}");
+    let (_, replayed, _, again) =
+        answer(server.post(CI, "/v1/jobs/broken/runs?wait=30", "fails", &body));
+    assert!(replayed);
+    assert_eq!(again, first);
+    assert_eq!(runs(&ws).len(), 1, "a failed run ran again");
+
+    proxy.cut();
+    let june = json!({"period": "2026-06"});
+    let (status, _, _, error) =
+        answer(server.post(CI, "/v1/jobs/broken/runs?wait=30", "outage", &june));
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{error}");
+    proxy.restore();
+    let mut executed = None;
+    eventually("a retry after the outage executes", BOUND, || {
+        let (status, replayed, _, body) =
+            answer(server.post(CI, "/v1/jobs/broken/runs?wait=30", "outage", &june));
+        executed = Some((status, replayed, body));
+        status.is_success()
+    });
+    let (status, replayed, body) = executed.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!replayed, "the failed request's answer was stored");
+    assert_eq!(runs(&ws).len(), 2);
+    assert_eq!(server.stop(), 0);
+}
+
+#[test]
+fn an_in_progress_key_left_by_a_killed_replica_is_taken_over_after_its_bound() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "30")));
+    let server = Server::start(&ws, &db.url);
+    let body = json!({"period": "2026-07"});
+    let base = server.base.clone();
+    let waiting = std::thread::spawn(move || {
+        client()
+            .post(format!("{base}/v1/jobs/billing/runs?wait=1"))
+            .bearer_auth(CI)
+            .header("Idempotency-Key", "crash")
+            .json(&json!({"period": "2026-07"}))
+            .send()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill();
+    let _ = waiting.join();
+    let in_progress = count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_idempotency WHERE state = 'running'",
+    );
+    assert_eq!(in_progress, 1, "the request was answered before the kill");
+    let server = Server::start(&ws, &db.url);
+    let (status, _, _, _) = answer(server.post(CI, "/v1/jobs/billing/runs", "crash", &body));
+    assert_eq!(status, StatusCode::CONFLICT, "taken over before its bound");
+    let mut last = None;
+    eventually("the key is taken over", BOUND, || {
+        let (status, replayed, _, body) =
+            answer(server.post(CI, "/v1/jobs/billing/runs", "crash", &body));
+        last = Some((status, replayed, body));
+        status != StatusCode::CONFLICT
+    });
+    let (status, replayed, body) = last.unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert!(!replayed);
+    server.kill();
+}
+
+#[test]
+fn bad_requests_are_json_errors_naming_the_field() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+    let server = Server::start(&ws, &db.url);
+    let no_key = client()
+        .post(server.url("/v1/jobs/billing/runs"))
+        .bearer_auth(CI)
+        .json(&json!({"period": "2026-07"}))
+        .send()
+        .unwrap();
+    let (status, _, _, body) = answer(no_key);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["field"], "Idempotency-Key", "{body}");
+    let (status, _, _, body) = answer(server.post(
+        CI,
+        "/v1/jobs/biling/runs",
+        "k",
+        &json!({"period": "2026-07"}),
+    ));
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["nearest"], "billing", "{body}");
+    for (bad, field) in [
+        (json!({"period": "July"}), "period"),
+        (json!({"perod": "2026-07"}), "perod"),
+        (json!({"from": "2026-07"}), "to"),
+        (json!({"period": "2999-01"}), "period"),
+        (json!({"from": "2026-07", "to": "2026-01"}), "to"),
+    ] {
+        let (status, _, _, body) =
+            answer(server.post(CI, "/v1/jobs/billing/runs", &format!("{bad}"), &bad));
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert_eq!(body["field"], field, "{bad}: {body}");
+    }
+    let huge = "x".repeat(70 * 1024);
+    let (status, _, _, body) = answer(server.post(
+        CI,
+        "/v1/jobs/billing/runs",
+        "huge",
+        &json!({ "period": huge }),
+    ));
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let (status, _, _, body) = answer(server.get(READER, "/v1/jobs/billing/periods?from=2026-01"));
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["field"], "to", "{body}");
+    assert!(runs(&ws).is_empty());
+    assert_eq!(server.stop(), 0);
+}
+
+#[test]
+fn reading_periods_and_operating_jobs_over_the_api() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+        let server = Server::start(&ws, &db.url);
+        let (status, _, location, body) = answer(server.post(
+            ONCALL,
+            "/v1/jobs/billing/runs?wait=30",
+            "backfill",
+            &json!({"from": "2026-01", "to": "2026-03"}),
+        ));
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["periods"].as_array().map(Vec::len), Some(3), "{body}");
+        assert!(location.is_some());
+        let (status, _, _, range) =
+            answer(server.get(READER, "/v1/jobs/billing/periods?from=2025-12&to=2026-04"));
+        assert_eq!(status, StatusCode::OK);
+        let states: Vec<&str> = range["periods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["state"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            states,
+            [
+                "never run",
+                "succeeded",
+                "succeeded",
+                "succeeded",
+                "never run"
+            ]
+        );
+        let (status, _, _, paused) =
+            answer(server.post(ONCALL, "/v1/jobs/billing/pause", "pause-1", &json!({})));
+        assert_eq!(status, StatusCode::OK, "{paused}");
+        let (_, _, _, jobs) = answer(server.get(READER, "/v1/jobs"));
+        assert_eq!(jobs["jobs"][0]["paused"], true, "{jobs}");
+        let (status, _, _, _) =
+            answer(server.post(ONCALL, "/v1/jobs/billing/resume", "resume-1", &json!({})));
+        assert_eq!(status, StatusCode::OK);
+        let (_, _, _, jobs) = answer(server.get(READER, "/v1/jobs"));
+        assert_eq!(jobs["jobs"][0]["paused"], false, "{jobs}");
+        let (status, _, _, released) = answer(server.post(
+            ONCALL,
+            "/v1/jobs/billing/periods/2026-02/release",
+            "release-1",
+            &json!({}),
+        ));
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(released["released"], false, "{released}");
+        assert_eq!(server.stop(), 0);
+    }
+}
+
+#[test]
+fn no_secret_reaches_a_response_a_log_line_or_a_row() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+    let server = Server::start(&ws, &db.url);
+    let key = "idempotency-key-value-42";
+    let mut seen = String::new();
+    for token in [CI, ONCALL, READER, "wrong-secret-0123456789"] {
+        for path in [
+            "/v1/jobs",
+            "/v1/jobs/billing/periods/2026-07",
+            "/v1/nowhere",
+        ] {
+            seen.push_str(&server.get(token, path).text().unwrap());
+        }
+        seen.push_str(
+            &server
+                .post(
+                    token,
+                    "/v1/jobs/billing/runs?wait=30",
+                    key,
+                    &json!({"period": "2026-07"}),
+                )
+                .text()
+                .unwrap(),
+        );
+    }
+    assert_eq!(server.stop(), 0);
+    let log = std::fs::read_to_string(ws.path().join("serve.log")).unwrap();
+    let db_file = db.url.trim_start_matches("sqlite://");
+    let mut rows = Vec::new();
+    for file in [db_file.to_owned(), format!("{db_file}-wal")] {
+        rows.extend(std::fs::read(&file).unwrap_or_default());
+    }
+    let rows = String::from_utf8_lossy(&rows);
+    for secret in [CI, ONCALL, READER, key] {
+        assert!(!seen.contains(secret), "{secret} in a response");
+        assert!(!log.contains(secret), "{secret} in the log");
+        assert!(!rows.contains(secret), "{secret} in the database");
+    }
+}
+
+#[test]
+fn fifty_idle_connections_leave_healthz_answering_and_a_job_firing() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(
+        "\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nshell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n",
+    ));
+    let server = Server::start(&ws, &db.url);
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let idle: Vec<TcpStream> = (0..50)
+        .filter_map(|_| TcpStream::connect(&addr).ok())
+        .collect();
+    assert_eq!(idle.len(), 50);
+    let before = runs(&ws).len();
+    eventually("fires while idle connections are held", BOUND, || {
+        runs(&ws).len() >= before + 3
+    });
+    let health = client().get(server.url("/healthz")).send().unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let (status, _, _, _) = answer(server.get(READER, "/v1/jobs"));
+    assert_eq!(status, StatusCode::OK);
+    drop(idle);
+    assert_eq!(server.stop(), 0);
+}
+
+#[test]
+fn api_mistakes_in_jobs_toml_are_configuration_errors() {
+    for (api, says) in [
+        (
+            "[api]\ntokens = [{ name = \"ci\", secret = \"short\", allow = [\"read\"] }]\n",
+            "at least 16",
+        ),
+        (
+            "[api]\ntokens = [{ name = \"ci\", secret = \"0123456789abcdef0\", allow = [\"trigegr\"] }]\n",
+            "did you mean `trigger`?",
+        ),
+        (
+            "[api]\ntokens = [\n{ name = \"ci\", secret = \"0123456789abcdef0\", allow = [\"read\"] },\n{ name = \"ci\", secret = \"0123456789abcdef1\", allow = [\"read\"] },\n]\n",
+            "used twice",
+        ),
+        (
+            "[api]\ntokens = [{ name = \"ci\", secret = \"${NO_SUCH_TOKEN_VAR}\", allow = [\"read\"] }]\n",
+            "NO_SUCH_TOKEN_VAR",
+        ),
+        ("[api]\nkey_ttl = \"1s\"\n", "key_ttl"),
+        ("[api]\ntokenz = []\n", "tokenz"),
+    ] {
+        let ws = Workspace::new(&format!("{api}{}", monthly("billing", "0")));
+        let out = ws.run(&["check", "--strict"]);
+        assert_eq!(out.code(), 2, "{api}: {}", out.stderr());
+        assert!(out.stderr().contains(says), "{api}: {}", out.stderr());
+        assert!(
+            out.stderr().contains("jobs.toml:"),
+            "{api}: no place in {}",
+            out.stderr()
+        );
+    }
+}
