@@ -230,8 +230,9 @@ fn authorize(api: &Api, headers: &HeaderMap, need: Need) -> Result<(Arc<Config>,
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, secret)| secret.trim());
     let unauthorized = |message: &str| {
         Reply::error(StatusCode::UNAUTHORIZED, message).with(header::WWW_AUTHENTICATE, "Bearer")
     };
@@ -558,7 +559,7 @@ impl Idempotent<'_> {
                     }),
                 );
             }
-            let in_flight = known.state == "running" || known.run_going == 1;
+            let in_flight = known.run_going == 1 || (known.state == "running" && known.stale == 0);
             if in_flight {
                 let mut reply = Reply::error(
                     StatusCode::CONFLICT,
@@ -569,6 +570,22 @@ impl Idempotent<'_> {
                     reply = reply.with(header::LOCATION, location);
                 }
                 return reply;
+            }
+            // Left in progress by a replica that went away after it started
+            // its run: the answer is that run, never a second one.
+            if known.state == "running"
+                && let Some(id) = &known.run_id
+            {
+                return match store.api_run(id).await {
+                    Ok(Some(run)) => Reply::ok(StatusCode::ACCEPTED, run_body(&run))
+                        .with(header::LOCATION, format!("/v1/runs/{id}"))
+                        .with(HeaderName::from_static("idempotent-replayed"), "true"),
+                    Ok(None) => Reply::error(
+                        StatusCode::GONE,
+                        "the run of this Idempotency-Key was pruned",
+                    ),
+                    Err(e) => Reply::of(&e),
+                };
             }
             let status = known
                 .status
@@ -662,6 +679,14 @@ async fn start_run(
         Ok(ok) => ok,
         Err(reply) => return reply,
     };
+    if *api.shutdown.borrow() {
+        // Another replica takes it: nothing is stored under the key.
+        return Reply::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this replica is shutting down; retry (another replica answers)",
+        )
+        .with(header::RETRY_AFTER, "1");
+    }
     let wait = match wait.wait.as_deref().map(str::parse::<u64>) {
         None => 0,
         Some(Ok(secs)) if secs <= MAX_WAIT => secs,

@@ -163,12 +163,35 @@ pub fn start(
     let handle = PrometheusBuilder::new().install_recorder().map_err(|e| {
         Error::Environment(anyhow::anyhow!("cannot install the metrics recorder: {e}"))
     })?;
+    describe_metrics();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /v1/");
     }
     tokio::spawn(prune_keys(api.clone(), shutdown.clone()));
     tokio::spawn(serve(listener, router(handle, api), shutdown));
     Ok(())
+}
+
+/// The `# HELP` line of every metric.
+fn describe_metrics() {
+    metrics::describe_counter!(
+        "scheduler_claims_total",
+        "Claims asked for, by job and result (won, held, done, busy, failed)."
+    );
+    metrics::describe_counter!(
+        "scheduler_runs_total",
+        "Runs that ended, by job and outcome."
+    );
+    metrics::describe_counter!(
+        "scheduler_claims_taken_over_total",
+        "Running claims of this process found taken over by another runner."
+    );
+    metrics::describe_histogram!(
+        "scheduler_fire_lateness_seconds",
+        metrics::Unit::Seconds,
+        "Time from a period's fire to the claim that won it."
+    );
+    metrics::describe_counter!("scheduler_wakeups_total", "Wake-ups of the serve loop.");
 }
 
 /// Deletes expired Idempotency-Keys and API runs now and then.
@@ -263,6 +286,8 @@ async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
+                // Request heads over 16 KiB are refused (431).
+                .max_buf_size(16 * 1024)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);

@@ -40,7 +40,8 @@ macro_rules! on_pool {
 #[derive(Debug)]
 pub enum KeyClaim {
     /// New (or its earlier record expired, or was left in progress past
-    /// its bound by a replica that went away): this request executes.
+    /// its bound, before any run started, by a replica that went away):
+    /// this request executes.
     New,
     /// Known: what the first request left.
     Known(KeyRecord),
@@ -59,6 +60,11 @@ pub struct KeyRecord {
     pub body: Option<String>,
     /// Its `Location`.
     pub location: Option<String>,
+    /// The run the request started, if it got that far.
+    pub run_id: Option<String>,
+    /// 1 when a record in progress is past its bound: the replica that
+    /// answered it went away.
+    pub stale: i32,
     /// 1 while the run it started is still going.
     pub run_going: i32,
 }
@@ -110,6 +116,7 @@ impl Store {
                       WHERE scheduler_idempotency.expires_at <= {now}
                          OR (scheduler_idempotency.state = 'running'
                              AND scheduler_idempotency.bound_at <= {now}
+                             AND scheduler_idempotency.run_id IS NULL
                              AND scheduler_idempotency.request = excluded.request)"
                 ))
                 .bind(scope)
@@ -125,7 +132,8 @@ impl Store {
             }
             let known = on_pool!(self, |pool, now| {
                 sqlx::query_as::<_, KeyRecord>(&format!(
-                    "SELECT i.request, i.state, i.status, i.body, i.location,
+                    "SELECT i.request, i.state, i.status, i.body, i.location, i.run_id,
+                            CASE WHEN i.bound_at <= {now} THEN 1 ELSE 0 END AS stale,
                             CASE WHEN r.state = 'running' AND r.alive_until > {now} THEN 1 ELSE 0 END AS run_going
                        FROM scheduler_idempotency i
                        LEFT JOIN scheduler_api_runs r ON r.id = i.run_id

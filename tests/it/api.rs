@@ -440,9 +440,18 @@ fn an_in_progress_key_left_by_a_killed_replica_is_taken_over_after_its_bound() {
         last = Some((status, replayed, body));
         status != StatusCode::CONFLICT
     });
+    // The request had started its run: the answer is that run, abandoned
+    // by its replica (its period is recovered like any other), not a
+    // second one.
     let (status, replayed, body) = last.unwrap();
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert!(!replayed);
+    assert!(replayed);
+    assert_eq!(body["state"], "abandoned", "{body}");
+    assert_eq!(
+        count(&db.url, "SELECT count(*) FROM scheduler_api_runs"),
+        1,
+        "a second run started"
+    );
     server.kill();
 }
 
@@ -648,4 +657,137 @@ fn api_mistakes_in_jobs_toml_are_configuration_errors() {
             out.stderr()
         );
     }
+}
+
+/// The hash the server keys an Idempotency-Key or a request by.
+fn hash(parts: &[&str]) -> String {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    hex::encode(hash.finalize())
+}
+
+#[test]
+fn a_key_left_in_progress_before_its_run_started_is_taken_over_only_after_its_bound() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+        let server = Server::start(&ws, &db.url);
+        let body = json!({"period": "2026-07"});
+        let request = hash(&["POST", "/v1/jobs/billing/runs", &body.to_string()]);
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        // What a replica killed between claiming the key and starting its
+        // run leaves: one record still bound, one past its bound.
+        for (key, bound_at) in [("fresh", now_ms + 600_000), ("stale", now_ms - 1_000)] {
+            let scope = hash(&["ci", "POST /v1/jobs/{job}/runs", key]);
+            count(
+                &db.url,
+                &format!(
+                    "INSERT INTO scheduler_idempotency (scope, request, state, bound_at, expires_at)
+                     VALUES ('{scope}', '{request}', 'running', {bound_at}, {})",
+                    now_ms + 86_400_000
+                ),
+            );
+        }
+        let (status, _, _, _) =
+            answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "fresh", &body));
+        assert_eq!(status, StatusCode::CONFLICT, "{}", db.url);
+        let (status, replayed, _, answered) =
+            answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "stale", &body));
+        assert_eq!(status, StatusCode::OK, "{answered}");
+        assert!(!replayed);
+        assert_eq!(runs(&ws), ["billing:2026-07"]);
+        assert_eq!(server.stop(), 0);
+    }
+}
+
+#[test]
+fn sigterm_releases_a_run_asked_for_over_the_api_and_another_replica_takes_it() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "60")));
+        let first = Server::start(&ws, &db.url);
+        let (status, _, location, body) = answer(first.post(
+            CI,
+            "/v1/jobs/billing/runs",
+            "long",
+            &json!({"period": "2026-07"}),
+        ));
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        assert_eq!(body["periods"][0]["status"], "running", "{body}");
+        let started = std::time::Instant::now();
+        assert_eq!(first.stop(), 0);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the run was not stopped after the grace"
+        );
+        let state = count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = 'billing:2026-07' AND state = 'released'",
+        );
+        assert_eq!(state, 1, "{}: the claim was not released", db.url);
+        let second = Server::start(&ws, &db.url);
+        let (_, _, _, run) = answer(second.get(READER, &location.expect("Location")));
+        assert_eq!(run["state"], "done", "{run}");
+        assert_eq!(run["periods"][0]["status"], "released", "{run}");
+        let (status, replayed, _, _) = answer(second.post(
+            CI,
+            "/v1/jobs/billing/runs",
+            "long-again",
+            &json!({"period": "2026-07"}),
+        ));
+        assert!(status.is_success() && !replayed);
+        let (_, _, _, period) = answer(second.get(READER, "/v1/jobs/billing/periods/2026-07"));
+        assert_eq!(period["state"], "running", "{period}");
+        assert_eq!(
+            period["attempts"].as_array().map(Vec::len),
+            Some(2),
+            "{period}"
+        );
+        second.kill();
+    }
+}
+
+#[test]
+fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+    let server = Server::start(&ws, &db.url);
+    let (status, _, _, _) = answer(server.post(
+        CI,
+        "/v1/jobs/billing/runs?wait=30",
+        "kept",
+        &json!({"period": "2026-07"}),
+    ));
+    assert_eq!(status, StatusCode::OK);
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for line in [
+        "# HELP scheduler_claims_total",
+        "# TYPE scheduler_claims_total counter",
+        "# HELP scheduler_runs_total",
+    ] {
+        assert!(metrics.contains(line), "no `{line}` in {metrics}");
+    }
+    assert_eq!(server.stop(), 0);
+    count(&db.url, "UPDATE scheduler_idempotency SET expires_at = 0");
+    count(&db.url, "UPDATE scheduler_api_runs SET expires_at = 0");
+    let out = ws
+        .command(&["--database-url", &db.url, "prune"])
+        .env("CI_TOKEN", CI)
+        .env("ONCALL_TOKEN", ONCALL)
+        .env("READER_TOKEN", READER)
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert!(out.stdout().contains("api: pruned 2"), "{}", out.stdout());
+    assert_eq!(
+        count(&db.url, "SELECT count(*) FROM scheduler_idempotency"),
+        0
+    );
 }
