@@ -156,6 +156,10 @@ fn bench(backend: &str, url: &str) {
 }
 
 fn main() {
+    // `cargo test --all-targets` runs bench binaries without `--bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let sqlite = format!("sqlite://{}", dir.path().join("bench.db").display());
     bench("SQLite", &sqlite);

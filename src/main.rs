@@ -59,12 +59,13 @@ fn init_logging(cli: &Cli) {
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     // A log that cannot be written (its reader went away) is dropped: the
     // default reports that with `eprintln!`, which panics on a closed
-    // stderr and would take down the task that was logging — a run's.
+    // stderr and would take down the task that was logging — a run's. Log
+    // lines are drawn around `run`'s progress bar.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
         .log_internal_errors(false)
-        .with_writer(std::io::stderr);
+        .with_writer(scheduler::cli::run::LogWriter);
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

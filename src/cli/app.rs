@@ -19,6 +19,13 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://scheduler.db";
 
 /// Runs `cli`'s command to completion.
 pub async fn run(cli: Cli) -> Result<Outcome, Error> {
+    // Completions and the man page need no jobs.toml.
+    match &cli.command {
+        Command::Completions { shell } => return completions(*shell),
+        Command::Man => return man(),
+        Command::Health { url } => return health(url).await,
+        _ => {}
+    }
     // Only the commands that run actions need every `${VAR}`; the others
     // read the file leniently and `check` reports what is unset.
     let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
@@ -63,11 +70,31 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Release { job, period } => {
             inspect::period_key_of(config.job(job)?, period)?;
         }
+        Command::History {
+            job,
+            period: Some(period),
+            ..
+        } => {
+            inspect::period_key_of(config.job(job)?, period)?;
+        }
         Command::History { job, .. } | Command::Pause { job } | Command::Resume { job } => {
             config.job(job)?;
         }
-        Command::Status { job: Some(job), .. } => {
-            config.job(job)?;
+        Command::Status {
+            job: Some(job),
+            from,
+            to,
+            ..
+        } => {
+            let job = config.job(job)?;
+            if let (Some(from), Some(to)) = (from, to) {
+                crate::engine::manual::periods_between(
+                    job,
+                    (from, to),
+                    inspect::RANGE_LIMIT,
+                    crate::engine::manual::Names::FLAGS,
+                )?;
+            }
         }
         _ => {}
     }
@@ -103,24 +130,58 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             url
         )));
     }
-    store.migrate().await?;
+    let applied = store.migrate().await?;
     if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
         crate::engine::reaper::start();
     }
     match cli.command {
         Command::Run(args) => run::run(&config, &store, &args, &owner_id(), shutdown).await,
-        Command::Migrate => match say(format_args!("migrations applied")) {
-            Ok(()) => Ok(Outcome::Done),
-            Err(stop) => stop.into_result(),
-        },
-        Command::Status { job, json } => {
+        Command::Migrate => {
+            let said = if applied.is_empty() {
+                say(format_args!("up to date: no migration to apply"))
+            } else {
+                applied
+                    .iter()
+                    .try_for_each(|m| say(format_args!("applied {m}")))
+            };
+            match said {
+                Ok(()) => Ok(Outcome::Done),
+                Err(stop) => stop.into_result(),
+            }
+        }
+        Command::Status {
+            job: Some(job),
+            from: Some(from),
+            to: Some(to),
+            json,
+        } => inspect::range(&config, &store, &job, (&from, &to), json, now)
+            .await
+            .or_else(Stop::into_result),
+        Command::Status { job, json, .. } => {
             inspect::status(&config, &store, job.as_deref(), json, now)
                 .await
                 .or_else(Stop::into_result)
         }
-        Command::History { job, limit, json } => inspect::history(&store, &job, limit, json)
-            .await
-            .or_else(Stop::into_result),
+        Command::History {
+            job,
+            period,
+            limit,
+            output,
+            json,
+        } => {
+            let key = match &period {
+                Some(label) => Some(inspect::period_key_of(config.job(&job)?, label)?),
+                None => None,
+            };
+            let shown = inspect::Shown {
+                limit,
+                output,
+                json,
+            };
+            inspect::history(&store, &job, key.as_deref(), shown)
+                .await
+                .or_else(Stop::into_result)
+        }
         Command::Release { job, period } => inspect::release(&config, &store, &job, &period)
             .await
             .or_else(Stop::into_result),
@@ -130,7 +191,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Resume { job } => inspect::pause(&store, &job, false)
             .await
             .or_else(Stop::into_result),
-        Command::Prune => inspect::prune(&config, &store)
+        Command::Prune { dry_run } => inspect::prune(&config, &store, dry_run)
             .await
             .or_else(Stop::into_result),
         Command::Serve { .. } => {
@@ -156,7 +217,63 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             api.finish().await;
             outcome
         }
-        Command::Check { .. } | Command::Next { .. } => Ok(Outcome::Done),
+        Command::Check { .. }
+        | Command::Next { .. }
+        | Command::Completions { .. }
+        | Command::Man
+        | Command::Health { .. } => Ok(Outcome::Done),
+    }
+}
+
+/// `scheduler completions SHELL`: clap's own generator.
+fn completions(shell: clap_complete::Shell) -> Result<Outcome, Error> {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut command, "scheduler", &mut out);
+    write_out(&out)
+}
+
+/// `scheduler man`: clap's own man page generator.
+fn man() -> Result<Outcome, Error> {
+    let mut out = Vec::new();
+    clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+        .render(&mut out)
+        .map_err(|e| Error::Environment(e.into()))?;
+    write_out(&out)
+}
+
+/// `scheduler health --url URL`: the probe's answer on stdout; exit 0 for
+/// a 200, 1 for another status, 3 when nothing answers.
+async fn health(url: &str) -> Result<Outcome, Error> {
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| Error::Environment(e.into()))?;
+    let response = client.get(url).send().await.map_err(|e| {
+        Error::Environment(anyhow::anyhow!(
+            "health: no answer from {url}: {e}; is `serve --listen` running there?"
+        ))
+    })?;
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    let said = say(format_args!("{} {}", status.as_u16(), body.trim_end()));
+    if let Err(stop) = said {
+        return stop.into_result();
+    }
+    Ok(if status == reqwest::StatusCode::OK {
+        Outcome::Done
+    } else {
+        Outcome::RunFailed
+    })
+}
+
+fn write_out(bytes: &[u8]) -> Result<Outcome, Error> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(Outcome::Done),
+        Err(e) => Stop::from(e).into_result(),
     }
 }
 

@@ -17,7 +17,8 @@ fn time(t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "-".to_owned(), utc_text)
 }
 
-/// `scheduler status [JOB] [--json]`.
+/// `scheduler status [JOB] [--json]`: a table on a terminal (plain
+/// aligned columns when piped), one JSON object per job with `--json`.
 pub async fn status(
     config: &Config,
     store: &Store,
@@ -26,63 +27,348 @@ pub async fn status(
     now: DateTime<Utc>,
 ) -> Result<Outcome, Stop> {
     let paused_jobs = store.paused_jobs().await?;
+    let mut all = Vec::new();
     for job in config
         .jobs
         .iter()
         .filter(|j| only.is_none_or(|name| j.name == name))
     {
         let paused = paused_jobs.contains(&job.name);
-        let recent = store.recent(&job.name, RECENT).await?;
-        let overdue = overdue(config, store, job, now).await?;
-        let running: Vec<&ClaimRow> = recent
-            .iter()
-            .filter(|r| matches!(r.as_claim(), Claim::Held { .. }))
-            .collect();
-        let failed: Vec<&ClaimRow> = recent.iter().filter(|r| r.state == "failed").collect();
-        let next = job.schedule.next_after(now);
-        if as_json {
-            let value = json!({
-                "job": job.name,
-                "schedule": job.schedule.source(),
-                "timezone": job.schedule.zone().name(),
-                "paused": paused,
-                "next_fire": next.map(utc_text),
-                "recent": recent,
-                "running": running,
-                "failed": failed,
-                "overdue": overdue,
-            });
-            say(format_args!("{value}"))?;
-            continue;
+        all.push(JobStatus::read(config, store, job, paused, now).await?);
+    }
+    if as_json {
+        for job in &all {
+            say(format_args!("{}", job.json(now)))?;
         }
-        let next = if paused {
-            format!(
-                "PAUSED (nothing is scheduled; `scheduler resume {}`)",
-                job.name
-            )
+        return Ok(Outcome::Done);
+    }
+    let look = Look::of_stdout();
+    let mut table = look.table();
+    table.set_header([
+        "JOB", "SCHEDULE", "NEXT", "LAST", "RUNNING", "FAILED", "OVERDUE",
+    ]);
+    for job in &all {
+        table.add_row(job.cells(&look, now));
+    }
+    say(format_args!("{table}"))?;
+    if let [job] = &all[..] {
+        if !job.overdue.is_empty() {
+            say(format_args!("overdue ({}):", job.overdue.len()))?;
+            for key in &job.overdue {
+                say(format_args!("  {key}"))?;
+            }
+        }
+        if !job.recent.is_empty() {
+            say(format_args!("recent periods:"))?;
+            for row in &job.recent {
+                say(format_args!(
+                    "  {}  attempt {}  {}",
+                    row.period_key,
+                    row.attempt,
+                    describe(row)
+                ))?;
+            }
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+/// How output looks: a table with borders and colour for a person at a
+/// terminal, plain aligned columns for a pipe or a file.
+struct Look {
+    terminal: bool,
+    colour: bool,
+}
+
+impl Look {
+    fn of_stdout() -> Look {
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+        Look {
+            terminal,
+            colour: terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+
+    fn table(&self) -> comfy_table::Table {
+        let mut table = comfy_table::Table::new();
+        if self.terminal {
+            table
+                .load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
+                .set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
         } else {
-            format!("next {}", time(next))
-        };
-        say(format_args!(
-            "{}  `{}` {}  {next}",
-            job.name,
-            job.schedule.source(),
-            job.schedule.zone(),
-        ))?;
-        for row in &recent {
-            let detail = describe(row);
-            say(format_args!(
-                "  {}  attempt {}  {detail}",
-                row.period_key, row.attempt
-            ))?;
+            table
+                .load_preset(comfy_table::presets::NOTHING)
+                .force_no_tty();
         }
-        if !overdue.is_empty() {
-            let newest: Vec<&str> = overdue.iter().rev().take(5).map(String::as_str).collect();
-            say(format_args!(
-                "  overdue: {} period(s), newest: {}",
-                overdue.len(),
-                newest.join(", ")
-            ))?;
+        table
+    }
+
+    fn cell(&self, text: String, colour: Option<comfy_table::Color>) -> comfy_table::Cell {
+        let cell = comfy_table::Cell::new(text);
+        match colour {
+            Some(colour) if self.colour => cell.fg(colour),
+            _ => cell,
+        }
+    }
+}
+
+/// What `status` knows of one job.
+struct JobStatus<'a> {
+    job: &'a Job,
+    paused: bool,
+    recent: Vec<ClaimRow>,
+    overdue: Vec<String>,
+}
+
+impl<'a> JobStatus<'a> {
+    async fn read(
+        config: &Config,
+        store: &Store,
+        job: &'a Job,
+        paused: bool,
+        now: DateTime<Utc>,
+    ) -> Result<JobStatus<'a>, Error> {
+        Ok(JobStatus {
+            job,
+            paused,
+            recent: store.recent(&job.name, RECENT).await?,
+            overdue: overdue(config, store, job, now).await?,
+        })
+    }
+
+    /// The next fire and its key; none while paused.
+    fn next(&self, now: DateTime<Utc>) -> Option<(DateTime<Utc>, String)> {
+        if self.paused {
+            return None;
+        }
+        let fire = self.job.schedule.next_after(now)?;
+        let period = self.job.period.period_of(&self.job.schedule, fire);
+        Some((
+            fire,
+            PeriodKey::new(&self.job.name, &period.label).to_string(),
+        ))
+    }
+
+    fn last(&self) -> Option<&ClaimRow> {
+        self.recent
+            .iter()
+            .filter(|r| {
+                r.finished_at.is_some() && matches!(r.state.as_str(), "succeeded" | "failed")
+            })
+            .max_by_key(|r| r.finished_at)
+    }
+
+    fn running(&self) -> impl Iterator<Item = &ClaimRow> {
+        self.recent
+            .iter()
+            .filter(|r| matches!(r.state.as_str(), "running" | "released"))
+    }
+
+    fn failed(&self) -> impl Iterator<Item = &ClaimRow> {
+        self.recent.iter().filter(|r| r.state == "failed")
+    }
+
+    /// How many retries a failed period has left.
+    fn retries_left(&self, row: &ClaimRow) -> u32 {
+        let failures = u32::try_from(row.failures).unwrap_or(0);
+        match row.retry_at {
+            Some(_) => self.job.retry.attempts.saturating_sub(failures).max(1),
+            None => 0,
+        }
+    }
+
+    fn cells(&self, look: &Look, now: DateTime<Utc>) -> Vec<comfy_table::Cell> {
+        use comfy_table::Color;
+        let schedule = format!(
+            "{} {}",
+            self.job.schedule.source(),
+            self.job.schedule.zone()
+        );
+        let next = match self.next(now) {
+            _ if self.paused => look.cell("paused".into(), Some(Color::Yellow)),
+            Some((fire, key)) => look.cell(format!("{} {key}", utc_text(fire)), None),
+            None => look.cell("-".into(), None),
+        };
+        let last = match self.last() {
+            Some(row) => look.cell(
+                format!(
+                    "{} {} at {}",
+                    row.state,
+                    row.period_key,
+                    time(row.finished_at)
+                ),
+                (row.state == "failed").then_some(Color::Red),
+            ),
+            None => look.cell("-".into(), None),
+        };
+        let running: Vec<String> = self
+            .running()
+            .map(|row| match row.as_claim() {
+                Claim::Held { owner, until } => format!(
+                    "{} on {owner}, {}s left",
+                    row.period_key,
+                    (until - now).num_seconds().max(0)
+                ),
+                _ => format!("{} lease expired ({})", row.period_key, row.owner),
+            })
+            .collect();
+        let failed: Vec<String> = self
+            .failed()
+            .map(|row| match row.retry_at {
+                Some(at) => format!(
+                    "{}: {} retr{} left, next at {}",
+                    row.period_key,
+                    self.retries_left(row),
+                    if self.retries_left(row) == 1 {
+                        "y"
+                    } else {
+                        "ies"
+                    },
+                    utc_text(at)
+                ),
+                None => format!("{}: retries exhausted", row.period_key),
+            })
+            .collect();
+        let overdue = match self.overdue.len() {
+            0 => "-".to_owned(),
+            n => {
+                let newest: Vec<&str> = self
+                    .overdue
+                    .iter()
+                    .rev()
+                    .take(3)
+                    .map(String::as_str)
+                    .collect();
+                format!(
+                    "{n}: {}{}",
+                    newest.join(", "),
+                    if n > 3 { ", …" } else { "" }
+                )
+            }
+        };
+        let or_dash = |lines: Vec<String>| {
+            if lines.is_empty() {
+                "-".to_owned()
+            } else {
+                lines.join("\n")
+            }
+        };
+        vec![
+            look.cell(self.job.name.clone(), None),
+            look.cell(schedule, None),
+            next,
+            last,
+            look.cell(or_dash(running), None),
+            look.cell(or_dash(failed), Some(Color::Red)),
+            look.cell(overdue, (!self.overdue.is_empty()).then_some(Color::Yellow)),
+        ]
+    }
+
+    fn json(&self, now: DateTime<Utc>) -> serde_json::Value {
+        let next = self.next(now);
+        let running: Vec<serde_json::Value> = self
+            .running()
+            .map(|row| {
+                let held = matches!(row.as_claim(), Claim::Held { .. });
+                json!({
+                    "period_key": row.period_key,
+                    "attempt": row.attempt,
+                    "owner": row.owner,
+                    "state": row.state,
+                    "lease_until": row.lease_until.map(utc_text),
+                    "lease_left_s": row.lease_until.filter(|_| held).map(|u| (u - now).num_seconds().max(0)),
+                    "lease_expired": !held,
+                })
+            })
+            .collect();
+        let failed: Vec<serde_json::Value> = self
+            .failed()
+            .map(|row| {
+                json!({
+                    "period_key": row.period_key,
+                    "attempt": row.attempt,
+                    "failures": row.failures,
+                    "retry_at": row.retry_at.map(utc_text),
+                    "retries_left": self.retries_left(row),
+                    "retries_exhausted": row.retry_at.is_none(),
+                })
+            })
+            .collect();
+        json!({
+            "job": self.job.name,
+            "schedule": self.job.schedule.source(),
+            "timezone": self.job.schedule.zone().name(),
+            "period": self.job.period.unit.to_string(),
+            "paused": self.paused,
+            "next_fire": next.as_ref().map(|(fire, _)| utc_text(*fire)),
+            "next_key": next.map(|(_, key)| key),
+            "last": self.last(),
+            "recent": self.recent,
+            "running": running,
+            "failed": failed,
+            "overdue": self.overdue,
+        })
+    }
+}
+
+/// The longest range `status JOB --from --to` prints.
+pub const RANGE_LIMIT: usize = 100_000;
+
+/// `scheduler status JOB --from L --to L`: one line per period of the
+/// range: succeeded, failed, running, missing (due, never run) or not due.
+pub async fn range(
+    config: &Config,
+    store: &Store,
+    job: &str,
+    (from, to): (&str, &str),
+    as_json: bool,
+    now: DateTime<Utc>,
+) -> Result<Outcome, Stop> {
+    let job = config.job(job)?;
+    let periods = crate::engine::manual::periods_between(
+        job,
+        (from, to),
+        RANGE_LIMIT,
+        crate::engine::manual::Names::FLAGS,
+    )?;
+    for chunk in periods.chunks(1_000) {
+        let keys: Vec<String> = chunk
+            .iter()
+            .map(|p| PeriodKey::new(&job.name, &p.label).to_string())
+            .collect();
+        let rows = store.rows(&keys).await?;
+        for (period, key) in chunk.iter().zip(keys) {
+            let row = rows.get(&key);
+            let fire = job.period.fire_for(&job.schedule, period);
+            let (state, detail) = match row {
+                None if fire.is_some_and(|f| f > now) => {
+                    ("not due", format!("fires at {}", time(fire)))
+                }
+                None => ("missing", "due, never run".to_owned()),
+                Some(row) => {
+                    let state = match (row.as_claim(), row.state.as_str()) {
+                        (Claim::Held { .. }, _) => "running",
+                        (_, "running") => "lease expired",
+                        (_, state) => state,
+                    };
+                    (state, format!("attempt {}  {}", row.attempt, describe(row)))
+                }
+            };
+            if as_json {
+                say(format_args!(
+                    "{}",
+                    json!({
+                        "period_key": key,
+                        "period": period.label,
+                        "state": state,
+                        "attempt": row.map(|r| r.attempt),
+                        "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
+                        "fire": fire.map(utc_text),
+                    })
+                ))?;
+            } else {
+                say(format_args!("{key}  {state}  {detail}"))?;
+            }
         }
     }
     Ok(Outcome::Done)
@@ -127,7 +413,10 @@ async fn overdue(
     let since = first_seen
         .get(&job.name)
         .map_or(now, |seen| window.max(*seen));
-    let due = due(job, now, since, true);
+    // Fires after the job was first seen only: `serve` never runs one from
+    // before (`run JOB` takes the latest due period even so).
+    let mut due = due(job, now, since, true);
+    due.retain(|d| d.fire >= since);
     let keys: Vec<String> = due
         .iter()
         .map(|d| PeriodKey::new(&job.name, &d.period.label).to_string())
@@ -143,10 +432,32 @@ async fn overdue(
         .collect())
 }
 
-/// `scheduler history JOB [--limit N] [--json]`.
-pub async fn history(store: &Store, job: &str, limit: u32, as_json: bool) -> Result<Outcome, Stop> {
-    for attempt in store.history(job, limit).await? {
-        if as_json {
+/// How `history` shows attempts.
+pub struct Shown {
+    /// How many, newest first.
+    pub limit: u32,
+    /// With the kept output.
+    pub output: bool,
+    /// One JSON object per line.
+    pub json: bool,
+}
+
+/// `scheduler history JOB [--period LABEL] [--limit N] [--output] [--json]`.
+pub async fn history(
+    store: &Store,
+    job: &str,
+    key: Option<&str>,
+    shown: Shown,
+) -> Result<Outcome, Stop> {
+    let attempts = match key {
+        Some(key) => store.attempts(key, shown.limit).await?,
+        None => store.history(job, shown.limit).await?,
+    };
+    for mut attempt in attempts {
+        if shown.json {
+            if !shown.output {
+                attempt.output = None;
+            }
             say(format_args!("{}", json!(attempt)))?;
             continue;
         }
@@ -166,6 +477,16 @@ pub async fn history(store: &Store, job: &str, limit: u32, as_json: bool) -> Res
             time(attempt.finished_at),
             attempt.owner
         ))?;
+        if shown.output {
+            match attempt.output.as_deref().filter(|o| !o.is_empty()) {
+                Some(output) => {
+                    for line in output.lines() {
+                        say(format_args!("    | {}", line.escape_debug()))?;
+                    }
+                }
+                None => say(format_args!("    (no output kept)"))?,
+            }
+        }
     }
     Ok(Outcome::Done)
 }
@@ -207,25 +528,35 @@ pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, St
     Ok(Outcome::Done)
 }
 
-/// `scheduler prune`.
-pub async fn prune(config: &Config, store: &Store) -> Result<Outcome, Stop> {
+/// `scheduler prune [--dry-run]`: a line for every job with a `keep`,
+/// nothing pruned included.
+pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outcome, Stop> {
+    let verb = if dry_run { "would prune" } else { "pruned" };
+    let mut any = false;
     for job in &config.jobs {
         if let Some(keep) = job.keep {
+            any = true;
             let pruned = store
-                .prune(&job.name, keep, config.settings.catch_up)
+                .prune(&job.name, keep, config.settings.catch_up, dry_run)
                 .await?;
             say(format_args!(
-                "{}: pruned {pruned} finished claim(s) older than {} (periods that fired inside the catch-up window are kept)",
+                "{}: {verb} {pruned} finished claim(s) older than {} (keep; periods that fired inside the catch-up window are kept)",
                 job.name,
                 humantime::format_duration(keep)
             ))?;
         }
     }
     if let Some(api) = &config.api {
-        let pruned = store.prune_api().await?;
+        any = true;
+        let pruned = store.prune_api(dry_run).await?;
         say(format_args!(
-            "api: pruned {pruned} Idempotency-Key(s) and run(s) older than {} (key_ttl)",
+            "api: {verb} {pruned} Idempotency-Key(s) and run(s) older than {} (key_ttl)",
             humantime::format_duration(api.key_ttl)
+        ))?;
+    }
+    if !any {
+        say(format_args!(
+            "nothing to prune: no job has `keep` and there is no [api]; claims are kept for ever"
         ))?;
     }
     Ok(Outcome::Done)

@@ -85,9 +85,15 @@ pub enum Command {
     },
     /// Per job: recent periods, running claims, failures and overdue periods.
     Status {
-        /// Only this job.
+        /// Only this job (with every overdue period listed).
         job: Option<String>,
-        /// One JSON object per job.
+        /// With --to: one line per period of the range.
+        #[arg(long, requires_all = ["to", "job"])]
+        from: Option<String>,
+        /// The end of the range, inclusive.
+        #[arg(long, requires = "from")]
+        to: Option<String>,
+        /// One JSON object per job (or per period of a range).
         #[arg(long)]
         json: bool,
     },
@@ -95,6 +101,12 @@ pub enum Command {
     History {
         /// The job.
         job: String,
+        /// Only this period's attempts (a label such as 2026-07).
+        #[arg(long)]
+        period: Option<String>,
+        /// Show each attempt's kept output (the last 4 KiB).
+        #[arg(long)]
+        output: bool,
         /// How many attempts.
         #[arg(long, default_value_t = 20)]
         limit: u32,
@@ -120,10 +132,29 @@ pub enum Command {
         /// The job.
         job: String,
     },
-    /// Apply database migrations.
+    /// Apply database migrations, saying which.
     Migrate,
-    /// Delete finished claims older than each job's `keep`.
-    Prune,
+    /// Delete finished claims older than each job's `keep`, and
+    /// Idempotency-Keys past `[api].key_ttl`.
+    Prune {
+        /// Count what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print shell completions: `scheduler completions bash > /etc/bash_completion.d/scheduler`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `scheduler man | man -l -`.
+    Man,
+    /// Ask a running `serve --listen` for its health: exit 0 on 200, else 1
+    /// (a container's HEALTHCHECK; the image has no curl).
+    Health {
+        /// The probe to ask.
+        #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]
+        url: String,
+    },
 }
 
 /// `scheduler run`.

@@ -52,8 +52,55 @@ pub async fn run(
         json: args.json,
     };
     let result = manual::run(config, &engine, &request(args), shutdown, &mut printer).await;
+    if let Ok(mut shown) = BAR.lock() {
+        *shown = None;
+    }
     printer.bar.finish_and_clear();
     result
+}
+
+/// The progress bar on screen, if one is: log lines are drawn around it.
+static BAR: std::sync::Mutex<Option<ProgressBar>> = std::sync::Mutex::new(None);
+
+/// Where log lines go: standard error, each line written with the progress
+/// bar of a `run` lifted off the screen, so none leaves a copy of it behind.
+pub struct LogWriter;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogLine;
+
+    fn make_writer(&'a self) -> LogLine {
+        LogLine(Vec::new())
+    }
+}
+
+/// One log line, written whole when dropped.
+pub struct LogLine(Vec<u8>);
+
+impl std::io::Write for LogLine {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogLine {
+    fn drop(&mut self) {
+        use std::io::Write;
+        // A log that cannot be written (its reader went away) is dropped.
+        let write = || {
+            let _ = std::io::stderr().lock().write_all(&self.0);
+        };
+        let bar = BAR.lock().ok().and_then(|bar| bar.clone());
+        match bar {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+    }
 }
 
 /// Prints each line, with a progress bar on standard error for a range.
@@ -88,12 +135,19 @@ fn print_line(line: &Line, as_json: bool) -> Result<(), Stop> {
     if as_json {
         let (job, period) = line.key.split_once(':').unwrap_or((&line.key, ""));
         let value = json!({
+            "key": line.key,
             "period_key": line.key,
             "job": job,
             "period": period,
             "status": line.status,
-            "detail": line.detail,
             "attempt": line.attempt,
+            "trigger": line.trigger,
+            "exit_code": line.exit_code,
+            "http_status": line.http_status,
+            "error": line.error,
+            "retry_at": line.retry_at,
+            "duration_ms": line.duration_ms,
+            "detail": line.detail,
         });
         say(format_args!("{value}"))
     } else {

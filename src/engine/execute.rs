@@ -125,6 +125,10 @@ pub enum Ending {
         error: Option<String>,
         /// When a retry is due, if any.
         retry_after: Option<Duration>,
+        /// The process exit code.
+        exit_code: Option<i32>,
+        /// The HTTP status.
+        http_status: Option<i32>,
     },
     /// The claim was taken over; nothing was recorded.
     Lost,
@@ -281,6 +285,8 @@ impl Engine {
                 succeeded: finish.succeeded,
                 error: finish.error,
                 retry_after: finish.retry_after,
+                exit_code: finish.exit_code,
+                http_status: finish.http_status,
             }
         } else {
             Ending::Lost

@@ -2,7 +2,7 @@
 //! in one transaction, a savepoint each, their outcomes fenced and
 //! committed together, so 10,000 in-database jobs are not 10,000 commits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::heartbeat::Loss;
 use super::{Ask, Engine, Report, Run, Status, Stop, Won};
-use crate::config::Action;
+use crate::config::{Action, Job};
 use crate::error::Error;
 use crate::store::{Finish, GroupedEnd, GroupedSql, SqlLimits};
 
@@ -45,7 +45,7 @@ impl Engine {
         }
         let (quick, mut groups): (Vec<_>, Vec<_>) = jobs
             .into_iter()
-            .partition(|job| self.quick.proven(&job[0].0.job.name));
+            .partition(|job| self.quick.proven(&job[0].0.job));
         if !quick.is_empty() {
             groups.push(quick.into_iter().flatten().collect());
         }
@@ -118,11 +118,11 @@ impl Engine {
                             continue;
                         }
                         GroupedEnd::Succeeded(took) => {
-                            self.quick.note(&ask.job.name, took < QUICK);
+                            self.quick.note(&ask.job, took < QUICK, true);
                             Status::Succeeded
                         }
                         GroupedEnd::Failed(error) => {
-                            self.quick.note(&ask.job.name, false);
+                            self.quick.note(&ask.job, false, true);
                             Status::Failed {
                                 error: format!("SQL failed: {error}"),
                                 retry_after: retry_after(&ask, &won),
@@ -145,7 +145,7 @@ impl Engine {
             Err(e) => {
                 let error = e.to_string();
                 for (ask, won) in sql {
-                    self.quick.note(&ask.job.name, false);
+                    self.quick.note(&ask.job, false, false);
                     let status = Status::Unrecorded(Error::Database(error.clone()));
                     reports.push(Report::of(&won, status, took));
                 }
@@ -236,38 +236,61 @@ fn retry_after(ask: &Ask, won: &Won) -> Option<std::time::Duration> {
     ask.job.retry.backoff_after(failures)
 }
 
-/// A statement this quick, ended well, counts towards its job's proof.
+/// A statement this quick, ended well, proves its job (and its text).
 const QUICK: Duration = Duration::from_millis(5);
 
-/// How many quick statements in a row prove a job: one, since each replica
-/// proves each job for itself (one replica in three runs a given period of
-/// a burst on three replicas), and a job that goes bad is sent back at its
-/// first bad statement.
-const PROVEN_AFTER: u8 = 1;
-
-/// Which jobs share a transaction with other jobs: those whose last
-/// [`PROVEN_AFTER`] statements each succeeded within [`QUICK`], with no
-/// group of theirs failing since. A slow, failing or connection-ending
-/// statement sends its job back to a transaction of its own.
+/// Which `sql` jobs share a transaction with other jobs: a job whose last
+/// statement succeeded within [`QUICK`] here, or, for a job that has not
+/// run here yet, one whose statement text has (jobs made from one template
+/// run the same statement). A slow, failing or connection-ending statement
+/// sends its job back to a transaction of its own until it proves itself
+/// again; one that is its own fault (not a group that broke around it)
+/// withdraws its text's proof too. Each replica learns for itself.
 #[derive(Default)]
-pub(super) struct Quick(Mutex<HashMap<String, u8>>);
+pub(super) struct Quick(Mutex<Learned>);
+
+#[derive(Default)]
+struct Learned {
+    /// Job name → whether its last statement here proved it.
+    jobs: HashMap<String, bool>,
+    /// Statement texts that proved quick here.
+    statements: HashSet<String>,
+}
 
 impl Quick {
-    fn proven(&self, job: &str) -> bool {
-        self.0
-            .lock()
-            .is_ok_and(|jobs| jobs.get(job).is_some_and(|n| *n >= PROVEN_AFTER))
+    fn proven(&self, job: &Job) -> bool {
+        let Ok(learned) = self.0.lock() else {
+            return false;
+        };
+        match learned.jobs.get(&job.name) {
+            Some(proven) => *proven,
+            None => statement(job).is_some_and(|s| learned.statements.contains(s)),
+        }
     }
 
-    fn note(&self, job: &str, quick: bool) {
-        let Ok(mut jobs) = self.0.lock() else {
+    /// What a statement of `job` showed: `quick` or not; `own`: the
+    /// statement itself ended so (not a group that failed around it).
+    fn note(&self, job: &Job, quick: bool, own: bool) {
+        let Ok(mut learned) = self.0.lock() else {
+            return;
+        };
+        learned.jobs.insert(job.name.clone(), quick);
+        let Some(text) = statement(job) else {
             return;
         };
         if quick {
-            let n = jobs.entry(job.to_owned()).or_default();
-            *n = n.saturating_add(1).min(PROVEN_AFTER);
-        } else {
-            jobs.remove(job);
+            if !learned.statements.contains(text) {
+                learned.statements.insert(text.to_owned());
+            }
+        } else if own {
+            learned.statements.remove(text);
         }
+    }
+}
+
+fn statement(job: &Job) -> Option<&str> {
+    match &job.action {
+        Action::Sql { statement, .. } => Some(statement),
+        _ => None,
     }
 }

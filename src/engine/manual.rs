@@ -105,6 +105,18 @@ pub struct Line {
     pub detail: String,
     /// The attempt it names, if any.
     pub attempt: Option<i32>,
+    /// Why the attempt ran, for a period that ran.
+    pub trigger: Option<&'static str>,
+    /// The job's exit code.
+    pub exit_code: Option<i32>,
+    /// The HTTP status the job's request got.
+    pub http_status: Option<i32>,
+    /// What went wrong, for a failed run.
+    pub error: Option<String>,
+    /// When a failed period is retried, if it is.
+    pub retry_at: Option<String>,
+    /// How long it ran.
+    pub duration_ms: Option<u64>,
 }
 
 /// Which periods a manual run asks for.
@@ -718,10 +730,9 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
         _ => return None,
     };
     Some(Line {
-        key: key.to_owned(),
         status: "skipped",
-        detail,
         attempt: Some(row.attempt),
+        ..Line::bare(key, detail)
     })
 }
 
@@ -748,34 +759,63 @@ fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
         },
     };
     Line {
-        key: key.to_owned(),
         status,
-        detail,
         attempt: row.map(|r| r.attempt),
+        ..Line::bare(key, detail)
     }
 }
 
 impl Line {
     fn new(key: &PeriodKey, status: &'static str, detail: String, attempt: Option<i32>) -> Line {
         Line {
-            key: key.to_string(),
             status,
-            detail,
             attempt,
+            ..Line::bare(key.as_str(), detail)
+        }
+    }
+
+    fn bare(key: &str, detail: String) -> Line {
+        Line {
+            key: key.to_owned(),
+            status: "skipped",
+            detail,
+            attempt: None,
+            trigger: None,
+            exit_code: None,
+            http_status: None,
+            error: None,
+            retry_at: None,
+            duration_ms: None,
         }
     }
 
     /// The line of a run; an outcome that could not be written ends the
     /// command with the database's error.
     fn of(report: Report) -> Result<Line, Error> {
-        if let Status::Unrecorded(e) = report.status {
-            return Err(e);
-        }
-        Ok(Line::new(
-            &report.key,
-            report.word(),
-            report.detail(),
-            report.attempt,
-        ))
+        let report = match report {
+            Report {
+                status: Status::Unrecorded(e),
+                ..
+            } => return Err(e),
+            report => report,
+        };
+        let (error, retry_at) = match &report.status {
+            Status::Failed { error, retry_after } => (
+                Some(error.clone()),
+                retry_after
+                    .and_then(|after| chrono::Duration::from_std(after).ok())
+                    .map(|after| utc_text(Utc::now() + after)),
+            ),
+            _ => (None, None),
+        };
+        Ok(Line {
+            trigger: Some(report.trigger.as_str()),
+            exit_code: report.exit_code,
+            http_status: report.http_status,
+            error,
+            retry_at,
+            duration_ms: Some(u64::try_from(report.took.as_millis()).unwrap_or(u64::MAX)),
+            ..Line::new(&report.key, report.word(), report.detail(), report.attempt)
+        })
     }
 }

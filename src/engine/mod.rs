@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::config::{Action, Job};
 use crate::error::Error;
 use crate::period::PeriodKey;
-use crate::store::{Claim, ClaimRequest, Lease, Store};
+use crate::store::{Claim, ClaimRequest, Lease, Store, Trigger};
 use due::Due;
 use heartbeat::{Heartbeats, Watch};
 
@@ -120,6 +120,23 @@ pub struct Won {
     pub lease: Lease,
     watch: Watch,
     _here: RunningHere,
+    _counted: Counted,
+}
+
+/// A run counted in the `scheduler_running` gauge of its job while it lives.
+struct Counted(String);
+
+impl Counted {
+    fn new(job: &str) -> Counted {
+        metrics::gauge!("scheduler_running", "job" => job.to_owned()).increment(1.0);
+        Counted(job.to_owned())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        metrics::gauge!("scheduler_running", "job" => std::mem::take(&mut self.0)).decrement(1.0);
+    }
 }
 
 struct RunningHere {
@@ -266,6 +283,7 @@ impl Engine {
                         watch: self.heartbeats.watch(&won, sent, lease),
                         lease: won,
                         _here: here,
+                        _counted: Counted::new(&ask.job.name),
                     }),
                     other => Taken::Not(other),
                 }
@@ -309,7 +327,12 @@ impl Engine {
             .num_microseconds()
             .unwrap_or(0) as f64
             / 1000.0;
-        metrics::histogram!("scheduler_fire_lateness_seconds").record(lateness / 1000.0);
+        // Lateness is the timer's and the claim's: scheduled fires only (a
+        // catch-up, retry or recovery is late by design).
+        if lease.trigger == Trigger::Schedule {
+            metrics::histogram!("scheduler_fire_lateness_seconds", "job" => ask.job.name.clone())
+                .record(lateness / 1000.0);
+        }
         tracing::info!(
             job = ask.job.name,
             period_key = %lease.key,

@@ -165,7 +165,11 @@ pub(super) async fn run(
 
 fn status_result(status: std::process::ExitStatus) -> ActionResult {
     match (status.code(), status.signal()) {
-        (Some(0), _) => ActionResult::succeeded(),
+        (Some(0), _) => {
+            let mut result = ActionResult::succeeded();
+            result.set_exit_code(0);
+            result
+        }
         (Some(code), _) => {
             let mut result = ActionResult::failed(format!("exited with status {code}"));
             result.set_exit_code(code);
@@ -269,7 +273,17 @@ fn emit(line: &mut Vec<u8>, name: &'static str, key: &str) -> Vec<u8> {
 
 fn log_line(line: &[u8], name: &'static str, key: &str) {
     let text = String::from_utf8_lossy(line);
-    tracing::info!(target: "job", period_key = %key, stream = name, "{}", text.trim_end());
+    // Control characters (a job's colours, a carriage return) are escaped:
+    // a log line never moves the terminal's cursor or forges another line.
+    let mut shown = String::with_capacity(text.len());
+    for c in text.trim_end().chars() {
+        if c.is_control() && c != '\t' {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    tracing::info!(target: "job", period_key = %key, stream = name, "{shown}");
 }
 
 fn keep_tail(tail: &Mutex<Vec<u8>>, bytes: &[u8]) {

@@ -21,6 +21,10 @@ pub struct Report {
     pub status: Status,
     /// How long it ran.
     pub took: Duration,
+    /// The job's exit code, for a `command` or `shell` run that ended.
+    pub exit_code: Option<i32>,
+    /// The answer's status, for an `http` run that got one.
+    pub http_status: Option<i32>,
 }
 
 /// The end of one period, as far as this process knows.
@@ -56,6 +60,14 @@ pub enum Status {
 impl Report {
     /// The report of a run.
     pub(super) fn ran(lease: &Lease, ending: Result<Ending, Error>, took: Duration) -> Report {
+        let (exit_code, http_status) = match &ending {
+            Ok(Ending::Recorded {
+                exit_code,
+                http_status,
+                ..
+            }) => (*exit_code, *http_status),
+            _ => (None, None),
+        };
         let status = match ending {
             Ok(Ending::Recorded {
                 succeeded: true, ..
@@ -78,6 +90,8 @@ impl Report {
             attempt: Some(lease.attempt),
             status,
             took,
+            exit_code,
+            http_status,
         }
     }
 
@@ -89,6 +103,8 @@ impl Report {
             attempt: Some(won.lease.attempt),
             status,
             took,
+            exit_code: None,
+            http_status: None,
         }
     }
 
@@ -104,6 +120,8 @@ impl Report {
             attempt: None,
             status,
             took: Duration::ZERO,
+            exit_code: None,
+            http_status: None,
         }
     }
 
@@ -164,6 +182,13 @@ impl Report {
         let (job, _) = self.key.parts();
         metrics::counter!("scheduler_runs_total", "job" => job.to_owned(), "outcome" => outcome)
             .increment(1);
+        metrics::histogram!("scheduler_run_duration_seconds", "job" => job.to_owned())
+            .record(self.took.as_secs_f64());
+        if matches!(self.status, Status::Succeeded) {
+            let now = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
+            metrics::gauge!("scheduler_last_success_timestamp_seconds", "job" => job.to_owned())
+                .set(now);
+        }
     }
 
     /// Logs it: at info what went as planned, at warn what needs a look,

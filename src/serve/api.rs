@@ -90,7 +90,7 @@ impl Api {
         if self.config().api.is_none() {
             return Ok(0);
         }
-        self.store().prune_api().await
+        self.store().prune_api(false).await
     }
 
     /// Waits for the runs this replica started (at shutdown, they stop
@@ -784,18 +784,7 @@ struct Progress {
 
 impl Progress {
     fn body(&self) -> Value {
-        let mut periods: Vec<Value> = self
-            .lines
-            .iter()
-            .map(|l| {
-                json!({
-                    "key": l.key,
-                    "status": l.status,
-                    "detail": l.detail,
-                    "attempt": l.attempt,
-                })
-            })
-            .collect();
+        let mut periods: Vec<Value> = self.lines.iter().map(|l| json!(l)).collect();
         for (key, attempt) in &self.claimed {
             periods.push(json!({ "key": key, "status": "running", "attempt": attempt }));
         }

@@ -126,7 +126,10 @@ impl Service {
         tracing::info!(
             jobs = self.jobs.len(),
             owner = self.engine.owner(),
-            next_fire = self.timer.next().map(crate::period::utc_text),
+            next_fire = self
+                .timer
+                .next()
+                .map_or_else(|| "none".to_owned(), crate::period::utc_text),
             "serving"
         );
         let mut next_scan = Instant::now();
@@ -252,7 +255,13 @@ impl Service {
     fn scanned(&mut self, scanned: Scanned) {
         self.scanning = false;
         match scanned.paused {
-            Ok(paused) => self.paused = paused.into_iter().collect(),
+            Ok(paused) => {
+                self.paused = paused.into_iter().collect();
+                for job in &self.jobs {
+                    let paused = f64::from(u8::from(self.paused.contains(&job.name)));
+                    metrics::gauge!("scheduler_paused", "job" => job.name.clone()).set(paused);
+                }
+            }
             Err(e) => tracing::warn!("scan: cannot read paused jobs: {e}"),
         }
         let waiting: HashSet<String> = self.waiting.values().map(|(job, _)| job.clone()).collect();

@@ -189,7 +189,7 @@ fn describe_metrics() {
     metrics::describe_histogram!(
         "scheduler_fire_lateness_seconds",
         metrics::Unit::Seconds,
-        "Time from a period's fire to the claim that won it."
+        "Time from a scheduled fire to the claim that won it, by job."
     );
     metrics::describe_counter!("scheduler_wakeups_total", "Wake-ups of the serve loop.");
 }

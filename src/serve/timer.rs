@@ -52,6 +52,8 @@ impl Timer {
             }
             if let Some(next) = next {
                 self.heap.push(Reverse((next, i)));
+                metrics::gauge!("scheduler_next_fire_timestamp_seconds", "job" => job.name.clone())
+                    .set(next.timestamp_millis() as f64 / 1000.0);
             }
             let latest = fires.pop().unwrap_or(at);
             let period = job.period.period_of(&job.schedule, latest);

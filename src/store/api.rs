@@ -277,23 +277,26 @@ impl Store {
         })
     }
 
-    /// Deletes Idempotency-Keys and API runs past their `key_ttl`; how many.
-    pub async fn prune_api(&self) -> Result<u64, Error> {
+    /// Deletes Idempotency-Keys and API runs past their `key_ttl`; how
+    /// many (`dry_run`: counts them, deletes nothing).
+    pub async fn prune_api(&self, dry_run: bool) -> Result<u64, Error> {
+        let verb = if dry_run { "SELECT count(*)" } else { "DELETE" };
+        let expired = [
+            "scheduler_idempotency WHERE expires_at <= {now}",
+            "scheduler_api_runs WHERE expires_at <= {now} AND (state = 'done' OR alive_until <= {now})",
+        ];
         on_pool!(self, |pool, now| {
-            let keys = sqlx::query(&format!(
-                "DELETE FROM scheduler_idempotency WHERE expires_at <= {now}"
-            ))
-            .execute(pool)
-            .await?
-            .rows_affected();
-            let runs = sqlx::query(&format!(
-                "DELETE FROM scheduler_api_runs
-                  WHERE expires_at <= {now} AND (state = 'done' OR alive_until <= {now})"
-            ))
-            .execute(pool)
-            .await?
-            .rows_affected();
-            Ok::<u64, sqlx::Error>(keys + runs)
+            let mut total = 0;
+            for rows in expired {
+                let statement = format!("{verb} FROM {}", rows.replace("{now}", now));
+                total += if dry_run {
+                    let n: i64 = sqlx::query_scalar(&statement).fetch_one(pool).await?;
+                    u64::try_from(n).unwrap_or(0)
+                } else {
+                    sqlx::query(&statement).execute(pool).await?.rows_affected()
+                };
+            }
+            Ok::<u64, sqlx::Error>(total)
         })
     }
 }

@@ -333,8 +333,9 @@ impl Store {
         Ok(store)
     }
 
-    /// Applies pending migrations; refuses a database migrated by a newer version.
-    pub async fn migrate(&self) -> Result<(), Error> {
+    /// Applies pending migrations, returning which (`0004 api`);
+    /// refuses a database migrated by a newer version.
+    pub async fn migrate(&self) -> Result<Vec<String>, Error> {
         let result = dispatch!(self.migrate());
         result.map_err(|e| match e {
             sqlx::migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
@@ -494,10 +495,25 @@ impl Store {
     /// Deletes finished claims of `job` (and their attempts) that finished
     /// more than `keep` ago and whose fire lies before the catch-up
     /// `window` (a pruned period inside it could be claimed again); returns
-    /// how many claims went.
-    pub async fn prune(&self, job: &str, keep: Duration, window: Duration) -> Result<u64, Error> {
-        dispatch!(self.prune(job, keep, window)).map_err(query_error)
+    /// how many claims went (`dry_run`: would go; nothing is deleted).
+    pub async fn prune(
+        &self,
+        job: &str,
+        keep: Duration,
+        window: Duration,
+        dry_run: bool,
+    ) -> Result<u64, Error> {
+        dispatch!(self.prune(job, keep, window, dry_run)).map_err(query_error)
     }
+}
+
+/// The migrations of `migrator` not among `before` (applied versions).
+fn applied_since(migrator: &sqlx::migrate::Migrator, before: &[i64]) -> Vec<String> {
+    migrator
+        .iter()
+        .filter(|m| !before.contains(&m.version))
+        .map(|m| format!("{:04} {}", m.version, m.description))
+        .collect()
 }
 
 /// One `sql` action of a group committed together.
@@ -671,6 +687,7 @@ fn sqlite_error(path: &std::path::Path, e: sqlx::Error) -> Error {
 }
 
 fn query_error(e: sqlx::Error) -> Error {
+    metrics::counter!("scheduler_database_errors_total").increment(1);
     Error::Database(format!("database error: {e}"))
 }
 

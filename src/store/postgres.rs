@@ -168,8 +168,15 @@ impl PgStore {
             .await
     }
 
-    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        MIGRATOR.run(&self.pool).await
+    /// Applies what is pending; the migrations it applied.
+    pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        let before: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default();
+        MIGRATOR.run(&self.pool).await?;
+        Ok(super::applied_since(&MIGRATOR, &before))
     }
 
     pub(super) async fn claim_many(
@@ -556,8 +563,10 @@ impl PgStore {
         job: &str,
         keep: Duration,
         window: Duration,
+        dry_run: bool,
     ) -> Result<u64, sqlx::Error> {
         // A large delete may outlast the control pool's statement timeout.
+        let mut tx = self.actions.begin().await?;
         let pruned: Option<i64> = sqlx::query_scalar(
             "WITH c AS (
                 DELETE FROM scheduler_claims
@@ -571,8 +580,13 @@ impl PgStore {
         .bind(job)
         .bind(millis(keep))
         .bind(millis(window))
-        .fetch_one(&self.actions)
+        .fetch_one(&mut *tx)
         .await?;
+        if dry_run {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
         Ok(pruned.unwrap_or(0) as u64)
     }
 }

@@ -106,7 +106,13 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+    /// Applies what is pending; the migrations it applied.
+    pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        let before: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default();
         // Processes starting together on a new file race to migrate; the
         // loser finds the work done on its next try.
         let mut tries = 0;
@@ -119,7 +125,8 @@ impl SqliteStore {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(50 * tries)).await;
                 }
-                result => return result,
+                Ok(()) => return Ok(super::applied_since(&MIGRATOR, &before)),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -537,6 +544,7 @@ impl SqliteStore {
         job: &str,
         keep: Duration,
         window: Duration,
+        dry_run: bool,
     ) -> Result<u64, sqlx::Error> {
         let mut tx = self.begin().await?;
         // One cutoff for both statements: SQLite's clock moves between
@@ -566,7 +574,11 @@ impl SqliteStore {
         .bind(fired_before)
         .execute(&mut *tx)
         .await?;
-        tx.commit().await?;
+        if dry_run {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
         Ok(done.rows_affected())
     }
 }

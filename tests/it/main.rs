@@ -11,6 +11,7 @@ mod dst;
 mod edges;
 mod labels;
 mod never_twice;
+mod ops;
 mod properties;
 mod serve;
 mod store;

@@ -376,7 +376,7 @@ async fn prune_deletes_only_old_finished_claims(store: Store) {
     won(&store, &request(&running, "a")).await;
     assert_eq!(
         store
-            .prune("billing", Duration::from_secs(3600), Duration::ZERO)
+            .prune("billing", Duration::from_secs(3600), Duration::ZERO, false)
             .await
             .unwrap(),
         0
@@ -384,7 +384,7 @@ async fn prune_deletes_only_old_finished_claims(store: Store) {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         store
-            .prune("billing", Duration::from_millis(10), Duration::ZERO)
+            .prune("billing", Duration::from_millis(10), Duration::ZERO, false)
             .await
             .unwrap(),
         1
@@ -404,7 +404,7 @@ async fn prune_never_deletes_a_period_fired_inside_the_catch_up_window(store: St
     let window = Duration::from_secs(3600);
     assert_eq!(
         store
-            .prune("billing", Duration::from_millis(10), window)
+            .prune("billing", Duration::from_millis(10), window, false)
             .await
             .unwrap(),
         0,
@@ -532,7 +532,7 @@ async fn a_sqlite_prune_around_the_cutoff_leaves_no_attempt_without_its_claim() 
     .await
     .unwrap();
     store
-        .prune("billing", Duration::from_secs(60), Duration::ZERO)
+        .prune("billing", Duration::from_secs(60), Duration::ZERO, false)
         .await
         .unwrap();
     let orphans: i64 = sqlx::query_scalar(

@@ -1,0 +1,406 @@
+//! What an operator and a platform team touch: completions and the man
+//! page, `migrate`'s report, `prune --dry-run`, `history --period
+//! --output`, `run --json` fields, `health`, and the deployment files.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use clap::Parser;
+use scheduler::cli::Cli;
+
+use crate::serve::stop;
+use crate::support::{Said, TestDb, Workspace, eventually, free_port, http_get};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+fn monthly(body: &str) -> String {
+    format!(
+        "[scheduler]\ncatch_up = \"1s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nkeep = \"1s\"\n{body}\n"
+    )
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_real_command_line() {
+    let ws = Workspace::new("");
+    std::fs::remove_file(ws.path().join("jobs.toml")).unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = ws.run(&["completions", shell]);
+        assert_eq!(out.code(), 0, "{shell}: {}", out.stderr());
+        for word in ["scheduler", "serve", "period", "dry-run"] {
+            assert!(out.stdout().contains(word), "{shell}: no {word}");
+        }
+    }
+    let bad = ws.run(&["completions", "tcsh"]);
+    assert_eq!(bad.code(), 2);
+    assert!(bad.stderr().contains("bash"), "{}", bad.stderr());
+    let man = ws.run(&["man"]);
+    assert_eq!(man.code(), 0);
+    assert!(
+        man.stdout().starts_with(".ie") || man.stdout().contains(".TH"),
+        "{}",
+        man.stdout()
+    );
+    assert!(man.stdout().contains("serve"));
+}
+
+#[test]
+fn migrate_says_what_it_applied_or_that_it_is_up_to_date() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&monthly("command = [\"true\"]"));
+        let first = ws.run(&["--database-url", &db.url, "migrate"]);
+        assert_eq!(first.code(), 0, "{}", first.stderr());
+        assert!(
+            first.stdout().contains("applied 0001 claims"),
+            "{}",
+            first.stdout()
+        );
+        let again = ws.run(&["--database-url", &db.url, "migrate"]);
+        assert_eq!(again.stdout().trim(), "up to date: no migration to apply");
+    }
+}
+
+#[test]
+fn prune_dry_run_counts_and_deletes_nothing_and_prune_says_when_there_is_nothing() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&monthly("command = [\"true\"]"));
+    let run = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "billing",
+        "--from",
+        "2026-01",
+        "--to",
+        "2026-03",
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr());
+    std::thread::sleep(Duration::from_millis(1100));
+    let dry = ws.run(&["--database-url", &db.url, "prune", "--dry-run"]);
+    assert_eq!(dry.code(), 0, "{}", dry.stderr());
+    assert!(
+        dry.stdout()
+            .contains("billing: would prune 3 finished claim(s)"),
+        "{}",
+        dry.stdout()
+    );
+    let real = ws.run(&["--database-url", &db.url, "prune"]);
+    assert!(
+        real.stdout().contains("billing: pruned 3"),
+        "{}",
+        real.stdout()
+    );
+    let none =
+        Workspace::new("[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\n");
+    let said = none.run(&["--database-url", &db.url, "prune"]);
+    assert_eq!(said.code(), 0);
+    assert!(
+        said.stdout().contains("nothing to prune"),
+        "{}",
+        said.stdout()
+    );
+}
+
+#[test]
+fn history_selects_a_period_and_shows_its_output_and_run_json_has_fields() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&monthly(
+        "shell = \"echo out of $SCHEDULER_PERIOD; [ $SCHEDULER_PERIOD != 2026-02 ] || exit 7\"",
+    ));
+    let run = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "billing",
+        "--from",
+        "2026-01",
+        "--to",
+        "2026-02",
+        "--json",
+    ]);
+    assert_eq!(run.code(), 1, "{}", run.stderr());
+    let lines: Vec<serde_json::Value> = run
+        .stdout()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["status"], "succeeded");
+    assert_eq!(lines[0]["exit_code"], 0, "{}", lines[0]);
+    assert_eq!(lines[1]["status"], "failed");
+    assert_eq!(lines[1]["exit_code"], 7, "{}", lines[1]);
+    assert_eq!(lines[1]["trigger"], "manual");
+    assert!(lines[1]["error"].is_string(), "{}", lines[1]);
+    assert!(lines[1]["duration_ms"].is_u64(), "{}", lines[1]);
+    let history = ws.run(&[
+        "--database-url",
+        &db.url,
+        "history",
+        "billing",
+        "--period",
+        "2026-02",
+        "--output",
+    ]);
+    assert_eq!(history.code(), 0, "{}", history.stderr());
+    assert!(
+        history.stdout().contains("billing:2026-02"),
+        "{}",
+        history.stdout()
+    );
+    assert!(
+        !history.stdout().contains("billing:2026-01"),
+        "{}",
+        history.stdout()
+    );
+    assert!(
+        history.stdout().contains("| out of 2026-02"),
+        "{}",
+        history.stdout()
+    );
+    let bad = ws.run(&[
+        "--database-url",
+        &db.url,
+        "history",
+        "billing",
+        "--period",
+        "July",
+    ]);
+    assert_eq!(bad.code(), 2);
+    assert!(bad.stderr().contains("--period"), "{}", bad.stderr());
+}
+
+#[test]
+fn health_asks_a_running_server_and_says_when_none_answers() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&monthly("command = [\"true\"]"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let url = format!("http://{addr}/healthz");
+    let nobody = ws.run(&["health", "--url", &url]);
+    assert_eq!(nobody.code(), 3, "{}", nobody.stderr());
+    assert!(nobody.stderr().contains("no answer"), "{}", nobody.stderr());
+    let server = ws
+        .command(&["--database-url", &db.url, "serve", "--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("/healthz", BOUND, || {
+        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    });
+    let healthy = ws.run(&["health", "--url", &url]);
+    assert_eq!(healthy.code(), 0, "{}", healthy.stderr());
+    assert!(
+        healthy.stdout().starts_with("200 ok"),
+        "{}",
+        healthy.stdout()
+    );
+    let missing = ws.run(&["health", "--url", &format!("http://{addr}/nope")]);
+    assert_eq!(missing.code(), 1);
+    assert_eq!(stop(server), 0);
+}
+
+/// Every `command`/`args` pair of a manifest, as one argument list.
+fn manifest_commands(text: &str) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let mut command: Option<Vec<String>> = None;
+    for line in text.lines().map(str::trim) {
+        if let Some(list) = line.strip_prefix("command: ") {
+            command = serde_json::from_str(list).ok();
+        } else if let Some(list) = line.strip_prefix("args: ") {
+            let args: Vec<String> = serde_json::from_str(list).expect("args as a JSON list");
+            let mut full = command.take().expect("command before args");
+            full.extend(args);
+            found.push(full);
+        }
+    }
+    found
+}
+
+#[test]
+fn every_scheduler_command_line_of_the_deployment_files_parses_and_its_probes_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut lines: Vec<Vec<String>> = Vec::new();
+    for file in [
+        "deploy/kubernetes/deployment.yaml",
+        "deploy/kubernetes/cronjob.yaml",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let found = manifest_commands(&text);
+        assert!(!found.is_empty(), "{file}: no command");
+        lines.extend(found);
+    }
+    let unit = std::fs::read_to_string(root.join("deploy/systemd/scheduler.service")).unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart");
+    lines.push(exec.split_whitespace().map(str::to_owned).collect());
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    for instruction in ["HEALTHCHECK", "ENTRYPOINT"] {
+        let json = dockerfile
+            .lines()
+            .skip_while(|l| !l.starts_with(instruction))
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("CMD ")
+                    .or(l.strip_prefix("ENTRYPOINT "))
+            })
+            .expect(instruction);
+        let mut args: Vec<String> = serde_json::from_str(json).unwrap();
+        if instruction == "ENTRYPOINT" {
+            let cmd = dockerfile
+                .lines()
+                .find_map(|l| l.strip_prefix("CMD "))
+                .expect("CMD");
+            args.extend(serde_json::from_str::<Vec<String>>(cmd).unwrap());
+        }
+        lines.push(args);
+    }
+    assert!(lines.len() >= 5, "{lines:?}");
+    for line in &lines {
+        assert!(line[0].ends_with("scheduler"), "{line:?}");
+        if let Err(e) = Cli::try_parse_from(line) {
+            panic!("{line:?} does not parse: {e}");
+        }
+    }
+    let deployment =
+        std::fs::read_to_string(root.join("deploy/kubernetes/deployment.yaml")).unwrap();
+    let probes: Vec<&str> = deployment
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("path: "))
+        .collect();
+    assert_eq!(probes, ["/healthz", "/readyz"]);
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&monthly("command = [\"true\"]"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = ws
+        .command(&["--database-url", &db.url, "serve", "--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for probe in probes {
+        eventually(probe, BOUND, || {
+            http_get(&addr, probe).starts_with("HTTP/1.1 200")
+        });
+    }
+    assert_eq!(stop(server), 0);
+}
+
+#[test]
+fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(
+            "[scheduler]\nlease = \"1s\"\n\n\
+             [[job]]\nname = \"paused\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"true\"]\n\n\
+             [[job]]\nname = \"stuck\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"sleep 30\"\n\n\
+             [[job]]\nname = \"broken\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"exit 4\"\nretry = { attempts = 1 }\n\n\
+             [[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n\n\
+             [[job]]\nname = \"archive\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"true\"]\n",
+        );
+        let url = db.url.as_str();
+        let ok = |args: &[&str]| {
+            let mut all = vec!["--database-url", url];
+            all.extend_from_slice(args);
+            let out = ws.run(&all);
+            assert!(out.code() <= 1, "{args:?}: {}", out.stderr());
+        };
+        ok(&["migrate"]);
+        ok(&["pause", "paused"]);
+        // Seen now: tick's fires from here on are overdue, archive's 2026
+        // fired before it was first seen.
+        for job in ["tick", "archive"] {
+            ok(&["pause", job]);
+            ok(&["resume", job]);
+        }
+        ok(&["run", "broken", "--period", "2026-07"]);
+        let mut stuck = ws
+            .command(&["--database-url", url, "run", "stuck", "--period", "2026-07"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        eventually("stuck runs", BOUND, || {
+            crate::support::count(
+                url,
+                "SELECT count(*) FROM scheduler_claims WHERE period_key = 'stuck:2026-07'",
+            ) == 1
+        });
+        stuck.kill().unwrap();
+        stuck.wait().unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        let text = ws.run(&["--database-url", url, "status"]);
+        assert_eq!(text.code(), 0, "{}", text.stderr());
+        let out = text.stdout();
+        assert!(!out.contains('\u{1b}'), "escape codes in a pipe: {out}");
+        let line = |job: &str| {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(&format!("{job} ")))
+                .unwrap_or_else(|| panic!("no row for {job} in\n{out}"))
+                .to_owned()
+        };
+        assert!(out.lines().next().unwrap().contains("OVERDUE"), "{out}");
+        assert!(line("paused").contains("paused"), "{out}");
+        assert!(
+            line("stuck").contains("stuck:2026-07 lease expired"),
+            "{out}"
+        );
+        assert!(
+            line("broken").contains("broken:2026-07: retries exhausted"),
+            "{out}"
+        );
+        assert!(
+            !line("tick").trim_end().ends_with(" -"),
+            "tick shows nothing overdue: {out}"
+        );
+        assert!(
+            line("archive").trim_end().ends_with(" -"),
+            "archive overdue: {out}"
+        );
+
+        let json = ws.run(&["--database-url", url, "status", "--json"]);
+        let jobs: Vec<serde_json::Value> = json
+            .stdout()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let of = |name: &str| jobs.iter().find(|j| j["job"] == name).unwrap().clone();
+        assert_eq!(of("paused")["paused"], true);
+        assert!(of("paused")["next_fire"].is_null(), "{}", of("paused"));
+        assert_eq!(
+            of("stuck")["running"][0]["lease_expired"],
+            true,
+            "{}",
+            of("stuck")
+        );
+        assert_eq!(
+            of("broken")["failed"][0]["retries_exhausted"],
+            true,
+            "{}",
+            of("broken")
+        );
+        assert!(!of("tick")["overdue"].as_array().unwrap().is_empty());
+        assert_eq!(of("archive")["overdue"], serde_json::json!([]));
+        assert!(!json.stdout().contains("Some("), "{}", json.stdout());
+
+        ok(&["run", "paused", "--period", "2026-01"]);
+        let grid = ws.run(&[
+            "--database-url",
+            url,
+            "status",
+            "paused",
+            "--from",
+            "2026-01",
+            "--to",
+            "2099-12",
+        ]);
+        assert_eq!(grid.code(), 0, "{}", grid.stderr());
+        let printed = grid.stdout();
+        let states: Vec<&str> = printed
+            .lines()
+            .map(|l| l.split("  ").nth(1).unwrap_or(""))
+            .collect();
+        assert_eq!(states.len(), 74 * 12, "{}", grid.stdout());
+        assert_eq!(states[0], "succeeded", "{}", grid.stdout());
+        assert_eq!(states[1], "missing", "{}", grid.stdout());
+        assert_eq!(states.last(), Some(&"not due"), "{}", grid.stdout());
+    }
+}
