@@ -738,7 +738,9 @@ fn status_says_paused_lease_expired_and_retries_exhausted_in_words() {
         .run(&["--database-url", &db.url, "status", "billing"])
         .stdout();
     assert!(
-        text.lines().nth(1).is_some_and(|row| row.contains("paused")),
+        text.lines()
+            .nth(1)
+            .is_some_and(|row| row.contains("paused")),
         "{text}"
     );
     assert!(
