@@ -196,6 +196,24 @@ fn mask_query_passwords(url: &str) -> String {
     out
 }
 
+/// `text` with control characters (a job's colours, a carriage return) as
+/// `\x1b`-style escapes, tabs kept: it never moves a terminal's cursor or
+/// forges another line.
+pub fn printable(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\t' => shown.push(c),
+            c if c.is_control() && (c as u32) < 0x100 => {
+                shown.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => shown.extend(c.escape_unicode()),
+            c => shown.push(c),
+        }
+    }
+    shown
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -121,6 +121,9 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         cli.command,
         Command::Run(_) | Command::Serve { .. } | Command::Migrate
     );
+    if matches!(url, DatabaseUrl::Sqlite { .. }) && runs_actions {
+        config.check_for_sqlite()?;
+    }
     let store = Store::open(&url, creates).await?;
     // Only `run`, `serve` and `migrate` make a database the scheduler's;
     // any command brings one up to date.
@@ -245,6 +248,16 @@ fn man() -> Result<Outcome, Error> {
 /// `scheduler health --url URL`: the probe's answer on stdout; exit 0 for
 /// a 200, 1 for another status, 3 when nothing answers.
 async fn health(url: &str) -> Result<Outcome, Error> {
+    let parsed = url::Url::parse(url).map_err(|e| {
+        Error::Usage(format!(
+            "--url: `{url}`: {e}; expected e.g. http://127.0.0.1:9090/healthz"
+        ))
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(Error::Usage(format!(
+            "--url: `{url}`: expected an http:// or https:// URL"
+        )));
+    }
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
         .redirect(reqwest::redirect::Policy::none())

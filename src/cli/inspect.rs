@@ -92,9 +92,11 @@ impl Look {
     fn table(&self) -> comfy_table::Table {
         let mut table = comfy_table::Table::new();
         if self.terminal {
-            table
-                .load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
-                .set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+            table.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+            // Wrapped to the terminal only when its width is known.
+            if table.width().is_some() {
+                table.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+            }
         } else {
             table
                 .load_preset(comfy_table::presets::NOTHING)
@@ -128,11 +130,17 @@ impl<'a> JobStatus<'a> {
         paused: bool,
         now: DateTime<Utc>,
     ) -> Result<JobStatus<'a>, Error> {
+        // A paused job skips its fires by design: none is overdue.
+        let overdue = if paused {
+            Vec::new()
+        } else {
+            overdue(config, store, job, now).await?
+        };
         Ok(JobStatus {
             job,
             paused,
             recent: store.recent(&job.name, RECENT).await?,
-            overdue: overdue(config, store, job, now).await?,
+            overdue,
         })
     }
 
@@ -226,6 +234,9 @@ impl<'a> JobStatus<'a> {
                     },
                     utc_text(at)
                 ),
+                None if self.job.retry.attempts <= 1 => {
+                    format!("{}: failed, no retry configured", row.period_key)
+                }
                 None => format!("{}: retries exhausted", row.period_key),
             })
             .collect();
@@ -246,20 +257,23 @@ impl<'a> JobStatus<'a> {
                 )
             }
         };
+        // A piped row stays one line, for grep and awk.
+        let separator = if look.terminal { "\n" } else { "; " };
         let or_dash = |lines: Vec<String>| {
             if lines.is_empty() {
                 "-".to_owned()
             } else {
-                lines.join("\n")
+                lines.join(separator)
             }
         };
+        let failed_colour = (!failed.is_empty()).then_some(Color::Red);
         vec![
             look.cell(self.job.name.clone(), None),
             look.cell(schedule, None),
             next,
             last,
             look.cell(or_dash(running), None),
-            look.cell(or_dash(failed), Some(Color::Red)),
+            look.cell(or_dash(failed), failed_colour),
             look.cell(overdue, (!self.overdue.is_empty()).then_some(Color::Yellow)),
         ]
     }
@@ -339,20 +353,11 @@ pub async fn range(
         let rows = store.rows(&keys).await?;
         for (period, key) in chunk.iter().zip(keys) {
             let row = rows.get(&key);
-            let fire = job.period.fire_for(&job.schedule, period);
-            let (state, detail) = match row {
-                None if fire.is_some_and(|f| f > now) => {
-                    ("not due", format!("fires at {}", time(fire)))
-                }
-                None => ("missing", "due, never run".to_owned()),
-                Some(row) => {
-                    let state = match (row.as_claim(), row.state.as_str()) {
-                        (Claim::Held { .. }, _) => "running",
-                        (_, "running") => "lease expired",
-                        (_, state) => state,
-                    };
-                    (state, format!("attempt {}  {}", row.attempt, describe(row)))
-                }
+            let (state, fire) = crate::engine::due::standing(job, period, row, now);
+            let detail = match row {
+                None if state == "not due" => format!("fires at {}", time(fire)),
+                None => "due, never run".to_owned(),
+                Some(row) => format!("attempt {}  {}", row.attempt, describe(row)),
             };
             if as_json {
                 say(format_args!(
@@ -367,7 +372,7 @@ pub async fn range(
                     })
                 ))?;
             } else {
-                say(format_args!("{key}  {state}  {detail}"))?;
+                say(format_args!("{key}  {state:<13}  {detail}"))?;
             }
         }
     }
@@ -481,7 +486,7 @@ pub async fn history(
             match attempt.output.as_deref().filter(|o| !o.is_empty()) {
                 Some(output) => {
                     for line in output.lines() {
-                        say(format_args!("    | {}", line.escape_debug()))?;
+                        say(format_args!("    | {}", crate::error::printable(line)))?;
                     }
                 }
                 None => say(format_args!("    (no output kept)"))?,
@@ -542,7 +547,7 @@ pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outc
             say(format_args!(
                 "{}: {verb} {pruned} finished claim(s) older than {} (keep; periods that fired inside the catch-up window are kept)",
                 job.name,
-                humantime::format_duration(keep)
+                crate::config::short(keep)
             ))?;
         }
     }
@@ -551,7 +556,7 @@ pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outc
         let pruned = store.prune_api(dry_run).await?;
         say(format_args!(
             "api: {verb} {pruned} Idempotency-Key(s) and run(s) older than {} (key_ttl)",
-            humantime::format_duration(api.key_ttl)
+            crate::config::short(api.key_ttl)
         ))?;
     }
     if !any {

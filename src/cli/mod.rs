@@ -148,8 +148,9 @@ pub enum Command {
     },
     /// Print the man page (roff): `scheduler man | man -l -`.
     Man,
-    /// Ask a running `serve --listen` for its health: exit 0 on 200, else 1
-    /// (a container's HEALTHCHECK; the image has no curl).
+    /// Ask a running `serve --listen` for its health: exit 0 on 200, 1 on
+    /// another status, 3 when nothing answers (a container's HEALTHCHECK;
+    /// the image has no curl).
     Health {
         /// The probe to ask.
         #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]

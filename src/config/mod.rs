@@ -16,6 +16,7 @@ use crate::suggest::nearest;
 use crate::template::{Template, TemplateError};
 
 mod raw;
+pub(crate) use raw::short;
 
 /// A configuration mistake: where it is and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -426,6 +427,33 @@ impl Config {
             },
             warnings,
         ))
+    }
+
+    /// Checks the `sql` statements as SQLite reads them, which runs every
+    /// statement of a text and quotes names with `[…]` and backticks: none
+    /// may end or split the transaction that records its outcome.
+    pub fn check_for_sqlite(&self) -> Result<(), ConfigError> {
+        let errors: Vec<ConfigError> = self
+            .jobs
+            .iter()
+            .filter_map(|job| {
+                let Action::Sql { statement, .. } = &job.action else {
+                    return None;
+                };
+                let word = raw::ends_the_transaction(statement, raw::Dialect::SQLITE)?;
+                Some(ConfigError {
+                    place: format!("{}: job `{}`", self.path.display(), job.name),
+                    message: format!(
+                        "the SQL statement runs `{word}` as SQLite reads it (SQLite runs every statement of the text): a statement runs inside the transaction that records its outcome, and must not end or split it"
+                    ),
+                })
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::joined(errors))
+        }
     }
 
     /// The job called `name`, or an error that suggests the nearest name.

@@ -202,7 +202,7 @@ fn at_least(
 }
 
 /// A duration as a person writes it: `24h`, `90s`, `100ms`.
-fn short(d: Duration) -> String {
+pub(crate) fn short(d: Duration) -> String {
     let secs = d.as_secs();
     match (secs, d.subsec_nanos()) {
         (0, _) => humantime::format_duration(d).to_string(),
@@ -633,10 +633,7 @@ impl RawJob {
         if sql.statement.get_ref().contains('\0') {
             no_nul(at, &sql.statement)?;
         }
-        if let Some(word) = statements(sql.statement.get_ref())
-            .into_iter()
-            .find_map(transaction_control)
-        {
+        if let Some(word) = ends_the_transaction(sql.statement.get_ref(), Dialect::POSTGRES) {
             return Err(at.error(
                 sql.statement.span(),
                 format!(
@@ -676,13 +673,36 @@ impl crate::template::Values for NoValues {
     }
 }
 
-/// The statements of `text`: split at each `;` outside quotes, quoted
-/// names, comments and dollar-quoted bodies (SQLite runs every statement
-/// of a text, so a `COMMIT` after the first one counts too).
-fn statements(text: &str) -> Vec<&str> {
+/// How a database reads a statement's text, as far as splitting it goes.
+#[derive(Clone, Copy)]
+pub(super) struct Dialect {
+    /// `$tag$ … $tag$` bodies (PostgreSQL).
+    dollar_quotes: bool,
+    /// `[name]` and `` `name` `` identifiers (SQLite).
+    bracketed_names: bool,
+}
+
+impl Dialect {
+    /// PostgreSQL's reading; also the load-time check, before the backend is
+    /// known (PostgreSQL runs only the first statement of a text anyway).
+    pub(super) const POSTGRES: Dialect = Dialect {
+        dollar_quotes: true,
+        bracketed_names: false,
+    };
+    /// SQLite's reading: it runs every statement of a text.
+    pub(super) const SQLITE: Dialect = Dialect {
+        dollar_quotes: false,
+        bracketed_names: true,
+    };
+}
+
+/// The statements of `text` as `dialect` reads it: split at each `;`
+/// outside quotes, quoted names, comments and (PostgreSQL) dollar-quoted
+/// bodies.
+pub(super) fn statements(text: &str, dialect: Dialect) -> Vec<&str> {
     let bytes = text.as_bytes();
     let skip_to = |from: usize, end: &[u8]| {
-        bytes[from..]
+        bytes[from.min(bytes.len())..]
             .windows(end.len())
             .position(|w| w == end)
             .map_or(bytes.len(), |at| from + at + end.len() - 1)
@@ -692,9 +712,11 @@ fn statements(text: &str) -> Vec<&str> {
     while i < bytes.len() {
         match bytes[i] {
             quote @ (b'\'' | b'"') => i = skip_to(i + 1, &[quote]),
+            b'`' if dialect.bracketed_names => i = skip_to(i + 1, b"`"),
+            b'[' if dialect.bracketed_names => i = skip_to(i + 1, b"]"),
             b'-' if bytes.get(i + 1) == Some(&b'-') => i = skip_to(i + 2, b"\n"),
             b'/' if bytes.get(i + 1) == Some(&b'*') => i = skip_to(i + 2, b"*/"),
-            b'$' => {
+            b'$' if dialect.dollar_quotes => {
                 let tag = bytes[i + 1..]
                     .iter()
                     .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
@@ -715,6 +737,14 @@ fn statements(text: &str) -> Vec<&str> {
     }
     pieces.push(&text[start..]);
     pieces
+}
+
+/// The first transaction-control keyword among the statements of `text`
+/// as `dialect` reads it.
+pub(super) fn ends_the_transaction(text: &str, dialect: Dialect) -> Option<String> {
+    statements(text, dialect)
+        .into_iter()
+        .find_map(transaction_control)
 }
 
 /// The transaction-control keyword a statement starts with, if any (after

@@ -178,6 +178,15 @@ impl Names {
         force: "--force",
         wait: "--wait",
     };
+    /// A period label in an HTTP API path.
+    pub const PATH: Names = Names {
+        period: "label",
+        from: "label",
+        to: "label",
+        early: "early",
+        force: "force",
+        wait: "wait",
+    };
     /// The HTTP API's JSON fields.
     pub const JSON: Names = Names {
         period: "period",

@@ -332,15 +332,23 @@ impl Engine {
         if lease.trigger == Trigger::Schedule {
             metrics::histogram!("scheduler_fire_lateness_seconds", "job" => ask.job.name.clone())
                 .record(lateness / 1000.0);
+            tracing::info!(
+                job = ask.job.name,
+                period_key = %lease.key,
+                trigger = lease.trigger.as_str(),
+                attempt = lease.attempt,
+                lateness_ms = lateness,
+                "claim won"
+            );
+        } else {
+            tracing::info!(
+                job = ask.job.name,
+                period_key = %lease.key,
+                trigger = lease.trigger.as_str(),
+                attempt = lease.attempt,
+                "claim won"
+            );
         }
-        tracing::info!(
-            job = ask.job.name,
-            period_key = %lease.key,
-            trigger = lease.trigger.as_str(),
-            attempt = lease.attempt,
-            lateness_ms = lateness,
-            "claim won"
-        );
     }
 }
 

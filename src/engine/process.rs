@@ -275,14 +275,7 @@ fn log_line(line: &[u8], name: &'static str, key: &str) {
     let text = String::from_utf8_lossy(line);
     // Control characters (a job's colours, a carriage return) are escaped:
     // a log line never moves the terminal's cursor or forges another line.
-    let mut shown = String::with_capacity(text.len());
-    for c in text.trim_end().chars() {
-        if c.is_control() && c != '\t' {
-            shown.extend(c.escape_default());
-        } else {
-            shown.push(c);
-        }
-    }
+    let shown = crate::error::printable(text.trim_end());
     tracing::info!(target: "job", period_key = %key, stream = name, "{shown}");
 }
 

@@ -156,7 +156,7 @@ impl Report {
             Status::Lost => {
                 "the claim was taken over; this attempt was stopped and its outcome discarded".into()
             }
-            Status::Withdrawn => "stopped by `scheduler release`; nothing recorded and the period is not done: `run --period` runs it again".into(),
+            Status::Withdrawn => "stopped by `scheduler release`; nothing recorded and the period is not done: serve's scan takes it over as a recovery, or `run --period` runs it".into(),
             Status::Fenced => "the lease could not be renewed in time (the database did not answer, or this process was stopped); the job was stopped before the lease ran out and nothing was recorded: the next run or serve recovers the period".into(),
             Status::Released => "interrupted by shutdown; the claim was released".into(),
             Status::Unrecorded(e) => format!(

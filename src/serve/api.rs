@@ -24,7 +24,7 @@ use crate::engine::Engine;
 use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
 use crate::error::{Error, Stop};
 use crate::period::{PeriodKey, utc_text};
-use crate::store::{ApiRun, Claim, KeyClaim, Released, Store};
+use crate::store::{ApiRun, KeyClaim, Released, Store};
 use crate::suggest::nearest;
 
 /// The largest request body.
@@ -54,16 +54,24 @@ pub struct Api {
     engine: Engine,
     shutdown: watch::Receiver<bool>,
     runs: tokio::sync::Mutex<JoinSet<()>>,
+    /// Tells this replica's serve loop of a pause or resume at once.
+    events: tokio::sync::mpsc::UnboundedSender<super::Event>,
 }
 
 impl Api {
     /// The API of a replica that runs on `engine`.
-    pub fn new(config: Arc<Config>, engine: Engine, shutdown: watch::Receiver<bool>) -> Arc<Api> {
+    pub(super) fn new(
+        config: Arc<Config>,
+        engine: Engine,
+        shutdown: watch::Receiver<bool>,
+        events: tokio::sync::mpsc::UnboundedSender<super::Event>,
+    ) -> Arc<Api> {
         Arc::new(Api {
             config: RwLock::new(config),
             engine,
             shutdown,
             runs: tokio::sync::Mutex::new(JoinSet::new()),
+            events,
         })
     }
 
@@ -97,6 +105,12 @@ impl Api {
     /// claiming and their running periods get the grace).
     pub async fn finish(&self) {
         let mut runs = self.runs.lock().await;
+        if !runs.is_empty() {
+            tracing::info!(
+                runs = runs.len(),
+                "waiting for the runs asked for over the API; past the grace they are stopped and their claims released"
+            );
+        }
         while runs.join_next().await.is_some() {}
     }
 }
@@ -112,8 +126,22 @@ pub fn routes(api: Arc<Api>) -> Router {
         .route("/v1/jobs/{job}/pause", post(pause))
         .route("/v1/jobs/{job}/resume", post(resume))
         .route("/v1/jobs/{job}/periods/{label}/release", post(release))
-        .fallback(|| async { Reply::error(StatusCode::NOT_FOUND, "no such route under /v1/") })
+        .method_not_allowed_fallback(|| async {
+            Reply::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route takes another method: GET reads, POST triggers and operates",
+            )
+        })
         .with_state(api)
+}
+
+/// The answer for a path under `/v1/` that names no route.
+pub fn no_route() -> Response {
+    Reply::error(
+        StatusCode::NOT_FOUND,
+        "no such route under /v1/: see the README's API section for the routes",
+    )
+    .into_response()
 }
 
 /// An answer: a status, a JSON body and headers.
@@ -360,37 +388,28 @@ async fn periods(
             Ok(rows) => rows,
             Err(e) => return Reply::of(&e),
         };
+        let now = Utc::now();
         for (period, key) in chunk.iter().zip(keys) {
-            out.push(match rows.get(&key) {
-                Some(row) => json!({
-                    "period": period.label,
-                    "key": key,
-                    "state": state_of(row),
-                    "attempt": row.attempt,
-                    "failures": row.failures,
-                    "owner": row.owner,
-                    "lease_until": row.lease_until.map(utc_text),
-                    "retry_at": row.retry_at.map(utc_text),
-                    "finished_at": row.finished_at.map(utc_text),
-                }),
-                None => json!({ "period": period.label, "key": key, "state": "never run" }),
-            });
+            let row = rows.get(&key);
+            let (state, fire) = crate::engine::due::standing(job, period, row, now);
+            out.push(json!({
+                "period_key": key,
+                "period": period.label,
+                "state": state,
+                "fire": fire.map(utc_text),
+                "attempt": row.map(|r| r.attempt),
+                "failures": row.map(|r| r.failures),
+                "owner": row.map(|r| &r.owner),
+                "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
+                "retry_at": row.and_then(|r| r.retry_at).map(utc_text),
+                "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
+            }));
         }
     }
     Reply::ok(
         StatusCode::OK,
         json!({ "job": job.name, "from": from, "to": to, "periods": out }),
     )
-}
-
-/// A claim row's state as an operator reads it: a running claim whose
-/// lease ran out is `lease expired`.
-fn state_of(row: &crate::store::ClaimRow) -> &str {
-    match (row.as_claim(), row.state.as_str()) {
-        (Claim::Held { .. }, state) => state,
-        (_, "running") => "lease expired",
-        (_, state) => state,
-    }
 }
 
 async fn period(
@@ -406,7 +425,7 @@ async fn period(
         Ok(job) => job,
         Err(reply) => return reply,
     };
-    let period = match manual::periods_between(job, (&label, &label), 1, Names::JSON) {
+    let period = match manual::periods_between(job, (&label, &label), 1, Names::PATH) {
         Ok(mut periods) => periods.remove(0),
         Err(e) => return Reply::of(&e),
     };
@@ -417,17 +436,22 @@ async fn period(
         Ok::<_, Error>((row.get(&key).cloned(), attempts))
     };
     match result.await {
-        Ok((row, attempts)) => Reply::ok(
-            StatusCode::OK,
-            json!({
-                "job": job.name,
-                "period": period.label,
-                "key": key,
-                "state": row.as_ref().map_or("never run", state_of),
-                "claim": row,
-                "attempts": attempts,
-            }),
-        ),
+        Ok((row, attempts)) => {
+            let (state, fire) =
+                crate::engine::due::standing(job, &period, row.as_ref(), Utc::now());
+            Reply::ok(
+                StatusCode::OK,
+                json!({
+                    "job": job.name,
+                    "period": period.label,
+                    "period_key": key,
+                    "state": state,
+                    "fire": fire.map(utc_text),
+                    "claim": row,
+                    "attempts": attempts,
+                }),
+            )
+        }
         Err(e) => Reply::of(&e),
     }
 }
@@ -468,6 +492,18 @@ fn body_of(bytes: &[u8]) -> Result<Value, Reply> {
         Ok(value @ Value::Object(_)) => Ok(value),
         Ok(_) => Err(Reply::bad("body", "the body must be a JSON object")),
         Err(e) => Err(Reply::bad("body", format!("the body is not JSON: {e}"))),
+    }
+}
+
+/// The body of a route that takes none: empty, or `{}`.
+fn empty_body(bytes: &[u8]) -> Result<Value, Reply> {
+    let value = body_of(bytes)?;
+    match value.as_object().and_then(|o| o.keys().next()) {
+        Some(field) => Err(Reply::bad(
+            field,
+            format!("this route takes no body fields; `{field}` is not one"),
+        )),
+        None => Ok(value),
     }
 }
 
@@ -587,6 +623,16 @@ impl Idempotent<'_> {
                     Err(e) => Reply::of(&e),
                 };
             }
+            // The answer named a run that has ended since: the replay is its
+            // outcome, not the "running" of the first answer.
+            if let Some(id) = &known.run_id
+                && known.run_going == 0
+                && let Ok(Some(run)) = store.api_run(id).await
+            {
+                return Reply::ok(StatusCode::OK, run_body(&run))
+                    .with(header::LOCATION, format!("/v1/runs/{id}"))
+                    .with(HeaderName::from_static("idempotent-replayed"), "true");
+            }
             let status = known
                 .status
                 .and_then(|s| u16::try_from(s).ok())
@@ -609,24 +655,27 @@ impl Idempotent<'_> {
             scope: scope.clone(),
         })
         .await;
-        let stored = if reply.status.is_server_error() {
-            store.forget_key(&scope).await
-        } else {
-            let location = reply.location().map(str::to_owned);
-            let run_id = location
-                .as_deref()
-                .and_then(|l| l.strip_prefix("/v1/runs/"))
-                .map(str::to_owned);
-            store
-                .answer_key(
-                    &scope,
-                    reply.status.as_u16(),
-                    &reply.body.to_string(),
-                    location.as_deref(),
-                    run_id.as_deref(),
-                )
-                .await
-        };
+        // A server-side failure, or a run that found no free slot, ran
+        // nothing: the key is freed so that a retry executes.
+        let stored =
+            if reply.status.is_server_error() || reply.status == StatusCode::TOO_MANY_REQUESTS {
+                store.forget_key(&scope).await
+            } else {
+                let location = reply.location().map(str::to_owned);
+                let run_id = location
+                    .as_deref()
+                    .and_then(|l| l.strip_prefix("/v1/runs/"))
+                    .map(str::to_owned);
+                store
+                    .answer_key(
+                        &scope,
+                        reply.status.as_u16(),
+                        &reply.body.to_string(),
+                        location.as_deref(),
+                        run_id.as_deref(),
+                    )
+                    .await
+            };
         if let Err(e) = stored {
             // The key stays in progress until its bound: a retry meanwhile
             // gets 409, never a second execution.
@@ -779,6 +828,8 @@ struct Progress {
     lines: Vec<Line>,
     /// Why the run itself ended early, if it did.
     error: Option<String>,
+    /// This replica's shutdown ended it before its last period.
+    interrupted: bool,
     done: bool,
 }
 
@@ -788,11 +839,35 @@ impl Progress {
         for (key, attempt) in &self.claimed {
             periods.push(json!({ "key": key, "status": "running", "attempt": attempt }));
         }
-        let mut body = json!({ "periods": periods });
+        let mut body = json!({ "periods": periods, "outcome": self.outcome() });
         if let Some(error) = &self.error {
             body["error"] = json!(error);
         }
         body
+    }
+
+    /// Once done: `succeeded` when every period succeeded or was done (or
+    /// is being done) elsewhere, `interrupted` by this replica's shutdown,
+    /// else `failed` (a failure, a period that found no concurrency slot,
+    /// one released or stopped).
+    fn outcome(&self) -> Option<&'static str> {
+        if !self.done {
+            return None;
+        }
+        if self.interrupted {
+            return Some("interrupted");
+        }
+        let fine = self.error.is_none()
+            && self
+                .lines
+                .iter()
+                .all(|l| matches!(l.status, "succeeded" | "skipped"));
+        Some(if fine { "succeeded" } else { "failed" })
+    }
+
+    /// Every period so far found no free concurrency slot.
+    fn all_busy(&self) -> bool {
+        !self.lines.is_empty() && self.lines.iter().all(|l| l.status == "busy")
     }
 }
 
@@ -883,13 +958,21 @@ impl Api {
                 if let Err(e) = ended {
                     p.error = Some(e.to_string());
                 }
+                if *api.shutdown.borrow() {
+                    p.interrupted = true;
+                    p.error.get_or_insert_with(|| {
+                        "this replica shut down: the periods listed as released are recovered like any others, and the periods not listed were not run; POST again with a new Idempotency-Key".into()
+                    });
+                    tracing::warn!(run = %run_id, "a run asked for over the API was interrupted by shutdown");
+                }
                 p.done = true;
-                p.body().to_string()
+                let body = p.body().to_string();
+                p.done = false;
+                body
             };
-            sink.1.send_modify(|n| *n += 1);
-            // The last word is written until it lands (or shutdown ends
-            // the process): a reader must not see a finished run as
-            // running.
+            // The last word is written before anyone is told the run ended
+            // (a replay reads it), and tried until it lands or shutdown
+            // ends the process.
             for _ in 0..10 {
                 match store.update_run(&run_id, &body, true, RUN_TICK * 3).await {
                     Ok(()) => break,
@@ -899,6 +982,8 @@ impl Api {
                     }
                 }
             }
+            lock(&shared).done = true;
+            sink.1.send_modify(|n| *n += 1);
         });
         // Without `wait`, the answer comes once something happened (the
         // first claim or line) or after a second.
@@ -906,7 +991,10 @@ impl Api {
         loop {
             let (done, anything) = {
                 let p = lock(&progress);
-                (p.done, !p.lines.is_empty() || !p.claimed.is_empty())
+                // A period that found no slot ends the run at once: its
+                // answer waits for that end, so it can say so.
+                let started = !p.claimed.is_empty() || (!p.lines.is_empty() && !p.all_busy());
+                (p.done, started)
             };
             if done || (wait.is_zero() && anything) {
                 break;
@@ -918,12 +1006,21 @@ impl Api {
                 break;
             }
         }
-        let (done, mut body) = {
+        let (done, busy, mut body) = {
             let p = lock(&progress);
-            (p.done, p.body())
+            (p.done, p.all_busy(), p.body())
         };
+        if done && busy {
+            // Nothing ran: the answer is not stored, so a retry runs it.
+            body["error"] = json!(
+                "not run: every concurrency slot of the job is taken by running periods; retry later with the same Idempotency-Key"
+            );
+            return Reply::ok(StatusCode::TOO_MANY_REQUESTS, body).with(header::RETRY_AFTER, "5");
+        }
         body["id"] = json!(id);
         body["job"] = json!(job);
+        body["requested_by"] = json!(token.name);
+        body["owner"] = json!(self.engine.owner());
         body["state"] = json!(if done { "done" } else { "running" });
         let status = if done && !wait.is_zero() {
             StatusCode::OK
@@ -970,7 +1067,7 @@ async fn set_paused(
         Ok(ok) => ok,
         Err(reply) => return reply,
     };
-    let value = match read_body(body).await.and_then(|b| body_of(&b)) {
+    let value = match read_body(body).await.and_then(|b| empty_body(&b)) {
         Ok(value) => value,
         Err(reply) => return reply,
     };
@@ -988,6 +1085,7 @@ async fn set_paused(
     };
     let store = api.store().clone();
     let by = token.name.clone();
+    let events = api.events.clone();
     idempotent
         .answer(&headers, &value, |_| async move {
             let job = match find_job(&config, &name) {
@@ -996,6 +1094,7 @@ async fn set_paused(
             };
             match store.set_paused(&job.name, paused).await {
                 Ok(()) => {
+                    let _ = events.send(super::Event::Paused(job.name.clone(), paused));
                     tracing::info!(job = %job.name, by = %by, paused, "paused over the API");
                     Reply::ok(StatusCode::OK, json!({ "job": job.name, "paused": paused }))
                 }
@@ -1015,7 +1114,7 @@ async fn release(
         Ok(ok) => ok,
         Err(reply) => return reply,
     };
-    let value = match read_body(body).await.and_then(|b| body_of(&b)) {
+    let value = match read_body(body).await.and_then(|b| empty_body(&b)) {
         Ok(value) => value,
         Err(reply) => return reply,
     };
@@ -1034,9 +1133,9 @@ async fn release(
                 Ok(job) => job,
                 Err(reply) => return reply,
             };
-            let period = match manual::periods_between(job, (&label, &label), 1, Names::JSON) {
+            let period = match manual::periods_between(job, (&label, &label), 1, Names::PATH) {
                 Ok(mut periods) => periods.remove(0),
-                Err(e) => return Reply::bad("label", e.to_string()),
+                Err(e) => return Reply::of(&e),
             };
             let key = PeriodKey::new(&job.name, &period.label).to_string();
             match store.release_key(&key).await {

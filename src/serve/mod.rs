@@ -46,6 +46,9 @@ enum Event {
     Done(String),
     /// A run (or an `sql` group) ended; its `max_running` slot is free.
     Free,
+    /// The API paused (`true`) or resumed a job: this replica follows at
+    /// once, the others at their next scan.
+    Paused(String, bool),
 }
 
 /// The long-running scheduler.
@@ -89,7 +92,13 @@ impl Service {
         shutdown: watch::Receiver<bool>,
     ) -> Result<Service, Error> {
         let engine = Engine::new(store, config.settings.lease, owner)?;
-        let api = api::Api::new(api_view(&config), engine.clone(), shutdown.clone());
+        let events = mpsc::unbounded_channel();
+        let api = api::Api::new(
+            api_view(&config),
+            engine.clone(),
+            shutdown.clone(),
+            events.0.clone(),
+        );
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
         Ok(Service {
             path,
@@ -105,10 +114,22 @@ impl Service {
             waiting: BTreeMap::new(),
             backlog: VecDeque::new(),
             pending: Vec::new(),
-            events: mpsc::unbounded_channel(),
+            events,
             shutdown,
             api,
         })
+    }
+
+    /// Sets every job's next-fire gauge (the timer moves each on as it
+    /// fires).
+    fn publish_next_fires(&self) {
+        let now = Utc::now();
+        for job in &self.jobs {
+            if let Some(next) = job.schedule.next_after(now) {
+                metrics::gauge!("scheduler_next_fire_timestamp_seconds", "job" => job.name.clone())
+                    .set(next.timestamp_millis() as f64 / 1000.0);
+            }
+        }
     }
 
     /// The HTTP API of this replica.
@@ -123,6 +144,7 @@ impl Service {
         self.flush();
         release_free_memory();
         crate::serve::server::HEALTH.ready();
+        self.publish_next_fires();
         tracing::info!(
             jobs = self.jobs.len(),
             owner = self.engine.owner(),
@@ -309,6 +331,12 @@ impl Service {
             Event::Free => {
                 self.running -= 1;
             }
+            Event::Paused(name, true) => {
+                self.paused.insert(name);
+            }
+            Event::Paused(name, false) => {
+                self.paused.remove(&name);
+            }
         }
     }
 
@@ -425,7 +453,14 @@ impl Service {
     /// Re-reads jobs.toml and applies all of it, jobs and settings alike;
     /// a bad file is logged and the old one kept whole.
     async fn reload(&mut self) {
-        let config = match Config::load(&self.path) {
+        let sqlite = matches!(self.engine.store(), crate::store::Store::Sqlite(_));
+        let loaded = Config::load(&self.path).and_then(|config| {
+            if sqlite {
+                config.check_for_sqlite()?;
+            }
+            Ok(config)
+        });
+        let config = match loaded {
             Ok(config) => config,
             Err(e) => {
                 tracing::error!("reload: keeping the running configuration: {e}");
@@ -444,6 +479,7 @@ impl Service {
         self.timer = Timer::new(&jobs, Utc::now());
         self.by_name = index(&jobs);
         self.jobs = jobs;
+        self.publish_next_fires();
         // Leases granted from now on, and so the heartbeat interval and the
         // fence; claims already held keep the lease they were granted until
         // their next renewal.

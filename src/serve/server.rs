@@ -192,6 +192,36 @@ fn describe_metrics() {
         "Time from a scheduled fire to the claim that won it, by job."
     );
     metrics::describe_counter!("scheduler_wakeups_total", "Wake-ups of the serve loop.");
+    metrics::describe_histogram!(
+        "scheduler_run_duration_seconds",
+        metrics::Unit::Seconds,
+        "How long runs took, by job."
+    );
+    metrics::describe_gauge!(
+        "scheduler_last_success_timestamp_seconds",
+        metrics::Unit::Seconds,
+        "When a run of the job last succeeded in this process (Unix time)."
+    );
+    metrics::describe_gauge!(
+        "scheduler_next_fire_timestamp_seconds",
+        metrics::Unit::Seconds,
+        "The job's next fire (Unix time)."
+    );
+    metrics::describe_gauge!(
+        "scheduler_running",
+        "Periods of the job running in this process."
+    );
+    metrics::describe_gauge!(
+        "scheduler_paused",
+        "1 while the job is paused, as of the last scan."
+    );
+    metrics::describe_counter!(
+        "scheduler_database_errors_total",
+        "Statements of the scheduler's own that failed on the database."
+    );
+    // Counters an alert watches exist from the start, at zero.
+    metrics::counter!("scheduler_database_errors_total").increment(0);
+    metrics::counter!("scheduler_claims_taken_over_total").increment(0);
 }
 
 /// Deletes expired Idempotency-Keys and API runs now and then.
@@ -219,7 +249,13 @@ fn router(handle: PrometheusHandle, api: Arc<Api>) -> Router {
             }),
         )
         .merge(super::api::routes(api))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .fallback(|uri: axum::http::Uri| async move {
+            if uri.path().starts_with("/v1") {
+                super::api::no_route()
+            } else {
+                (StatusCode::NOT_FOUND, "not found\n").into_response()
+            }
+        })
 }
 
 async fn readyz() -> impl IntoResponse {

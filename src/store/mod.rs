@@ -201,8 +201,10 @@ pub struct ClaimRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// Whether a claim would take it now (a scheduled one: no force, with
     /// backoff), as the backend's claimable rule says.
+    #[serde(skip)]
     pub claimable: bool,
     /// The database's clock when read.
+    #[serde(skip)]
     pub now: DateTime<Utc>,
 }
 

@@ -324,11 +324,14 @@ fn in_flight_is_409_another_body_is_422_and_another_token_has_its_own_scope() {
     eventually("the run ends", BOUND, || {
         answer(server.get(READER, &location)).3["state"] == "done"
     });
+    // Replayed once the run ended: its outcome, not the first "running".
     let (status, replayed, _, replay) =
         answer(server.post(CI, "/v1/jobs/billing/runs", "slow", &body));
-    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(status, StatusCode::OK);
     assert!(replayed);
-    assert_eq!(replay, first);
+    assert_eq!(replay["id"], first["id"]);
+    assert_eq!(replay["state"], "done", "{replay}");
+    assert_eq!(replay["outcome"], "succeeded", "{replay}");
     assert_eq!(runs(&ws), ["billing:2026-07"]);
     assert_eq!(server.stop(), 0);
 }
@@ -489,6 +492,22 @@ fn bad_requests_are_json_errors_naming_the_field() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         assert_eq!(body["field"], field, "{bad}: {body}");
     }
+    let (status, _, _, body) = answer(server.get(READER, "/v1/nope"));
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body["error"].is_string(), "{body}");
+    let (status, _, _, body) = answer(
+        client()
+            .delete(server.url("/v1/runs/x"))
+            .bearer_auth(READER)
+            .send()
+            .unwrap(),
+    );
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(body["error"].is_string(), "{body}");
+    let (status, _, _, body) =
+        answer(server.post(ONCALL, "/v1/jobs/billing/pause", "p", &json!({"x": 1})));
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["field"], "x", "{body}");
     let huge = "x".repeat(70 * 1024);
     let (status, _, _, body) = answer(server.post(
         CI,
@@ -529,14 +548,15 @@ fn reading_periods_and_operating_jobs_over_the_api() {
             .collect();
         assert_eq!(
             states,
-            [
-                "never run",
-                "succeeded",
-                "succeeded",
-                "succeeded",
-                "never run"
-            ]
+            ["missing", "succeeded", "succeeded", "succeeded", "missing"]
         );
+        let (_, _, _, later) =
+            answer(server.get(READER, "/v1/jobs/billing/periods?from=2099-01&to=2099-01"));
+        assert_eq!(later["periods"][0]["state"], "not due", "{later}");
+        assert!(later["periods"][0]["fire"].is_string(), "{later}");
+        let (status, _, _, bad) = answer(server.get(READER, "/v1/jobs/billing/periods/2026-7"));
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(bad["field"], "label", "{bad}");
         let (status, _, _, paused) =
             answer(server.post(ONCALL, "/v1/jobs/billing/pause", "pause-1", &json!({})));
         assert_eq!(status, StatusCode::OK, "{paused}");
@@ -730,6 +750,7 @@ fn sigterm_releases_a_run_asked_for_over_the_api_and_another_replica_takes_it() 
         let second = Server::start(&ws, &db.url);
         let (_, _, _, run) = answer(second.get(READER, &location.expect("Location")));
         assert_eq!(run["state"], "done", "{run}");
+        assert_eq!(run["outcome"], "interrupted", "{run}");
         assert_eq!(run["periods"][0]["status"], "released", "{run}");
         let (status, replayed, _, _) = answer(second.post(
             CI,
@@ -771,6 +792,11 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
         "# HELP scheduler_claims_total",
         "# TYPE scheduler_claims_total counter",
         "# HELP scheduler_runs_total",
+        "# HELP scheduler_run_duration_seconds",
+        "# HELP scheduler_database_errors_total",
+        "scheduler_database_errors_total 0",
+        "# HELP scheduler_next_fire_timestamp_seconds",
+        "scheduler_next_fire_timestamp_seconds{job=\"billing\"}",
     ] {
         assert!(metrics.contains(line), "no `{line}` in {metrics}");
     }
@@ -790,4 +816,43 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
         count(&db.url, "SELECT count(*) FROM scheduler_idempotency"),
         0
     );
+}
+
+#[test]
+fn a_run_that_finds_every_slot_taken_is_429_and_its_key_stays_free() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "3")));
+    let server = Server::start(&ws, &db.url);
+    let (status, _, _, body) = answer(server.post(
+        CI,
+        "/v1/jobs/billing/runs",
+        "first",
+        &json!({"period": "2026-06"}),
+    ));
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let busy = server.post(
+        CI,
+        "/v1/jobs/billing/runs",
+        "later",
+        &json!({"period": "2026-07"}),
+    );
+    assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(busy.headers().get("retry-after").is_some());
+    let mut last = None;
+    eventually("the slot frees and the same key runs", BOUND, || {
+        let (status, replayed, _, body) = answer(server.post(
+            CI,
+            "/v1/jobs/billing/runs?wait=30",
+            "later",
+            &json!({"period": "2026-07"}),
+        ));
+        last = Some((status, replayed, body));
+        status != StatusCode::TOO_MANY_REQUESTS
+    });
+    let (status, replayed, body) = last.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!replayed, "the busy answer was stored");
+    assert_eq!(body["outcome"], "succeeded", "{body}");
+    assert_eq!(runs(&ws), ["billing:2026-06", "billing:2026-07"]);
+    assert_eq!(server.stop(), 0);
 }

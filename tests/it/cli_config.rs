@@ -392,3 +392,34 @@ fn an_sql_statement_that_would_end_the_transaction_is_a_configuration_error() {
         assert_eq!(out.code(), 0, "{statement:?}: {}", out.stderr());
     }
 }
+
+#[test]
+fn a_text_that_ends_the_transaction_as_sqlite_reads_it_is_refused_before_sqlite_runs_it() {
+    let db = crate::support::TestDb::sqlite();
+    for statement in [
+        "insert into t select 1 as [$x$]; rollback; select [$x$] from (select 1 as [$x$])",
+        "insert into t select 1 as `$x$`; commit; select `$x$`",
+    ] {
+        let ws = crate::support::Workspace::new(&format!(
+            "[[job]]\nname = \"brk\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nsql = {{ statement = {statement:?} }}\n"
+        ));
+        let out = ws.run(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "brk",
+            "--period",
+            "2026-07",
+        ]);
+        assert_eq!(out.code(), 2, "{statement}: {}", out.stderr());
+        assert!(
+            out.stderr().contains("job `brk`") && out.stderr().contains("as SQLite reads it"),
+            "{statement}: {}",
+            out.stderr()
+        );
+    }
+    assert!(
+        !std::path::Path::new(db.url.trim_start_matches("sqlite://")).exists(),
+        "the database was opened"
+    );
+}

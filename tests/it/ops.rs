@@ -344,7 +344,7 @@ fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
             "{out}"
         );
         assert!(
-            line("broken").contains("broken:2026-07: retries exhausted"),
+            line("broken").contains("broken:2026-07: failed, no retry configured"),
             "{out}"
         );
         assert!(
