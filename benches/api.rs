@@ -83,7 +83,9 @@ fn bench(backend: &str, url: &str) {
             "2025-05-14",
         ])
         .current_dir(dir.path())
+        .env("SCHEDULER_LOG", "warn")
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .status()
         .expect("backfill");
     assert!(backfill.success(), "the backfill failed");
