@@ -613,14 +613,7 @@ fn manual_range(
             }))
         }
         Selection::Range(from, to) => {
-            let first = parse_label(job, from, n.from)?;
-            let last = parse_label(job, to, n.to)?;
-            if last.start < first.start {
-                return Err(Error::Usage(format!(
-                    "{}: {} comes before {} {}",
-                    n.to, last.label, n.from, first.label
-                )));
-            }
+            let (first, last) = bounds(job, (from, to), n)?;
             refuse_future(&last, now, n.to)?;
             if !request.early {
                 refuse_not_due(job, &last, now, (n.to, n.early))?;
@@ -641,14 +634,7 @@ pub fn periods_between(
     limit: usize,
     names: Names,
 ) -> Result<Vec<Period>, Error> {
-    let first = parse_label(job, from, names.from)?;
-    let last = parse_label(job, to, names.to)?;
-    if last.start < first.start {
-        return Err(Error::Usage(format!(
-            "{}: {} comes before {} {}",
-            names.to, last.label, names.from, first.label
-        )));
-    }
+    let (first, last) = bounds(job, (from, to), names)?;
     let mut walk = RangeWalk {
         next: Some(first),
         last,
@@ -664,6 +650,19 @@ pub fn periods_between(
         periods.push(period);
     }
     Ok(periods)
+}
+
+/// The first and last period of a range, in order.
+fn bounds(job: &Job, (from, to): (&str, &str), names: Names) -> Result<(Period, Period), Error> {
+    let first = parse_label(job, from, names.from)?;
+    let last = parse_label(job, to, names.to)?;
+    if last.start < first.start {
+        return Err(Error::Usage(format!(
+            "{}: {} comes before {} {}",
+            names.to, last.label, names.from, first.label
+        )));
+    }
+    Ok((first, last))
 }
 
 fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {

@@ -607,31 +607,31 @@ impl Idempotent<'_> {
                 }
                 return reply;
             }
-            // Left in progress by a replica that went away after it started
-            // its run: the answer is that run, never a second one.
-            if known.state == "running"
-                && let Some(id) = &known.run_id
-            {
-                return match store.api_run(id).await {
-                    Ok(Some(run)) => Reply::ok(StatusCode::ACCEPTED, run_body(&run))
-                        .with(header::LOCATION, format!("/v1/runs/{id}"))
-                        .with(HeaderName::from_static("idempotent-replayed"), "true"),
-                    Ok(None) => Reply::error(
-                        StatusCode::GONE,
-                        "the run of this Idempotency-Key was pruned",
-                    ),
-                    Err(e) => Reply::of(&e),
-                };
-            }
-            // The answer named a run that has ended since: the replay is its
-            // outcome, not the "running" of the first answer.
-            if let Some(id) = &known.run_id
-                && known.run_going == 0
-                && let Ok(Some(run)) = store.api_run(id).await
-            {
-                return Reply::ok(StatusCode::OK, run_body(&run))
-                    .with(header::LOCATION, format!("/v1/runs/{id}"))
-                    .with(HeaderName::from_static("idempotent-replayed"), "true");
+            // The request started a run that has ended since (or whose
+            // replica went away before answering): the replay is that run,
+            // never a second one — 200 with its outcome once done, 202 while
+            // abandoned by a replica that went away.
+            if let Some(id) = &known.run_id {
+                match store.api_run(id).await {
+                    Ok(Some(run)) => {
+                        let status = if run.state == "done" {
+                            StatusCode::OK
+                        } else {
+                            StatusCode::ACCEPTED
+                        };
+                        return Reply::ok(status, run_body(&run))
+                            .with(header::LOCATION, format!("/v1/runs/{id}"))
+                            .with(HeaderName::from_static("idempotent-replayed"), "true");
+                    }
+                    Ok(None) if known.state == "running" => {
+                        return Reply::error(
+                            StatusCode::GONE,
+                            "the run of this Idempotency-Key was pruned",
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Reply::of(&e),
+                }
             }
             let status = known
                 .status
