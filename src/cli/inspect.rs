@@ -472,12 +472,18 @@ pub async fn history(
             _ => String::new(),
         };
         let error = attempt.error.map(|e| format!("  {e}")).unwrap_or_default();
+        // A manual attempt says how it was asked for, and by whom.
+        let trigger = match (&attempt.asked, &attempt.requested_by) {
+            (Some(asked), Some(by)) => format!("{asked} by {by}"),
+            (Some(asked), None) => asked.clone(),
+            _ => attempt.trigger.clone(),
+        };
         say(format_args!(
             "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}",
             attempt.period_key,
             attempt.attempt,
             attempt.outcome,
-            attempt.trigger,
+            trigger,
             utc_text(attempt.started_at),
             time(attempt.finished_at),
             attempt.owner

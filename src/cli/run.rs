@@ -30,7 +30,16 @@ pub fn request(args: &RunArgs) -> Request {
         wait: args.wait,
         dry_run: args.dry_run,
         names: Names::FLAGS,
+        by: format!("cli:{}", user()).into(),
     }
+}
+
+/// Who runs this command, by the name of their user.
+fn user() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| nix::unistd::getuid().to_string(), |u| u.name)
 }
 
 /// Checks the flags of `run` before the database is opened.

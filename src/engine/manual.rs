@@ -149,6 +149,9 @@ pub struct Request {
     pub dry_run: bool,
     /// How the front end names the fields, for its error messages.
     pub names: Names,
+    /// Who asks: an API token's name, or `cli:` and the user; noted on
+    /// each manual attempt.
+    pub by: Arc<str>,
 }
 
 /// How a front end names a request's fields in its messages.
@@ -283,6 +286,7 @@ impl Backfill<'_> {
             let mode = Mode {
                 manual: plan.manual,
                 force: self.request.force,
+                early: self.request.early,
             };
             // A batch runs its periods one after another while all hold
             // their claims: at most as many as may run at once.
@@ -326,6 +330,7 @@ impl Backfill<'_> {
                                 job: job.clone(),
                                 due,
                                 mode,
+                                by: plan.manual.then(|| self.request.by.clone()),
                             });
                             if asks.len() >= batch
                                 && let Err(stop) = self.go(std::mem::take(&mut asks)).await?

@@ -55,6 +55,9 @@ pub struct Ask {
     pub due: Due,
     /// Manual or scheduled, forced or not.
     pub mode: Mode,
+    /// Who asked for a manual run: an API token's name, or `cli:` and the
+    /// user.
+    pub by: Option<Arc<str>>,
 }
 
 /// How a period is asked for.
@@ -65,6 +68,22 @@ pub struct Mode {
     pub manual: bool,
     /// A succeeded period is taken too.
     pub force: bool,
+    /// Asked for before its fire.
+    pub early: bool,
+}
+
+impl Mode {
+    /// How a manual attempt was asked for, as `history` shows it.
+    pub fn words(self) -> String {
+        let mut words = vec!["manual"];
+        if self.force {
+            words.push("force");
+        }
+        if self.early {
+            words.push("early");
+        }
+        words.join(" ")
+    }
 }
 
 impl Ask {
@@ -74,6 +93,7 @@ impl Ask {
             job,
             due,
             mode: Mode::default(),
+            by: None,
         }
     }
 
@@ -269,6 +289,7 @@ impl Engine {
             }
             return Err(e);
         }
+        self.note_asked(asks, &answers).await;
         Ok(asks
             .iter()
             .zip(answers)
@@ -289,6 +310,30 @@ impl Engine {
                 }
             })
             .collect())
+    }
+
+    /// Writes on each manual attempt won how and by whom it was asked for,
+    /// a statement per kind of ask; a failure costs only the note.
+    async fn note_asked(&self, asks: &[Ask], answers: &[Option<(Claim, Instant)>]) {
+        let mut kinds: Vec<(String, &str, Vec<&Lease>)> = Vec::new();
+        for (ask, answer) in asks.iter().zip(answers) {
+            let (Some(by), Some((Claim::Won(lease), _))) = (&ask.by, answer) else {
+                continue;
+            };
+            let words = ask.mode.words();
+            match kinds
+                .iter_mut()
+                .find(|(w, b, _)| *w == words && *b == &**by)
+            {
+                Some((_, _, leases)) => leases.push(lease),
+                None => kinds.push((words, by, vec![lease])),
+            }
+        }
+        for (words, by, leases) in kinds {
+            if let Err(e) = self.store.note_asked(&leases, &words, by).await {
+                tracing::warn!("cannot note how a manual run was asked for: {e}");
+            }
+        }
     }
 
     /// Runs a won period to its end and reports how it ended.

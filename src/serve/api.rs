@@ -803,6 +803,7 @@ async fn start_run(
                 wait: false,
                 dry_run: false,
                 names: Names::JSON,
+                by: caller.name.as_str().into(),
             };
             if let Err(e) = manual::check(&config, &request, Utc::now()) {
                 return Reply::of(&e);

@@ -176,6 +176,12 @@ pub struct Attempt {
     pub error: Option<String>,
     /// The output tail.
     pub output: Option<String>,
+    /// For a manual attempt, how it was asked for: `manual`, with `force`
+    /// and `early` where given.
+    pub asked: Option<String>,
+    /// For a manual attempt, who asked: the API token's name, or `cli:` and
+    /// the user.
+    pub requested_by: Option<String>,
 }
 
 /// A claim row as it stands, for `status`, `--dry-run` and `--wait`.
@@ -482,6 +488,12 @@ impl Store {
     /// The attempts of `job`, newest first.
     pub async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, Error> {
         bounded!(self.history("job", job, limit))
+    }
+
+    /// Notes on won manual attempts how and by whom they were asked for,
+    /// in one statement.
+    pub async fn note_asked(&self, leases: &[&Lease], asked: &str, by: &str) -> Result<(), Error> {
+        bounded!(self.note_asked(leases, asked, by))
     }
 
     /// The attempts of one period, newest first.

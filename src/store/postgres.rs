@@ -509,6 +509,28 @@ impl PgStore {
         Ok(())
     }
 
+    pub(super) async fn note_asked(
+        &self,
+        leases: &[&Lease],
+        asked: &str,
+        by: &str,
+    ) -> Result<(), sqlx::Error> {
+        let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
+        let attempts: Vec<i32> = leases.iter().map(|l| l.attempt).collect();
+        sqlx::query(
+            "UPDATE scheduler_attempts a SET asked = $3, requested_by = $4
+               FROM unnest($1::text[], $2::int[]) AS h(key, attempt)
+              WHERE a.period_key = h.key AND a.attempt = h.attempt",
+        )
+        .bind(&keys)
+        .bind(&attempts)
+        .bind(asked)
+        .bind(by)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// The attempts whose `column` (`job` or `period_key`) is `value`.
     pub(super) async fn history(
         &self,
@@ -539,6 +561,8 @@ impl PgStore {
                     http_status: row.try_get("http_status")?,
                     error: row.try_get("error")?,
                     output: row.try_get("output")?,
+                    asked: row.try_get("asked")?,
+                    requested_by: row.try_get("requested_by")?,
                 })
             })
             .collect()

@@ -491,6 +491,28 @@ impl SqliteStore {
         Ok(())
     }
 
+    pub(super) async fn note_asked(
+        &self,
+        leases: &[&Lease],
+        asked: &str,
+        by: &str,
+    ) -> Result<(), sqlx::Error> {
+        // The (key, attempt) pairs travel as one JSON array.
+        let pairs: Vec<(&str, i32)> = leases.iter().map(|l| (l.key.as_str(), l.attempt)).collect();
+        let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
+        sqlx::query(
+            "UPDATE scheduler_attempts SET asked = ?2, requested_by = ?3
+              WHERE (period_key, attempt) IN
+                    (SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
+        )
+        .bind(pairs)
+        .bind(asked)
+        .bind(by)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// The attempts whose `column` (`job` or `period_key`) is `value`.
     pub(super) async fn history(
         &self,
@@ -521,6 +543,8 @@ impl SqliteStore {
                     http_status: row.try_get("http_status")?,
                     error: row.try_get("error")?,
                     output: row.try_get("output")?,
+                    asked: row.try_get("asked")?,
+                    requested_by: row.try_get("requested_by")?,
                 })
             })
             .collect()
