@@ -50,7 +50,17 @@ pub async fn status(
     for job in &all {
         table.add_row(job.cells(&look, now));
     }
-    say(format_args!("{table}"))?;
+    if look.terminal {
+        say(format_args!("{table}"))?;
+    } else {
+        // Plain columns: no padding before the first, none after the last.
+        for column in table.column_iter_mut() {
+            column.set_padding((0, 2));
+        }
+        for line in table.lines() {
+            say(format_args!("{}", line.trim_end()))?;
+        }
+    }
     if let [job] = &all[..] {
         if !job.overdue.is_empty() {
             say(format_args!("overdue ({}):", job.overdue.len()))?;

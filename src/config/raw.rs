@@ -680,6 +680,8 @@ pub(super) struct Dialect {
     dollar_quotes: bool,
     /// `[name]` and `` `name` `` identifiers (SQLite).
     bracketed_names: bool,
+    /// `/* /* … */ */` comments nest (PostgreSQL).
+    nested_comments: bool,
 }
 
 impl Dialect {
@@ -688,12 +690,50 @@ impl Dialect {
     pub(super) const POSTGRES: Dialect = Dialect {
         dollar_quotes: true,
         bracketed_names: false,
+        nested_comments: true,
     };
     /// SQLite's reading: it runs every statement of a text.
     pub(super) const SQLITE: Dialect = Dialect {
         dollar_quotes: false,
         bracketed_names: true,
+        nested_comments: false,
     };
+
+    /// Where the comment that starts at `i` ends (the index after it), if
+    /// one starts there: `--` to the end of the line (`\n` or `\r`), or a
+    /// block comment, nested where the dialect nests them. An unclosed
+    /// one runs to the end.
+    fn comment_end(self, bytes: &[u8], i: usize) -> Option<usize> {
+        match (bytes.get(i), bytes.get(i + 1)) {
+            (Some(b'-'), Some(b'-')) => Some(
+                bytes[i..]
+                    .iter()
+                    .position(|b| matches!(b, b'\n' | b'\r'))
+                    .map_or(bytes.len(), |at| i + at + 1),
+            ),
+            (Some(b'/'), Some(b'*')) => {
+                let (mut depth, mut j) = (1usize, i + 2);
+                while j < bytes.len() {
+                    match (bytes[j], bytes.get(j + 1)) {
+                        (b'*', Some(b'/')) => {
+                            depth -= 1;
+                            j += 2;
+                            if depth == 0 {
+                                return Some(j);
+                            }
+                        }
+                        (b'/', Some(b'*')) if self.nested_comments => {
+                            depth += 1;
+                            j += 2;
+                        }
+                        _ => j += 1,
+                    }
+                }
+                Some(bytes.len())
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The statements of `text` as `dialect` reads it: split at each `;`
@@ -714,8 +754,10 @@ pub(super) fn statements(text: &str, dialect: Dialect) -> Vec<&str> {
             quote @ (b'\'' | b'"') => i = skip_to(i + 1, &[quote]),
             b'`' if dialect.bracketed_names => i = skip_to(i + 1, b"`"),
             b'[' if dialect.bracketed_names => i = skip_to(i + 1, b"]"),
-            b'-' if bytes.get(i + 1) == Some(&b'-') => i = skip_to(i + 2, b"\n"),
-            b'/' if bytes.get(i + 1) == Some(&b'*') => i = skip_to(i + 2, b"*/"),
+            b'-' | b'/' if dialect.comment_end(bytes, i).is_some() => {
+                // Just before the comment's end: the loop steps past it.
+                i = dialect.comment_end(bytes, i).unwrap_or(bytes.len()) - 1;
+            }
             b'$' if dialect.dollar_quotes => {
                 let tag = bytes[i + 1..]
                     .iter()
@@ -744,21 +786,15 @@ pub(super) fn statements(text: &str, dialect: Dialect) -> Vec<&str> {
 pub(super) fn ends_the_transaction(text: &str, dialect: Dialect) -> Option<String> {
     statements(text, dialect)
         .into_iter()
-        .find_map(transaction_control)
+        .find_map(|statement| transaction_control(statement, dialect))
 }
 
 /// The transaction-control keyword a statement starts with, if any (after
 /// blanks and `--` or `/* */` comments).
-fn transaction_control(statement: &str) -> Option<String> {
+fn transaction_control(statement: &str, dialect: Dialect) -> Option<String> {
     let mut rest = statement.trim_start();
-    loop {
-        if let Some(line) = rest.strip_prefix("--") {
-            rest = line.split_once('\n').map_or("", |(_, r)| r).trim_start();
-        } else if let Some(block) = rest.strip_prefix("/*") {
-            rest = block.split_once("*/").map_or("", |(_, r)| r).trim_start();
-        } else {
-            break;
-        }
+    while let Some(end) = dialect.comment_end(rest.as_bytes(), 0) {
+        rest = rest[end..].trim_start();
     }
     let word: String = rest
         .chars()
@@ -832,6 +868,12 @@ impl RawApi {
             // Read leniently (`check`, `status`), an unset variable leaves
             // the secret empty (a warning): those commands serve no API.
             let complete = env.unset_count() == unset;
+            if complete && secret.trim() != secret {
+                return Err(at.error(
+                    raw.secret.span(),
+                    format!("the secret of token `{name}` begins or ends with blanks, which no Authorization header can carry; expected e.g. the output of `openssl rand -hex 32`"),
+                ));
+            }
             if complete && secret.chars().count() < SHORTEST_SECRET {
                 return Err(at.error(
                     raw.secret.span(),

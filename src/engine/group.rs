@@ -140,12 +140,14 @@ impl Engine {
                     reports.push(Report::ran(&won.lease, ending, took));
                 }
             }
-            // Which statement broke the transaction is not known: every job
-            // of the group proves itself alone again.
+            // Which statement broke the transaction is not known, unless
+            // the group held one job: every job of it proves itself alone
+            // again.
             Err(e) => {
                 let error = e.to_string();
+                let own = sql.iter().all(|(ask, _)| ask.job.name == sql[0].0.job.name);
                 for (ask, won) in sql {
-                    self.quick.note(&ask.job, false, false);
+                    self.quick.note(&ask.job, false, own);
                     let status = Status::Unrecorded(Error::Database(error.clone()));
                     reports.push(Report::of(&won, status, took));
                 }
@@ -239,22 +241,36 @@ fn retry_after(ask: &Ask, won: &Won) -> Option<std::time::Duration> {
 /// A statement this quick, ended well, proves its job (and its text).
 const QUICK: Duration = Duration::from_millis(5);
 
-/// Which `sql` jobs share a transaction with other jobs: a job whose last
-/// statement succeeded within [`QUICK`] here, or, for a job that has not
-/// run here yet, one whose statement text has (jobs made from one template
-/// run the same statement). A slow, failing or connection-ending statement
-/// sends its job back to a transaction of its own until it proves itself
-/// again; one that is its own fault (not a group that broke around it)
-/// withdraws its text's proof too. Each replica learns for itself.
+/// The most strikes a job gathers: past them it needs 1,024 quick
+/// statements in a row to share again.
+const MOST_STRIKES: u32 = 10;
+
+/// Which `sql` jobs share a transaction with other jobs. A job that has not
+/// run here shares if its statement text has proven quick (jobs made from
+/// one template run the same statement); a job that has, once its last
+/// 2^strikes statements in a row each succeeded within [`QUICK`]. A slow,
+/// failing or connection-ending statement, or a shared transaction that
+/// broke with the job in it, is a strike: the job runs alone again, and
+/// each strike doubles the quick statements it must show before it shares
+/// again, so a job that breaks its transactions now and then (a statement
+/// that ends its connection every other run) soon runs alone for good.
+/// A statement that is its own fault also withdraws its text's proof. Each
+/// replica learns for itself.
 #[derive(Default)]
 pub(super) struct Quick(Mutex<Learned>);
 
 #[derive(Default)]
 struct Learned {
-    /// Job name → whether its last statement here proved it.
-    jobs: HashMap<String, bool>,
+    /// Job name → what its statements showed here.
+    jobs: HashMap<String, Record>,
     /// Statement texts that proved quick here.
     statements: HashSet<String>,
+}
+
+#[derive(Default)]
+struct Record {
+    strikes: u32,
+    quick_in_a_row: u32,
 }
 
 impl Quick {
@@ -263,7 +279,7 @@ impl Quick {
             return false;
         };
         match learned.jobs.get(&job.name) {
-            Some(proven) => *proven,
+            Some(record) => record.quick_in_a_row >= 1 << record.strikes,
             None => statement(job).is_some_and(|s| learned.statements.contains(s)),
         }
     }
@@ -274,7 +290,13 @@ impl Quick {
         let Ok(mut learned) = self.0.lock() else {
             return;
         };
-        learned.jobs.insert(job.name.clone(), quick);
+        let record = learned.jobs.entry(job.name.clone()).or_default();
+        if quick {
+            record.quick_in_a_row = record.quick_in_a_row.saturating_add(1);
+        } else {
+            record.quick_in_a_row = 0;
+            record.strikes = (record.strikes + 1).min(MOST_STRIKES);
+        }
         let Some(text) = statement(job) else {
             return;
         };
@@ -292,5 +314,64 @@ fn statement(job: &Job) -> Option<&str> {
     match &job.action {
         Action::Sql { statement, .. } => Some(statement),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn job(name: &str, statement: &str) -> Job {
+        let text = format!(
+            "[[job]]\nname = \"{name}\"\nschedule = \"* * * * *\"\nsql = {{ statement = \"{statement}\" }}\n"
+        );
+        let mut config = Config::parse(std::path::Path::new("jobs.toml"), &text, &|_| None)
+            .expect("a valid job");
+        config.jobs.remove(0)
+    }
+
+    #[test]
+    fn each_strike_doubles_the_quick_runs_a_job_needs_to_share_again() {
+        let quick = Quick::default();
+        let flaky = job("flaky", "SELECT 1");
+        assert!(!quick.proven(&flaky), "a new job shares before it ran");
+        quick.note(&flaky, true, true);
+        assert!(quick.proven(&flaky));
+        for needed in [2, 4, 8] {
+            // A shared transaction broke with it in: a strike.
+            quick.note(&flaky, false, false);
+            for _ in 1..needed {
+                quick.note(&flaky, true, true);
+                assert!(
+                    !quick.proven(&flaky),
+                    "shares again before {needed} quick runs"
+                );
+            }
+            quick.note(&flaky, true, true);
+            assert!(quick.proven(&flaky), "not back after {needed} quick runs");
+        }
+    }
+
+    #[test]
+    fn a_quick_text_lets_its_other_jobs_share_until_its_own_failure_withdraws_it() {
+        let quick = Quick::default();
+        let (first, second, third) = (
+            job("a", "INSERT INTO t VALUES (1)"),
+            job("b", "INSERT INTO t VALUES (1)"),
+            job("c", "INSERT INTO t VALUES (1)"),
+        );
+        quick.note(&first, true, true);
+        assert!(quick.proven(&second), "the same text has proven quick");
+        // A transaction that broke around it says nothing of the text.
+        quick.note(&second, false, false);
+        assert!(quick.proven(&third));
+        // The statement's own failure does.
+        quick.note(&second, false, true);
+        assert!(!quick.proven(&third));
+        assert!(
+            quick.proven(&first),
+            "a job proven by its own runs stays so"
+        );
     }
 }

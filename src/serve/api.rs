@@ -475,6 +475,16 @@ fn run_body(run: &ApiRun) -> Value {
         (state, _) => state,
     };
     let mut body: Value = serde_json::from_str(&run.body).unwrap_or_else(|_| json!({}));
+    if state == "abandoned" {
+        // What its replica last wrote: a period it was running is now the
+        // scan's to recover (`GET /v1/jobs/{job}/periods/{label}` says how).
+        if let Some(periods) = body["periods"].as_array_mut() {
+            for period in periods.iter_mut().filter(|p| p["status"] == "running") {
+                period["status"] = json!("abandoned");
+            }
+        }
+        body["outcome"] = json!("abandoned");
+    }
     body["id"] = json!(run.id);
     body["job"] = json!(run.job);
     body["requested_by"] = json!(run.requested_by);
@@ -607,19 +617,14 @@ impl Idempotent<'_> {
                 }
                 return reply;
             }
-            // The request started a run that has ended since (or whose
-            // replica went away before answering): the replay is that run,
-            // never a second one — 200 with its outcome once done, 202 while
-            // abandoned by a replica that went away.
+            // The request started a run that has ended since, or whose
+            // replica went away: the replay is that run, never a second one
+            // — 200 with its outcome (`abandoned` for a replica that went
+            // away; its periods are recovered like any others).
             if let Some(id) = &known.run_id {
                 match store.api_run(id).await {
                     Ok(Some(run)) => {
-                        let status = if run.state == "done" {
-                            StatusCode::OK
-                        } else {
-                            StatusCode::ACCEPTED
-                        };
-                        return Reply::ok(status, run_body(&run))
+                        return Reply::ok(StatusCode::OK, run_body(&run))
                             .with(header::LOCATION, format!("/v1/runs/{id}"))
                             .with(HeaderName::from_static("idempotent-replayed"), "true");
                     }

@@ -32,6 +32,9 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(super::api::MAX_WAIT + 
 /// How often `serve` deletes Idempotency-Keys and API runs past `key_ttl`.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
+/// How long a connection over the cap has to send its request head.
+const SPARE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The longest wait after a failed accept (out of file descriptors, say).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -286,7 +289,9 @@ fn connection_cap() -> usize {
 }
 
 async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
-    let slots = std::sync::Arc::new(Semaphore::new(connection_cap()));
+    let cap = connection_cap();
+    let slots = std::sync::Arc::new(Semaphore::new(cap));
+    let spare = std::sync::Arc::new(Semaphore::new((cap / 4).max(2)));
     let mut backoff = Duration::from_millis(10);
     loop {
         let accepted = tokio::select! {
@@ -310,18 +315,26 @@ async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver
                 continue;
             }
         };
-        // Over the cap, a connection is closed at once rather than queued
-        // behind idle ones; the client may try again.
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
+        // Over the cap, a connection gets one of a few spare slots with
+        // a second to send its head, so idle clients holding every slot do
+        // not keep a probe out for long; past those it is closed at once
+        // rather than queued.
+        let (permit, head_timeout) = match slots.clone().try_acquire_owned() {
+            Ok(permit) => (permit, HEADER_TIMEOUT),
+            Err(_) => match spare.clone().try_acquire_owned() {
+                Ok(permit) => (permit, SPARE_HEADER_TIMEOUT),
+                Err(_) => {
+                    drop(stream);
+                    continue;
+                }
+            },
         };
         let service = TowerToHyperService::new(app.clone());
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
+                .header_read_timeout(head_timeout)
                 // Request heads over 16 KiB are refused (431).
                 .max_buf_size(16 * 1024)
                 .keep_alive(false)

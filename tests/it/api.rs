@@ -447,9 +447,11 @@ fn an_in_progress_key_left_by_a_killed_replica_is_taken_over_after_its_bound() {
     // by its replica (its period is recovered like any other), not a
     // second one.
     let (status, replayed, body) = last.unwrap();
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(status, StatusCode::OK, "{body}");
     assert!(replayed);
     assert_eq!(body["state"], "abandoned", "{body}");
+    assert_eq!(body["outcome"], "abandoned", "{body}");
+    assert_ne!(body["periods"][0]["status"], "running", "{body}");
     assert_eq!(
         count(&db.url, "SELECT count(*) FROM scheduler_api_runs"),
         1,
@@ -665,6 +667,10 @@ fn api_mistakes_in_jobs_toml_are_configuration_errors() {
             "NO_SUCH_TOKEN_VAR",
         ),
         ("[api]\nkey_ttl = \"1s\"\n", "key_ttl"),
+        (
+            "[api]\ntokens = [{ name = \"ci\", secret = \"                    \", allow = [\"read\"] }]\n",
+            "blanks",
+        ),
         ("[api]\ntokenz = []\n", "tokenz"),
     ] {
         let ws = Workspace::new(&format!("{api}{}", monthly("billing", "0")));

@@ -282,3 +282,47 @@ fn quick_jobs_share_a_transaction_and_one_that_turns_bad_goes_back_to_its_own() 
         assert_eq!(first, 5, "{label}: {first} of the 5 good jobs ran at once");
     }
 }
+
+#[test]
+fn a_job_that_breaks_its_transaction_every_other_run_soon_runs_alone_for_good() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    count(
+        &db.url,
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL)",
+    );
+    // Quick on odd seconds; on even ones it ends its own connection, and
+    // with it whatever transaction it shares.
+    let mut toml = String::from(
+        "[scheduler]\nlease = \"3s\"\nscan_interval = \"1s\"\n\n[[job]]\nname = \"flaky\"\nschedule = \"* * * * * *\"\n\
+         sql = { statement = \"SELECT CASE WHEN extract(second from now())::int % 2 = 0 THEN pg_terminate_backend(pg_backend_pid()) ELSE true END\" }\n",
+    );
+    for i in 0..3 {
+        toml.push_str(&format!(
+            "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
+             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
+        ));
+    }
+    let ws = Workspace::new(&toml);
+    let server = serve(&ws, &db.url);
+    std::thread::sleep(Duration::from_secs(16));
+    assert_eq!(stop(server), 0);
+    // Periods of the good jobs a broken shared transaction took down, and
+    // that were recovered after the lease: a few transactions' worth (each
+    // strike doubles the quick runs the flaky job must show; a recovery
+    // run can make two quick ones in a row), not one every other second.
+    let broken = count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_claims WHERE job LIKE 'good%' AND attempt > 1",
+    );
+    assert!(
+        broken <= 15,
+        "{broken} periods of the good jobs went down with the flaky one's transactions"
+    );
+    let twice = count(
+        &db.url,
+        "SELECT count(*) FROM (SELECT period_key FROM burst_runs GROUP BY period_key HAVING count(*) > 1) AS t",
+    );
+    assert_eq!(twice, 0);
+}

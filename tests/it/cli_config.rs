@@ -363,6 +363,8 @@ fn an_sql_statement_that_would_end_the_transaction_is_a_configuration_error() {
         "/* x */ begin",
         "Savepoint s",
         "INSERT INTO t VALUES ('a;b'); COMMIT",
+        "/* nested /* c */ */ COMMIT",
+        "-- a comment ended by a carriage return\rCOMMIT",
         "UPDATE t SET n = 1; /* ; */ -- ;\n rollback",
     ] {
         let ws = crate::support::Workspace::new(&format!(

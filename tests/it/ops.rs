@@ -331,6 +331,11 @@ fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
         assert_eq!(text.code(), 0, "{}", text.stderr());
         let out = text.stdout();
         assert!(!out.contains('\u{1b}'), "escape codes in a pipe: {out}");
+        assert!(
+            out.lines()
+                .all(|l| !l.starts_with(' ') && !l.ends_with(' ')),
+            "padding around piped rows: {out:?}"
+        );
         let line = |job: &str| {
             out.lines()
                 .find(|l| l.trim_start().starts_with(&format!("{job} ")))
