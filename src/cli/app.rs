@@ -181,17 +181,17 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
                 output,
                 json,
             };
-            inspect::history(&store, &job, key.as_deref(), shown)
+            inspect::history(&store, &config.full_name(&job), key.as_deref(), shown)
                 .await
                 .or_else(Stop::into_result)
         }
         Command::Release { job, period } => inspect::release(&config, &store, &job, &period)
             .await
             .or_else(Stop::into_result),
-        Command::Pause { job } => inspect::pause(&store, &job, true)
+        Command::Pause { job } => inspect::pause(&store, &config.full_name(&job), true)
             .await
             .or_else(Stop::into_result),
-        Command::Resume { job } => inspect::pause(&store, &job, false)
+        Command::Resume { job } => inspect::pause(&store, &config.full_name(&job), false)
             .await
             .or_else(Stop::into_result),
         Command::Prune { dry_run } => inspect::prune(&config, &store, dry_run)

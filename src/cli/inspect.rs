@@ -31,7 +31,7 @@ pub async fn status(
     for job in config
         .jobs
         .iter()
-        .filter(|j| only.is_none_or(|name| j.name == name))
+        .filter(|j| only.is_none_or(|name| config.full_name(name) == j.name))
     {
         let paused = paused_jobs.contains(&job.name);
         all.push(JobStatus::read(config, store, job, paused, now).await?);

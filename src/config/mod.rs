@@ -155,6 +155,10 @@ pub struct Settings {
     /// otherwise; a relative SQLite path is taken from the directory of
     /// `jobs.toml`.
     pub database_url: Option<DatabaseUrl>,
+    /// `[scheduler].namespace`: the prefix (`staging/`) of every job's name
+    /// as the database knows it, so several deployments share one database
+    /// without colliding.
+    pub namespace: Option<String>,
     /// Why `database_url` could not be read, when a command that opens no
     /// database read the file leniently (an unset `${VAR}` in it): a
     /// command that needs the database reports it.
@@ -403,6 +407,13 @@ impl Config {
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
+        // Names are unique within the file; the namespace makes them so in
+        // the database.
+        if let Some(namespace) = &settings.namespace {
+            for job in &mut jobs {
+                job.name = format!("{namespace}/{}", job.name);
+            }
+        }
         let warnings = vars
             .unset()
             .into_iter()
@@ -457,8 +468,20 @@ impl Config {
     }
 
     /// The job called `name`, or an error that suggests the nearest name.
+    /// The name the database knows `name` by: with the namespace's
+    /// prefix, unless it has one.
+    pub fn full_name<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
+        match &self.settings.namespace {
+            Some(namespace) if !name.contains('/') => format!("{namespace}/{name}").into(),
+            _ => name.into(),
+        }
+    }
+
+    /// The job called `name` (with or without the namespace), or an error
+    /// that suggests the nearest name.
     pub fn job(&self, name: &str) -> Result<&Job, ConfigError> {
-        self.jobs.iter().find(|j| j.name == name).ok_or_else(|| {
+        let full = self.full_name(name);
+        self.jobs.iter().find(|j| j.name == full).ok_or_else(|| {
             let hint = nearest(name, self.jobs.iter().map(|j| j.name.as_str()))
                 .map(|n| format!("; did you mean `{n}`?"))
                 .unwrap_or_else(|| {

@@ -29,6 +29,7 @@ pub(super) struct RawSettings {
     max_running: Option<Spanned<i64>>,
     scan_interval: Option<Spanned<String>>,
     database_url: Option<Spanned<String>>,
+    namespace: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -202,6 +203,16 @@ fn at_least(
 }
 
 /// A duration as a person writes it: `24h`, `90s`, `100ms`.
+/// 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit: a
+/// job name, and a namespace.
+fn valid_name(name: &str) -> bool {
+    name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
 pub(crate) fn short(d: Duration) -> String {
     let secs = d.as_secs();
     match (secs, d.subsec_nanos()) {
@@ -305,7 +316,22 @@ impl RawSettings {
             }
             None => None,
         };
+        let namespace = match &self.namespace {
+            Some(ns) if ns.get_ref().is_empty() => None,
+            Some(ns) if !valid_name(ns.get_ref()) => {
+                return Err(at.error(
+                    ns.span(),
+                    format!(
+                        "`{}` is not a valid namespace: expected 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit (e.g. \"staging\")",
+                        ns.get_ref()
+                    ),
+                ));
+            }
+            Some(ns) => Some(ns.get_ref().clone()),
+            None => None,
+        };
         Ok(Settings {
+            namespace,
             timezone: self
                 .timezone
                 .as_ref()
@@ -342,12 +368,7 @@ impl RawJob {
         env: Env,
     ) -> Result<Job, ConfigError> {
         let name = self.name.get_ref();
-        let valid_name = name.len() <= 63
-            && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-        if !valid_name {
+        if !valid_name(name) {
             return Err(at.error(
                 self.name.span(),
                 format!(

@@ -588,7 +588,11 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
         )));
     }
     for job in &config.jobs {
-        if request.job.as_ref().is_none_or(|name| *name == job.name) {
+        if request
+            .job
+            .as_ref()
+            .is_none_or(|name| config.full_name(name) == job.name)
+        {
             manual_range(job, request, now)?;
         }
     }

@@ -298,7 +298,8 @@ fn authorize(api: &Api, headers: &HeaderMap, need: Need) -> Result<(Arc<Config>,
 
 /// The job named `name`, or a 404 naming the nearest one.
 fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a Job, Reply> {
-    config.jobs.iter().find(|j| j.name == name).ok_or_else(|| {
+    let full = config.full_name(name);
+    config.jobs.iter().find(|j| j.name == full).ok_or_else(|| {
         let near = nearest(name, config.jobs.iter().map(|j| j.name.as_str()));
         let mut body = json!({
             "error": format!("no job named `{name}`"),

@@ -409,3 +409,62 @@ fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
         assert_eq!(states.last(), Some(&"not due"), "{}", grid.stdout());
     }
 }
+
+#[test]
+fn two_namespaces_on_one_database_run_the_same_job_and_period_independently() {
+    for db in crate::support::databases() {
+        let url = db.url.as_str();
+        let space = |namespace: &str| {
+            Workspace::new(&format!(
+                "[scheduler]\nnamespace = \"{namespace}\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"echo {namespace} $SCHEDULER_PERIOD_KEY >> runs.txt\"\n"
+            ))
+        };
+        let (staging, prod) = (space("staging"), space("prod"));
+        for ws in [&staging, &prod] {
+            let out = ws.run(&[
+                "--database-url",
+                url,
+                "run",
+                "billing",
+                "--period",
+                "2026-07",
+            ]);
+            assert_eq!(out.code(), 0, "{}", out.stderr());
+            assert!(out.stdout().contains("succeeded"), "{}", out.stdout());
+        }
+        for (ws, namespace) in [(&staging, "staging"), (&prod, "prod")] {
+            let ran = std::fs::read_to_string(ws.path().join("runs.txt")).unwrap();
+            assert_eq!(ran, format!("{namespace} {namespace}/billing:2026-07\n"));
+            let again = ws.run(&[
+                "--database-url",
+                url,
+                "run",
+                "billing",
+                "--period",
+                "2026-07",
+            ]);
+            assert!(
+                again.stdout().contains("already succeeded"),
+                "{}",
+                again.stdout()
+            );
+            let history = ws.run(&["--database-url", url, "history", "billing"]);
+            assert_eq!(history.stdout().lines().count(), 1, "{}", history.stdout());
+            let status = ws.run(&["--database-url", url, "status", "--json"]);
+            let value: serde_json::Value = serde_json::from_str(status.stdout().trim()).unwrap();
+            assert_eq!(value["job"], format!("{namespace}/billing"));
+        }
+        assert_eq!(
+            crate::support::count(url, "SELECT count(*) FROM scheduler_claims"),
+            2
+        );
+        let bad = Workspace::new("[scheduler]\nnamespace = \"Prod/1\"\n");
+        let out = bad.run(&["check"]);
+        assert_eq!(out.code(), 2);
+        assert!(
+            out.stderr().contains("not a valid namespace"),
+            "{}",
+            out.stderr()
+        );
+    }
+}
