@@ -19,7 +19,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://scheduler.db";
 
 /// Runs `cli`'s command to completion.
 pub async fn run(cli: Cli) -> Result<Outcome, Error> {
-    // Completions and the man page need no jobs.toml.
+    // Completions, the man page and the health probe need no jobs.toml.
     match &cli.command {
         Command::Completions { shell } => return completions(*shell),
         Command::Man => return man(),
