@@ -30,6 +30,26 @@ enum Piece {
     Placeholder(&'static str),
 }
 
+impl Template {
+    /// The whole template, values included: only for hashing into a
+    /// job's definition fingerprint, never for showing (it may hold an
+    /// expanded secret).
+    pub(crate) fn exact(&self) -> String {
+        let mut text = String::new();
+        for piece in &self.0 {
+            match piece {
+                Piece::Text(t) => text.push_str(&t.replace('{', "{{")),
+                Piece::Placeholder(name) => {
+                    text.push('{');
+                    text.push_str(name);
+                    text.push('}');
+                }
+            }
+        }
+        text
+    }
+}
+
 impl fmt::Debug for Template {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Template(…)")

@@ -468,7 +468,21 @@ pub async fn history(
         Some(key) => store.attempts(key, shown.limit).await?,
         None => store.history(job, shown.limit).await?,
     };
-    for mut attempt in attempts {
+    // Newest first: an attempt ran under another definition than the one
+    // before it (the next in the list) when their fingerprints differ.
+    let older: Vec<Option<String>> = attempts
+        .iter()
+        .skip(1)
+        .map(|a| a.definition.clone())
+        .chain(std::iter::once(None))
+        .collect();
+    for (mut attempt, before) in attempts.into_iter().zip(older) {
+        let changed = match (&attempt.definition, &before) {
+            (Some(now), Some(before)) if now != before => {
+                Some(format!("  definition changed ({before} → {now})"))
+            }
+            _ => None,
+        };
         if shown.json {
             if !shown.output {
                 attempt.output = None;
@@ -489,14 +503,15 @@ pub async fn history(
             _ => attempt.trigger.clone(),
         };
         say(format_args!(
-            "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}",
+            "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}{}",
             attempt.period_key,
             attempt.attempt,
             attempt.outcome,
             trigger,
             utc_text(attempt.started_at),
             time(attempt.finished_at),
-            attempt.owner
+            attempt.owner,
+            changed.unwrap_or_default()
         ))?;
         if shown.output {
             match attempt.output.as_deref().filter(|o| !o.is_empty()) {

@@ -244,6 +244,48 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// Everything it does, values included: only for the definition
+    /// fingerprint.
+    fn exact(&self) -> String {
+        let t = Template::exact;
+        let pairs = |pairs: &[(String, Template)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(k, v)| (k.clone(), t(v))).collect()
+        };
+        match self {
+            Action::Process {
+                program,
+                workdir,
+                env,
+            } => {
+                let program = match program {
+                    Program::Command(args) => {
+                        format!("command {:?}", args.iter().map(t).collect::<Vec<_>>())
+                    }
+                    Program::Shell(script) => format!("shell {:?}", t(script)),
+                };
+                format!("{program} {:?} {:?}", workdir.as_ref().map(t), pairs(env))
+            }
+            Action::Http {
+                url,
+                method,
+                headers,
+                body,
+                timeout,
+            } => format!(
+                "http {method} {:?} {:?} {:?} {timeout:?}",
+                t(url),
+                pairs(headers),
+                body.as_ref().map(t)
+            ),
+            Action::Sql { statement, params } => format!(
+                "sql {statement:?} {:?}",
+                params.iter().map(t).collect::<Vec<_>>()
+            ),
+        }
+    }
+}
+
 /// A validated job.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -265,6 +307,27 @@ pub struct Job {
     pub retry: Retry,
     /// Finished claims older than this may be pruned.
     pub keep: Option<Duration>,
+    /// A fingerprint of what it does and when (schedule, zone, period
+    /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
+    /// recorded on every attempt, so `history` shows where it changed. A
+    /// hash, never the values themselves.
+    pub definition: String,
+}
+
+impl Job {
+    /// Computes [`Job::definition`] from the rest.
+    fn fingerprint(&self) -> String {
+        use sha2::Digest;
+        let text = format!(
+            "{}\n{}\n{:?}\n{}",
+            self.schedule.source(),
+            self.schedule.zone().name(),
+            self.period,
+            self.action.exact()
+        );
+        let hash = sha2::Sha256::digest(text.as_bytes());
+        hex::encode(&hash[..6])
+    }
 }
 
 /// A loaded `jobs.toml`.
@@ -406,6 +469,9 @@ impl Config {
         }
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
+        }
+        for job in &mut jobs {
+            job.definition = job.fingerprint();
         }
         // Names are unique within the file; the namespace makes them so in
         // the database.

@@ -420,6 +420,7 @@ impl RawJob {
             missed: self.missed,
             retry,
             keep: self.keep(at, settings)?,
+            definition: String::new(),
         })
     }
 

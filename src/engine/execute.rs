@@ -258,6 +258,7 @@ impl Engine {
             let failures = u32::try_from(run.lease.failures).unwrap_or(0) + 1;
             finish.retry_after = run.job.retry.backoff_after(failures);
         }
+        finish.definition = Some(run.job.definition.clone());
         // The lease is still renewed while the outcome is written; a claim
         // that the write itself settles is not a takeover.
         watch.recording();

@@ -183,6 +183,7 @@ impl Engine {
                     timeout: ask.job.timeout,
                     failure: Finish {
                         retry_after: retry_after(ask, won),
+                        definition: Some(ask.job.definition.clone()),
                         ..Finish::default()
                     },
                 })

@@ -249,6 +249,7 @@ pub async fn run(
         sink,
         outcome: Outcome::Done,
         fenced: 0,
+        changed: std::collections::HashMap::new(),
     };
     if let Err(stop) = backfill.plans(&mut plans, now).await? {
         return stop.into_result();
@@ -273,6 +274,9 @@ struct Backfill<'a> {
     sink: &'a mut dyn Sink,
     outcome: Outcome,
     fenced: usize,
+    /// Forced reruns whose last attempt ran under another definition of
+    /// the job: their line says so. Key → that attempt.
+    changed: std::collections::HashMap<String, i32>,
 }
 
 impl Backfill<'_> {
@@ -304,6 +308,21 @@ impl Backfill<'_> {
                 // so a repeated backfill claims nothing.
                 let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
                 let rows = self.engine.store().rows(&names).await?;
+                if self.request.force && !self.request.dry_run {
+                    // A rerun under a changed definition says so: the last
+                    // attempt of each period that ran before tells.
+                    for row in rows.values() {
+                        let last = self.engine.store().attempts(&row.period_key, 1).await?;
+                        if let Some(last) = last.first()
+                            && last
+                                .definition
+                                .as_ref()
+                                .is_some_and(|d| *d != job.definition)
+                        {
+                            self.changed.insert(row.period_key.clone(), last.attempt);
+                        }
+                    }
+                }
                 let mut asks = Vec::new();
                 for (due, key) in chunk.into_iter().zip(keys) {
                     if *self.shutdown.borrow() {
@@ -501,7 +520,17 @@ impl Backfill<'_> {
             self.outcome = Outcome::RunFailed;
         }
         self.fenced += usize::from(line.status == "fenced");
-        self.sink.line(line)
+        match self.changed.remove(&line.key) {
+            Some(attempt) if line.attempt.is_some_and(|a| a > attempt) => {
+                let mut line = line.clone();
+                line.detail = format!(
+                    "{}; the job's definition changed since attempt {attempt}",
+                    line.detail
+                );
+                self.sink.line(&line)
+            }
+            _ => self.sink.line(line),
+        }
     }
 }
 

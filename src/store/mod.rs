@@ -147,6 +147,8 @@ pub struct Finish {
     pub error: Option<String>,
     /// The last 4 KiB of output.
     pub output: Option<String>,
+    /// The fingerprint of the job's definition it ran under.
+    pub definition: Option<String>,
 }
 
 /// One recorded attempt, for `history` and `status`.
@@ -182,6 +184,8 @@ pub struct Attempt {
     /// For a manual attempt, who asked: the API token's name, or `cli:` and
     /// the user.
     pub requested_by: Option<String>,
+    /// The fingerprint of the job's definition it ran under, once it ended.
+    pub definition: Option<String>,
 }
 
 /// A claim row as it stands, for `status`, `--dry-run` and `--wait`.
@@ -574,6 +578,7 @@ fn group_outcomes<'a>(runs: &[GroupedSql<'a>], ends: &[GroupedEnd]) -> Vec<(&'a 
                 run.lease,
                 Finish {
                     succeeded: true,
+                    definition: run.failure.definition.clone(),
                     ..Finish::default()
                 },
             )),

@@ -98,8 +98,9 @@ fn claim_of(row: &PgRow, key: &PeriodKey, label: &str) -> Result<Claim, sqlx::Er
 const RECORD: &str = "
     WITH h AS (
         SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::bigint[],
-                             $6::int[], $7::int[], $8::text[], $9::text[])
-            AS h(key, attempt, state, failed, retry_ms, exit_code, http_status, error, output)
+                             $6::int[], $7::int[], $8::text[], $9::text[], $10::text[])
+            AS h(key, attempt, state, failed, retry_ms, exit_code, http_status, error, output,
+                 definition)
     ), mine AS (
         SELECT c.period_key FROM scheduler_claims c JOIN h ON c.period_key = h.key
          WHERE c.attempt = h.attempt AND c.state IN ('running', 'released')
@@ -115,7 +116,8 @@ const RECORD: &str = "
      RETURNING c.period_key, c.attempt, c.finished_at)
     UPDATE scheduler_attempts a
        SET outcome = h.state, finished_at = c.finished_at, exit_code = h.exit_code,
-           http_status = h.http_status, error = h.error, output = h.output
+           http_status = h.http_status, error = h.error, output = h.output,
+           definition = h.definition
       FROM c JOIN h ON h.key = c.period_key
      WHERE a.period_key = c.period_key AND a.attempt = c.attempt
     RETURNING a.period_key";
@@ -563,6 +565,7 @@ impl PgStore {
                     output: row.try_get("output")?,
                     asked: row.try_get("asked")?,
                     requested_by: row.try_get("requested_by")?,
+                    definition: row.try_get("definition")?,
                 })
             })
             .collect()
@@ -646,6 +649,10 @@ async fn record_many(
     let statuses: Vec<Option<i32>> = outcomes.iter().map(|(_, f)| f.http_status).collect();
     let errors: Vec<Option<&str>> = outcomes.iter().map(|(_, f)| f.error.as_deref()).collect();
     let output: Vec<Option<&str>> = outcomes.iter().map(|(_, f)| f.output.as_deref()).collect();
+    let definitions: Vec<Option<&str>> = outcomes
+        .iter()
+        .map(|(_, f)| f.definition.as_deref())
+        .collect();
     let rows = sqlx::query(RECORD)
         .bind(&keys)
         .bind(&attempts)
@@ -656,6 +663,7 @@ async fn record_many(
         .bind(&statuses)
         .bind(&errors)
         .bind(&output)
+        .bind(&definitions)
         .fetch_all(conn)
         .await?;
     Ok(rows.len())

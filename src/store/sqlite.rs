@@ -545,6 +545,7 @@ impl SqliteStore {
                     output: row.try_get("output")?,
                     asked: row.try_get("asked")?,
                     requested_by: row.try_get("requested_by")?,
+                    definition: row.try_get("definition")?,
                 })
             })
             .collect()
@@ -740,6 +741,7 @@ async fn record_many(
                 f.error,
                 f.output,
                 f.retry_after.map(|d| d.as_millis() as i64),
+                f.definition,
             ])
         })
         .collect();
@@ -748,11 +750,12 @@ async fn record_many(
         "UPDATE scheduler_attempts
             SET outcome = h.outcome, finished_at = {NOW}, exit_code = h.exit_code,
                 http_status = h.http_status, error = h.error, output = h.output,
-                retry_after = h.retry_after
+                retry_after = h.retry_after, definition = h.definition
            FROM (SELECT json_extract(value, '$[0]') AS key, json_extract(value, '$[1]') AS attempt,
                         json_extract(value, '$[2]') AS outcome, json_extract(value, '$[3]') AS exit_code,
                         json_extract(value, '$[4]') AS http_status, json_extract(value, '$[5]') AS error,
-                        json_extract(value, '$[6]') AS output, json_extract(value, '$[7]') AS retry_after
+                        json_extract(value, '$[6]') AS output, json_extract(value, '$[7]') AS retry_after,
+                        json_extract(value, '$[8]') AS definition
                    FROM json_each(?1)) AS h
           WHERE scheduler_attempts.period_key = h.key AND scheduler_attempts.attempt = h.attempt
             AND scheduler_attempts.outcome IN ('running', 'released')

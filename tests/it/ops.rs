@@ -468,3 +468,61 @@ fn two_namespaces_on_one_database_run_the_same_job_and_period_independently() {
         );
     }
 }
+
+#[test]
+fn a_changed_definition_between_two_attempts_shows_in_history() {
+    for db in crate::support::databases() {
+        let url = db.url.as_str();
+        let ws = Workspace::new(&monthly("shell = \"echo one\""));
+        let run = |ws: &Workspace| {
+            let out = ws.run(&[
+                "--database-url",
+                url,
+                "run",
+                "billing",
+                "--period",
+                "2026-07",
+                "--force",
+            ]);
+            assert_eq!(out.code(), 0, "{}", out.stderr());
+        };
+        run(&ws);
+        run(&ws);
+        std::fs::write(ws.path().join("jobs.toml"), monthly("shell = \"echo two\"")).unwrap();
+        let rerun = ws.run(&[
+            "--database-url",
+            url,
+            "run",
+            "billing",
+            "--period",
+            "2026-07",
+            "--force",
+        ]);
+        assert!(
+            rerun
+                .stdout()
+                .contains("the job's definition changed since attempt 2"),
+            "{}",
+            rerun.stdout()
+        );
+        let json = ws.run(&["--database-url", url, "history", "billing", "--json"]);
+        let attempts: Vec<serde_json::Value> = json
+            .stdout()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let definitions: Vec<&str> = attempts
+            .iter()
+            .map(|a| a["definition"].as_str().expect("a definition"))
+            .collect();
+        assert_eq!(definitions.len(), 3, "{}", json.stdout());
+        assert_ne!(definitions[0], definitions[1], "the change is not visible");
+        assert_eq!(definitions[1], definitions[2]);
+        let text = ws
+            .run(&["--database-url", url, "history", "billing"])
+            .stdout();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("definition changed"), "{text}");
+        assert!(!lines[1].contains("definition changed"), "{text}");
+    }
+}
