@@ -208,6 +208,11 @@ async fn renew_once(inner: &Inner) {
     // the next one tries again, and the fence stops runs meanwhile.
     match tokio::time::timeout(every, inner.store.renew(&leases, lease)).await {
         Ok(Ok(renewed)) => {
+            tracing::debug!(
+                claims = leases.len(),
+                renewed = renewed.iter().filter(|ok| **ok).count(),
+                "heartbeat"
+            );
             for ((lease, shared), ok) in snapshot.iter().zip(renewed) {
                 if ok {
                     shared.fence_at.send_replace(sent + safe_for);

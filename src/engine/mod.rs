@@ -299,6 +299,12 @@ impl Engine {
                     return Taken::RunningHere;
                 };
                 metrics::counter!("scheduler_claims_total", "job" => ask.job.name.clone(), "result" => metric_result(&claim)).increment(1);
+                tracing::debug!(
+                    job = ask.job.name,
+                    period_key = %ask.key(),
+                    result = metric_result(&claim),
+                    "claim answered"
+                );
                 match claim {
                     Claim::Won(won) => Taken::Won(Won {
                         watch: self.heartbeats.watch(&won, sent, lease),
@@ -411,8 +417,9 @@ pub fn start_at(owner: &str, n: usize) -> usize {
 
 fn metric_result(claim: &Claim) -> &'static str {
     match claim {
+        Claim::Won(lease) if lease.trigger == Trigger::Recovery => "recovered",
         Claim::Won(_) => "won",
-        Claim::Busy => "busy",
+        Claim::Busy => "waiting",
         Claim::Held { .. } => "held",
         Claim::Succeeded { .. } => "done",
         Claim::Failed { .. } => "failed",

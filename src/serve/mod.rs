@@ -295,6 +295,7 @@ impl Service {
         match scanned.found {
             Ok(found) => {
                 crate::serve::server::HEALTH.database_ok();
+                tracing::debug!(claimable = found.len(), "scan");
                 for r in found {
                     if let Some(job) = self.job(&r.job) {
                         let due = Due {

@@ -806,6 +806,13 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
     ] {
         assert!(metrics.contains(line), "no `{line}` in {metrics}");
     }
+    // The counters say what ran: one manual claim won, one success.
+    for line in [
+        "scheduler_runs_total{job=\"billing\",outcome=\"succeeded\"} 1",
+        "scheduler_claims_total{job=\"billing\",result=\"won\"} 1",
+    ] {
+        assert!(metrics.contains(line), "no `{line}` in {metrics}");
+    }
     assert_eq!(server.stop(), 0);
     count(&db.url, "UPDATE scheduler_idempotency SET expires_at = 0");
     count(&db.url, "UPDATE scheduler_api_runs SET expires_at = 0");

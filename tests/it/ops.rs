@@ -526,3 +526,53 @@ fn a_changed_definition_between_two_attempts_shows_in_history() {
         assert!(!lines[1].contains("definition changed"), "{text}");
     }
 }
+
+#[test]
+fn logs_to_a_pipe_have_no_escapes_no_debug_text_and_v_shows_debug_lines() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&monthly(
+        "shell = \"printf 'red \\\\033[31mtext\\\\033[0m\\\\n'\"",
+    ));
+    for format in ["text", "json"] {
+        let out = ws.run(&[
+            "--database-url",
+            &db.url,
+            "--log-format",
+            format,
+            "-v",
+            "run",
+            "billing",
+            "--period",
+            "2026-07",
+            "--force",
+        ]);
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        let log = out.stderr();
+        assert!(
+            !log.contains('\u{1b}'),
+            "{format}: an escape code reached the log: {log:?}"
+        );
+        assert!(
+            log.contains("\\x1b[31mtext"),
+            "{format}: the job's output is not shown escaped: {log}"
+        );
+        assert!(
+            !log.contains("Some("),
+            "{format}: Debug text in the log: {log}"
+        );
+        assert!(
+            log.contains("DEBUG") || log.contains("\"level\":\"DEBUG\""),
+            "{format}: -v shows no debug line: {log}"
+        );
+    }
+    let quiet = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "billing",
+        "--period",
+        "2026-07",
+        "--force",
+    ]);
+    assert!(!quiet.stderr().contains("DEBUG"), "{}", quiet.stderr());
+}
