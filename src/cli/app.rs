@@ -212,6 +212,11 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
                 shutdown.clone(),
             )?;
             let api = service.api();
+            let service = if listener.is_some() {
+                service.with_gauges()
+            } else {
+                service
+            };
             if let Some(listener) = listener {
                 crate::serve::server::start(listener, api.clone(), shutdown)?;
             }

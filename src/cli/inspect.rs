@@ -5,7 +5,6 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use crate::config::{Config, Job};
-use crate::engine::due::due;
 use crate::error::{Error, Outcome, Stop, say};
 use crate::period::{PeriodKey, utc_text};
 use crate::store::{Claim, ClaimRow, Released, Store};
@@ -415,36 +414,14 @@ fn describe(row: &ClaimRow) -> String {
     }
 }
 
-/// Periods due within the catch-up window, and since the job was first
-/// seen, with no success and nothing running.
 async fn overdue(
     config: &Config,
     store: &Store,
     job: &Job,
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, Error> {
-    let window = now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-    let first_seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
-    let since = first_seen
-        .get(&job.name)
-        .map_or(now, |seen| window.max(*seen));
-    // Fires after the job was first seen only: `serve` never runs one from
-    // before (`run JOB` takes the latest due period even so).
-    let mut due = due(job, now, since, true);
-    due.retain(|d| d.fire >= since);
-    let keys: Vec<String> = due
-        .iter()
-        .map(|d| PeriodKey::new(&job.name, &d.period.label).to_string())
-        .collect();
-    let rows = store.rows(&keys).await?;
-    Ok(keys
-        .into_iter()
-        .filter(|key| match rows.get(key).map(ClaimRow::as_claim) {
-            None => true,
-            Some(Claim::Succeeded { .. } | Claim::Held { .. }) => false,
-            Some(_) => true,
-        })
-        .collect())
+    let mut all = crate::engine::due::overdue(store, &[job], config.settings.catch_up, now).await?;
+    Ok(all.remove(&job.name).unwrap_or_default())
 }
 
 /// How `history` shows attempts.

@@ -1,13 +1,14 @@
 //! What is due for a job at an instant: the latest fire's period and the
 //! missed ones before it. One answer for `run` and for `serve`'s scan.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::config::{Job, Missed};
-use crate::period::Period;
-use crate::store::{Claim, ClaimRow, Trigger};
+use crate::error::Error;
+use crate::period::{Period, PeriodKey};
+use crate::store::{Claim, ClaimRow, Store, Trigger};
 
 /// A period to claim, with the fire it stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,4 +80,51 @@ pub fn standing(
         },
     };
     (state, fire)
+}
+
+/// The overdue periods of each of `jobs`, by job name: due within the
+/// catch-up window and after the job was first seen (`serve` never runs a
+/// fire from before), with no success and nothing running. A few
+/// statements for any number of jobs.
+pub async fn overdue(
+    store: &Store,
+    jobs: &[&Job],
+    catch_up: std::time::Duration,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, Vec<String>>, Error> {
+    let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
+    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let first_seen = store.first_seen(&names).await?;
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for job in jobs {
+        // Never seen: `serve` starts it at its next fire.
+        let Some(seen) = first_seen.get(&job.name) else {
+            continue;
+        };
+        let since = window.max(*seen);
+        for d in due(job, now, since, true)
+            .into_iter()
+            .filter(|d| d.fire >= since)
+        {
+            keys.push((
+                job.name.clone(),
+                PeriodKey::new(&job.name, &d.period.label).to_string(),
+            ));
+        }
+    }
+    let mut overdue: HashMap<String, Vec<String>> = HashMap::new();
+    for chunk in keys.chunks(1_000) {
+        let wanted: Vec<String> = chunk.iter().map(|(_, key)| key.clone()).collect();
+        let rows = store.rows(&wanted).await?;
+        for (job, key) in chunk {
+            let done_or_running = matches!(
+                rows.get(key).map(ClaimRow::as_claim),
+                Some(Claim::Succeeded { .. } | Claim::Held { .. })
+            );
+            if !done_or_running {
+                overdue.entry(job.clone()).or_default().push(key.clone());
+            }
+        }
+    }
+    Ok(overdue)
 }

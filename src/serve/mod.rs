@@ -27,6 +27,9 @@ use timer::Timer;
 /// of the wall clock (NTP, suspend) is noticed at the next wake-up.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
+/// How often the overdue and retries-exhausted gauges are counted.
+const GAUGES_EVERY: Duration = Duration::from_secs(60);
+
 /// How many claims one scan takes over at most.
 const SCAN_LIMIT: u32 = 500;
 
@@ -80,6 +83,8 @@ pub struct Service {
     shutdown: watch::Receiver<bool>,
     /// The HTTP API's view of the configuration and its runs.
     api: Arc<api::Api>,
+    /// Whether the database-wide gauges are published (`--listen`).
+    gauges: bool,
 }
 
 impl Service {
@@ -117,6 +122,7 @@ impl Service {
             events,
             shutdown,
             api,
+            gauges: false,
         })
     }
 
@@ -130,6 +136,37 @@ impl Service {
                     .set(next.timestamp_millis() as f64 / 1000.0);
             }
         }
+    }
+
+    /// Publishes the overdue and retries-exhausted gauges of every job
+    /// (`--listen`), each minute.
+    pub fn with_gauges(mut self) -> Service {
+        self.gauges = true;
+        self
+    }
+
+    /// Counts overdue and retries-exhausted periods per job in a task of
+    /// its own (a few statements for all jobs), never in front of a fire.
+    fn publish_gauges(&self) {
+        let jobs = self.jobs.clone();
+        let store = self.engine.store().clone();
+        let catch_up = self.settings.catch_up;
+        tokio::spawn(async move {
+            let refs: Vec<&Job> = jobs.iter().map(|j| &**j).collect();
+            let overdue = crate::engine::due::overdue(&store, &refs, catch_up, Utc::now()).await;
+            let exhausted = store.exhausted().await;
+            let (Ok(overdue), Ok(exhausted)) = (overdue, exhausted) else {
+                return;
+            };
+            for job in &jobs {
+                let late = overdue.get(&job.name).map_or(0, Vec::len);
+                metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone())
+                    .set(late as f64);
+                let spent = exhausted.get(&job.name).copied().unwrap_or(0);
+                metrics::gauge!("scheduler_retries_exhausted_periods", "job" => job.name.clone())
+                    .set(spent as f64);
+            }
+        });
     }
 
     /// The HTTP API of this replica.
@@ -155,6 +192,7 @@ impl Service {
             "serving"
         );
         let mut next_scan = Instant::now();
+        let mut next_gauges = Instant::now();
         loop {
             let now = Utc::now();
             let until_fire = self.timer.next().map_or(MAX_SLEEP, |at| {
@@ -179,6 +217,10 @@ impl Service {
             if Instant::now() >= next_scan {
                 self.scan();
                 next_scan = Instant::now() + self.settings.scan_interval;
+            }
+            if self.gauges && Instant::now() >= next_gauges {
+                self.publish_gauges();
+                next_gauges = Instant::now() + GAUGES_EVERY;
             }
             self.flush();
         }

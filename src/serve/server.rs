@@ -222,6 +222,14 @@ fn describe_metrics() {
         "scheduler_database_errors_total",
         "Statements of the scheduler's own that failed on the database."
     );
+    metrics::describe_gauge!(
+        "scheduler_overdue_periods",
+        "Periods of the job overdue in the database (due after first sighting, no success, nothing running), counted each minute."
+    );
+    metrics::describe_gauge!(
+        "scheduler_retries_exhausted_periods",
+        "Failed periods of the job that will not be retried, counted each minute."
+    );
     // Counters an alert watches exist from the start, at zero.
     metrics::counter!("scheduler_database_errors_total").increment(0);
     metrics::counter!("scheduler_claims_taken_over_total").increment(0);

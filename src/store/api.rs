@@ -1,7 +1,9 @@
-//! What the HTTP API keeps: Idempotency-Keys and the runs it started. The
-//! statements are the same on both backends (times are milliseconds on the
-//! database's clock); only the clock's spelling differs.
+//! Statements written once for both backends (times are milliseconds on
+//! the database's clock; only the clock's spelling differs): what the HTTP
+//! API keeps — Idempotency-Keys and the runs it started — and the counts
+//! behind `/metrics`' gauges.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{STATEMENT_BOUND, Store, query_error};
@@ -297,6 +299,22 @@ impl Store {
                 };
             }
             Ok::<u64, sqlx::Error>(total)
+        })
+    }
+}
+
+impl Store {
+    /// For each job with failed periods that will not be retried (retries
+    /// exhausted, or a permanent failure), how many.
+    pub async fn exhausted(&self) -> Result<HashMap<String, i64>, Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query_as::<_, (String, i64)>(
+                "SELECT job, count(*) FROM scheduler_claims
+                  WHERE state = 'failed' AND retry_at IS NULL GROUP BY job",
+            )
+            .fetch_all(pool)
+            .await
+            .map(|rows| rows.into_iter().collect())
         })
     }
 }

@@ -809,6 +809,8 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
     // The counters say what ran: one manual claim won, one success.
     for line in [
         "scheduler_runs_total{job=\"billing\",outcome=\"succeeded\"} 1",
+        "scheduler_overdue_periods{job=\"billing\"} 0",
+        "scheduler_retries_exhausted_periods{job=\"billing\"} 0",
         "scheduler_claims_total{job=\"billing\",result=\"won\"} 1",
     ] {
         assert!(metrics.contains(line), "no `{line}` in {metrics}");
