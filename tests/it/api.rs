@@ -779,7 +779,10 @@ fn sigterm_releases_a_run_asked_for_over_the_api_and_another_replica_takes_it() 
 #[test]
 fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
     let db = TestDb::sqlite();
-    let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+    let ws = Workspace::new(&with_api(&format!(
+        "{}\n[[job]]\nname = \"broken\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"exit 3\"\nretry = {{ attempts = 1 }}\n",
+        monthly("billing", "0")
+    )));
     let server = Server::start(&ws, &db.url);
     let (status, _, _, _) = answer(server.post(
         CI,
@@ -787,6 +790,14 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
         "kept",
         &json!({"period": "2026-07"}),
     ));
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _, failed) = answer(server.post(
+        CI,
+        "/v1/jobs/broken/runs?wait=30",
+        "fails",
+        &json!({"period": "2026-07"}),
+    ));
+    assert_eq!(failed["outcome"], "failed", "{failed}");
     assert_eq!(status, StatusCode::OK);
     let metrics = client()
         .get(server.url("/metrics"))
@@ -811,6 +822,7 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
         "scheduler_runs_total{job=\"billing\",outcome=\"succeeded\"} 1",
         "scheduler_overdue_periods{job=\"billing\"} 0",
         "scheduler_retries_exhausted_periods{job=\"billing\"} 0",
+        "scheduler_runs_total{job=\"broken\",outcome=\"failed\"} 1",
         "scheduler_claims_total{job=\"billing\",result=\"won\"} 1",
     ] {
         assert!(metrics.contains(line), "no `{line}` in {metrics}");
@@ -826,7 +838,7 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
         .output()
         .unwrap();
     assert_eq!(out.code(), 0, "{}", out.stderr());
-    assert!(out.stdout().contains("api: pruned 2"), "{}", out.stdout());
+    assert!(out.stdout().contains("api: pruned 4"), "{}", out.stdout());
     assert_eq!(
         count(&db.url, "SELECT count(*) FROM scheduler_idempotency"),
         0
