@@ -942,7 +942,10 @@ impl Api {
         let api = self.clone();
         let shared = progress.clone();
         let run_id = id.clone();
-        self.runs.lock().await.spawn(async move {
+        let mut runs = self.runs.lock().await;
+        // Runs that ended are let go of here, not kept until shutdown.
+        while runs.try_join_next().is_some() {}
+        runs.spawn(async move {
             let mut sink = Collect(shared.clone(), changed);
             let ended = {
                 let run =
@@ -992,6 +995,7 @@ impl Api {
             lock(&shared).done = true;
             sink.1.send_modify(|n| *n += 1);
         });
+        drop(runs);
         // Without `wait`, the answer comes once something happened (the
         // first claim or line) or after a second.
         let until = tokio::time::Instant::now() + wait.max(Duration::from_secs(1));
