@@ -26,14 +26,25 @@ pub async fn status(
     now: DateTime<Utc>,
 ) -> Result<Outcome, Stop> {
     let paused_jobs = store.paused_jobs().await?;
-    let mut all = Vec::new();
-    for job in config
+    let jobs: Vec<&Job> = config
         .jobs
         .iter()
         .filter(|j| only.is_none_or(|name| config.full_name(name) == j.name))
-    {
+        .collect();
+    // Overdue periods of every job in a few statements.
+    let mut overdue =
+        crate::engine::due::overdue(store, &jobs, config.settings.catch_up, now).await?;
+    let mut all = Vec::new();
+    for job in jobs {
+        // A paused job skips its fires by design: none is overdue.
         let paused = paused_jobs.contains(&job.name);
-        all.push(JobStatus::read(config, store, job, paused, now).await?);
+        let late = overdue.remove(&job.name).filter(|_| !paused);
+        all.push(JobStatus {
+            job,
+            paused,
+            recent: store.recent(&job.name, RECENT).await?,
+            overdue: late.unwrap_or_default(),
+        });
     }
     if as_json {
         for job in &all {
@@ -131,28 +142,7 @@ struct JobStatus<'a> {
     overdue: Vec<String>,
 }
 
-impl<'a> JobStatus<'a> {
-    async fn read(
-        config: &Config,
-        store: &Store,
-        job: &'a Job,
-        paused: bool,
-        now: DateTime<Utc>,
-    ) -> Result<JobStatus<'a>, Error> {
-        // A paused job skips its fires by design: none is overdue.
-        let overdue = if paused {
-            Vec::new()
-        } else {
-            overdue(config, store, job, now).await?
-        };
-        Ok(JobStatus {
-            job,
-            paused,
-            recent: store.recent(&job.name, RECENT).await?,
-            overdue,
-        })
-    }
-
+impl JobStatus<'_> {
     /// The next fire and its key; none while paused.
     fn next(&self, now: DateTime<Utc>) -> Option<(DateTime<Utc>, String)> {
         if self.paused {
@@ -412,16 +402,6 @@ fn describe(row: &ClaimRow) -> String {
         },
         (_, state) => format!("{state} at {}", time(row.finished_at)),
     }
-}
-
-async fn overdue(
-    config: &Config,
-    store: &Store,
-    job: &Job,
-    now: DateTime<Utc>,
-) -> Result<Vec<String>, Error> {
-    let mut all = crate::engine::due::overdue(store, &[job], config.settings.catch_up, now).await?;
-    Ok(all.remove(&job.name).unwrap_or_default())
 }
 
 /// How `history` shows attempts.

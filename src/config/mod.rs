@@ -546,12 +546,11 @@ impl Config {
     /// The job called `name` (with or without the namespace), or an error
     /// that suggests the nearest name.
     pub fn job(&self, name: &str) -> Result<&Job, ConfigError> {
-        let full = self.full_name(name);
-        self.jobs.iter().find(|j| j.name == full).ok_or_else(|| {
-            let hint = nearest(name, self.jobs.iter().map(|j| j.name.as_str()))
+        self.find(name).map_err(|near| {
+            let hint = near
                 .map(|n| format!("; did you mean `{n}`?"))
                 .unwrap_or_else(|| {
-                    let names: Vec<_> = self.jobs.iter().map(|j| j.name.as_str()).collect();
+                    let names: Vec<_> = self.jobs.iter().map(|j| self.short_name(j)).collect();
                     format!("; its jobs are: {}", names.join(", "))
                 });
             ConfigError {
@@ -559,6 +558,21 @@ impl Config {
                 message: format!("no job named `{name}` in {}{hint}", self.path.display()),
             }
         })
+    }
+
+    /// The job called `name` (with or without the namespace), or the
+    /// nearest name, if one is near, for the caller's message.
+    pub fn find(&self, name: &str) -> Result<&Job, Option<&str>> {
+        let full = self.full_name(name);
+        self.jobs
+            .iter()
+            .find(|j| j.name == full)
+            .ok_or_else(|| nearest(name, self.jobs.iter().map(|j| self.short_name(j))))
+    }
+
+    /// A job's name as its file writes it, without the namespace.
+    fn short_name<'a>(&self, job: &'a Job) -> &'a str {
+        job.name.split_once('/').map_or(&job.name, |(_, name)| name)
     }
 }
 

@@ -310,16 +310,14 @@ impl Backfill<'_> {
                 let rows = self.engine.store().rows(&names).await?;
                 if self.request.force && !self.request.dry_run {
                     // A rerun under a changed definition says so: the last
-                    // attempt of each period that ran before tells.
-                    for row in rows.values() {
-                        let last = self.engine.store().attempts(&row.period_key, 1).await?;
-                        if let Some(last) = last.first()
-                            && last
-                                .definition
-                                .as_ref()
-                                .is_some_and(|d| *d != job.definition)
-                        {
-                            self.changed.insert(row.period_key.clone(), last.attempt);
+                    // attempts of the chunk's periods that ran tell, in one
+                    // statement.
+                    let ran: Vec<String> = rows.keys().cloned().collect();
+                    for (key, (attempt, definition)) in
+                        self.engine.store().last_definitions(&ran).await?
+                    {
+                        if definition.is_some_and(|d| d != job.definition) {
+                            self.changed.insert(key, attempt);
                         }
                     }
                 }

@@ -25,7 +25,6 @@ use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
 use crate::error::{Error, Stop};
 use crate::period::{PeriodKey, utc_text};
 use crate::store::{ApiRun, KeyClaim, Released, Store};
-use crate::suggest::nearest;
 
 /// The largest request body.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -298,9 +297,7 @@ fn authorize(api: &Api, headers: &HeaderMap, need: Need) -> Result<(Arc<Config>,
 
 /// The job named `name`, or a 404 naming the nearest one.
 fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a Job, Reply> {
-    let full = config.full_name(name);
-    config.jobs.iter().find(|j| j.name == full).ok_or_else(|| {
-        let near = nearest(name, config.jobs.iter().map(|j| j.name.as_str()));
+    config.find(name).map_err(|near| {
         let mut body = json!({
             "error": format!("no job named `{name}`"),
             "field": "job",

@@ -304,6 +304,35 @@ impl Store {
 }
 
 impl Store {
+    /// For each of `keys` that has run, its latest attempt and the
+    /// definition fingerprint that attempt ran under, in one statement.
+    pub async fn last_definitions(
+        &self,
+        keys: &[String],
+    ) -> Result<HashMap<String, (i32, Option<String>)>, Error> {
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        // One placeholder per key ($1, $2, …: both backends read them).
+        let list: Vec<String> = (1..=keys.len()).map(|i| format!("${i}")).collect();
+        let statement = format!(
+            "SELECT a.period_key, a.attempt, a.definition FROM scheduler_attempts a
+               JOIN scheduler_claims c ON c.period_key = a.period_key AND c.attempt = a.attempt
+              WHERE a.period_key IN ({})",
+            list.join(", ")
+        );
+        on_pool!(self, |pool, _now| {
+            let mut query = sqlx::query_as::<_, (String, i32, Option<String>)>(&statement);
+            for key in keys {
+                query = query.bind(key);
+            }
+            query
+                .fetch_all(pool)
+                .await
+                .map(|rows| rows.into_iter().map(|(k, a, d)| (k, (a, d))).collect())
+        })
+    }
+
     /// For each job with failed periods that will not be retried (retries
     /// exhausted, or a permanent failure), how many.
     pub async fn exhausted(&self) -> Result<HashMap<String, i64>, Error> {
