@@ -27,6 +27,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod period;
@@ -35,3 +36,13 @@ pub mod serve;
 pub mod store;
 pub mod suggest;
 pub mod template;
+
+pub use config::code::CodeJob;
+pub use config::{Missed, Retry};
+pub use embed::{Builder, Handle, PeriodRun, RunOptions, RunOutcome, Scheduler};
+pub use engine::code::{BoxFuture, Context, Failure, Handled, Transaction};
+pub use error::Error;
+pub use period::{Covers, Unit};
+pub use schedule::{DstRule, Gap, Repeat};
+pub use store::Trigger;
+pub use tokio_util::sync::CancellationToken;

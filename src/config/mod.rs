@@ -15,6 +15,7 @@ use crate::store::DatabaseUrl;
 use crate::suggest::nearest;
 use crate::template::{Template, TemplateError};
 
+pub mod code;
 mod raw;
 pub(crate) use raw::short;
 
@@ -235,6 +236,9 @@ pub enum Action {
         /// Request timeout.
         timeout: Duration,
     },
+    /// An async function of the embedding program (a code job of the
+    /// library).
+    Code(crate::engine::code::Handler),
     /// A statement run in the transaction that marks the claim succeeded.
     Sql {
         /// With `$1`, `$2`, … for the params.
@@ -282,6 +286,7 @@ impl Action {
                 "sql {statement:?} {:?}",
                 params.iter().map(t).collect::<Vec<_>>()
             ),
+            Action::Code(handler) => format!("code {handler:?}"),
         }
     }
 }

@@ -162,15 +162,10 @@ fn duration(
         return Ok(humantime::parse_duration(default).unwrap_or_default());
     };
     match humantime::parse_duration(value.get_ref()) {
-        Ok(d) if d > LONGEST || chrono::TimeDelta::from_std(d).is_err() => Err(at.error(
-            value.span(),
-            format!(
-                "`{}` is too long: expected at most 100 years",
-                value.get_ref()
-            ),
-        )),
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err(at.error(value.span(), "a duration must be longer than zero".into())),
+        Ok(d) => match duration_problem(d, value.get_ref()) {
+            Some(problem) => Err(at.error(value.span(), problem)),
+            None => Ok(d),
+        },
         Err(e) => Err(at.error(
             value.span(),
             format!(
@@ -181,6 +176,82 @@ fn duration(
     }
 }
 
+/// What is wrong with a duration (written `written`), if anything: the
+/// rule of every duration, in jobs.toml and in code.
+pub(super) fn duration_problem(d: Duration, written: &str) -> Option<String> {
+    if d > LONGEST || chrono::TimeDelta::from_std(d).is_err() {
+        return Some(format!(
+            "`{written}` is too long: expected at most 100 years"
+        ));
+    }
+    d.is_zero()
+        .then(|| "a duration must be longer than zero".to_owned())
+}
+
+/// What is wrong with `key = written` (`d`) of at least `floor`, if
+/// anything.
+pub(super) fn floor_problem(key: &str, written: &str, d: Duration, floor: Duration) -> Option<String> {
+    (d < floor).then(|| {
+        format!(
+            "{key} = `{written}` is too short: expected at least {}",
+            short(floor)
+        )
+    })
+}
+
+/// The shortest lease: heartbeats come every lease/3 and a runner stops
+/// its job a heartbeat before its lease runs out; below a second that
+/// leaves no time for a database round trip.
+pub(super) const SHORTEST_LEASE: Duration = Duration::from_secs(1);
+
+/// The shortest scan interval.
+pub(super) const SHORTEST_SCAN: Duration = Duration::from_millis(100);
+
+/// What is wrong with a job name, if anything.
+pub(super) fn job_name_problem(name: &str) -> Option<String> {
+    (!valid_name(name)).then(|| {
+        format!(
+            "`{name}` is not a valid job name: expected 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit"
+        )
+    })
+}
+
+/// What is wrong with a namespace, if anything.
+pub(super) fn namespace_problem(namespace: &str) -> Option<String> {
+    (!valid_name(namespace)).then(|| {
+        format!(
+            "`{namespace}` is not a valid namespace: expected 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit (e.g. \"staging\")"
+        )
+    })
+}
+
+/// A schedule, or what is wrong with it.
+pub(super) fn schedule(text: &str, zone: Tz, dst: DstRule) -> Result<Schedule, String> {
+    Schedule::parse(text, zone, dst).map_err(|e| {
+        format!("{e}: expected 5 fields (minute hour day-of-month month day-of-week), 6 with seconds first, or @hourly/@daily/@weekly/@monthly/@yearly")
+    })
+}
+
+/// What is wrong with `keep` (written `written`) under a catch-up window
+/// of `catch_up`, if anything: a period pruned inside the window would be
+/// claimed, and run, again.
+pub(super) fn keep_problem(written: &str, keep: Duration, catch_up: Duration) -> Option<String> {
+    (keep < catch_up).then(|| {
+        format!(
+            "keep = `{written}` is shorter than catch_up ({}): a period pruned inside the catch-up window would run again; expected at least `{}`",
+            short(catch_up),
+            short(catch_up)
+        )
+    })
+}
+
+/// What is wrong with a count that must be at least 1 (`concurrency`,
+/// `max_running`, `retry.attempts`), if anything.
+pub(super) fn count_problem(n: i64) -> Option<String> {
+    (u32::try_from(n).map_or(true, |n| n < 1))
+        .then(|| format!("`{n}` is out of range: expected a whole number from 1"))
+}
+
 /// A duration of at least `floor` (`floor_text` in messages).
 fn at_least(
     at: &Locator,
@@ -189,16 +260,9 @@ fn at_least(
     floor: Duration,
 ) -> Result<Duration, ConfigError> {
     let parsed = duration(at, value, default)?;
-    match value {
-        Some(value) if parsed < floor => Err(at.error(
-            value.span(),
-            format!(
-                "{key} = `{}` is too short: expected at least {}",
-                value.get_ref(),
-                short(floor)
-            ),
-        )),
-        _ => Ok(parsed),
+    match value.and_then(|v| Some((v, floor_problem(key, v.get_ref(), parsed, floor)?))) {
+        Some((value, problem)) => Err(at.error(value.span(), problem)),
+        None => Ok(parsed),
     }
 }
 
@@ -228,18 +292,10 @@ pub(crate) fn short(d: Duration) -> String {
 fn positive(at: &Locator, value: Option<&Spanned<i64>>, default: u32) -> Result<u32, ConfigError> {
     match value {
         None => Ok(default),
-        Some(v) => u32::try_from(*v.get_ref())
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| {
-                at.error(
-                    v.span(),
-                    format!(
-                        "`{}` is out of range: expected a whole number from 1",
-                        v.get_ref()
-                    ),
-                )
-            }),
+        Some(v) => match count_problem(*v.get_ref()) {
+            Some(problem) => Err(at.error(v.span(), problem)),
+            None => Ok(u32::try_from(*v.get_ref()).unwrap_or(default)),
+        },
     }
 }
 
@@ -287,6 +343,19 @@ fn templates<'a>(
         .collect()
 }
 
+/// The settings of an empty `[scheduler]` table.
+pub(super) fn default_settings() -> Settings {
+    let at = Locator {
+        path: std::path::Path::new(""),
+        text: "",
+    };
+    let none = |_: &str| None;
+    let vars = Vars::new(&none, false);
+    RawSettings::default()
+        .validate(&at, &vars)
+        .unwrap_or_else(|e| unreachable!("the defaults are valid: {e}"))
+}
+
 impl RawSettings {
     pub(super) fn validate(self, at: &Locator, env: Env) -> Result<Settings, ConfigError> {
         let mut database_url_error = None;
@@ -318,14 +387,8 @@ impl RawSettings {
         };
         let namespace = match &self.namespace {
             Some(ns) if ns.get_ref().is_empty() => None,
-            Some(ns) if !valid_name(ns.get_ref()) => {
-                return Err(at.error(
-                    ns.span(),
-                    format!(
-                        "`{}` is not a valid namespace: expected 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit (e.g. \"staging\")",
-                        ns.get_ref()
-                    ),
-                ));
+            Some(ns) if let Some(problem) = namespace_problem(ns.get_ref()) => {
+                return Err(at.error(ns.span(), problem));
             }
             Some(ns) => Some(ns.get_ref().clone()),
             None => None,
@@ -339,12 +402,7 @@ impl RawSettings {
             // Heartbeats come every lease/3 and a runner stops its job a
             // heartbeat before its lease runs out: below a second that
             // leaves no time for a database round trip.
-            lease: at_least(
-                at,
-                ("lease", self.lease.as_ref()),
-                "60s",
-                Duration::from_secs(1),
-            )?,
+            lease: at_least(at, ("lease", self.lease.as_ref()), "60s", SHORTEST_LEASE)?,
             catch_up: duration(at, self.catch_up.as_ref(), "24h")?,
             shutdown_grace: duration(at, self.shutdown_grace.as_ref(), "30s")?,
             max_running: positive(at, self.max_running.as_ref(), 16)? as usize,
@@ -352,7 +410,7 @@ impl RawSettings {
                 at,
                 ("scan_interval", self.scan_interval.as_ref()),
                 "5s",
-                Duration::from_millis(100),
+                SHORTEST_SCAN,
             )?,
             database_url,
             database_url_error,
@@ -368,13 +426,8 @@ impl RawJob {
         env: Env,
     ) -> Result<Job, ConfigError> {
         let name = self.name.get_ref();
-        if !valid_name(name) {
-            return Err(at.error(
-                self.name.span(),
-                format!(
-                    "`{name}` is not a valid job name: expected 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit"
-                ),
-            ));
+        if let Some(problem) = job_name_problem(name) {
+            return Err(at.error(self.name.span(), problem));
         }
         let zone = match &self.timezone {
             Some(z) => zone(at, z)?,
@@ -384,19 +437,11 @@ impl RawJob {
             gap: self.dst.gap,
             repeat: self.dst.repeat,
         };
-        let schedule = Schedule::parse(self.schedule.get_ref(), zone, dst).map_err(|e| {
-            at.error(
-                self.schedule.span(),
-                format!("{e}: expected 5 fields (minute hour day-of-month month day-of-week), 6 with seconds first, or @hourly/@daily/@weekly/@monthly/@yearly"),
-            )
-        })?;
+        let schedule = schedule(self.schedule.get_ref(), zone, dst)
+            .map_err(|problem| at.error(self.schedule.span(), problem))?;
         let action = self.action(at, env)?;
         let retry = match &self.retry {
-            None => Retry {
-                attempts: 1,
-                backoff: Duration::from_secs(60),
-                max_backoff: Duration::from_secs(3600),
-            },
+            None => Retry::default(),
             Some(r) => Retry {
                 attempts: positive(at, r.attempts.as_ref(), 1)?,
                 backoff: duration(at, r.backoff.as_ref(), "1m")?,
@@ -431,18 +476,10 @@ impl RawJob {
             return Ok(None);
         };
         let parsed = duration(at, Some(keep), "")?;
-        if parsed < settings.catch_up {
-            return Err(at.error(
-                keep.span(),
-                format!(
-                    "keep = `{}` is shorter than catch_up ({}): a period pruned inside the catch-up window would run again; expected at least `{}`",
-                    keep.get_ref(),
-                    short(settings.catch_up),
-                    short(settings.catch_up)
-                ),
-            ));
+        match keep_problem(keep.get_ref(), parsed, settings.catch_up) {
+            Some(problem) => Err(at.error(keep.span(), problem)),
+            None => Ok(Some(parsed)),
         }
-        Ok(Some(parsed))
     }
 
     fn action(&self, at: &Locator, env: Env) -> Result<Action, ConfigError> {

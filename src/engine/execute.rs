@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
 use super::heartbeat::{Loss, Watch};
+use super::code::{self, Handler};
 use super::{Engine, http, process};
 use crate::config::{Action, Job};
 use crate::error::Error;
@@ -199,8 +200,13 @@ impl Engine {
                 };
                 http::run(&self.http, request, run, stop).await
             }
+            Action::Code(Handler::Plain(plain)) => {
+                code::run_plain(&**plain, run, run.job.timeout, stop).await
+            }
             // Run by the group path (`Engine::run_group`), never here.
-            Action::Sql { .. } => ActionResult::permanent("an sql action runs in a group".into()),
+            Action::Sql { .. } | Action::Code(Handler::Transaction(_)) => {
+                ActionResult::permanent("an sql action runs in a group".into())
+            }
         };
         match result {
             ActionResult::Stopped(why) => self.stopped(run, watch, why).await,

@@ -12,7 +12,10 @@ use super::heartbeat::Loss;
 use super::{Ask, Engine, Report, Run, Status, Stop, Won};
 use crate::config::{Action, Job};
 use crate::error::Error;
-use crate::store::{Finish, GroupedEnd, GroupedSql, SqlLimits};
+use crate::store::{Finish, GroupedEnd, GroupedSql, SqlLimits, Work};
+use tokio_util::sync::CancellationToken;
+
+use super::code::Context;
 
 impl Engine {
     /// Runs won `sql` periods and reports each one's end: the jobs proven
@@ -123,11 +126,19 @@ impl Engine {
                         }
                         GroupedEnd::Failed(error) => {
                             self.quick.note(&ask.job, false, true);
+                            let error = match &ask.job.action {
+                                Action::Sql { .. } => format!("SQL failed: {error}"),
+                                _ => error,
+                            };
                             Status::Failed {
-                                error: format!("SQL failed: {error}"),
+                                error,
                                 retry_after: retry_after(&ask, &won),
                             }
                         }
+                        GroupedEnd::Permanent(error) => Status::Failed {
+                            error,
+                            retry_after: None,
+                        },
                         GroupedEnd::Moved => Status::Lost,
                     };
                     reports.push(Report::of(&won, status, took));
@@ -169,17 +180,26 @@ impl Engine {
         runs: &[(Ask, Won)],
         mut stop_now: watch::Receiver<bool>,
     ) -> Result<Result<Vec<GroupedEnd>, Stop>, Error> {
+        // Handlers' tokens: cancelled when the group is stopped.
+        let token = CancellationToken::new();
         let grouped: Vec<GroupedSql<'_>> = runs
             .iter()
             .filter_map(|(ask, won)| {
-                let Action::Sql { statement, params } = &ask.job.action else {
-                    return None;
-                };
                 let run = run_of(ask, won);
+                let work = match &ask.job.action {
+                    Action::Sql { statement, params } => Work::Statement {
+                        statement,
+                        params: params.iter().map(|p| p.render(&run)).collect(),
+                    },
+                    Action::Code(handler) => Work::Code {
+                        handler: handler.scoped_fn()?,
+                        context: Context::of(&run, token.child_token()),
+                    },
+                    _ => return None,
+                };
                 Some(GroupedSql {
                     lease: &won.lease,
-                    statement,
-                    params: params.iter().map(|p| p.render(&run)).collect(),
+                    work,
                     timeout: ask.job.timeout,
                     failure: Finish {
                         retry_after: retry_after(ask, won),
@@ -219,6 +239,7 @@ impl Engine {
             () = lost => Stop::Lost,
         };
         limits.cancel();
+        token.cancel();
         // A group that had already got as far as its commit is kept.
         Ok(group.await?.ok_or(why))
     }

@@ -5,6 +5,7 @@
 //! actions in groups of one transaction), records the outcome under the
 //! claim's attempt, and reports how each ended as a value ([`Report`]).
 
+pub mod code;
 pub mod due;
 mod execute;
 mod group;
@@ -102,9 +103,13 @@ impl Ask {
         PeriodKey::new(&self.job.name, &self.due.period.label)
     }
 
-    /// Whether it runs in an `sql` group.
+    /// Whether it runs in an `sql` group: an `sql` statement, or a code
+    /// job's transaction-scoped handler.
     pub fn is_sql(&self) -> bool {
-        matches!(self.job.action, Action::Sql { .. })
+        matches!(
+            self.job.action,
+            Action::Sql { .. } | Action::Code(code::Handler::Transaction(_))
+        )
     }
 
     fn request<'a>(&'a self, owner: &'a str, lease: Duration) -> ClaimRequest<'a> {
@@ -206,6 +211,12 @@ impl Engine {
             supervisor: Arc::new(supervisor::Launcher::find()),
             quick: Arc::default(),
         })
+    }
+
+    /// Starts `command` and `shell` jobs through `launcher`.
+    pub fn supervised_by(mut self, launcher: supervisor::Launcher) -> Engine {
+        self.supervisor = Arc::new(launcher);
+        self
     }
 
     /// The database.

@@ -53,11 +53,7 @@ impl Launcher {
     /// there (it starts in about a millisecond less than the whole
     /// scheduler), else this binary in supervisor mode.
     pub fn find() -> Launcher {
-        let beside = std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.join(BINARY)))
-            .filter(|path| path.is_file());
-        match beside {
+        match Launcher::beside() {
             Some(program) => Launcher {
                 program,
                 lead: Vec::new(),
@@ -67,6 +63,24 @@ impl Launcher {
                 lead: vec![ARG],
             },
         }
+    }
+
+    /// The `scheduler-supervise` binary beside this program.
+    fn beside() -> Option<std::path::PathBuf> {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join(BINARY)))
+            .filter(|path| path.is_file())
+    }
+
+    /// The `scheduler-supervise` binary beside this program, else on
+    /// `PATH`.
+    pub fn installed() -> Option<std::path::PathBuf> {
+        let beside = Launcher::beside();
+        let on_path = std::env::var_os("PATH")
+            .map(|path| std::env::split_paths(&path).map(|dir| dir.join(BINARY)).collect())
+            .unwrap_or_else(Vec::new);
+        beside.into_iter().chain(on_path).find(|path| path.is_file())
     }
 }
 

@@ -85,6 +85,8 @@ pub struct Service {
     api: Arc<api::Api>,
     /// Whether the database-wide gauges are published (`--listen`).
     gauges: bool,
+    /// Whether freed heap is handed back after start-up.
+    trim: bool,
 }
 
 impl Service {
@@ -97,6 +99,17 @@ impl Service {
         shutdown: watch::Receiver<bool>,
     ) -> Result<Service, Error> {
         let engine = Engine::new(store, config.settings.lease, owner)?;
+        Ok(Service::on(path, config, engine, shutdown).trimming_memory())
+    }
+
+    /// A service for `config` on `engine`; nothing process-wide is done
+    /// unless asked for ([`Service::trimming_memory`]).
+    pub fn on(
+        path: PathBuf,
+        config: Config,
+        engine: Engine,
+        shutdown: watch::Receiver<bool>,
+    ) -> Service {
         let events = mpsc::unbounded_channel();
         let api = api::Api::new(
             api_view(&config),
@@ -105,7 +118,7 @@ impl Service {
             events.0.clone(),
         );
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
-        Ok(Service {
+        Service {
             path,
             running: 0,
             scanning: false,
@@ -123,7 +136,15 @@ impl Service {
             shutdown,
             api,
             gauges: false,
-        })
+            trim: false,
+        }
+    }
+
+    /// Hands the heap that start-up freed back to the system once it is
+    /// over (`malloc_trim`; the binary's choice, not a library's).
+    pub fn trimming_memory(mut self) -> Service {
+        self.trim = true;
+        self
     }
 
     /// Sets every job's next-fire gauge (the timer moves each on as it
@@ -179,7 +200,9 @@ impl Service {
     pub async fn run(mut self, mut reload: mpsc::UnboundedReceiver<()>) -> Result<Outcome, Error> {
         self.catch_up().await?;
         self.flush();
-        release_free_memory();
+        if self.trim {
+            release_free_memory();
+        }
         crate::serve::server::HEALTH.ready();
         self.publish_next_fires();
         tracing::info!(
@@ -203,7 +226,7 @@ impl Service {
             let mut shutdown = self.shutdown.clone();
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
-                _ = shutdown.wait_for(|down| *down) => break,
+                () = down(&mut shutdown) => break,
                 Some(()) = reload.recv() => self.reload().await,
                 Some(event) = self.events.1.recv() => self.handle(event),
             }
@@ -546,6 +569,12 @@ impl Service {
             );
         }
     }
+}
+
+/// Resolves once `shutdown` turns true (its guard dropped at once: the
+/// serve loop's future stays `Send`).
+async fn down(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|down| *down).await;
 }
 
 /// The configuration the HTTP API answers from: all of it with `[api]`;

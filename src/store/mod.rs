@@ -50,7 +50,7 @@ impl Trigger {
         }
     }
 
-    fn parse(s: &str) -> Trigger {
+    pub(crate) fn parse(s: &str) -> Trigger {
         match s {
             "catch-up" => Trigger::CatchUp,
             "retry" => Trigger::Retry,
@@ -345,6 +345,35 @@ impl Store {
         Ok(store)
     }
 
+    /// The scheduler on an application's PostgreSQL pool: its statements
+    /// and its `sql` and transaction-scoped jobs use the pool's
+    /// connections as they are (each of the scheduler's statements is still
+    /// bounded by [`STATEMENT_BOUND`]).
+    pub fn from_postgres_pool(pool: sqlx::PgPool) -> Store {
+        Store::Postgres(postgres::PgStore::from_pool(pool))
+    }
+
+    /// The scheduler on an application's SQLite pool, whose options are
+    /// the application's (WAL and `synchronous = FULL` keep an
+    /// acknowledged claim through a power cut).
+    pub fn from_sqlite_pool(pool: sqlx::SqlitePool) -> Store {
+        Store::Sqlite(sqlite::SqliteStore { pool })
+    }
+
+    /// Applies pending migrations in a database whose `_sqlx_migrations`
+    /// may also hold the application's own (sqlx's default timestamp
+    /// versions). A version just past the scheduler's own is taken for a
+    /// newer scheduler's and refused, as by [`Store::migrate`].
+    pub async fn migrate_beside_others(&self) -> Result<Vec<String>, Error> {
+        let result = dispatch!(self.migrate_beside_others());
+        result.map_err(|e| match e {
+            sqlx::migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
+                "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"
+            )),
+            other => Error::Database(format!("cannot migrate the database: {other}")),
+        })
+    }
+
     /// Applies pending migrations, returning which (`0004 api`);
     /// refuses a database migrated by a newer version.
     pub async fn migrate(&self) -> Result<Vec<String>, Error> {
@@ -525,6 +554,27 @@ impl Store {
     }
 }
 
+/// The highest migration version a newer scheduler could have: anything
+/// above it in `_sqlx_migrations` is another program's.
+const SCHEDULER_VERSIONS: i64 = 9_999;
+
+/// Refuses a shared `_sqlx_migrations` that holds a newer scheduler's
+/// migration (reported as missing); the application's own versions above
+/// [`SCHEDULER_VERSIONS`] are left to it.
+fn refuse_newer(
+    migrator: &sqlx::migrate::Migrator,
+    applied: &[i64],
+) -> Result<(), sqlx::migrate::MigrateError> {
+    let ours = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+    match applied
+        .iter()
+        .find(|v| **v > ours && **v <= SCHEDULER_VERSIONS)
+    {
+        Some(newer) => Err(sqlx::migrate::MigrateError::VersionMissing(*newer)),
+        None => Ok(()),
+    }
+}
+
 /// The migrations of `migrator` not among `before` (applied versions).
 fn applied_since(migrator: &sqlx::migrate::Migrator, before: &[i64]) -> Vec<String> {
     migrator
@@ -539,14 +589,56 @@ fn applied_since(migrator: &sqlx::migrate::Migrator, before: &[i64]) -> Vec<Stri
 pub struct GroupedSql<'a> {
     /// Its won claim.
     pub lease: &'a Lease,
-    /// The statement.
-    pub statement: &'a str,
-    /// Its params, rendered.
-    pub params: Vec<String>,
+    /// What it runs.
+    pub work: Work<'a>,
     /// How long the statement may run: the job's `timeout`.
     pub timeout: Option<Duration>,
     /// What is recorded if the statement fails (its error filled in).
     pub failure: Finish,
+}
+
+/// What one action of a group runs in the group's transaction.
+pub enum Work<'a> {
+    /// An `sql` job's statement.
+    Statement {
+        /// With `$1`, `$2`, … for the params.
+        statement: &'a str,
+        /// Its params, rendered.
+        params: Vec<String>,
+    },
+    /// A code job's transaction-scoped handler: always in a savepoint of
+    /// its own, and run once (a failure is rolled back alone, never run
+    /// again in a second pass).
+    Code {
+        /// The handler.
+        handler: &'a crate::engine::code::Scoped,
+        /// What it is told, its token cancelled when the group is stopped.
+        context: crate::engine::code::Context,
+    },
+}
+
+impl std::fmt::Debug for Work<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Work::Statement { statement, .. } => write!(f, "Statement({statement:?})"),
+            Work::Code { context, .. } => write!(f, "Code({})", context.period_key()),
+        }
+    }
+}
+
+impl Work<'_> {
+    /// Whether it is a handler.
+    fn is_code(&self) -> bool {
+        matches!(self, Work::Code { .. })
+    }
+
+    /// How a failure of it is told.
+    fn failed(&self, error: &str) -> String {
+        match self {
+            Work::Statement { .. } => format!("SQL failed: {error}"),
+            Work::Code { .. } => error.to_owned(),
+        }
+    }
 }
 
 /// How one action of a group ended.
@@ -557,6 +649,9 @@ pub enum GroupedEnd {
     Succeeded(Duration),
     /// Its statement failed and was rolled back; the failure is recorded.
     Failed(String),
+    /// Its handler failed for good and was rolled back; the failure is
+    /// recorded, no retry due.
+    Permanent(String),
     /// Its claim had moved on: nothing of it ran.
     Moved,
     /// Not started: the group had run its [`GROUP_BUDGET`].
@@ -585,7 +680,15 @@ fn group_outcomes<'a>(runs: &[GroupedSql<'a>], ends: &[GroupedEnd]) -> Vec<(&'a 
             GroupedEnd::Failed(error) => Some((
                 run.lease,
                 Finish {
-                    error: Some(format!("SQL failed: {error}")),
+                    error: Some(run.work.failed(error)),
+                    ..run.failure.clone()
+                },
+            )),
+            GroupedEnd::Permanent(error) => Some((
+                run.lease,
+                Finish {
+                    error: Some(run.work.failed(error)),
+                    retry_after: None,
                     ..run.failure.clone()
                 },
             )),

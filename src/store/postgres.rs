@@ -12,8 +12,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Reclaimable, Released, SqlLimits, Trigger,
+    Reclaimable, Released, SqlLimits, Trigger, Work,
 };
+use crate::engine::code::{Failure, Handler, Transaction};
 use crate::period::{Period, PeriodKey};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
@@ -123,6 +124,14 @@ const RECORD: &str = "
     RETURNING a.period_key";
 
 impl PgStore {
+    /// On an application's pool: one pool for everything.
+    pub(super) fn from_pool(pool: PgPool) -> PgStore {
+        PgStore {
+            actions: pool.clone(),
+            pool,
+        }
+    }
+
     pub(super) async fn connect(url: &str) -> Result<PgStore, sqlx::Error> {
         // One connection made directly first: the pool retries a refused,
         // unresolvable, TLS-failing or unauthorised connection until its
@@ -168,6 +177,22 @@ impl PgStore {
         sqlx::query_scalar("SELECT to_regclass('scheduler_claims') IS NOT NULL")
             .fetch_one(&self.pool)
             .await
+    }
+
+    /// Applies what is pending beside the application's own migrations.
+    pub(super) async fn migrate_beside_others(
+        &self,
+    ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        let before: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default();
+        super::refuse_newer(&MIGRATOR, &before)?;
+        let mut shared = sqlx::migrate!("migrations/postgres");
+        shared.set_ignore_missing(true);
+        shared.run(&self.pool).await?;
+        Ok(super::applied_since(&MIGRATOR, &before))
     }
 
     /// Applies what is pending; the migrations it applied.
@@ -284,6 +309,7 @@ impl PgStore {
         recording: &(dyn Fn() + Sync),
     ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
         let backend = std::sync::OnceLock::new();
+        let committing = std::sync::atomic::AtomicBool::new(false);
         let work = async {
             // What is known already: a failing statement found by a pass.
             let mut failed: Vec<Option<String>> = vec![None; runs.len()];
@@ -314,6 +340,7 @@ impl PgStore {
                     .await?;
                 let outcomes = super::group_outcomes(runs, &ends);
                 recording();
+                committing.store(true, std::sync::atomic::Ordering::SeqCst);
                 if record_many(&mut tx, &outcomes).await? != outcomes.len() {
                     // Cannot happen under the key share locks; if it did, no
                     // statement may commit without its outcome.
@@ -335,6 +362,14 @@ impl PgStore {
                 .bind(pid)
                 .execute(&self.pool)
                 .await;
+        }
+        // A handler may be awaiting something else than its statement: it
+        // is dropped now (its token was cancelled), its transaction rolled
+        // back with it.
+        if runs.iter().any(|run| run.work.is_code())
+            && !committing.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(None);
         }
         match tokio::time::timeout(Duration::from_secs(5), &mut work).await {
             Ok(Ok(Some(ends))) => Ok(Some(ends)),
@@ -743,23 +778,43 @@ async fn run_pass(
             .execute(&mut *tx)
             .await?;
         }
+        // A handler runs once: in a savepoint, never in a pass that a
+        // failure would make run again.
+        let careful = careful || run.work.is_code();
         if careful {
             sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
         }
-        let mut query = sqlx::query(run.statement);
-        for param in &run.params {
-            query = query.bind(param.clone());
-        }
         let statement_started = std::time::Instant::now();
-        match query.execute(&mut *tx).await {
-            Ok(_) => ends.push(GroupedEnd::Succeeded(statement_started.elapsed())),
-            Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
-            Err(e) if !careful => return Ok(Pass::FailedAt(i, e.to_string())),
-            Err(e) => {
+        let failure = match &run.work {
+            Work::Statement { statement, params } => {
+                let mut query = sqlx::query(statement);
+                for param in params {
+                    query = query.bind(param.clone());
+                }
+                match query.execute(&mut *tx).await {
+                    Ok(_) => None,
+                    Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
+                    Err(e) if !careful => return Ok(Pass::FailedAt(i, e.to_string())),
+                    Err(e) => Some(GroupedEnd::Failed(e.to_string())),
+                }
+            }
+            Work::Code { handler, context } => {
+                let tx = Transaction::postgres_of(&mut *tx);
+                match Handler::in_transaction(*handler, context.clone(), tx, run.timeout).await {
+                    Ok(()) => None,
+                    Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
+                    Err(Failure::Permanent(why)) => Some(GroupedEnd::Permanent(why)),
+                    Err(failure) => Some(GroupedEnd::Failed(failure.message().to_owned())),
+                }
+            }
+        };
+        match failure {
+            None => ends.push(GroupedEnd::Succeeded(statement_started.elapsed())),
+            Some(failed) => {
                 sqlx::query("ROLLBACK TO SAVEPOINT period")
                     .execute(&mut *tx)
                     .await?;
-                ends.push(GroupedEnd::Failed(e.to_string()));
+                ends.push(failed);
             }
         }
         if careful {

@@ -18,8 +18,9 @@ use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Reclaimable, Released, SqlLimits, Trigger,
+    Reclaimable, Released, SqlLimits, Trigger, Work,
 };
+use crate::engine::code::{self, Failure, Handler};
 use crate::period::Period;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
@@ -104,6 +105,22 @@ impl SqliteStore {
         )
         .fetch_one(&self.pool)
         .await
+    }
+
+    /// Applies what is pending beside the application's own migrations.
+    pub(super) async fn migrate_beside_others(
+        &self,
+    ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        let before: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default();
+        super::refuse_newer(&MIGRATOR, &before)?;
+        let mut shared = sqlx::migrate!("migrations/sqlite");
+        shared.set_ignore_missing(true);
+        shared.run(&self.pool).await?;
+        Ok(super::applied_since(&MIGRATOR, &before))
     }
 
     /// Applies what is pending; the migrations it applied.
@@ -240,30 +257,68 @@ impl SqliteStore {
                         .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
                     let micros = (now + bound).duration_since(started).as_micros().max(1);
                     deadline.store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
-                    if careful {
+                    // A handler runs once: in a savepoint, never in a pass
+                    // that a failure would make run again.
+                    let saved = careful || run.work.is_code();
+                    if saved {
                         sqlx::query("SAVEPOINT period").execute(&mut *conn).await?;
                     }
-                    let mut query = sqlx::query(run.statement);
-                    for param in &run.params {
-                        query = query.bind(param.clone());
-                    }
-                    let done = query.execute(&mut *conn).await;
-                    let took = now.elapsed();
-                    deadline.store(0, Ordering::SeqCst);
-                    let error = match done {
-                        Ok(_) => None,
-                        Err(_) if limits.cancel.borrow().to_owned() => {
-                            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                            return Ok(None);
-                        }
-                        Err(_) if expired.load(Ordering::SeqCst) => Some(format!(
+                    let timed_out = || {
+                        format!(
                             "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
                             humantime::format_duration(bound)
-                        )),
-                        Err(e) => Some(e.to_string()),
+                        )
                     };
+                    let mut permanent = false;
+                    let error = match &run.work {
+                        Work::Statement { statement, params } => {
+                            let mut query = sqlx::query(statement);
+                            for param in params {
+                                query = query.bind(param.clone());
+                            }
+                            match query.execute(&mut *conn).await {
+                                Ok(_) => None,
+                                Err(_) if limits.cancel.borrow().to_owned() => {
+                                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                                    return Ok(None);
+                                }
+                                Err(_) if expired.load(Ordering::SeqCst) => Some(timed_out()),
+                                Err(e) => Some(e.to_string()),
+                            }
+                        }
+                        Work::Code { handler, context } => {
+                            let tx = code::Transaction::sqlite_of(&mut *conn);
+                            let handled = Handler::in_transaction(
+                                *handler,
+                                context.clone(),
+                                tx,
+                                Some(bound),
+                            );
+                            // Stopped, the handler is dropped at once, even
+                            // while it awaits something else than SQLite.
+                            let handled = tokio::select! {
+                                handled = handled => Some(handled),
+                                () = limits.cancelled_wait() => None,
+                            };
+                            match handled {
+                                Some(Ok(())) => None,
+                                None => {
+                                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                                    return Ok(None);
+                                }
+                                Some(Err(_)) if expired.load(Ordering::SeqCst) => Some(timed_out()),
+                                Some(Err(Failure::Permanent(why))) => {
+                                    permanent = true;
+                                    Some(why)
+                                }
+                                Some(Err(failure)) => Some(failure.message().to_owned()),
+                            }
+                        }
+                    };
+                    let took = now.elapsed();
+                    deadline.store(0, Ordering::SeqCst);
                     let Some(error) = error else {
-                        if careful {
+                        if saved {
                             sqlx::query("RELEASE SAVEPOINT period")
                                 .execute(&mut *conn)
                                 .await?;
@@ -271,7 +326,7 @@ impl SqliteStore {
                         ends.push(GroupedEnd::Succeeded(took));
                         continue;
                     };
-                    let alone = careful
+                    let alone = saved
                         && sqlx::query("ROLLBACK TO SAVEPOINT period")
                             .execute(&mut *conn)
                             .await
@@ -281,7 +336,11 @@ impl SqliteStore {
                             .await
                             .is_ok();
                     if alone {
-                        ends.push(GroupedEnd::Failed(error));
+                        ends.push(if permanent {
+                            GroupedEnd::Permanent(error)
+                        } else {
+                            GroupedEnd::Failed(error)
+                        });
                         continue;
                     }
                     // Without a savepoint, or SQLite ended the transaction

@@ -1,0 +1,292 @@
+//! Jobs and settings declared in Rust code (the library): the knobs of
+//! `jobs.toml` as typed builder methods, checked by the same rules
+//! ([`super::raw`]'s) into the same [`Job`] and [`Settings`] values.
+
+use std::time::Duration;
+
+use chrono_tz::Tz;
+
+use super::raw::{
+    SHORTEST_LEASE, SHORTEST_SCAN, count_problem, duration_problem, floor_problem,
+    job_name_problem, keep_problem, namespace_problem, schedule,
+};
+use super::{Action, ConfigError, Job, Missed, Retry, Settings, short};
+use crate::engine::code::{BoxFuture, Context, Handled, Handler, Transaction};
+use crate::period::{Covers, PeriodRule, Unit};
+use crate::schedule::DstRule;
+
+/// A job whose action is an async function of this program.
+///
+/// The same knobs as a `[[job]]` of `jobs.toml`, with the same defaults
+/// and the same checks (made when the scheduler is built):
+///
+/// ```
+/// use scheduler::{CodeJob, Covers, Unit};
+///
+/// let job = CodeJob::new("billing", "0 3 1 * *")
+///     .timezone(chrono_tz::Europe::Berlin)
+///     .period(Unit::Month)
+///     .covers(Covers::Previous)
+///     .handler(|cx| async move {
+///         println!("billing {}", cx.label());
+///         Ok(())
+///     });
+/// # let _ = job;
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct CodeJob {
+    name: String,
+    schedule: String,
+    timezone: Option<Tz>,
+    period: PeriodRule,
+    dst: DstRule,
+    concurrency: u32,
+    missed: Missed,
+    retry: Retry,
+    timeout: Option<Duration>,
+    keep: Option<Duration>,
+    handler: Option<Handler>,
+}
+
+impl CodeJob {
+    /// A job called `name` firing on `schedule` (5 cron fields, 6 with
+    /// seconds first, or `@hourly`, `@daily`, …), in the scheduler's zone,
+    /// each fire covering the minute it falls in.
+    pub fn new(name: impl Into<String>, schedule: impl Into<String>) -> CodeJob {
+        CodeJob {
+            name: name.into(),
+            schedule: schedule.into(),
+            timezone: None,
+            period: PeriodRule::default(),
+            dst: DstRule::default(),
+            concurrency: 1,
+            missed: Missed::default(),
+            retry: Retry::default(),
+            timeout: None,
+            keep: None,
+            handler: None,
+        }
+    }
+
+    /// The zone its schedule and periods are read in.
+    pub fn timezone(mut self, zone: Tz) -> CodeJob {
+        self.timezone = Some(zone);
+        self
+    }
+
+    /// The granularity of its periods.
+    pub fn period(mut self, unit: Unit) -> CodeJob {
+        self.period.unit = unit;
+        self
+    }
+
+    /// Whether a fire covers the period it falls in or the one before.
+    pub fn covers(mut self, covers: Covers) -> CodeJob {
+        self.period.covers = covers;
+        self
+    }
+
+    /// What fires in a daylight-saving gap or repeat do.
+    pub fn dst(mut self, dst: DstRule) -> CodeJob {
+        self.dst = dst;
+        self
+    }
+
+    /// Periods of this job running at once, across all replicas (at least
+    /// 1).
+    pub fn concurrency(mut self, n: u32) -> CodeJob {
+        self.concurrency = n;
+        self
+    }
+
+    /// What happens to periods missed while nothing ran.
+    pub fn missed(mut self, missed: Missed) -> CodeJob {
+        self.missed = missed;
+        self
+    }
+
+    /// Retries of failures the handler reports as retryable.
+    pub fn retry(mut self, retry: Retry) -> CodeJob {
+        self.retry = retry;
+        self
+    }
+
+    /// How long a run may take: past it the handler's token is cancelled,
+    /// its future dropped and the run recorded failed.
+    pub fn timeout(mut self, timeout: Duration) -> CodeJob {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// How long finished periods are kept before `prune` may delete them
+    /// (at least the catch-up window).
+    pub fn keep(mut self, keep: Duration) -> CodeJob {
+        self.keep = Some(keep);
+        self
+    }
+
+    /// Its action: `f` runs for each claimed period; its outcome is
+    /// recorded after it returns.
+    pub fn handler<F, Fut>(mut self, f: F) -> CodeJob
+    where
+        F: Fn(Context) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Handled> + Send + 'static,
+    {
+        self.handler = Some(Handler::plain(f));
+        self
+    }
+
+    /// Its action, transaction-scoped: `f` runs in the database
+    /// transaction that records the period's success, so what it writes
+    /// there commits together with that success, or not at all. Like an
+    /// `sql` job it holds a transaction while it runs: keep it short (on
+    /// SQLite it holds the one writer, at most lease/3).
+    pub fn transaction<F>(mut self, f: F) -> CodeJob
+    where
+        F: for<'t> Fn(Context, Transaction<'t>) -> BoxFuture<'t, Handled> + Send + Sync + 'static,
+    {
+        self.handler = Some(Handler::scoped(f));
+        self
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Checks it by the rules of `jobs.toml` under `settings`.
+    pub(crate) fn validate(self, settings: &Settings) -> Result<Job, ConfigError> {
+        let place = format!("code job `{}`", self.name);
+        let fail = |message: String| ConfigError {
+            place: place.clone(),
+            message,
+        };
+        if let Some(problem) = job_name_problem(&self.name) {
+            return Err(fail(problem));
+        }
+        let zone = self.timezone.unwrap_or(settings.timezone);
+        let schedule = schedule(&self.schedule, zone, self.dst).map_err(fail)?;
+        let Some(handler) = self.handler else {
+            return Err(fail(
+                "no action: give it one with `.handler(…)` or `.transaction(…)`".into(),
+            ));
+        };
+        let counts = [
+            ("concurrency", self.concurrency),
+            ("retry attempts", self.retry.attempts),
+        ];
+        for (what, n) in counts {
+            if let Some(problem) = count_problem(i64::from(n)) {
+                return Err(fail(format!("{what}: {problem}")));
+            }
+        }
+        let durations = [
+            ("timeout", self.timeout),
+            ("keep", self.keep),
+            ("retry backoff", Some(self.retry.backoff)),
+            ("retry max_backoff", Some(self.retry.max_backoff)),
+        ];
+        for (what, d) in durations {
+            if let Some(problem) = d.and_then(|d| duration_problem(d, &short(d))) {
+                return Err(fail(format!("{what}: {problem}")));
+            }
+        }
+        if let Some(problem) = self
+            .keep
+            .and_then(|keep| keep_problem(&short(keep), keep, settings.catch_up))
+        {
+            return Err(fail(problem));
+        }
+        let mut job = Job {
+            name: self.name,
+            schedule,
+            period: self.period,
+            action: Action::Code(handler),
+            timeout: self.timeout,
+            concurrency: self.concurrency,
+            missed: self.missed,
+            retry: self.retry,
+            keep: self.keep,
+            definition: String::new(),
+        };
+        job.definition = job.fingerprint();
+        Ok(job)
+    }
+}
+
+impl Default for Retry {
+    /// One attempt (no retry); were there more, a minute after the first
+    /// failure, doubling up to an hour.
+    fn default() -> Retry {
+        Retry {
+            attempts: 1,
+            backoff: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl Retry {
+    /// `attempts` in all, the first included, with the default backoff.
+    pub fn attempts(attempts: u32) -> Retry {
+        Retry {
+            attempts,
+            ..Retry::default()
+        }
+    }
+
+    /// The wait after the first failure; doubled after each further one.
+    pub fn backoff(mut self, backoff: Duration) -> Retry {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The longest wait.
+    pub fn max_backoff(mut self, max_backoff: Duration) -> Retry {
+        self.max_backoff = max_backoff;
+        self
+    }
+}
+
+impl Settings {
+    /// The defaults of an empty `[scheduler]` table.
+    pub fn defaults() -> Settings {
+        super::raw::default_settings()
+    }
+
+    /// Checks settings given in code by the rules of `[scheduler]`.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        let fail = |message: String| ConfigError {
+            place: "scheduler settings".into(),
+            message,
+        };
+        let durations = [
+            ("lease", self.lease),
+            ("catch_up", self.catch_up),
+            ("shutdown_grace", self.shutdown_grace),
+            ("scan_interval", self.scan_interval),
+        ];
+        for (what, d) in durations {
+            if let Some(problem) = duration_problem(d, &short(d)) {
+                return Err(fail(format!("{what}: {problem}")));
+            }
+        }
+        let floors = [
+            ("lease", self.lease, SHORTEST_LEASE),
+            ("scan_interval", self.scan_interval, SHORTEST_SCAN),
+        ];
+        for (what, d, floor) in floors {
+            if let Some(problem) = floor_problem(what, &short(d), d, floor) {
+                return Err(fail(problem));
+            }
+        }
+        if let Some(problem) = count_problem(i64::try_from(self.max_running).unwrap_or(0)) {
+            return Err(fail(format!("max_running: {problem}")));
+        }
+        if let Some(problem) = self.namespace.as_deref().and_then(namespace_problem) {
+            return Err(fail(problem));
+        }
+        Ok(())
+    }
+}

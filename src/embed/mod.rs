@@ -1,0 +1,571 @@
+//! The scheduler as a library: period-keyed jobs as async functions inside
+//! a service, on the service's own database, driven by the same engine as
+//! `scheduler serve` and `scheduler run` (claims, leases, self-fencing,
+//! catch-up, retries, backfill, shutdown).
+//!
+//! ```no_run
+//! use scheduler::{CodeJob, Scheduler, Unit};
+//!
+//! # async fn example() -> Result<(), scheduler::Error> {
+//! let scheduler = Scheduler::builder()
+//!     .database_url("sqlite://app.db")
+//!     .job(
+//!         CodeJob::new("report", "0 * * * *")
+//!             .period(Unit::Hour)
+//!             .handler(|cx| async move {
+//!                 println!("the report of {}", cx.label());
+//!                 Ok(())
+//!             }),
+//!     )
+//!     .build()
+//!     .await?;
+//! let handle = scheduler.start(async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! });
+//! handle.stopped().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Nothing process-wide happens unless asked for: no signal handler, no
+//! global tracing subscriber (the scheduler logs through `tracing`, a span
+//! per run carrying `job`, `period_key` and `attempt`), no `malloc_trim`,
+//! no reaping of orphans ([`Builder::reap_orphans`]). Metrics go to the
+//! `metrics` recorder the application installed, if any.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use chrono_tz::Tz;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::code::CodeJob;
+use crate::config::{Action, Config, ConfigError, Settings};
+use crate::engine::manual::{self, Line, Names, Selection, Sink};
+use crate::engine::{Engine, supervisor};
+use crate::error::{Error, Stop};
+use crate::serve::Service;
+use crate::store::{DatabaseUrl, Store, Trigger};
+
+/// Where the scheduler's tables are.
+enum Database {
+    Url(String),
+    Postgres(sqlx::PgPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// Builds a [`Scheduler`]: its database, its jobs (from `jobs.toml`, from
+/// code, or both) and its settings.
+#[must_use]
+pub struct Builder {
+    database: Option<Database>,
+    config_file: Option<PathBuf>,
+    jobs: Vec<CodeJob>,
+    timezone: Option<Tz>,
+    lease: Option<Duration>,
+    catch_up: Option<Duration>,
+    shutdown_grace: Option<Duration>,
+    max_running: Option<usize>,
+    scan_interval: Option<Duration>,
+    namespace: Option<String>,
+    supervisor: Option<PathBuf>,
+    reap_orphans: bool,
+    owner: Option<String>,
+}
+
+/// A scheduler, built; [`Scheduler::start`] serves its schedules, the
+/// `run_*` calls run periods by hand. Cloning shares it.
+#[derive(Clone)]
+pub struct Scheduler {
+    config: Arc<Config>,
+    engine: Engine,
+}
+
+/// A started scheduler: [`Handle::stopped`] waits for its end.
+pub struct Handle {
+    stop: Arc<watch::Sender<bool>>,
+    task: tokio::task::JoinHandle<Result<crate::error::Outcome, Error>>,
+}
+
+impl Scheduler {
+    /// A builder with nothing set.
+    pub fn builder() -> Builder {
+        Builder {
+            database: None,
+            config_file: None,
+            jobs: Vec::new(),
+            timezone: None,
+            lease: None,
+            catch_up: None,
+            shutdown_grace: None,
+            max_running: None,
+            scan_interval: None,
+            namespace: None,
+            supervisor: None,
+            reap_orphans: false,
+            owner: None,
+        }
+    }
+
+    /// Serves every job's schedule, as `scheduler serve` does, until
+    /// `shutdown` resolves (or [`Handle::shutdown`]): then no new claims;
+    /// running handlers get `shutdown_grace` to end, after which their
+    /// tokens are cancelled, their futures dropped and their claims
+    /// released (no retry spent). Must be called inside a tokio runtime.
+    pub fn start(&self, shutdown: impl Future<Output = ()> + Send + 'static) -> Handle {
+        let (stop, stopping) = watch::channel(false);
+        let stop = Arc::new(stop);
+        let on_signal = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown => {
+                    tracing::info!("shutting down: no new claims");
+                    on_signal.send_replace(true);
+                }
+                () = on_signal.closed() => {}
+            }
+        });
+        let service = Service::on(
+            self.config.path.clone(),
+            (*self.config).clone(),
+            self.engine.clone(),
+            stopping,
+        );
+        // No reload: the jobs are the program's.
+        let (_, no_reload) = mpsc::unbounded_channel();
+        let task = tokio::spawn(service.run(no_reload));
+        Handle { stop, task }
+    }
+
+    /// Runs what is due of `job` (every job with `None`), as `scheduler run
+    /// [JOB]` does: the periods `serve` would take now.
+    pub async fn run_due(&self, job: Option<&str>) -> Result<Vec<PeriodRun>, Error> {
+        self.run(job, Selection::Due, RunOptions::default()).await
+    }
+
+    /// Runs one period of `job` by its label (`2026-07`), as `scheduler run
+    /// JOB --period LABEL` does.
+    pub async fn run_period(
+        &self,
+        job: &str,
+        label: &str,
+        options: RunOptions,
+    ) -> Result<Vec<PeriodRun>, Error> {
+        self.run(Some(job), Selection::Period(label.into()), options)
+            .await
+    }
+
+    /// Runs the periods of `job` from label `from` to `to`, both included,
+    /// oldest first, as `scheduler run JOB --from FROM --to TO` does.
+    pub async fn run_range(
+        &self,
+        job: &str,
+        from: &str,
+        to: &str,
+        options: RunOptions,
+    ) -> Result<Vec<PeriodRun>, Error> {
+        self.run(Some(job), Selection::Range(from.into(), to.into()), options)
+            .await
+    }
+
+    async fn run(
+        &self,
+        job: Option<&str>,
+        periods: Selection,
+        options: RunOptions,
+    ) -> Result<Vec<PeriodRun>, Error> {
+        if let Some(job) = job {
+            self.config.job(job)?;
+        }
+        let request = manual::Request {
+            job: job.map(str::to_owned),
+            periods,
+            force: options.force,
+            early: options.early,
+            wait: options.wait,
+            dry_run: false,
+            names: Names::JSON,
+            by: options.by.unwrap_or_else(|| "library".into()),
+        };
+        manual::check(&self.config, &request, Utc::now())?;
+        let mut collected = Collect(Vec::new());
+        // Dropping this future stops its runs; their periods are recovered
+        // once their leases run out.
+        let (_never, shutdown) = watch::channel(false);
+        manual::run(
+            &self.config,
+            &self.engine,
+            &request,
+            shutdown,
+            &mut collected,
+        )
+        .await?;
+        Ok(collected.0)
+    }
+}
+
+impl Handle {
+    /// Starts the shutdown now, as the `shutdown` future would.
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Waits until the scheduler has shut down and every run ended.
+    pub async fn stopped(self) -> Result<(), Error> {
+        match self.task.await {
+            Ok(result) => result.map(|_| ()),
+            Err(e) => Err(Error::Environment(e.into())),
+        }
+    }
+}
+
+/// How a manual run goes.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+#[must_use]
+pub struct RunOptions {
+    /// Also re-run periods that succeeded.
+    pub force: bool,
+    /// Also run a period whose fire is still ahead.
+    pub early: bool,
+    /// Wait for a period held elsewhere, or for a concurrency slot.
+    pub wait: bool,
+    /// Who asks, as `history` shows it (`library` if unset).
+    pub by: Option<Arc<str>>,
+}
+
+impl RunOptions {
+    /// Re-run succeeded periods too.
+    pub fn force(mut self) -> RunOptions {
+        self.force = true;
+        self
+    }
+
+    /// Run a period before its fire.
+    pub fn early(mut self) -> RunOptions {
+        self.early = true;
+        self
+    }
+
+    /// Wait for periods held elsewhere.
+    pub fn wait(mut self) -> RunOptions {
+        self.wait = true;
+        self
+    }
+
+    /// Who asks.
+    pub fn by(mut self, by: &str) -> RunOptions {
+        self.by = Some(by.into());
+        self
+    }
+}
+
+/// How one period of a manual run ended.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PeriodRun {
+    /// `<job>:<label>`.
+    pub period_key: String,
+    /// How it ended.
+    pub outcome: RunOutcome,
+    /// The attempt that ran, or that the period's record names.
+    pub attempt: Option<i32>,
+    /// Why the attempt ran, for a period that ran.
+    pub trigger: Option<Trigger>,
+    /// What went wrong, for a failed run.
+    pub error: Option<String>,
+    /// What happened, in the words `scheduler run` prints.
+    pub detail: String,
+    /// How long it ran.
+    pub duration: Option<Duration>,
+}
+
+/// The end of one period of a manual run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunOutcome {
+    /// Ran and succeeded; recorded.
+    Succeeded,
+    /// Ran and failed; recorded.
+    Failed,
+    /// Not run: done already, held elsewhere, busy, paused, …
+    /// ([`PeriodRun::detail`] says which).
+    Skipped,
+    /// The claim was taken over; nothing recorded.
+    Lost,
+    /// Stopped by shutdown or `release`; nothing recorded.
+    Released,
+    /// The lease could not be renewed in time; nothing recorded.
+    Fenced,
+}
+
+impl PeriodRun {
+    fn of(line: &Line) -> PeriodRun {
+        let outcome = match line.status {
+            "succeeded" => RunOutcome::Succeeded,
+            "failed" => RunOutcome::Failed,
+            "lost" => RunOutcome::Lost,
+            "released" => RunOutcome::Released,
+            "fenced" => RunOutcome::Fenced,
+            _ => RunOutcome::Skipped,
+        };
+        PeriodRun {
+            period_key: line.key.clone(),
+            outcome,
+            attempt: line.attempt,
+            trigger: line.trigger.map(Trigger::parse),
+            error: line.error.clone(),
+            detail: line.detail.clone(),
+            duration: line.duration_ms.map(Duration::from_millis),
+        }
+    }
+}
+
+/// Keeps a manual run's lines as values.
+struct Collect(Vec<PeriodRun>);
+
+impl Sink for Collect {
+    fn line(&mut self, line: &Line) -> Result<(), Stop> {
+        self.0.push(PeriodRun::of(line));
+        Ok(())
+    }
+}
+
+impl Builder {
+    /// The database: `sqlite://FILE` (created if missing; a relative path
+    /// from the working directory) or `postgres://…`.
+    pub fn database_url(mut self, url: impl Into<String>) -> Builder {
+        self.database = Some(Database::Url(url.into()));
+        self
+    }
+
+    /// The application's PostgreSQL pool. Transaction-scoped handlers and
+    /// heartbeats take connections from it: size it for `max_running`
+    /// and a few more.
+    pub fn postgres_pool(mut self, pool: sqlx::PgPool) -> Builder {
+        self.database = Some(Database::Postgres(pool));
+        self
+    }
+
+    /// The application's SQLite pool (WAL and `synchronous = FULL`
+    /// recommended: an acknowledged claim then survives a power cut).
+    pub fn sqlite_pool(mut self, pool: sqlx::SqlitePool) -> Builder {
+        self.database = Some(Database::Sqlite(pool));
+        self
+    }
+
+    /// Jobs and `[scheduler]` settings from a `jobs.toml`, beside those
+    /// given in code (which take precedence for settings). Its
+    /// `database_url` is used if no database is given here.
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Builder {
+        self.config_file = Some(path.into());
+        self
+    }
+
+    /// A job declared in code.
+    pub fn job(mut self, job: CodeJob) -> Builder {
+        self.jobs.push(job);
+        self
+    }
+
+    /// The zone of schedules that name none (default UTC).
+    pub fn timezone(mut self, zone: Tz) -> Builder {
+        self.timezone = Some(zone);
+        self
+    }
+
+    /// How long a claim stays valid without a heartbeat (default 60 s, at
+    /// least 1 s).
+    pub fn lease(mut self, lease: Duration) -> Builder {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// How far back missed periods are looked for (default 24 h).
+    pub fn catch_up(mut self, window: Duration) -> Builder {
+        self.catch_up = Some(window);
+        self
+    }
+
+    /// How long shutdown waits for running handlers (default 30 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Builder {
+        self.shutdown_grace = Some(grace);
+        self
+    }
+
+    /// Runs at once in this scheduler (default 16).
+    pub fn max_running(mut self, n: usize) -> Builder {
+        self.max_running = Some(n);
+        self
+    }
+
+    /// How often missed, retryable and expired claims are looked for
+    /// (default 5 s, at least 100 ms).
+    pub fn scan_interval(mut self, interval: Duration) -> Builder {
+        self.scan_interval = Some(interval);
+        self
+    }
+
+    /// The prefix (`staging`) of every job's name in the database, so
+    /// several deployments share one database.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Builder {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The `scheduler-supervise` binary that `command` and `shell` jobs of
+    /// a `jobs.toml` are started through (looked for beside the program
+    /// and on `PATH` otherwise).
+    pub fn supervisor(mut self, path: impl Into<PathBuf>) -> Builder {
+        self.supervisor = Some(path.into());
+        self
+    }
+
+    /// Makes this process a child subreaper that reaps orphaned processes,
+    /// as `scheduler serve` does: only for a program that starts no child
+    /// processes of its own, whose exit statuses it would take.
+    pub fn reap_orphans(mut self, reap: bool) -> Builder {
+        self.reap_orphans = reap;
+        self
+    }
+
+    /// Who this scheduler claims as (default: host, process id and a
+    /// stamp, unique per scheduler).
+    pub fn owner(mut self, owner: impl Into<String>) -> Builder {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Checks every job and setting by the rules of `jobs.toml`, opens the
+    /// database and brings its tables up to date (beside the
+    /// application's own sqlx migrations, see the README).
+    pub async fn build(self) -> Result<Scheduler, Error> {
+        let mut config = match &self.config_file {
+            Some(path) => Config::load(path)?,
+            None => Config {
+                path: PathBuf::from("(code)"),
+                settings: Settings::defaults(),
+                api: None,
+                jobs: Vec::new(),
+            },
+        };
+        let settings = &mut config.settings;
+        if let Some(zone) = self.timezone {
+            settings.timezone = zone;
+        }
+        let overrides = [
+            (&mut settings.lease, self.lease),
+            (&mut settings.catch_up, self.catch_up),
+            (&mut settings.shutdown_grace, self.shutdown_grace),
+            (&mut settings.scan_interval, self.scan_interval),
+        ];
+        for (setting, given) in overrides {
+            if let Some(given) = given {
+                *setting = given;
+            }
+        }
+        if let Some(n) = self.max_running {
+            settings.max_running = n;
+        }
+        match (&settings.namespace, self.namespace) {
+            (Some(file), Some(code)) if *file != code => {
+                return Err(Error::Config(ConfigError {
+                    place: config.path.display().to_string(),
+                    message: format!(
+                        "namespace `{code}` is given in code, but the file says `{file}`: say it once"
+                    ),
+                }));
+            }
+            (None, Some(code)) => {
+                settings.namespace = Some(code.clone());
+                for job in &mut config.jobs {
+                    job.name = format!("{code}/{}", job.name);
+                }
+            }
+            _ => {}
+        }
+        config.settings.check()?;
+        for job in self.jobs {
+            let mut job = job.validate(&config.settings)?;
+            job.name = config.full_name(&job.name).into_owned();
+            if config.jobs.iter().any(|j| j.name == job.name) {
+                return Err(Error::Config(ConfigError {
+                    place: format!("code job `{}`", job.name),
+                    message: format!(
+                        "job name `{}` is used twice; job names must be unique",
+                        job.name
+                    ),
+                }));
+            }
+            config.jobs.push(job);
+        }
+        let launcher = launcher(&config, self.supervisor)?;
+        let store = match self.database {
+            Some(Database::Postgres(pool)) => Store::from_postgres_pool(pool),
+            Some(Database::Sqlite(pool)) => Store::from_sqlite_pool(pool),
+            Some(Database::Url(url)) => {
+                let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;
+                let url = DatabaseUrl::parse(&url, &cwd)
+                    .map_err(|e| Error::Usage(format!("database URL: {e}")))?;
+                Store::open(&url, true).await?
+            }
+            None => match &config.settings.database_url {
+                Some(url) => Store::open(url, true).await?,
+                None => {
+                    return Err(Error::Usage(
+                        "no database: give one with `.database_url(…)`, `.postgres_pool(…)` or `.sqlite_pool(…)`, or a `database_url` in the configuration file".into(),
+                    ));
+                }
+            },
+        };
+        if matches!(store, Store::Sqlite(_)) {
+            config.check_for_sqlite()?;
+        }
+        store.migrate_beside_others().await?;
+        if self.reap_orphans {
+            crate::engine::reaper::start();
+        }
+        let owner = self.owner.unwrap_or_else(unique_owner);
+        let engine =
+            Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
+        Ok(Scheduler {
+            config: Arc::new(config),
+            engine,
+        })
+    }
+}
+
+/// [`crate::engine::owner_id`], told apart from the other schedulers of
+/// this process.
+fn unique_owner() -> String {
+    static BUILT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", crate::engine::owner_id())
+}
+
+/// How `command` and `shell` jobs are started: through `scheduler-supervise`
+/// (this program is not the scheduler binary that could supervise them).
+fn launcher(config: &Config, given: Option<PathBuf>) -> Result<supervisor::Launcher, Error> {
+    let found = given.or_else(supervisor::Launcher::installed);
+    let needs = config
+        .jobs
+        .iter()
+        .find(|job| matches!(job.action, Action::Process { .. }));
+    match (found, needs) {
+        (Some(program), _) => Ok(supervisor::Launcher {
+            program,
+            lead: Vec::new(),
+        }),
+        (None, None) => Ok(supervisor::Launcher::find()),
+        (None, Some(job)) => Err(Error::Config(ConfigError {
+            place: format!("job `{}`", job.name),
+            message: format!(
+                "it starts a process, which the library does through the `{}` binary: none is beside this program or on PATH; install it (`cargo install scheduler`) or name it with `.supervisor(path)`",
+                supervisor::BINARY
+            ),
+        })),
+    }
+}

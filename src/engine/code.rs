@@ -1,0 +1,356 @@
+//! Jobs written as async Rust functions (the library's code jobs): what a
+//! handler is given, what it answers, and how the engine runs one. A plain
+//! handler runs like a `command`: beside its heartbeats, stopped when its
+//! claim is lost. A transaction-scoped one runs like an `sql` statement, in
+//! the transaction that records its outcome.
+
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use tracing::Instrument;
+use tokio_util::sync::CancellationToken;
+
+use super::execute::{ActionResult, Run, Stop};
+use crate::period::PeriodKey;
+use crate::store::Trigger;
+
+/// A boxed future, as a transaction-scoped handler returns it.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a handler answers: `Ok(())` records the period succeeded.
+pub type Handled = Result<(), Failure>;
+
+/// Why a handler's run failed. Any error converts into a retryable one, so
+/// `?` works in a handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failure {
+    /// Recorded failed; retried by the job's `retry` policy.
+    Retry(String),
+    /// Recorded failed; never retried by the schedule (a manual run can
+    /// still run it again).
+    Permanent(String),
+}
+
+impl Failure {
+    /// A failure worth retrying.
+    pub fn retry(why: impl fmt::Display) -> Failure {
+        Failure::Retry(why.to_string())
+    }
+
+    /// A failure that no retry mends.
+    pub fn permanent(why: impl fmt::Display) -> Failure {
+        Failure::Permanent(why.to_string())
+    }
+
+    /// What went wrong, in words.
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Retry(why) | Failure::Permanent(why) => why,
+        }
+    }
+
+    /// Whether the job's retry policy applies.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Failure::Retry(_))
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure::Retry(e.to_string())
+    }
+}
+
+/// What a handler knows of the period it runs.
+#[derive(Debug, Clone)]
+pub struct Context {
+    job: Arc<str>,
+    key: PeriodKey,
+    label: String,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    scheduled_at: DateTime<Utc>,
+    attempt: i32,
+    trigger: Trigger,
+    token: CancellationToken,
+}
+
+impl Context {
+    pub(crate) fn of(run: &Run<'_>, token: CancellationToken) -> Context {
+        Context {
+            job: run.job.name.as_str().into(),
+            key: run.key.clone(),
+            label: run.period.label.clone(),
+            start: run.period.start,
+            end: run.period.end,
+            scheduled_at: run.scheduled_at,
+            attempt: run.lease.attempt,
+            trigger: run.lease.trigger,
+            token,
+        }
+    }
+
+    /// The span a handler runs in: what it logs carries its job, period
+    /// key and attempt.
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!(
+            "run",
+            job = &*self.job,
+            period_key = self.key.as_str(),
+            attempt = self.attempt
+        )
+    }
+
+    /// The job's name (with the namespace, if one is set).
+    pub fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// `<job>:<label>`: unique per period, a good Idempotency-Key for what
+    /// the handler asks of other services.
+    pub fn period_key(&self) -> &str {
+        self.key.as_str()
+    }
+
+    /// The period's label: `2026-07`, `2026-W29`, `2026-07-15T14:05:00Z`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The period's first instant.
+    pub fn start(&self) -> DateTime<Utc> {
+        self.start
+    }
+
+    /// The first instant after the period.
+    pub fn end(&self) -> DateTime<Utc> {
+        self.end
+    }
+
+    /// The fire this run stands for.
+    pub fn scheduled_at(&self) -> DateTime<Utc> {
+        self.scheduled_at
+    }
+
+    /// The attempt: the fencing token of this run, 1 for the first.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+
+    /// Why it runs.
+    pub fn trigger(&self) -> Trigger {
+        self.trigger
+    }
+
+    /// Cancelled when this run must stop: its claim was lost (released,
+    /// taken over) or could not be renewed in time, its `timeout` passed,
+    /// or shutdown's grace ran out. The handler's future is dropped right
+    /// after; tasks it spawned should watch this token.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+}
+
+/// The transaction a transaction-scoped handler writes in: it commits
+/// together with the period's success, or not at all. The handler must not
+/// commit or roll it back itself.
+pub struct Transaction<'t>(Conn<'t>);
+
+enum Conn<'t> {
+    Postgres(&'t mut sqlx::PgConnection),
+    Sqlite(&'t mut sqlx::SqliteConnection),
+}
+
+impl<'t> Transaction<'t> {
+    pub(crate) fn postgres_of(conn: &'t mut sqlx::PgConnection) -> Transaction<'t> {
+        Transaction(Conn::Postgres(conn))
+    }
+
+    pub(crate) fn sqlite_of(conn: &'t mut sqlx::SqliteConnection) -> Transaction<'t> {
+        Transaction(Conn::Sqlite(conn))
+    }
+
+    /// The transaction's connection on PostgreSQL; a permanent failure on
+    /// SQLite.
+    pub fn postgres(&mut self) -> Result<&mut sqlx::PgConnection, Failure> {
+        match &mut self.0 {
+            Conn::Postgres(conn) => Ok(conn),
+            Conn::Sqlite(_) => Err(Failure::permanent(
+                "this handler writes to PostgreSQL, but the scheduler runs on SQLite",
+            )),
+        }
+    }
+
+    /// The transaction's connection on SQLite; a permanent failure on
+    /// PostgreSQL.
+    pub fn sqlite(&mut self) -> Result<&mut sqlx::SqliteConnection, Failure> {
+        match &mut self.0 {
+            Conn::Sqlite(conn) => Ok(conn),
+            Conn::Postgres(_) => Err(Failure::permanent(
+                "this handler writes to SQLite, but the scheduler runs on PostgreSQL",
+            )),
+        }
+    }
+}
+
+/// A plain handler's function.
+pub type Plain = dyn Fn(Context) -> BoxFuture<'static, Handled> + Send + Sync;
+/// A transaction-scoped handler's function.
+pub type Scoped = dyn for<'t> Fn(Context, Transaction<'t>) -> BoxFuture<'t, Handled> + Send + Sync;
+
+/// A code job's function.
+#[derive(Clone)]
+pub enum Handler {
+    /// Runs beside its heartbeats; its outcome is recorded after it.
+    Plain(Arc<Plain>),
+    /// Runs in the transaction that records its outcome.
+    Transaction(Arc<Scoped>),
+}
+
+impl fmt::Debug for Handler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Handler::Plain(_) => "Handler::Plain",
+            Handler::Transaction(_) => "Handler::Transaction",
+        })
+    }
+}
+
+impl Handler {
+    /// A plain handler of `f`.
+    pub fn plain<F, Fut>(f: F) -> Handler
+    where
+        F: Fn(Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Handled> + Send + 'static,
+    {
+        Handler::Plain(Arc::new(move |cx| Box::pin(f(cx))))
+    }
+
+    /// A transaction-scoped handler of `f`.
+    pub fn scoped<F>(f: F) -> Handler
+    where
+        F: for<'t> Fn(Context, Transaction<'t>) -> BoxFuture<'t, Handled> + Send + Sync + 'static,
+    {
+        Handler::Transaction(Arc::new(f))
+    }
+
+    /// Runs a scoped handler in `tx`, within `timeout`; a panic is a
+    /// failure of the run.
+    pub(crate) async fn in_transaction(
+        scoped: &Scoped,
+        context: Context,
+        tx: Transaction<'_>,
+        timeout: Option<Duration>,
+    ) -> Handled {
+        let token = context.token.clone();
+        let span = context.span();
+        let run = AssertUnwindSafe(scoped(context, tx).instrument(span)).catch_unwind();
+        let ended = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, run).await {
+                Ok(ended) => ended,
+                Err(_) => {
+                    token.cancel();
+                    return Err(Failure::retry(format!(
+                        "timed out after {}",
+                        humantime::format_duration(limit)
+                    )));
+                }
+            },
+            None => run.await,
+        };
+        ended.unwrap_or_else(|panic| Err(Failure::retry(panicked(&panic))))
+    }
+}
+
+impl Handler {
+    /// The scoped function, if it is one.
+    pub(crate) fn scoped_fn(&self) -> Option<&Scoped> {
+        match self {
+            Handler::Transaction(f) => Some(&**f),
+            Handler::Plain(_) => None,
+        }
+    }
+}
+
+/// Runs a plain handler as a task of its own until it ends, `stop`
+/// resolves, or `timeout` passes. Stopped, its token is cancelled and its
+/// future dropped before this returns.
+pub(crate) async fn run_plain(
+    plain: &Plain,
+    run: &Run<'_>,
+    timeout: Option<Duration>,
+    stop: impl Future<Output = Stop>,
+) -> ActionResult {
+    let token = CancellationToken::new();
+    let context = Context::of(run, token.clone());
+    let span = context.span();
+    let task = tokio::spawn(plain(context).instrument(span));
+    let abort = task.abort_handle();
+    // Whatever ends this, the handler does not outlive it.
+    let _dropped = AbortOnDrop(abort, token.clone());
+    let limit = async {
+        match timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(task);
+    let ended = tokio::select! {
+        ended = &mut task => ended,
+        why = stop => {
+            token.cancel();
+            task.abort();
+            let _ = task.await;
+            return ActionResult::Stopped(why);
+        }
+        () = limit => {
+            token.cancel();
+            task.abort();
+            let _ = task.await;
+            let limit = timeout.unwrap_or_default();
+            return ActionResult::failed(format!(
+                "timed out after {}",
+                humantime::format_duration(limit)
+            ));
+        }
+    };
+    match ended {
+        Ok(Ok(())) => ActionResult::succeeded(),
+        Ok(Err(Failure::Permanent(why))) => ActionResult::permanent(why),
+        Ok(Err(failure)) => ActionResult::failed(failure.message().to_owned()),
+        Err(e) if e.is_panic() => ActionResult::failed(panicked(&e.into_panic())),
+        Err(_) => ActionResult::failed("the handler's task was cancelled".into()),
+    }
+}
+
+/// Aborts a handler's task and cancels its token when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle, CancellationToken);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.1.cancel();
+        self.0.abort();
+    }
+}
+
+fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+    let said = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a value that is not text".into());
+    format!("the handler panicked: {said}")
+}
