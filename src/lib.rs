@@ -25,6 +25,7 @@
 //!   `status`, `history`, `release`, `pause`, `prune`.
 //! - [`error`]: error kinds and exit codes.
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
 pub mod embed;

@@ -198,7 +198,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             .await
             .or_else(Stop::into_result),
         Command::Serve { .. } => {
-            let health = &crate::serve::server::HEALTH;
+            let health = &crate::serve::health::HEALTH;
             health.watch(config.settings.lease, config.settings.scan_interval);
             // Migrations just answered: the database is reachable. The loop
             // counts as alive from its first wake-up, after the catch-up.

@@ -18,7 +18,10 @@ use crate::error::{Error, Outcome};
 use crate::period::PeriodKey;
 use crate::store::{Claim, Reclaimable, Store, Trigger};
 
+#[cfg(feature = "server")]
 pub mod api;
+pub mod health;
+#[cfg(feature = "server")]
 pub mod server;
 mod timer;
 use timer::Timer;
@@ -51,6 +54,7 @@ enum Event {
     Free,
     /// The API paused (`true`) or resumed a job: this replica follows at
     /// once, the others at their next scan.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     Paused(String, bool),
 }
 
@@ -82,6 +86,7 @@ pub struct Service {
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
     shutdown: watch::Receiver<bool>,
     /// The HTTP API's view of the configuration and its runs.
+    #[cfg(feature = "server")]
     api: Arc<api::Api>,
     /// Whether the database-wide gauges are published (`--listen`).
     gauges: bool,
@@ -111,6 +116,7 @@ impl Service {
         shutdown: watch::Receiver<bool>,
     ) -> Service {
         let events = mpsc::unbounded_channel();
+        #[cfg(feature = "server")]
         let api = api::Api::new(
             api_view(&config),
             engine.clone(),
@@ -134,6 +140,7 @@ impl Service {
             pending: Vec::new(),
             events,
             shutdown,
+            #[cfg(feature = "server")]
             api,
             gauges: false,
             trim: false,
@@ -191,6 +198,7 @@ impl Service {
     }
 
     /// The HTTP API of this replica.
+    #[cfg(feature = "server")]
     pub fn api(&self) -> Arc<api::Api> {
         self.api.clone()
     }
@@ -203,7 +211,7 @@ impl Service {
         if self.trim {
             release_free_memory();
         }
-        crate::serve::server::HEALTH.ready();
+        crate::serve::health::HEALTH.ready();
         self.publish_next_fires();
         tracing::info!(
             jobs = self.jobs.len(),
@@ -231,7 +239,7 @@ impl Service {
                 Some(event) = self.events.1.recv() => self.handle(event),
             }
             metrics::counter!("scheduler_wakeups_total").increment(1);
-            crate::serve::server::HEALTH.loop_alive();
+            crate::serve::health::HEALTH.loop_alive();
             let now = Utc::now();
             for (i, due) in self.timer.pop_due(&self.jobs, now) {
                 let job = self.jobs[i].clone();
@@ -359,7 +367,7 @@ impl Service {
         let now = Utc::now();
         match scanned.found {
             Ok(found) => {
-                crate::serve::server::HEALTH.database_ok();
+                crate::serve::health::HEALTH.database_ok();
                 tracing::debug!(claimable = found.len(), "scan");
                 for r in found {
                     if let Some(job) = self.job(&r.job) {
@@ -533,6 +541,7 @@ impl Service {
                 return;
             }
         };
+        #[cfg(feature = "server")]
         self.api.set_config(api_view(&config));
         let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
@@ -550,7 +559,7 @@ impl Service {
         // fence; claims already held keep the lease they were granted until
         // their next renewal.
         self.engine.set_lease(config.settings.lease);
-        crate::serve::server::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
+        crate::serve::health::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
         self.settings = config.settings;
         tracing::info!(
             jobs = self.jobs.len(),
@@ -577,6 +586,7 @@ async fn down(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|down| *down).await;
 }
 
+#[cfg(feature = "server")]
 /// The configuration the HTTP API answers from: all of it with `[api]`;
 /// without, no jobs (`/v1/` answers 404 and needs none of them).
 fn api_view(config: &Config) -> Arc<Config> {
