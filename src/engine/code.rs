@@ -183,6 +183,11 @@ impl<'t> Transaction<'t> {
         Transaction(Conn::Sqlite(conn))
     }
 
+    /// Whether the database is PostgreSQL (else SQLite).
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.0, Conn::Postgres(_))
+    }
+
     /// The transaction's connection on PostgreSQL; a permanent failure on
     /// SQLite.
     pub fn postgres(&mut self) -> Result<&mut sqlx::PgConnection, Failure> {
