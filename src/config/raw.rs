@@ -190,7 +190,12 @@ pub(super) fn duration_problem(d: Duration, written: &str) -> Option<String> {
 
 /// What is wrong with `key = written` (`d`) of at least `floor`, if
 /// anything.
-pub(super) fn floor_problem(key: &str, written: &str, d: Duration, floor: Duration) -> Option<String> {
+pub(super) fn floor_problem(
+    key: &str,
+    written: &str,
+    d: Duration,
+    floor: Duration,
+) -> Option<String> {
     (d < floor).then(|| {
         format!(
             "{key} = `{written}` is too short: expected at least {}",

@@ -529,8 +529,7 @@ impl Builder {
             crate::engine::reaper::start();
         }
         let owner = self.owner.unwrap_or_else(unique_owner);
-        let engine =
-            Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
+        let engine = Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
         Ok(Scheduler {
             config: Arc::new(config),
             engine,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
-use super::heartbeat::{Loss, Watch};
 use super::code::{self, Handler};
+use super::heartbeat::{Loss, Watch};
 use super::{Engine, http, process};
 use crate::config::{Action, Job};
 use crate::error::Error;

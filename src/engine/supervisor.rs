@@ -78,9 +78,16 @@ impl Launcher {
     pub fn installed() -> Option<std::path::PathBuf> {
         let beside = Launcher::beside();
         let on_path = std::env::var_os("PATH")
-            .map(|path| std::env::split_paths(&path).map(|dir| dir.join(BINARY)).collect())
+            .map(|path| {
+                std::env::split_paths(&path)
+                    .map(|dir| dir.join(BINARY))
+                    .collect()
+            })
             .unwrap_or_else(Vec::new);
-        beside.into_iter().chain(on_path).find(|path| path.is_file())
+        beside
+            .into_iter()
+            .chain(on_path)
+            .find(|path| path.is_file())
     }
 }
 

@@ -119,4 +119,3 @@ fn monotonic_ms() -> u64 {
         .unwrap_or(u64::MAX - 1)
         .saturating_add(1)
 }
-

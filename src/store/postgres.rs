@@ -183,27 +183,28 @@ impl PgStore {
     pub(super) async fn migrate_beside_others(
         &self,
     ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        let before: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await
-                .unwrap_or_default();
-        super::refuse_newer(&MIGRATOR, &before)?;
         let mut shared = sqlx::migrate!("migrations/postgres");
         shared.set_ignore_missing(true);
-        shared.run(&self.pool).await?;
-        Ok(super::applied_since(&MIGRATOR, &before))
+        self.migrate_with(&shared).await
     }
 
     /// Applies what is pending; the migrations it applied.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        self.migrate_with(&MIGRATOR).await
+    }
+
+    async fn migrate_with(
+        &self,
+        migrator: &sqlx::migrate::Migrator,
+    ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
         let before: Vec<i64> =
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&self.pool)
                 .await
                 .unwrap_or_default();
-        MIGRATOR.run(&self.pool).await?;
-        Ok(super::applied_since(&MIGRATOR, &before))
+        super::refuse_newer(migrator, &before)?;
+        migrator.run(&self.pool).await?;
+        Ok(super::applied_since(migrator, &before))
     }
 
     pub(super) async fn claim_many(

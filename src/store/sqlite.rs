@@ -111,38 +111,41 @@ impl SqliteStore {
     pub(super) async fn migrate_beside_others(
         &self,
     ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        let before: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await
-                .unwrap_or_default();
-        super::refuse_newer(&MIGRATOR, &before)?;
         let mut shared = sqlx::migrate!("migrations/sqlite");
         shared.set_ignore_missing(true);
-        shared.run(&self.pool).await?;
-        Ok(super::applied_since(&MIGRATOR, &before))
+        self.migrate_with(&shared).await
     }
 
     /// Applies what is pending; the migrations it applied.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        self.migrate_with(&MIGRATOR).await
+    }
+
+    async fn migrate_with(
+        &self,
+        migrator: &sqlx::migrate::Migrator,
+    ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
         let before: Vec<i64> =
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&self.pool)
                 .await
                 .unwrap_or_default();
-        // Processes starting together on a new file race to migrate; the
-        // loser finds the work done on its next try.
+        super::refuse_newer(migrator, &before)?;
+        // Processes starting together on a new file race to migrate (SQLite
+        // has no migration lock); the loser finds the work done on a later
+        // try. The waits are random, so two racers fall out of step.
         let mut tries = 0;
         loop {
-            match MIGRATOR.run(&self.pool).await {
+            match migrator.run(&self.pool).await {
                 Err(e)
-                    if tries < 5
+                    if tries < 30
                         && !matches!(e, sqlx::migrate::MigrateError::VersionMissing(_)) =>
                 {
                     tries += 1;
-                    tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+                    let jitter = getrandom::u32().unwrap_or(0) % 100;
+                    tokio::time::sleep(Duration::from_millis(20 + u64::from(jitter))).await;
                 }
-                Ok(()) => return Ok(super::applied_since(&MIGRATOR, &before)),
+                Ok(()) => return Ok(super::applied_since(migrator, &before)),
                 Err(e) => return Err(e),
             }
         }

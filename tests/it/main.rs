@@ -9,6 +9,7 @@ mod cli_config;
 mod cli_run;
 mod dst;
 mod edges;
+mod embed;
 mod labels;
 mod never_twice;
 mod ops;

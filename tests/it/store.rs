@@ -7,7 +7,7 @@ use chrono::Utc;
 use scheduler::engine::heartbeat::{Heartbeats, Loss};
 use scheduler::period::Period;
 use scheduler::store::{
-    Claim, ClaimRequest, Finish, GroupedEnd, GroupedSql, Lease, SqlLimits, Store, Trigger,
+    Claim, ClaimRequest, Finish, GroupedEnd, GroupedSql, Lease, SqlLimits, Store, Trigger, Work,
 };
 use tokio::time::Instant;
 
@@ -490,9 +490,8 @@ async fn an_sql_action_past_its_timeout_is_stopped_and_rolled_back(store: Store)
     };
     let started = std::time::Instant::now();
     let endless = GroupedSql {
-        params: Vec::new(),
         timeout: Some(Duration::from_millis(500)),
-        ..grouped(&lease, endless, "")
+        ..bare(&lease, endless)
     };
     let result = store
         .run_sql_group(&[endless], &limits(None), &|| {})
@@ -742,10 +741,23 @@ const COPY: &str = "INSERT INTO scheduler_jobs (name, first_seen, paused)
 fn grouped<'a>(lease: &'a Lease, statement: &'a str, name: &str) -> GroupedSql<'a> {
     GroupedSql {
         lease,
-        statement,
-        params: vec![name.to_owned()],
+        work: Work::Statement {
+            statement,
+            params: vec![name.to_owned()],
+        },
         timeout: None,
         failure: failed(Some(Duration::from_secs(3600))),
+    }
+}
+
+/// A group action of `statement` with no params.
+fn bare<'a>(lease: &'a Lease, statement: &'a str) -> GroupedSql<'a> {
+    GroupedSql {
+        work: Work::Statement {
+            statement,
+            params: Vec::new(),
+        },
+        ..grouped(lease, statement, "")
     }
 }
 
@@ -902,10 +914,7 @@ async fn a_postgres_claim_reports_a_period_held_by_a_running_group_without_waiti
     let period = month("2026-01");
     let lease = won(&store, &request(&period, "a")).await;
     let group = tokio::spawn(async move {
-        let runs = [GroupedSql {
-            params: Vec::new(),
-            ..grouped(&lease, "SELECT pg_sleep(3)", "")
-        }];
+        let runs = [bare(&lease, "SELECT pg_sleep(3)")];
         store
             .run_sql_group(&runs, &limits(None), &|| {})
             .await

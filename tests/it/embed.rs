@@ -1,0 +1,464 @@
+//! The library: code jobs on the one engine, on both backends, with two
+//! schedulers in one process, two processes, a `jobs.toml` beside code,
+//! lost claims, transaction-scoped handlers and shutdown through the handle.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use scheduler::{
+    CodeJob, Context, Failure, Handled, RunOptions, RunOutcome, Scheduler, Transaction, Unit,
+};
+
+use crate::support::{TestDb, Workspace};
+
+/// SQLite, and PostgreSQL where a server answers.
+async fn backends() -> Vec<TestDb> {
+    let mut dbs = vec![TestDb::sqlite()];
+    dbs.extend(TestDb::postgres().await);
+    dbs
+}
+
+/// One number from the test's database.
+async fn number(url: &str, sql: &str) -> i64 {
+    use sqlx::Connection;
+    if url.starts_with("sqlite:") {
+        let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+        let mut conn = sqlx::SqliteConnection::connect_with(&options.create_if_missing(true))
+            .await
+            .unwrap();
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_optional(&mut conn)
+            .await
+            .unwrap()
+            .unwrap_or(0)
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_optional(&mut conn)
+            .await
+            .unwrap()
+            .unwrap_or(0)
+    }
+}
+
+/// Runs `sql` (no result) on the test's database.
+async fn execute(url: &str, sql: &str) {
+    number(url, sql).await;
+}
+
+/// The period keys a plain handler was called with, in call order.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<String>>>);
+
+impl Calls {
+    fn job(&self, name: &str, schedule: &str) -> CodeJob {
+        let calls = self.clone();
+        CodeJob::new(name, schedule).handler(move |cx: Context| {
+            let calls = calls.clone();
+            async move {
+                calls.0.lock().unwrap().push(cx.period_key().to_owned());
+                Ok(())
+            }
+        })
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Asserts that `keys` (of a per-fire, every-second job) are unique and
+/// cover every second between the first and the last.
+fn once_each_second(keys: &[String], at_least: usize) {
+    let unique: HashSet<&String> = keys.iter().collect();
+    assert_eq!(unique.len(), keys.len(), "a period ran twice: {keys:?}");
+    assert!(keys.len() >= at_least, "too few periods ran: {keys:?}");
+    let mut seconds: Vec<i64> = keys
+        .iter()
+        .map(|key| {
+            let label = key.split_once(':').unwrap().1;
+            DateTime::parse_from_rfc3339(label).unwrap().timestamp()
+        })
+        .collect();
+    seconds.sort_unstable();
+    for pair in seconds.windows(2) {
+        assert_eq!(pair[1] - pair[0], 1, "a second was missed: {keys:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_code_job_runs_each_period_once_across_two_schedulers_in_one_process() {
+    for db in backends().await {
+        let calls = Calls::default();
+        let mut handles = Vec::new();
+        for _ in 0..2 {
+            let scheduler = Scheduler::builder()
+                .database_url(&db.url)
+                .job(calls.job("tick", "* * * * * *"))
+                .build()
+                .await
+                .unwrap();
+            handles.push(scheduler.start(std::future::pending()));
+        }
+        tokio::time::sleep(Duration::from_millis(4500)).await;
+        for handle in &handles {
+            handle.shutdown();
+        }
+        for handle in handles {
+            tokio::time::timeout(Duration::from_secs(30), handle.stopped())
+                .await
+                .expect("stopped in time")
+                .unwrap();
+        }
+        let keys = calls.keys();
+        once_each_second(&keys, 3);
+        let succeeded = number(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE state = 'succeeded'",
+        )
+        .await;
+        assert_eq!(succeeded as usize, keys.len(), "{}", db.url);
+    }
+}
+
+/// The plain tokio example, built by `cargo test --all-targets`.
+fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("examples").join(name))
+        .unwrap();
+    assert!(
+        path.is_file(),
+        "{} is missing: run the tests with `cargo test --all-targets`",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn a_code_job_runs_each_period_once_across_two_processes() {
+    for db in crate::support::databases() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = || {
+            std::process::Command::new(example("plain_tokio"))
+                .current_dir(dir.path())
+                .env("DATABASE_URL", &db.url)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        // The second starts once the first has made the file (two programs
+        // creating one SQLite file at once race to switch it to WAL).
+        let first = start();
+        std::thread::sleep(Duration::from_millis(500));
+        let copies = [first, start()];
+        std::thread::sleep(Duration::from_millis(5000));
+        for copy in &copies {
+            let pid = nix::unistd::Pid::from_raw(copy.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        }
+        for copy in copies {
+            let out = crate::support::wait(copy, Duration::from_secs(30));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let count = |sql: &str| crate::support::count(&db.url, sql);
+        let rows = count("SELECT count(*) FROM ticks");
+        let keys = count("SELECT count(DISTINCT period_key) FROM ticks");
+        let owners = count("SELECT count(DISTINCT owner) FROM ticks");
+        let succeeded = count("SELECT count(*) FROM scheduler_claims WHERE state = 'succeeded'");
+        assert_eq!(rows, keys, "a period ran twice ({})", db.url);
+        assert_eq!(rows, succeeded, "a row without its success, or the reverse");
+        assert!(rows >= 3, "too few periods ran: {rows}");
+        assert!(owners >= 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_jobs_and_jobs_toml_jobs_run_in_one_scheduler() {
+    for db in backends().await {
+        execute(&db.url, "CREATE TABLE from_file (k TEXT PRIMARY KEY)").await;
+        let ws = Workspace::new(
+            r#"
+[[job]]
+name = "filed"
+schedule = "* * * * * *"
+sql = { statement = "INSERT INTO from_file (k) VALUES ($1)", params = ["{period_key}"] }
+"#,
+        );
+        let calls = Calls::default();
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .config_file(ws.path().join("jobs.toml"))
+            .job(calls.job("coded", "* * * * * *"))
+            .build()
+            .await
+            .unwrap();
+        let handle = scheduler.start(tokio::time::sleep(Duration::from_millis(3500)));
+        tokio::time::timeout(Duration::from_secs(30), handle.stopped())
+            .await
+            .expect("stopped in time")
+            .unwrap();
+        once_each_second(&calls.keys(), 2);
+        let filed = number(&db.url, "SELECT count(*) FROM from_file").await;
+        assert!(filed >= 2, "the jobs.toml job ran {filed} times");
+        let claims = number(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'filed' AND state = 'succeeded'",
+        )
+        .await;
+        assert_eq!(claims, filed);
+    }
+}
+
+/// Yesterday's label of a daily job.
+fn yesterday() -> String {
+    (Utc::now() - chrono::Duration::days(1))
+        .format("%Y-%m-%d")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
+    for db in backends().await {
+        let started = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let beats = Arc::new(AtomicU64::new(0));
+        let (s, c, b) = (started.clone(), cancelled.clone(), beats.clone());
+        let job = CodeJob::new("stubborn", "0 4 * * *")
+            .period(Unit::Day)
+            .handler(move |cx: Context| {
+                let (started, cancelled, beats) = (s.clone(), c.clone(), b.clone());
+                async move {
+                    let token = cx.token().clone();
+                    tokio::spawn(async move {
+                        token.cancelled().await;
+                        cancelled.store(true, Ordering::SeqCst);
+                    });
+                    started.store(true, Ordering::SeqCst);
+                    // Ignores its token.
+                    loop {
+                        beats.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            });
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .lease(Duration::from_secs(3))
+            .job(job)
+            .build()
+            .await
+            .unwrap();
+        let label = yesterday();
+        let running = {
+            let (scheduler, label) = (scheduler.clone(), label.clone());
+            tokio::spawn(async move {
+                scheduler
+                    .run_period("stubborn", &label, RunOptions::default())
+                    .await
+            })
+        };
+        while !started.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let store = scheduler::store::Store::connect(&db.url).await.unwrap();
+        let key = format!("stubborn:{label}");
+        assert!(store.release_key(&key).await.unwrap().is_some());
+        let runs = tokio::time::timeout(Duration::from_secs(20), running)
+            .await
+            .expect("the run ended")
+            .unwrap()
+            .unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].outcome, RunOutcome::Released, "{:?}", runs[0]);
+        assert!(
+            cancelled.load(Ordering::SeqCst),
+            "the token was not cancelled"
+        );
+        let then = beats.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(beats.load(Ordering::SeqCst), then, "the handler still runs");
+        let recorded = number(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_attempts WHERE period_key = '{key}' AND outcome IN ('succeeded', 'failed')"
+            ),
+        )
+        .await;
+        assert_eq!(recorded, 0, "the lost attempt recorded an outcome");
+    }
+}
+
+/// A transaction-scoped job that writes its period key to `ledger`, then
+/// does what `then` says.
+fn ledger_job(name: &str, then: &'static str) -> CodeJob {
+    CodeJob::new(name, "0 4 * * *")
+        .period(Unit::Day)
+        .transaction(move |cx, tx| Box::pin(write_then(cx, tx, then)))
+}
+
+async fn write_then(cx: Context, mut tx: Transaction<'_>, then: &str) -> Handled {
+    const INSERT: &str = "INSERT INTO ledger (k) VALUES ($1)";
+    let key = cx.period_key().to_owned();
+    if tx.is_postgres() {
+        sqlx::query(INSERT)
+            .bind(key)
+            .execute(tx.postgres()?)
+            .await?;
+    } else {
+        sqlx::query(INSERT).bind(key).execute(tx.sqlite()?).await?;
+    }
+    match then {
+        "succeed" => Ok(()),
+        "fail" => Err(Failure::permanent("no such customer")),
+        // Ignores its token, holding its transaction.
+        _ => {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_scoped_handler_commits_its_write_with_the_success_and_nothing_otherwise() {
+    for db in backends().await {
+        execute(&db.url, "CREATE TABLE ledger (k TEXT NOT NULL)").await;
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .lease(Duration::from_secs(3))
+            .job(ledger_job("good", "succeed"))
+            .job(ledger_job("bad", "fail"))
+            .job(ledger_job("stuck", "hang"))
+            .build()
+            .await
+            .unwrap();
+        let label = yesterday();
+        let run = |job: &'static str| {
+            let (scheduler, label) = (scheduler.clone(), label.clone());
+            async move {
+                scheduler
+                    .run_period(job, &label, RunOptions::default())
+                    .await
+                    .unwrap()
+                    .remove(0)
+            }
+        };
+        let good = run("good").await;
+        assert_eq!(good.outcome, RunOutcome::Succeeded, "{good:?}");
+        let bad = run("bad").await;
+        assert_eq!(bad.outcome, RunOutcome::Failed, "{bad:?}");
+        assert_eq!(bad.error.as_deref(), Some("no such customer"));
+        let count = |sql: String| {
+            let url = db.url.clone();
+            async move { number(&url, &sql).await }
+        };
+        let written = |job: &str| {
+            count(format!(
+                "SELECT count(*) FROM ledger WHERE k = '{job}:{label}'"
+            ))
+        };
+        assert_eq!(
+            written("good").await,
+            1,
+            "the success committed without its write"
+        );
+        assert_eq!(
+            written("bad").await,
+            0,
+            "a failed handler's write committed"
+        );
+        let no_retry = count(format!(
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = 'bad:{label}' AND state = 'failed' AND retry_at IS NULL"
+        ));
+        assert_eq!(no_retry.await, 1, "a permanent failure is not retried");
+        // Stopped inside its transaction: on PostgreSQL its claim is
+        // released under it; on SQLite it holds the one writer past lease/3.
+        let stuck = {
+            let run = run("stuck");
+            tokio::spawn(run)
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if db.url.starts_with("postgres") {
+            let store = scheduler::store::Store::connect(&db.url).await.unwrap();
+            store.release_key(&format!("stuck:{label}")).await.unwrap();
+        }
+        let stuck = tokio::time::timeout(Duration::from_secs(20), stuck)
+            .await
+            .expect("the stuck handler was stopped")
+            .unwrap();
+        assert_ne!(stuck.outcome, RunOutcome::Succeeded, "{stuck:?}");
+        assert_eq!(
+            written("stuck").await,
+            0,
+            "a stopped handler's write committed"
+        );
+        let succeeded = count(format!(
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = 'stuck:{label}' AND state = 'succeeded'"
+        ));
+        assert_eq!(succeeded.await, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_through_the_handle_gives_the_grace_then_releases_the_claim() {
+    for db in backends().await {
+        let started = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = started.clone();
+        let job = CodeJob::new("long", "* * * * * *").handler(move |cx: Context| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(cx.period_key().to_owned());
+                // Ignores its token: only the end of the grace stops it.
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                Ok(())
+            }
+        });
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .shutdown_grace(Duration::from_millis(1500))
+            .max_running(1)
+            .job(job)
+            .build()
+            .await
+            .unwrap();
+        let handle = scheduler.start(std::future::pending());
+        while started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        handle.shutdown();
+        let claims_then = number(&db.url, "SELECT count(*) FROM scheduler_claims").await;
+        let asked = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), handle.stopped())
+            .await
+            .expect("stopped in time")
+            .unwrap();
+        assert!(
+            asked.elapsed() >= Duration::from_millis(1400),
+            "the handler did not get its grace"
+        );
+        let key = started.lock().unwrap()[0].clone();
+        let released = number(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_claims WHERE period_key = '{key}' AND state = 'released' AND failures = 0"
+            ),
+        )
+        .await;
+        assert_eq!(
+            released, 1,
+            "the claim was not released, or a retry was spent"
+        );
+        let claims_now = number(&db.url, "SELECT count(*) FROM scheduler_claims").await;
+        assert_eq!(claims_now, claims_then, "a claim was made after shutdown");
+    }
+}
