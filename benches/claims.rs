@@ -154,6 +154,46 @@ fn backfill_sql(url: &str) {
     );
 }
 
+/// 10,000 periods of a no-op code job (the library) that may run 100 at
+/// once, through `Scheduler::run_range`: plain and transaction-scoped.
+async fn backfill_code(url: &str, scoped: bool) {
+    let job = scheduler::CodeJob::new("noop", "* * * * *")
+        .period(scheduler::Unit::Minute)
+        .concurrency(100);
+    let (job, what) = if scoped {
+        let job = job.transaction(|_, _| Box::pin(async { Ok(()) }));
+        (job, "transaction-scoped")
+    } else {
+        (job.handler(|_| async { Ok(()) }), "plain")
+    };
+    let scheduler = scheduler::Scheduler::builder()
+        .database_url(url)
+        .job(job)
+        .build()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let runs = scheduler
+        .run_range(
+            "noop",
+            "2026-01-01T00:00",
+            "2026-01-07T22:39",
+            scheduler::RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    let done = runs
+        .iter()
+        .filter(|run| run.outcome == scheduler::RunOutcome::Succeeded)
+        .count();
+    assert_eq!(done, 10_000);
+    println!(
+        "  library run_range, 10000 periods of a no-op {what} code job (concurrency 100): {secs:.2}s = {:.0} periods/s",
+        10_000.0 / secs
+    );
+}
+
 /// The batched-claim limit: 10,000 keys claimed 100 per statement by a
 /// bare `INSERT … SELECT … ON CONFLICT DO NOTHING`, one commit each.
 async fn raw_batched_postgres(url: &str) -> f64 {
@@ -231,6 +271,13 @@ async fn main() {
         "sqlite://{}",
         dir.path().join("backfill_sql.db").display()
     ));
+    for (file, scoped) in [("code.db", false), ("code_tx.db", true)] {
+        backfill_code(
+            &format!("sqlite://{}", dir.path().join(file).display()),
+            scoped,
+        )
+        .await;
+    }
     let raw_batch = format!(
         "sqlite://{}?mode=rwc",
         dir.path().join("raw_batch.db").display()
@@ -263,6 +310,14 @@ async fn main() {
     backfill_true(&backfill_url);
     if let Some(url) = postgres_database("scheduler_bench_backfill_sql").await {
         backfill_sql(&url);
+    }
+    for (name, scoped) in [
+        ("scheduler_bench_code", false),
+        ("scheduler_bench_code_tx", true),
+    ] {
+        if let Some(url) = postgres_database(name).await {
+            backfill_code(&url, scoped).await;
+        }
     }
     println!(
         "  batched-claim limit (100 keys per statement): {:.0} claims/s",

@@ -2,8 +2,9 @@
 
 use crate::config::ConfigError;
 
-/// Why a command could not do its work.
+/// Why a command (or a library call) could not do its work.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A mistake in `jobs.toml`.
     #[error(transparent)]

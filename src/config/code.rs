@@ -1,6 +1,6 @@
 //! Jobs and settings declared in Rust code (the library): the knobs of
 //! `jobs.toml` as typed builder methods, checked by the same rules
-//! ([`super::raw`]'s) into the same [`Job`] and [`Settings`] values.
+//! (those of `jobs.toml`) into the same [`Job`] and [`Settings`] values.
 
 use std::time::Duration;
 
@@ -52,7 +52,8 @@ pub struct CodeJob {
 impl CodeJob {
     /// A job called `name` firing on `schedule` (5 cron fields, 6 with
     /// seconds first, or `@hourly`, `@daily`, …), in the scheduler's zone,
-    /// each fire covering the minute it falls in.
+    /// each fire a period of its own ([`Unit::Fire`]) until
+    /// [`CodeJob::period`] says otherwise.
     pub fn new(name: impl Into<String>, schedule: impl Into<String>) -> CodeJob {
         CodeJob {
             name: name.into(),
@@ -142,6 +143,23 @@ impl CodeJob {
     /// there commits together with that success, or not at all. Like an
     /// `sql` job it holds a transaction while it runs: keep it short (on
     /// SQLite it holds the one writer, at most lease/3).
+    ///
+    /// ```
+    /// use scheduler::{CodeJob, Context, Handled, Transaction, Unit};
+    ///
+    /// async fn bill(cx: Context, mut tx: Transaction<'_>) -> Handled {
+    ///     sqlx::query("INSERT INTO invoices (month) VALUES ($1)")
+    ///         .bind(cx.label().to_owned())
+    ///         .execute(tx.postgres()?)
+    ///         .await?;
+    ///     Ok(())
+    /// }
+    ///
+    /// let job = CodeJob::new("billing", "0 3 1 * *")
+    ///     .period(Unit::Month)
+    ///     .transaction(|cx, tx| Box::pin(bill(cx, tx)));
+    /// # let _ = job;
+    /// ```
     pub fn transaction<F>(mut self, f: F) -> CodeJob
     where
         F: for<'t> Fn(Context, Transaction<'t>) -> BoxFuture<'t, Handled> + Send + Sync + 'static,

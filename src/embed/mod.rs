@@ -3,28 +3,24 @@
 //! `scheduler serve` and `scheduler run` (claims, leases, self-fencing,
 //! catch-up, retries, backfill, shutdown).
 //!
+//! The README's smallest program:
+//!
 //! ```no_run
 //! use scheduler::{CodeJob, Scheduler, Unit};
 //!
-//! # async fn example() -> Result<(), scheduler::Error> {
-//! let scheduler = Scheduler::builder()
-//!     .database_url("sqlite://app.db")
-//!     .job(
-//!         CodeJob::new("report", "0 * * * *")
-//!             .period(Unit::Hour)
-//!             .handler(|cx| async move {
-//!                 println!("the report of {}", cx.label());
-//!                 Ok(())
-//!             }),
-//!     )
-//!     .build()
-//!     .await?;
-//! let handle = scheduler.start(async {
-//!     let _ = tokio::signal::ctrl_c().await;
-//! });
-//! handle.stopped().await?;
-//! # Ok(())
-//! # }
+//! #[tokio::main]
+//! async fn main() -> Result<(), scheduler::Error> {
+//!     let scheduler = Scheduler::builder()
+//!         .database_url("sqlite://app.db")
+//!         .job(CodeJob::new("report", "0 * * * *").period(Unit::Hour).handler(|cx| async move {
+//!             println!("the report of {}", cx.label()); // 2026-07-15T14
+//!             Ok(())
+//!         }))
+//!         .build()
+//!         .await?;
+//!     let handle = scheduler.start(async { let _ = tokio::signal::ctrl_c().await; });
+//!     handle.stopped().await
+//! }
 //! ```
 //!
 //! Nothing process-wide happens unless asked for: no signal handler, no

@@ -273,7 +273,7 @@ impl Engine {
         let mut delay = Duration::from_millis(100);
         let mut tries = 0;
         let recorded = loop {
-            match self.store.finish(run.lease, &finish).await {
+            match self.outcomes.finish(run.lease, &finish).await {
                 Ok(recorded) => break recorded,
                 Err(e) if tries < 8 => {
                     tracing::warn!(

@@ -297,6 +297,11 @@ struct Record {
 
 impl Quick {
     fn proven(&self, job: &Job) -> bool {
+        // A code job's handler is the program's own code: it never shares
+        // a transaction with other jobs.
+        if !matches!(job.action, Action::Sql { .. }) {
+            return false;
+        }
         let Ok(learned) = self.0.lock() else {
             return false;
         };

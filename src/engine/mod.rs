@@ -12,6 +12,7 @@ mod group;
 pub mod heartbeat;
 mod http;
 pub mod manual;
+mod outcomes;
 mod process;
 pub mod reaper;
 mod report;
@@ -192,6 +193,8 @@ pub struct Engine {
     supervisor: Arc<supervisor::Launcher>,
     /// Which `sql` jobs share a transaction with other jobs.
     quick: Arc<group::Quick>,
+    /// Writes the outcomes of runs that end together in one statement.
+    outcomes: Arc<outcomes::Outcomes>,
 }
 
 impl Engine {
@@ -204,6 +207,7 @@ impl Engine {
             .map_err(|e| Error::Environment(e.into()))?;
         Ok(Engine {
             heartbeats: Heartbeats::start(store.clone(), lease),
+            outcomes: Arc::new(outcomes::Outcomes::start(store.clone())),
             store,
             http,
             owner: owner.into(),

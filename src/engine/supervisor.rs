@@ -77,13 +77,13 @@ impl Launcher {
     /// `PATH`.
     pub fn installed() -> Option<std::path::PathBuf> {
         let beside = Launcher::beside();
-        let on_path = std::env::var_os("PATH")
+        let on_path: Vec<std::path::PathBuf> = std::env::var_os("PATH")
             .map(|path| {
                 std::env::split_paths(&path)
                     .map(|dir| dir.join(BINARY))
                     .collect()
             })
-            .unwrap_or_else(Vec::new);
+            .unwrap_or_default();
         beside
             .into_iter()
             .chain(on_path)

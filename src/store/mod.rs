@@ -427,7 +427,18 @@ impl Store {
 
     /// Records how an attempt ended; `false` if the claim had moved on.
     pub async fn finish(&self, lease: &Lease, finish: &Finish) -> Result<bool, Error> {
-        bounded!(self.finish(lease, finish))
+        let recorded = self.finish_many(&[(lease, finish.clone())]).await?;
+        Ok(recorded.first().copied().unwrap_or(false))
+    }
+
+    /// Records how many attempts ended, in one statement and one commit;
+    /// for each, in order, `false` if its claim had moved on.
+    pub async fn finish_many(&self, outcomes: &[(&Lease, Finish)]) -> Result<Vec<bool>, Error> {
+        let recorded = bounded!(self.finish_many(outcomes))?;
+        Ok(outcomes
+            .iter()
+            .map(|(lease, _)| recorded.contains(lease.key.as_str()))
+            .collect())
     }
 
     /// Runs a group of `sql` actions in one transaction and one commit:

@@ -298,9 +298,12 @@ impl PgStore {
             .collect())
     }
 
-    pub(super) async fn finish(&self, lease: &Lease, f: &Finish) -> Result<bool, sqlx::Error> {
+    pub(super) async fn finish_many(
+        &self,
+        outcomes: &[(&Lease, Finish)],
+    ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
-        record(&mut conn, lease, f).await
+        record_many(&mut conn, outcomes).await
     }
 
     pub(super) async fn run_sql_group(
@@ -342,7 +345,7 @@ impl PgStore {
                 let outcomes = super::group_outcomes(runs, &ends);
                 recording();
                 committing.store(true, std::sync::atomic::Ordering::SeqCst);
-                if record_many(&mut tx, &outcomes).await? != outcomes.len() {
+                if record_many(&mut tx, &outcomes).await?.len() != outcomes.len() {
                     // Cannot happen under the key share locks; if it did, no
                     // statement may commit without its outcome.
                     return Err(sqlx::Error::Protocol(
@@ -654,19 +657,12 @@ impl PgStore {
     }
 }
 
-async fn record(
-    conn: &mut sqlx::PgConnection,
-    lease: &Lease,
-    f: &Finish,
-) -> Result<bool, sqlx::Error> {
-    Ok(record_many(conn, &[(lease, f.clone())]).await? == 1)
-}
-
-/// Writes outcomes with [`RECORD`]; how many were still at their attempt.
+/// Writes outcomes with [`RECORD`]; the keys of those still at their
+/// attempt.
 async fn record_many(
     conn: &mut sqlx::PgConnection,
     outcomes: &[(&Lease, Finish)],
-) -> Result<usize, sqlx::Error> {
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
     let keys: Vec<&str> = outcomes.iter().map(|(l, _)| l.key.as_str()).collect();
     let attempts: Vec<i32> = outcomes.iter().map(|(l, _)| l.attempt).collect();
     let states: Vec<&str> = outcomes
@@ -702,7 +698,7 @@ async fn record_many(
         .bind(&definitions)
         .fetch_all(conn)
         .await?;
-    Ok(rows.len())
+    rows.iter().map(|row| row.try_get(0)).collect()
 }
 
 /// Takes a key share lock on every claim of the group still at its

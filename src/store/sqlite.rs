@@ -194,9 +194,12 @@ impl SqliteStore {
         Ok(renewed)
     }
 
-    pub(super) async fn finish(&self, lease: &Lease, finish: &Finish) -> Result<bool, sqlx::Error> {
+    pub(super) async fn finish_many(
+        &self,
+        outcomes: &[(&Lease, Finish)],
+    ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
-        record(&mut conn, lease, finish).await
+        record_many(&mut conn, outcomes).await
     }
 
     pub(super) async fn run_sql_group(
@@ -356,7 +359,7 @@ impl SqliteStore {
                 }
                 let outcomes = super::group_outcomes(runs, &ends);
                 recording();
-                if record_many(conn, &outcomes).await? != outcomes.len() {
+                if record_many(conn, &outcomes).await?.len() != outcomes.len() {
                     let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
                     // Cannot happen while this group holds the writer; if it
                     // did, no statement may commit without its outcome.
@@ -772,14 +775,6 @@ async fn claim(
 /// (running, or released by `scheduler release` and not claimed since); the
 /// trigger `scheduler_attempts_outcome` settles the claim in the same
 /// statement.
-async fn record(
-    conn: &mut sqlx::SqliteConnection,
-    lease: &Lease,
-    f: &Finish,
-) -> Result<bool, sqlx::Error> {
-    Ok(record_many(conn, &[(lease, f.clone())]).await? == 1)
-}
-
 /// Writes outcomes in one statement, each only if its claim is still at
 /// that attempt (running, or released by `scheduler release` and not
 /// claimed since); the trigger `scheduler_attempts_outcome` settles each
@@ -787,9 +782,9 @@ async fn record(
 async fn record_many(
     conn: &mut sqlx::SqliteConnection,
     outcomes: &[(&Lease, Finish)],
-) -> Result<usize, sqlx::Error> {
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
     if outcomes.is_empty() {
-        return Ok(0);
+        return Ok(std::collections::HashSet::new());
     }
     let rows: Vec<serde_json::Value> = outcomes
         .iter()
@@ -823,12 +818,13 @@ async fn record_many(
             AND scheduler_attempts.outcome IN ('running', 'released')
             AND EXISTS (SELECT 1 FROM scheduler_claims c
                          WHERE c.period_key = h.key AND c.attempt = h.attempt
-                           AND c.state IN ('running', 'released'))"
+                           AND c.state IN ('running', 'released'))
+         RETURNING scheduler_attempts.period_key"
     ))
     .bind(rows)
-    .execute(conn)
+    .fetch_all(conn)
     .await?;
-    Ok(done.rows_affected() as usize)
+    done.iter().map(|row| row.try_get(0)).collect()
 }
 
 async fn mark_attempt(

@@ -299,6 +299,106 @@ async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_over_claim_cancels_the_token_and_drops_the_handler() {
+    for db in backends().await {
+        let beats = Arc::new(AtomicU64::new(0));
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (b, c) = (beats.clone(), cancelled.clone());
+        let stubborn = CodeJob::new("taken", "0 4 * * *")
+            .period(Unit::Day)
+            .handler(move |cx: Context| {
+                let (beats, cancelled) = (b.clone(), c.clone());
+                async move {
+                    let token = cx.token().clone();
+                    tokio::spawn(async move {
+                        token.cancelled().await;
+                        cancelled.store(true, Ordering::SeqCst);
+                    });
+                    loop {
+                        beats.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            });
+        let first = Scheduler::builder()
+            .database_url(&db.url)
+            .lease(Duration::from_secs(3))
+            .job(stubborn)
+            .build()
+            .await
+            .unwrap();
+        let calls = Calls::default();
+        let second = Scheduler::builder()
+            .database_url(&db.url)
+            .job(calls.job("taken", "0 4 * * *").period(Unit::Day))
+            .build()
+            .await
+            .unwrap();
+        let label = yesterday();
+        let running = {
+            let (first, label) = (first.clone(), label.clone());
+            tokio::spawn(async move {
+                first
+                    .run_period("taken", &label, RunOptions::default())
+                    .await
+            })
+        };
+        while beats.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The first runner's lease runs out (as if it froze); the second
+        // takes the period over. Its heartbeat may renew in between: again.
+        let expire = if db.url.starts_with("postgres") {
+            "UPDATE scheduler_claims SET lease_until = now() - interval '1 minute' WHERE state = 'running'"
+        } else {
+            "UPDATE scheduler_claims SET lease_until = 0 WHERE state = 'running'"
+        };
+        let mut taken = None;
+        for _ in 0..20 {
+            execute(&db.url, expire).await;
+            let runs = second
+                .run_period("taken", &label, RunOptions::default())
+                .await
+                .unwrap();
+            if runs[0].outcome == RunOutcome::Succeeded {
+                taken = Some(runs);
+                break;
+            }
+        }
+        let taken = taken.expect("the second runner took the period over");
+        assert_eq!(taken[0].attempt, Some(2));
+        let lost = tokio::time::timeout(Duration::from_secs(20), running)
+            .await
+            .expect("the first run ended")
+            .unwrap()
+            .unwrap();
+        assert_eq!(lost[0].outcome, RunOutcome::Lost, "{:?}", lost[0]);
+        assert!(
+            cancelled.load(Ordering::SeqCst),
+            "the token was not cancelled"
+        );
+        let then = beats.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            beats.load(Ordering::SeqCst),
+            then,
+            "the old handler still runs"
+        );
+        let first_recorded = number(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_attempts WHERE period_key = 'taken:{label}' AND attempt = 1 AND outcome IN ('succeeded', 'failed')"
+            ),
+        )
+        .await;
+        assert_eq!(
+            first_recorded, 0,
+            "the taken-over attempt recorded an outcome"
+        );
+    }
+}
+
 /// A transaction-scoped job that writes its period key to `ledger`, then
 /// does what `then` says.
 fn ledger_job(name: &str, then: &'static str) -> CodeJob {
