@@ -250,6 +250,7 @@ pub async fn run(
         outcome: Outcome::Done,
         fenced: 0,
         changed: std::collections::HashMap::new(),
+        max_running: config.settings.max_running,
     };
     if let Err(stop) = backfill.plans(&mut plans, now).await? {
         return stop.into_result();
@@ -264,8 +265,8 @@ pub async fn run(
     Ok(backfill.outcome)
 }
 
-/// `run` going through its plans, one period after another (a batch of
-/// periods at once where the job's `concurrency` allows).
+/// `run` going through its plans, oldest period first, a batch of periods
+/// side by side where the job's `concurrency` (and `max_running`) allows.
 struct Backfill<'a> {
     engine: &'a Engine,
     request: &'a Request,
@@ -277,6 +278,8 @@ struct Backfill<'a> {
     /// Forced reruns whose last attempt ran under another definition of
     /// the job: their line says so. Key → that attempt.
     changed: std::collections::HashMap<String, i32>,
+    /// Runs at once in this process.
+    max_running: usize,
 }
 
 impl Backfill<'_> {
@@ -292,9 +295,13 @@ impl Backfill<'_> {
                 force: self.request.force,
                 early: self.request.early,
             };
-            // A batch runs its periods one after another while all hold
-            // their claims: at most as many as may run at once.
-            let batch = (job.concurrency as usize).clamp(1, SQL_GROUP);
+            // A batch runs its periods side by side: at most as many as
+            // the job may run at once, and (but for an `sql` group, one
+            // slot) as this process may.
+            let mut batch = (job.concurrency as usize).clamp(1, SQL_GROUP);
+            if !matches!(job.action, crate::config::Action::Sql { .. }) {
+                batch = batch.min(self.max_running.max(1));
+            }
             loop {
                 let chunk = plan.periods.chunk(plan.job, now);
                 if chunk.is_empty() {
@@ -365,8 +372,8 @@ impl Backfill<'_> {
         Ok(Ok(()))
     }
 
-    /// Claims `asks` in one statement, runs what was won (`sql` periods as
-    /// one group) and prints a line for each, in order.
+    /// Claims `asks` in one statement, runs what was won side by side
+    /// (`sql` periods as one group) and prints a line for each, in order.
     async fn go(&mut self, asks: Vec<Ask>) -> Result<Result<(), Stop>, Error> {
         if asks.is_empty() {
             return Ok(Ok(()));
@@ -397,11 +404,12 @@ impl Backfill<'_> {
         let reports = if won.iter().any(|(ask, _)| ask.is_sql()) {
             self.engine.run_group(won, self.stop_now.clone()).await
         } else {
-            let mut reports = Vec::with_capacity(won.len());
-            for (ask, w) in won {
-                reports.push(self.engine.run(&ask, w, self.stop_now.clone()).await);
-            }
-            reports
+            let engine = self.engine;
+            let runs = won.into_iter().map(|(ask, w)| {
+                let stop_now = self.stop_now.clone();
+                async move { engine.run(&ask, w, stop_now).await }
+            });
+            futures_util::future::join_all(runs).await
         };
         for report in reports {
             if let Err(stop) = self.emit(&Line::of(report)?) {

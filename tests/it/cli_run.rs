@@ -247,6 +247,31 @@ fn a_range_runs_oldest_first_and_a_repeat_runs_none() {
 }
 
 #[test]
+fn a_backfill_runs_as_many_periods_at_once_as_its_concurrency_allows_and_prints_them_in_order() {
+    for db in databases() {
+        let ws = workspace(
+            "concurrency = 3\nshell = \"echo start >> runs.txt; sleep 0.5; echo end >> runs.txt\"",
+        );
+        let out = run(&ws, &db, &["--from", "2026-01", "--to", "2026-06"]);
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        // The most runs between a start and an end, read from the log.
+        let (mut now, mut most) = (0, 0);
+        for line in lines(ws.path().join("runs.txt")) {
+            now += if line == "start" { 1 } else { -1 };
+            most = most.max(now);
+        }
+        assert_eq!(most, 3, "runs at once");
+        let printed: Vec<String> = out
+            .stdout()
+            .lines()
+            .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+            .collect();
+        let months: Vec<String> = (1..=6).map(|m| format!("billing:2026-0{m}")).collect();
+        assert_eq!(printed, months, "{}", out.stdout());
+    }
+}
+
+#[test]
 fn the_job_sees_its_period_in_placeholders_and_environment() {
     let db = TestDb::sqlite();
     let ws = workspace(
