@@ -853,18 +853,43 @@ pub(super) fn ends_the_transaction(text: &str, dialect: Dialect) -> Option<Strin
         .find_map(|statement| transaction_control(statement, dialect))
 }
 
-/// The transaction-control keyword a statement starts with, if any (after
-/// blanks and `--` or `/* */` comments).
-fn transaction_control(statement: &str, dialect: Dialect) -> Option<String> {
+/// A statement after its leading blanks and `--` or `/* */` comments.
+fn after_comments(statement: &str, dialect: Dialect) -> &str {
     let mut rest = statement.trim_start();
     while let Some(end) = dialect.comment_end(rest.as_bytes(), 0) {
         rest = rest[end..].trim_start();
     }
-    let word: String = rest
+    rest
+}
+
+/// The first word of a statement, upper-cased, after blanks and `--` or
+/// `/* */` comments.
+fn first_word(statement: &str, dialect: Dialect) -> String {
+    after_comments(statement, dialect)
         .chars()
         .take_while(|c| c.is_ascii_alphabetic())
         .collect::<String>()
-        .to_ascii_uppercase();
+        .to_ascii_uppercase()
+}
+
+/// Whether `text` is, as PostgreSQL reads it, one statement that `PREPARE`
+/// takes (a query or a row change).
+pub(super) fn one_preparable_statement(text: &str) -> bool {
+    let dialect = Dialect::POSTGRES;
+    let pieces: Vec<&str> = statements(text, dialect)
+        .into_iter()
+        .filter(|piece| !after_comments(piece, dialect).is_empty())
+        .collect();
+    const PREPARABLE: [&str; 8] = [
+        "SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "VALUES", "MERGE", "TABLE",
+    ];
+    matches!(pieces[..], [one] if PREPARABLE.contains(&first_word(one, dialect).as_str()))
+}
+
+/// The transaction-control keyword a statement starts with, if any (after
+/// blanks and `--` or `/* */` comments).
+fn transaction_control(statement: &str, dialect: Dialect) -> Option<String> {
+    let word = first_word(statement, dialect);
     const CONTROL: [&str; 9] = [
         "BEGIN",
         "START",
