@@ -792,9 +792,9 @@ async fn run_pipelined(
         if ran == 0 || run.timeout != timeout {
             timeout = run.timeout;
             // A number this code computed, never text from a user.
-            let _ = write!(
+            let _ = writeln!(
                 text,
-                "SET LOCAL statement_timeout = {};\n",
+                "SET LOCAL statement_timeout = {};",
                 timeout.map_or(0, |t| millis(t).max(1))
             );
         }
