@@ -520,7 +520,7 @@ impl Builder {
         if matches!(store, Store::Sqlite(_)) {
             config.check_for_sqlite()?;
         }
-        store.migrate_beside_others().await?;
+        store.migrate().await?;
         if self.reap_orphans {
             crate::engine::reaper::start();
         }

@@ -276,7 +276,7 @@ impl Handler {
             },
             None => run.await,
         };
-        ended.unwrap_or_else(|panic| Err(Failure::retry(panicked(&panic))))
+        ended.unwrap_or_else(|panic| Err(Failure::retry(panicked(&*panic))))
     }
 }
 
@@ -336,7 +336,7 @@ pub(crate) async fn run_plain(
         Ok(Ok(())) => ActionResult::succeeded(),
         Ok(Err(Failure::Permanent(why))) => ActionResult::permanent(why),
         Ok(Err(failure)) => ActionResult::failed(failure.message().to_owned()),
-        Err(e) if e.is_panic() => ActionResult::failed(panicked(&e.into_panic())),
+        Err(e) if e.is_panic() => ActionResult::failed(panicked(&*e.into_panic())),
         Err(_) => ActionResult::failed("the handler's task was cancelled".into()),
     }
 }

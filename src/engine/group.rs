@@ -46,6 +46,15 @@ impl Engine {
                 None => jobs.push(vec![run]),
             }
         }
+        // A code job's handler runs in a transaction of its own: a handler
+        // that ends its transaction itself harms no other period.
+        let jobs: Vec<Vec<(Ask, Won)>> = jobs
+            .into_iter()
+            .flat_map(|job| match job[0].0.job.action {
+                Action::Code(_) => job.into_iter().map(|run| vec![run]).collect(),
+                _ => vec![job],
+            })
+            .collect();
         let (quick, mut groups): (Vec<_>, Vec<_>) = jobs
             .into_iter()
             .partition(|job| self.quick.proven(&job[0].0.job));

@@ -459,8 +459,10 @@ pub fn owner_id() -> String {
 pub fn after_grace(mut shutdown: watch::Receiver<bool>, grace: Duration) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
+        // A shutdown flag whose sender is gone (a library call ended) is
+        // no shutdown.
         tokio::select! {
-            _ = shutdown.wait_for(|down| *down) => {}
+            Ok(_) = shutdown.wait_for(|down| *down) => {}
             () = tx.closed() => return,
         }
         tracing::info!(

@@ -360,27 +360,19 @@ impl Store {
         Store::Sqlite(sqlite::SqliteStore { pool })
     }
 
-    /// Applies pending migrations in a database whose `_sqlx_migrations`
-    /// may also hold the application's own (sqlx's default timestamp
-    /// versions). A version just past the scheduler's own is taken for a
-    /// newer scheduler's and refused, as by [`Store::migrate`].
-    pub async fn migrate_beside_others(&self) -> Result<Vec<String>, Error> {
-        let result = dispatch!(self.migrate_beside_others());
-        result.map_err(|e| match e {
-            sqlx::migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
-                "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"
-            )),
-            other => Error::Database(format!("cannot migrate the database: {other}")),
-        })
-    }
-
     /// Applies pending migrations, returning which (`0004 api`);
-    /// refuses a database migrated by a newer version.
+    /// refuses a database migrated by a newer version. `_sqlx_migrations`
+    /// may also hold an application's own migrations (the library's
+    /// database is the application's): versions past
+    /// [`SCHEDULER_VERSIONS`] are theirs and left alone.
     pub async fn migrate(&self) -> Result<Vec<String>, Error> {
         let result = dispatch!(self.migrate());
         result.map_err(|e| match e {
             sqlx::migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
                 "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"
+            )),
+            sqlx::migrate::MigrateError::VersionMismatch(version) => Error::Database(format!(
+                "migration {version} in _sqlx_migrations is not this scheduler's: another program's sqlx migrations with small version numbers share the table (give them sqlx's default timestamp versions), or the scheduler's own were edited"
             )),
             other => Error::Database(format!("cannot migrate the database: {other}")),
         })
@@ -567,7 +559,7 @@ impl Store {
 
 /// The highest migration version a newer scheduler could have: anything
 /// above it in `_sqlx_migrations` is another program's.
-const SCHEDULER_VERSIONS: i64 = 9_999;
+pub const SCHEDULER_VERSIONS: i64 = 9_999;
 
 /// Refuses a shared `_sqlx_migrations` that holds a newer scheduler's
 /// migration (reported as missing); the application's own versions above

@@ -17,7 +17,13 @@ use super::{
 use crate::engine::code::{Failure, Handler, Transaction};
 use crate::period::{Period, PeriodKey};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+/// The scheduler's migrations, beside whatever else `_sqlx_migrations`
+/// holds (see [`super::SCHEDULER_VERSIONS`]).
+fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!("migrations/postgres");
+    migrator.set_ignore_missing(true);
+    migrator
+}
 
 /// Connections to one PostgreSQL database, in two pools so that no action
 /// can starve the scheduler's own statements.
@@ -179,18 +185,11 @@ impl PgStore {
             .await
     }
 
-    /// Applies what is pending beside the application's own migrations.
-    pub(super) async fn migrate_beside_others(
-        &self,
-    ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        let mut shared = sqlx::migrate!("migrations/postgres");
-        shared.set_ignore_missing(true);
-        self.migrate_with(&shared).await
-    }
-
-    /// Applies what is pending; the migrations it applied.
+    /// Applies what is pending; the migrations it applied. The versions
+    /// of `_sqlx_migrations` past the scheduler's range are another
+    /// program's, and left alone.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        self.migrate_with(&MIGRATOR).await
+        self.migrate_with(&migrator()).await
     }
 
     async fn migrate_with(
@@ -354,6 +353,21 @@ impl PgStore {
                         failed[i] = Some(error);
                         careful = true;
                         continue;
+                    }
+                    // A code job runs alone in its group: only its own end
+                    // is at stake, written outside the lost transaction.
+                    Pass::Ended(i, end) => {
+                        let _ = tx.rollback().await;
+                        let _ = conn.close().await;
+                        let mut ends = vec![GroupedEnd::NotStarted; runs.len()];
+                        ends[i] = end;
+                        let outcomes = super::group_outcomes(runs, &ends);
+                        recording();
+                        let mut control = self.pool.acquire().await?;
+                        if record_many(&mut control, &outcomes).await?.is_empty() {
+                            ends[i] = GroupedEnd::Moved;
+                        }
+                        return Ok(Some(ends));
                     }
                 }
                 sqlx::query("SET LOCAL statement_timeout = '30s'")
@@ -754,6 +768,9 @@ enum Pass {
     /// A statement of a pipelined pass failed, or one could not be
     /// pipelined: the transaction is lost.
     Failed,
+    /// Handler `i`'s transaction is gone (it ended it, or the session was
+    /// ended under it): its end is recorded on its own.
+    Ended(usize, GroupedEnd),
 }
 
 /// Names the prepared statements of pipelined passes, unique per process.
@@ -937,20 +954,38 @@ async fn run_pass(
                 }
             }
         };
-        match failure {
-            None => ends.push(GroupedEnd::Succeeded(statement_started.elapsed())),
-            Some(failed) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT period")
-                    .execute(&mut *tx)
-                    .await?;
-                ends.push(failed);
-            }
+        let ending = match &failure {
+            _ if !careful => None,
+            None => Some("RELEASE SAVEPOINT period"),
+            Some(_) => Some("ROLLBACK TO SAVEPOINT period; RELEASE SAVEPOINT period"),
+        };
+        let ended = match ending {
+            Some(ending) => sqlx::Executor::execute(&mut *tx, ending).await.map(|_| ()),
+            None => Ok(()),
+        };
+        match ended {
+            Ok(_) => {}
+            // The handler's transaction is gone: it ended it itself, or
+            // the server ended the session under it.
+            Err(e) if run.work.is_code() => return Ok(Pass::Ended(i, lost_transaction(&e))),
+            Err(e) => return Err(e),
         }
-        if careful {
-            sqlx::query("RELEASE SAVEPOINT period")
-                .execute(&mut *tx)
-                .await?;
-        }
+        ends.push(failure.unwrap_or(GroupedEnd::Succeeded(statement_started.elapsed())));
     }
     Ok(Pass::Done)
+}
+
+/// What is recorded of a transaction-scoped handler whose transaction is
+/// gone by the time it returned: a permanent failure when the server says
+/// there is no transaction (the handler committed or rolled back itself:
+/// what it wrote may have committed without the period's outcome); else
+/// (the connection was lost, say past `idle_in_transaction_session_timeout`)
+/// a failure under the retry policy, nothing of it committed.
+fn lost_transaction(e: &sqlx::Error) -> GroupedEnd {
+    match e {
+        sqlx::Error::Database(_) => GroupedEnd::Permanent(format!(
+            "the handler ended its transaction itself (COMMIT or ROLLBACK): what it wrote may have committed without the period's outcome; not retried ({e})"
+        )),
+        _ => GroupedEnd::Failed(format!("the handler's transaction was lost: {e}")),
+    }
 }

@@ -23,7 +23,13 @@ use super::{
 use crate::engine::code::{self, Failure, Handler};
 use crate::period::Period;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+/// The scheduler's migrations, beside whatever else `_sqlx_migrations`
+/// holds (see [`super::SCHEDULER_VERSIONS`]).
+fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!("migrations/sqlite");
+    migrator.set_ignore_missing(true);
+    migrator
+}
 
 /// SQLite's clock in milliseconds.
 pub(super) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -107,18 +113,11 @@ impl SqliteStore {
         .await
     }
 
-    /// Applies what is pending beside the application's own migrations.
-    pub(super) async fn migrate_beside_others(
-        &self,
-    ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        let mut shared = sqlx::migrate!("migrations/sqlite");
-        shared.set_ignore_missing(true);
-        self.migrate_with(&shared).await
-    }
-
-    /// Applies what is pending; the migrations it applied.
+    /// Applies what is pending; the migrations it applied. The versions
+    /// of `_sqlx_migrations` past the scheduler's range are another
+    /// program's, and left alone.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        self.migrate_with(&MIGRATOR).await
+        self.migrate_with(&migrator()).await
     }
 
     async fn migrate_with(
@@ -294,16 +293,17 @@ impl SqliteStore {
                         }
                         Work::Code { handler, context } => {
                             let tx = code::Transaction::sqlite_of(&mut *conn);
-                            let handled = Handler::in_transaction(
-                                *handler,
-                                context.clone(),
-                                tx,
-                                Some(bound),
-                            );
-                            // Stopped, the handler is dropped at once, even
-                            // while it awaits something else than SQLite.
+                            let handled =
+                                Handler::in_transaction(*handler, context.clone(), tx, None);
+                            // Stopped, or past the writer bound, the handler
+                            // is dropped at once, even while it awaits
+                            // something else than SQLite.
                             let handled = tokio::select! {
                                 handled = handled => Some(handled),
+                                () = tokio::time::sleep(bound) => {
+                                    context.token().cancel();
+                                    Some(Err(Failure::retry(timed_out())))
+                                }
                                 () = limits.cancelled_wait() => None,
                             };
                             match handled {
@@ -325,9 +325,29 @@ impl SqliteStore {
                     deadline.store(0, Ordering::SeqCst);
                     let Some(error) = error else {
                         if saved {
-                            sqlx::query("RELEASE SAVEPOINT period")
+                            let released = sqlx::query("RELEASE SAVEPOINT period")
                                 .execute(&mut *conn)
-                                .await?;
+                                .await;
+                            match released {
+                                Ok(_) => {}
+                                // The handler committed or rolled back
+                                // itself: its end is recorded on its own (a
+                                // code job runs alone in its group).
+                                Err(e) if run.work.is_code() => {
+                                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                                    let mut ends = vec![GroupedEnd::NotStarted; runs.len()];
+                                    ends[i] = GroupedEnd::Permanent(format!(
+                                        "the handler ended its transaction itself (COMMIT or ROLLBACK): what it wrote may have committed without the period's outcome; not retried ({e})"
+                                    ));
+                                    let outcomes = super::group_outcomes(runs, &ends);
+                                    recording();
+                                    if record_many(conn, &outcomes).await?.is_empty() {
+                                        ends[i] = GroupedEnd::Moved;
+                                    }
+                                    return Ok(Some(ends));
+                                }
+                                Err(e) => return Err(e),
+                            }
                         }
                         ends.push(GroupedEnd::Succeeded(took));
                         continue;

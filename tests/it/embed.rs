@@ -562,3 +562,187 @@ async fn shutdown_through_the_handle_gives_the_grace_then_releases_the_claim() {
         assert_eq!(claims_now, claims_then, "a claim was made after shutdown");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_commits_its_transaction_itself_is_recorded_failed_for_good_not_rerun() {
+    for db in backends().await {
+        execute(&db.url, "CREATE TABLE ledger (k TEXT NOT NULL)").await;
+        let job = CodeJob::new("sloppy", "0 4 * * *")
+            .period(Unit::Day)
+            .retry(scheduler::Retry::attempts(5))
+            .transaction(|cx, mut tx| {
+                Box::pin(async move {
+                    const INSERT: &str = "INSERT INTO ledger (k) VALUES ($1)";
+                    let key = cx.period_key().to_owned();
+                    if tx.is_postgres() {
+                        let conn = tx.postgres()?;
+                        sqlx::query(INSERT).bind(key).execute(&mut *conn).await?;
+                        sqlx::query("COMMIT").execute(&mut *conn).await?;
+                    } else {
+                        let conn = tx.sqlite()?;
+                        sqlx::query(INSERT).bind(key).execute(&mut *conn).await?;
+                        sqlx::query("COMMIT").execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                })
+            });
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .job(job)
+            .build()
+            .await
+            .unwrap();
+        let label = yesterday();
+        let runs = tokio::time::timeout(
+            Duration::from_secs(30),
+            scheduler.run_period("sloppy", &label, RunOptions::default()),
+        )
+        .await
+        .expect("the run ended")
+        .unwrap();
+        assert_eq!(runs[0].outcome, RunOutcome::Failed, "{:?}", runs[0]);
+        let error = runs[0].error.clone().unwrap_or_default();
+        assert!(error.contains("ended its transaction itself"), "{error}");
+        let failed_for_good = number(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_claims WHERE period_key = 'sloppy:{label}' AND state = 'failed' AND retry_at IS NULL"
+            ),
+        )
+        .await;
+        assert_eq!(failed_for_good, 1, "not recorded failed for good");
+        // Served, it is not taken again.
+        let handle = scheduler.start(tokio::time::sleep(Duration::from_secs(2)));
+        handle.stopped().await.unwrap();
+        let attempts = number(
+            &db.url,
+            &format!("SELECT count(*) FROM scheduler_attempts WHERE period_key = 'sloppy:{label}'"),
+        )
+        .await;
+        assert_eq!(attempts, 1, "the period ran again");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_the_server_ends_under_a_handler_is_a_failure_under_the_retry_policy() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    execute(&db.url, "CREATE TABLE ledger (k TEXT NOT NULL)").await;
+    // An application pool whose sessions end after 1 s idle in a transaction.
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let pool = sqlx::PgPool::connect_with(
+        options.options([("idle_in_transaction_session_timeout", "1s")]),
+    )
+    .await
+    .unwrap();
+    let job = CodeJob::new("idle", "0 4 * * *")
+        .period(Unit::Day)
+        .retry(scheduler::Retry::attempts(3))
+        .transaction(|cx, mut tx| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO ledger (k) VALUES ($1)")
+                    .bind(cx.period_key().to_owned())
+                    .execute(tx.postgres()?)
+                    .await?;
+                // An outside call, past the server's idle limit.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                sqlx::query("INSERT INTO ledger (k) VALUES ('after')")
+                    .execute(tx.postgres()?)
+                    .await?;
+                Ok(())
+            })
+        });
+    let scheduler = Scheduler::builder()
+        .postgres_pool(pool)
+        .job(job)
+        .build()
+        .await
+        .unwrap();
+    let label = yesterday();
+    let runs = tokio::time::timeout(
+        Duration::from_secs(30),
+        scheduler.run_period("idle", &label, RunOptions::default()),
+    )
+    .await
+    .expect("the run ended")
+    .unwrap();
+    assert_eq!(runs[0].outcome, RunOutcome::Failed, "{:?}", runs[0]);
+    let retried = number(
+        &db.url,
+        &format!(
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = 'idle:{label}' AND state = 'failed' AND retry_at IS NOT NULL AND failures = 1"
+        ),
+    )
+    .await;
+    assert_eq!(retried, 1, "not a failure with a retry due");
+    assert_eq!(number(&db.url, "SELECT count(*) FROM ledger").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_a_failure_that_says_why() {
+    for db in backends().await {
+        let job = CodeJob::new("boom", "0 4 * * *")
+            .period(Unit::Day)
+            .handler(|cx: Context| async move { panic!("no invoice for {}", cx.label()) });
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .job(job)
+            .build()
+            .await
+            .unwrap();
+        let label = yesterday();
+        let runs = scheduler
+            .run_period("boom", &label, RunOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(runs[0].outcome, RunOutcome::Failed);
+        let error = runs[0].error.clone().unwrap_or_default();
+        assert!(
+            error.contains(&format!("no invoice for {label}")),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn the_command_line_works_on_a_database_that_also_holds_the_applications_migrations() {
+    for db in crate::support::databases() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let calls = Calls::default();
+            Scheduler::builder()
+                .database_url(&db.url)
+                .job(calls.job("tick", "* * * * * *"))
+                .build()
+                .await
+                .unwrap();
+        });
+        drop(runtime);
+        let blob = if db.url.starts_with("postgres") {
+            "'\\x00'::bytea"
+        } else {
+            "x'00'"
+        };
+        crate::support::count(
+            &db.url,
+            &format!(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (20240101000000, 'the application''s', true, {blob}, 0)"
+            ),
+        );
+        let ws = Workspace::new(
+            "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
+        );
+        for args in [&["status"][..], &["migrate"], &["history", "tick"]] {
+            let mut all = vec!["--database-url", db.url.as_str()];
+            all.extend_from_slice(args);
+            let out = ws.run(&all);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
