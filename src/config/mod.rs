@@ -352,8 +352,19 @@ impl Config {
     /// Reads and validates the file at `path`, expanding `${VAR}` from the
     /// process environment; an unset one is an error.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_adjusted(path, &|_| {})
+    }
+
+    /// Like [`Config::load`], with `adjust` applied to the settings before
+    /// the jobs are checked against them (the library's settings given in
+    /// code: a zone, a catch-up window).
+    pub fn load_adjusted(
+        path: &Path,
+        adjust: &dyn Fn(&mut Settings),
+    ) -> Result<Config, ConfigError> {
         let text = read(path)?;
-        Config::parse(path, &text, &|name| std::env::var(name).ok())
+        let env = |name: &str| std::env::var(name).ok();
+        Config::parse_inner(path, &text, &env, false, adjust).map(|(config, _)| config)
     }
 
     /// Like [`Config::load`], for commands that run no action: an unset
@@ -381,6 +392,16 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
         lenient: bool,
+    ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
+        Config::parse_inner(path, text, env, lenient, &|_| {})
+    }
+
+    fn parse_inner(
+        path: &Path,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        lenient: bool,
+        adjust: &dyn Fn(&mut Settings),
     ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
         use serde::de::IntoDeserializer;
         let at = Locator { path, text };
@@ -420,7 +441,7 @@ impl Config {
             .transpose()
             .map_err(|e| at.toml_error(&e))
             .and_then(|raw| raw.unwrap_or_default().validate(&at, &vars));
-        let settings = match settings {
+        let mut settings = match settings {
             Ok(settings) => settings,
             Err(e) => {
                 errors.push(e);
@@ -428,6 +449,7 @@ impl Config {
                 raw::RawSettings::default().validate(&at, &vars)?
             }
         };
+        adjust(&mut settings);
         let api = match raw_api
             .map(|value| raw::RawApi::deserialize(value.into_deserializer()))
             .transpose()

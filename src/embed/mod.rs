@@ -80,7 +80,9 @@ pub struct Scheduler {
     engine: Engine,
 }
 
-/// A started scheduler: [`Handle::stopped`] waits for its end.
+/// A started scheduler: [`Handle::stopped`] waits for its end. Dropped,
+/// the scheduler serves on until its `shutdown` future resolves.
+#[must_use = "a dropped handle cannot stop the scheduler or wait for its end"]
 pub struct Handle {
     stop: Arc<watch::Sender<bool>>,
     task: tokio::task::JoinHandle<Result<crate::error::Outcome, Error>>,
@@ -203,8 +205,54 @@ impl Scheduler {
     }
 }
 
+impl Scheduler {
+    /// Ends the running attempt of `job`'s period `label`, as `scheduler
+    /// release` does: its runner stops it at its next heartbeat and records
+    /// nothing; the period is claimable once the runner confirms or its
+    /// lease runs out. `false` if nothing was running.
+    pub async fn release(&self, job: &str, label: &str) -> Result<bool, Error> {
+        let job = self.config.job(job)?;
+        let period = job
+            .period
+            .parse_label(&job.schedule, label)
+            .map_err(|e| Error::Usage(format!("label: {e}")))?;
+        let key = crate::period::PeriodKey::new(&job.name, &period.label);
+        Ok(self
+            .engine
+            .store()
+            .release_key(key.as_str())
+            .await?
+            .is_some())
+    }
+
+    /// Pauses `job` (`true`) or resumes it, for every replica, as `scheduler
+    /// pause` and `resume` do.
+    pub async fn pause(&self, job: &str, paused: bool) -> Result<(), Error> {
+        let job = self.config.job(job)?;
+        self.engine.store().set_paused(&job.name, paused).await
+    }
+
+    /// Deletes the finished claims of every job with `keep` that are older
+    /// than it (periods that fired inside the catch-up window are kept), as
+    /// `scheduler prune` does; how many went.
+    pub async fn prune(&self) -> Result<u64, Error> {
+        let mut pruned = 0;
+        for job in &self.config.jobs {
+            if let Some(keep) = job.keep {
+                let store = self.engine.store();
+                pruned += store
+                    .prune(&job.name, keep, self.config.settings.catch_up, false)
+                    .await?;
+            }
+        }
+        Ok(pruned)
+    }
+}
+
 impl Handle {
-    /// Starts the shutdown now, as the `shutdown` future would.
+    /// Starts the shutdown now, as the `shutdown` future would. Manual
+    /// runs (`run_period`, …) under way are not stopped by it: they end
+    /// when their periods do, or when their futures are dropped.
     pub fn shutdown(&self) {
         self.stop.send_replace(true);
     }
@@ -287,9 +335,12 @@ pub enum RunOutcome {
     Succeeded,
     /// Ran and failed; recorded.
     Failed,
-    /// Not run: done already, held elsewhere, busy, paused, …
+    /// Not run, and not to be: done already, or running elsewhere
     /// ([`PeriodRun::detail`] says which).
     Skipped,
+    /// Not run: every `concurrency` slot of the job was taken
+    /// ([`RunOptions::wait`] waits for one). The period is not done.
+    Busy,
     /// The claim was taken over; nothing recorded.
     Lost,
     /// Stopped by shutdown or `release`; nothing recorded.
@@ -306,6 +357,7 @@ impl PeriodRun {
             "lost" => RunOutcome::Lost,
             "released" => RunOutcome::Released,
             "fenced" => RunOutcome::Fenced,
+            "busy" => RunOutcome::Busy,
             _ => RunOutcome::Skipped,
         };
         PeriodRun {
@@ -439,33 +491,41 @@ impl Builder {
     /// database and brings its tables up to date (beside the
     /// application's own sqlx migrations, see the README).
     pub async fn build(self) -> Result<Scheduler, Error> {
+        // Settings given in code apply before any job is checked, the
+        // file's jobs included (their zone, `keep` against `catch_up`).
+        let adjust = |settings: &mut Settings| {
+            if let Some(zone) = self.timezone {
+                settings.timezone = zone;
+            }
+            let overrides = [
+                (&mut settings.lease, self.lease),
+                (&mut settings.catch_up, self.catch_up),
+                (&mut settings.shutdown_grace, self.shutdown_grace),
+                (&mut settings.scan_interval, self.scan_interval),
+            ];
+            for (setting, given) in overrides {
+                if let Some(given) = given {
+                    *setting = given;
+                }
+            }
+            if let Some(n) = self.max_running {
+                settings.max_running = n;
+            }
+        };
         let mut config = match &self.config_file {
-            Some(path) => Config::load(path)?,
-            None => Config {
-                path: PathBuf::from("(code)"),
-                settings: Settings::defaults(),
-                api: None,
-                jobs: Vec::new(),
-            },
+            Some(path) => Config::load_adjusted(path, &adjust)?,
+            None => {
+                let mut settings = Settings::defaults();
+                adjust(&mut settings);
+                Config {
+                    path: PathBuf::from("(code)"),
+                    settings,
+                    api: None,
+                    jobs: Vec::new(),
+                }
+            }
         };
         let settings = &mut config.settings;
-        if let Some(zone) = self.timezone {
-            settings.timezone = zone;
-        }
-        let overrides = [
-            (&mut settings.lease, self.lease),
-            (&mut settings.catch_up, self.catch_up),
-            (&mut settings.shutdown_grace, self.shutdown_grace),
-            (&mut settings.scan_interval, self.scan_interval),
-        ];
-        for (setting, given) in overrides {
-            if let Some(given) = given {
-                *setting = given;
-            }
-        }
-        if let Some(n) = self.max_running {
-            settings.max_running = n;
-        }
         match (&settings.namespace, self.namespace) {
             (Some(file), Some(code)) if *file != code => {
                 return Err(Error::Config(ConfigError {

@@ -68,9 +68,17 @@ impl fmt::Display for Failure {
     }
 }
 
+/// Any standard error, with its sources (`anyhow::Error` and boxed errors
+/// are not standard errors: `.map_err(Failure::retry)` takes them).
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for Failure {
     fn from(e: E) -> Failure {
-        Failure::Retry(e.to_string())
+        let mut why = e.to_string();
+        let mut source = e.source();
+        while let Some(cause) = source {
+            why.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        Failure::Retry(why)
     }
 }
 

@@ -366,7 +366,17 @@ impl Store {
     /// database is the application's): versions past
     /// [`SCHEDULER_VERSIONS`] are theirs and left alone.
     pub async fn migrate(&self) -> Result<Vec<String>, Error> {
-        let result = dispatch!(self.migrate());
+        // Another process migrating holds the migration lock meanwhile; a
+        // lock never given back (a connection that kept it) is no hang.
+        const MIGRATION_BOUND: Duration = Duration::from_secs(120);
+        let Ok(result) =
+            tokio::time::timeout(MIGRATION_BOUND, async { dispatch!(self.migrate()) }).await
+        else {
+            return Err(Error::Database(format!(
+                "cannot migrate the database: not done within {}s (another process holds sqlx's migration lock?)",
+                MIGRATION_BOUND.as_secs()
+            )));
+        };
         result.map_err(|e| match e {
             sqlx::migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
                 "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"

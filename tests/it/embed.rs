@@ -271,9 +271,8 @@ async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
         while !started.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let store = scheduler::store::Store::connect(&db.url).await.unwrap();
         let key = format!("stubborn:{label}");
-        assert!(store.release_key(&key).await.unwrap().is_some());
+        assert!(scheduler.release("stubborn", &label).await.unwrap());
         let runs = tokio::time::timeout(Duration::from_secs(20), running)
             .await
             .expect("the run ended")
@@ -745,4 +744,105 @@ fn the_command_line_works_on_a_database_that_also_holds_the_applications_migrati
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_run_that_finds_every_slot_taken_says_busy_not_done() {
+    for db in backends().await {
+        let job =
+            CodeJob::new("slow", "0 4 * * *")
+                .period(Unit::Day)
+                .handler(|_cx: Context| async {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    Ok(())
+                });
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .job(job)
+            .build()
+            .await
+            .unwrap();
+        let days = |n: i64| {
+            (Utc::now() - chrono::Duration::days(n))
+                .format("%Y-%m-%d")
+                .to_string()
+        };
+        let first = {
+            let (scheduler, label) = (scheduler.clone(), days(2));
+            tokio::spawn(async move {
+                scheduler
+                    .run_period("slow", &label, RunOptions::default())
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let second = scheduler
+            .run_period("slow", &days(1), RunOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(second[0].outcome, RunOutcome::Busy, "{:?}", second[0]);
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(first[0].outcome, RunOutcome::Succeeded);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_given_in_code_apply_to_the_files_jobs_too() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        r#"
+[scheduler]
+timezone = "Europe/Berlin"
+catch_up = "24h"
+
+[[job]]
+name = "filed"
+schedule = "0 4 * * *"
+period = "day"
+keep = "30h"
+command = ["true"]
+"#,
+    );
+    // A longer catch-up window than the file's `keep`: refused, as in the file.
+    let refused = Scheduler::builder()
+        .database_url(&db.url)
+        .config_file(ws.path().join("jobs.toml"))
+        .catch_up(Duration::from_secs(48 * 3600))
+        .supervisor(env!("CARGO_BIN_EXE_scheduler-supervise"))
+        .build()
+        .await
+        .err()
+        .expect("keep shorter than catch_up is refused");
+    assert!(
+        refused.to_string().contains("shorter than catch_up"),
+        "{refused}"
+    );
+    // The zone given in code is the file's jobs' zone: a day starts at
+    // midnight UTC, not Berlin's.
+    let scheduler = Scheduler::builder()
+        .database_url(&db.url)
+        .config_file(ws.path().join("jobs.toml"))
+        .timezone(chrono_tz::UTC)
+        .supervisor(env!("CARGO_BIN_EXE_scheduler-supervise"))
+        .build()
+        .await
+        .unwrap();
+    let label = yesterday();
+    let runs = scheduler
+        .run_period("filed", &label, RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(runs[0].outcome, RunOutcome::Succeeded, "{:?}", runs[0]);
+    let midnight = chrono::NaiveDate::parse_from_str(&label, "%Y-%m-%d")
+        .unwrap()
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc()
+        .timestamp_millis();
+    let start = number(
+        &db.url,
+        &format!("SELECT period_start FROM scheduler_claims WHERE period_key = 'filed:{label}'"),
+    )
+    .await;
+    assert_eq!(start, midnight, "the day is not UTC's");
 }
