@@ -227,31 +227,61 @@ fn yesterday() -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
-    for db in backends().await {
-        let started = Arc::new(AtomicBool::new(false));
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let beats = Arc::new(AtomicU64::new(0));
-        let (s, c, b) = (started.clone(), cancelled.clone(), beats.clone());
-        let job = CodeJob::new("stubborn", "0 4 * * *")
+/// A daily job whose handler ignores its token and beats until dropped.
+#[derive(Clone, Default)]
+struct Stubborn {
+    beats: Arc<AtomicU64>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl Stubborn {
+    fn job(&self, name: &str) -> CodeJob {
+        let me = self.clone();
+        CodeJob::new(name, "0 4 * * *")
             .period(Unit::Day)
             .handler(move |cx: Context| {
-                let (started, cancelled, beats) = (s.clone(), c.clone(), b.clone());
+                let me = me.clone();
                 async move {
-                    let token = cx.token().clone();
+                    let (token, cancelled) = (cx.token().clone(), me.cancelled.clone());
                     tokio::spawn(async move {
                         token.cancelled().await;
                         cancelled.store(true, Ordering::SeqCst);
                     });
-                    started.store(true, Ordering::SeqCst);
-                    // Ignores its token.
                     loop {
-                        beats.fetch_add(1, Ordering::SeqCst);
+                        me.beats.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
-            });
+            })
+    }
+
+    async fn started(&self) {
+        while self.beats.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Asserts that its token was cancelled and its future dropped.
+    async fn stopped(&self) {
+        assert!(
+            self.cancelled.load(Ordering::SeqCst),
+            "the token was not cancelled"
+        );
+        let then = self.beats.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            self.beats.load(Ordering::SeqCst),
+            then,
+            "the handler still runs"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
+    for db in backends().await {
+        let stubborn = Stubborn::default();
+        let job = stubborn.job("stubborn");
         let scheduler = Scheduler::builder()
             .database_url(&db.url)
             .lease(Duration::from_secs(3))
@@ -268,9 +298,7 @@ async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
                     .await
             })
         };
-        while !started.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        stubborn.started().await;
         let key = format!("stubborn:{label}");
         assert!(scheduler.release("stubborn", &label).await.unwrap());
         let runs = tokio::time::timeout(Duration::from_secs(20), running)
@@ -280,13 +308,7 @@ async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
             .unwrap();
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].outcome, RunOutcome::Released, "{:?}", runs[0]);
-        assert!(
-            cancelled.load(Ordering::SeqCst),
-            "the token was not cancelled"
-        );
-        let then = beats.load(Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(beats.load(Ordering::SeqCst), then, "the handler still runs");
+        stubborn.stopped().await;
         let recorded = number(
             &db.url,
             &format!(
@@ -301,29 +323,11 @@ async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_over_claim_cancels_the_token_and_drops_the_handler() {
     for db in backends().await {
-        let beats = Arc::new(AtomicU64::new(0));
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let (b, c) = (beats.clone(), cancelled.clone());
-        let stubborn = CodeJob::new("taken", "0 4 * * *")
-            .period(Unit::Day)
-            .handler(move |cx: Context| {
-                let (beats, cancelled) = (b.clone(), c.clone());
-                async move {
-                    let token = cx.token().clone();
-                    tokio::spawn(async move {
-                        token.cancelled().await;
-                        cancelled.store(true, Ordering::SeqCst);
-                    });
-                    loop {
-                        beats.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            });
+        let stubborn = Stubborn::default();
         let first = Scheduler::builder()
             .database_url(&db.url)
             .lease(Duration::from_secs(3))
-            .job(stubborn)
+            .job(stubborn.job("taken"))
             .build()
             .await
             .unwrap();
@@ -343,9 +347,7 @@ async fn a_taken_over_claim_cancels_the_token_and_drops_the_handler() {
                     .await
             })
         };
-        while beats.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        stubborn.started().await;
         // The first runner's lease runs out (as if it froze); the second
         // takes the period over. Its heartbeat may renew in between: again.
         let expire = if db.url.starts_with("postgres") {
@@ -373,17 +375,7 @@ async fn a_taken_over_claim_cancels_the_token_and_drops_the_handler() {
             .unwrap()
             .unwrap();
         assert_eq!(lost[0].outcome, RunOutcome::Lost, "{:?}", lost[0]);
-        assert!(
-            cancelled.load(Ordering::SeqCst),
-            "the token was not cancelled"
-        );
-        let then = beats.load(Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(
-            beats.load(Ordering::SeqCst),
-            then,
-            "the old handler still runs"
-        );
+        stubborn.stopped().await;
         let first_recorded = number(
             &db.url,
             &format!(
