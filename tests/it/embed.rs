@@ -124,20 +124,38 @@ async fn a_code_job_runs_each_period_once_across_two_schedulers_in_one_process()
     }
 }
 
-/// The plain tokio example, built by `cargo test --all-targets`.
+/// An example's binary, built by `cargo test --all-targets` (as
+/// `examples/NAME-HASH`; `cargo build --examples` also links `NAME`): the
+/// newest.
 fn example(name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
     let exe = std::env::current_exe().unwrap();
-    let path = exe
+    let dir = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("examples").join(name))
+        .map(|dir| dir.join("examples"))
         .unwrap();
-    assert!(
-        path.is_file(),
-        "{} is missing: run the tests with `cargo test --all-targets`",
-        path.display()
-    );
-    path
+    let prefix = format!("{name}-");
+    let newest = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            let named = file == name || (file.starts_with(&prefix) && !file.contains('.'));
+            let runnable = entry
+                .metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+            named && runnable
+        })
+        .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok());
+    match newest {
+        Some(entry) => entry.path(),
+        None => panic!(
+            "no {name} example in {}: run the tests with `cargo test --all-targets`",
+            dir.display()
+        ),
+    }
 }
 
 #[test]
