@@ -603,13 +603,6 @@ impl Config {
     }
 }
 
-/// Whether an `sql` statement text is, as PostgreSQL reads it, one
-/// statement that `PREPARE` takes (a query or a row change), so that a
-/// group may send it with others in one round trip.
-pub fn one_preparable_statement(text: &str) -> bool {
-    raw::one_preparable_statement(text)
-}
-
 /// Turns byte offsets into file:line:column places.
 pub(crate) struct Locator<'a> {
     path: &'a Path,

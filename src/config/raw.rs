@@ -872,20 +872,6 @@ fn first_word(statement: &str, dialect: Dialect) -> String {
         .to_ascii_uppercase()
 }
 
-/// Whether `text` is, as PostgreSQL reads it, one statement that `PREPARE`
-/// takes (a query or a row change).
-pub(super) fn one_preparable_statement(text: &str) -> bool {
-    let dialect = Dialect::POSTGRES;
-    let pieces: Vec<&str> = statements(text, dialect)
-        .into_iter()
-        .filter(|piece| !after_comments(piece, dialect).is_empty())
-        .collect();
-    const PREPARABLE: [&str; 8] = [
-        "SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "VALUES", "MERGE", "TABLE",
-    ];
-    matches!(pieces[..], [one] if PREPARABLE.contains(&first_word(one, dialect).as_str()))
-}
-
 /// The transaction-control keyword a statement starts with, if any (after
 /// blanks and `--` or `/* */` comments).
 fn transaction_control(statement: &str, dialect: Dialect) -> Option<String> {

@@ -218,9 +218,7 @@ impl Engine {
                 })
             })
             .collect();
-        let mut limits = SqlLimits::new(None, self.heartbeats.interval());
-        // Statements that all proved quick go in one round trip.
-        limits.pipeline = self.pipelines(runs);
+        let limits = SqlLimits::new(None, self.heartbeats.interval());
         // The group writes every outcome itself; a renewal that finds a
         // claim settled from then on is not a takeover.
         let recording = || {
@@ -253,18 +251,6 @@ impl Engine {
         token.cancel();
         // A group that had already got as far as its commit is kept.
         Ok(group.await?.ok_or(why))
-    }
-}
-
-impl Engine {
-    /// Whether a group's statements go in one round trip: more than one,
-    /// each proven quick and one preparable statement.
-    fn pipelines(&self, runs: &[(Ask, Won)]) -> bool {
-        runs.len() > 1
-            && runs.iter().all(|(ask, _)| {
-                self.quick.proven(&ask.job)
-                    && statement(&ask.job).is_some_and(crate::config::one_preparable_statement)
-            })
     }
 }
 

@@ -722,9 +722,6 @@ pub struct SqlLimits {
     /// came. A channel, so a waiter sleeps until it turns and SQLite's
     /// progress handler can read it too.
     pub cancel: tokio::sync::watch::Sender<bool>,
-    /// Every statement of the group has proven quick: on PostgreSQL the
-    /// first pass sends them all in one round trip.
-    pub pipeline: bool,
 }
 
 impl SqlLimits {
@@ -734,7 +731,6 @@ impl SqlLimits {
             timeout,
             writer_timeout,
             cancel: tokio::sync::watch::Sender::new(false),
-            pipeline: false,
         }
     }
 

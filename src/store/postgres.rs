@@ -326,25 +326,9 @@ impl PgStore {
                 let _ = backend.get_or_init(|| pid);
                 let ours = lock_group(&mut tx, runs).await?;
                 let mut ends = Vec::with_capacity(runs.len());
-                let pass = if limits.pipeline && !careful {
-                    run_pipelined(&mut tx, runs, &ours, limits, &mut ends).await?
-                } else {
-                    run_pass(&mut tx, runs, &ours, &failed, careful, limits, &mut ends).await?
-                };
-                match pass {
+                match run_pass(&mut tx, runs, &ours, &failed, careful, limits, &mut ends).await? {
                     Pass::Done => {}
                     Pass::Stopped => return Ok(None),
-                    // One statement of the round trip failed, which one is
-                    // not known: the group runs again, a statement and a
-                    // savepoint at a time.
-                    // Its prepared statements outlive a rollback: the
-                    // connection is closed with them.
-                    Pass::Failed => {
-                        tx.rollback().await?;
-                        let _ = conn.close().await;
-                        careful = true;
-                        continue;
-                    }
                     // Statements run without savepoints first (one round
                     // trip each); one that fails rolls the pass back, and
                     // the group runs again with a savepoint per statement.
@@ -765,124 +749,9 @@ enum Pass {
     Stopped,
     /// Statement `i` failed outside a savepoint: the transaction is lost.
     FailedAt(usize, String),
-    /// A statement of a pipelined pass failed, or one could not be
-    /// pipelined: the transaction is lost.
-    Failed,
     /// Handler `i`'s transaction is gone (it ended it, or the session was
     /// ended under it): its end is recorded on its own.
     Ended(usize, GroupedEnd),
-}
-
-/// Names the prepared statements of pipelined passes, unique per process.
-static PREPARED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Runs the group's statements in one round trip: each distinct statement
-/// text `PREPARE`d once (its params typed `text`, as sqlx binds them),
-/// each period an `EXECUTE` with its params as escaped literals, each
-/// job's timeout set before its statements, the prepared statements
-/// deallocated at the end. The texts are the jobs' own, never rewritten;
-/// a job whose text is not one preparable statement is not pipelined (the
-/// caller's pass runs it).
-async fn run_pipelined(
-    tx: &mut sqlx::PgConnection,
-    runs: &[GroupedSql<'_>],
-    ours: &std::collections::HashSet<String>,
-    limits: &SqlLimits,
-    ends: &mut Vec<GroupedEnd>,
-) -> Result<Pass, sqlx::Error> {
-    use std::fmt::Write;
-    let mut text = String::new();
-    let mut prepared: HashMap<(&str, usize), String> = HashMap::new();
-    let mut timeout = None;
-    let mut ran = 0u32;
-    for run in runs {
-        if !ours.contains(run.lease.key.as_str()) {
-            ends.push(GroupedEnd::Moved);
-            continue;
-        }
-        let Work::Statement { statement, params } = &run.work else {
-            return Ok(Pass::Failed);
-        };
-        if !crate::config::one_preparable_statement(statement) {
-            return Ok(Pass::Failed);
-        }
-        if ran == 0 || run.timeout != timeout {
-            timeout = run.timeout;
-            // A number this code computed, never text from a user.
-            let _ = writeln!(
-                text,
-                "SET LOCAL statement_timeout = {};",
-                timeout.map_or(0, |t| millis(t).max(1))
-            );
-        }
-        let name = match prepared.get(&(*statement, params.len())) {
-            Some(name) => name.clone(),
-            None => {
-                let n = PREPARED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let name = format!("scheduler_group_{n}");
-                let types = vec!["text"; params.len()].join(", ");
-                let types = if types.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({types})")
-                };
-                // The newline ends a trailing `--` comment of the text.
-                let _ = write!(text, "PREPARE {name}{types} AS {statement}\n;\n");
-                prepared.insert((*statement, params.len()), name.clone());
-                name
-            }
-        };
-        let args: Vec<String> = params.iter().map(|p| literal(p)).collect();
-        ends.push(GroupedEnd::NotStarted);
-        if args.is_empty() {
-            let _ = writeln!(text, "EXECUTE {name};");
-        } else {
-            let _ = writeln!(text, "EXECUTE {name} ({});", args.join(", "));
-        }
-        ran += 1;
-    }
-    for name in prepared.values() {
-        let _ = writeln!(text, "DEALLOCATE {name};");
-    }
-    if ran == 0 {
-        return Ok(Pass::Done);
-    }
-    let started = std::time::Instant::now();
-    // Text without arguments goes by the simple query protocol: all of it
-    // in one message, its statements run in order.
-    if sqlx::Executor::execute(&mut *tx, text.as_str())
-        .await
-        .is_err()
-    {
-        if *limits.cancel.borrow() {
-            return Ok(Pass::Stopped);
-        }
-        return Ok(Pass::Failed);
-    }
-    // What each took is not known apart: an even share of the round trip.
-    let each = started.elapsed() / ran;
-    for end in ends.iter_mut() {
-        if *end == GroupedEnd::NotStarted {
-            *end = GroupedEnd::Succeeded(each);
-        }
-    }
-    Ok(Pass::Done)
-}
-
-/// `value` as a PostgreSQL string literal whatever
-/// `standard_conforming_strings` says: `E'…'` with `\` and `'` escaped (a
-/// param holds no NUL byte: the configuration refuses one).
-fn literal(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 3);
-    out.push_str("E'");
-    for c in value.chars() {
-        if matches!(c, '\\' | '\'') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('\'');
-    out
 }
 
 /// Runs the group's statements once, in `tx`. `careful`: each in a

@@ -786,82 +786,6 @@ async fn made(store: &Store, names: &[&str]) -> Vec<String> {
     found
 }
 
-async fn a_pipelined_group_commits_each_with_its_outcome_escapes_its_params_and_a_failing_one_fails_alone(
-    store: Store,
-) {
-    store.see_jobs(&["billing".into()]).await.unwrap();
-    let periods = months(&["2026-01", "2026-02", "2026-03", "2026-04"]);
-    let first = leases(&store, &periods, "a").await;
-    let half = format!(
-        "{COPY} UNION ALL SELECT 'billing', first_seen, paused FROM scheduler_jobs WHERE name = 'billing'"
-    );
-    let tricky = r"it's \' a -- 'name'; DROP TABLE scheduler_jobs";
-    let runs = [
-        grouped(&first[0], COPY, "made-01"),
-        grouped(&first[1], COPY, "made-02"),
-        grouped(&first[2], &half, "made-03"),
-        grouped(&first[3], COPY, "made-04"),
-    ];
-    let mut limits = limits(None);
-    limits.pipeline = true;
-    let ends = store
-        .run_sql_group(&runs, &limits, &|| {})
-        .await
-        .unwrap()
-        .expect("not stopped");
-    assert!(
-        matches!(
-            ends[..],
-            [
-                GroupedEnd::Succeeded(_),
-                GroupedEnd::Succeeded(_),
-                GroupedEnd::Failed(_),
-                GroupedEnd::Succeeded(_)
-            ]
-        ),
-        "{ends:?}"
-    );
-    assert_eq!(
-        made(&store, &["made-01", "made-02", "made-03", "made-04"]).await,
-        ["made-01", "made-02", "made-04"],
-        "the failing statement left something"
-    );
-    // All pass, in one round trip (on PostgreSQL), their params as given.
-    let more = months(&["2026-05", "2026-06"]);
-    let second = leases(&store, &more, "a").await;
-    let runs = [
-        grouped(&second[0], COPY, tricky),
-        grouped(&second[1], COPY, "made-06"),
-    ];
-    let ends = store
-        .run_sql_group(&runs, &limits, &|| {})
-        .await
-        .unwrap()
-        .expect("not stopped");
-    match (&store, &ends[..]) {
-        // One round trip: each statement is given an even share of it.
-        (Store::Postgres(_), [GroupedEnd::Succeeded(a), GroupedEnd::Succeeded(b)]) => {
-            assert_eq!(a, b, "not one round trip")
-        }
-        (_, [GroupedEnd::Succeeded(_), GroupedEnd::Succeeded(_)]) => {}
-        _ => panic!("{ends:?}"),
-    }
-    let mut expected = vec![tricky.to_owned(), "made-06".to_owned()];
-    expected.sort();
-    assert_eq!(
-        made(&store, &[tricky, "made-06"]).await,
-        expected,
-        "a param was not passed as it is"
-    );
-    let claims = store.claim_many(&batch(&periods, "b", 100)).await.unwrap();
-    assert!(
-        matches!(claims[0], Claim::Succeeded { .. }),
-        "{:?}",
-        claims[0]
-    );
-    assert!(matches!(claims[2], Claim::Failed { .. }), "{:?}", claims[2]);
-}
-
 async fn a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_fails_alone(
     store: Store,
 ) {
@@ -1062,7 +986,6 @@ conformance_db!(batches_racing_a_batch_and_one_key_claims_give_each_key_one_winn
 
 conformance!(
     a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_fails_alone,
-    a_pipelined_group_commits_each_with_its_outcome_escapes_its_params_and_a_failing_one_fails_alone,
     a_group_runs_nothing_of_a_period_whose_claim_moved_on,
     concurrency_holds_inside_one_batch_and_across_batches,
     a_batch_takes_expired_released_and_due_retry_claims_like_a_one_key_claim,
