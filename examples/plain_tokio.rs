@@ -36,7 +36,7 @@ async fn tick(cx: Context, mut tx: Transaction<'_>, owner: Arc<str>) -> Handled 
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info,sqlx=warn"))
         .init();

@@ -823,6 +823,7 @@ async fn run_pass(
                 }
             }
         };
+        let took = statement_started.elapsed();
         let ending = match &failure {
             _ if !careful => None,
             None => Some("RELEASE SAVEPOINT period"),
@@ -839,7 +840,7 @@ async fn run_pass(
             Err(e) if run.work.is_code() => return Ok(Pass::Ended(i, lost_transaction(&e))),
             Err(e) => return Err(e),
         }
-        ends.push(failure.unwrap_or(GroupedEnd::Succeeded(statement_started.elapsed())));
+        ends.push(failure.unwrap_or(GroupedEnd::Succeeded(took)));
     }
     Ok(Pass::Done)
 }

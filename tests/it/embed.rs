@@ -124,37 +124,18 @@ async fn a_code_job_runs_each_period_once_across_two_schedulers_in_one_process()
     }
 }
 
-/// An example's binary, built by `cargo test --all-targets` (as
-/// `examples/NAME-HASH`; `cargo build --examples` also links `NAME`): the
-/// newest.
-fn example(name: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("examples"))
-        .unwrap();
-    let prefix = format!("{name}-");
-    let newest = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|entry| {
-            let file = entry.file_name().to_string_lossy().into_owned();
-            let named = file == name || (file.starts_with(&prefix) && !file.contains('.'));
-            let runnable = entry
-                .metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-            named && runnable
-        })
-        .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok());
-    match newest {
-        Some(entry) => entry.path(),
-        None => panic!(
-            "no {name} example in {}: run the tests with `cargo test --all-targets`",
-            dir.display()
-        ),
+/// The plain tokio example, compiled into this test binary: a child
+/// process runs it through [`plain_tokio_process`].
+#[path = "../../examples/plain_tokio.rs"]
+mod plain_tokio;
+
+/// Not a test of its own: this binary started again to run only this,
+/// with `PLAIN_TOKIO=1`, is the plain tokio example as a process.
+#[test]
+#[ignore = "a child process of a_code_job_runs_each_period_once_across_two_processes"]
+fn plain_tokio_process() {
+    if std::env::var_os("PLAIN_TOKIO").is_some() {
+        plain_tokio::main().unwrap();
     }
 }
 
@@ -163,8 +144,10 @@ fn a_code_job_runs_each_period_once_across_two_processes() {
     for db in crate::support::databases() {
         let dir = tempfile::tempdir().unwrap();
         let start = || {
-            std::process::Command::new(example("plain_tokio"))
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--ignored", "--exact", "embed::plain_tokio_process"])
                 .current_dir(dir.path())
+                .env("PLAIN_TOKIO", "1")
                 .env("DATABASE_URL", &db.url)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())
