@@ -286,9 +286,7 @@ impl Handler {
         };
         ended.unwrap_or_else(|panic| Err(Failure::retry(panicked(&*panic))))
     }
-}
 
-impl Handler {
     /// The scoped function, if it is one.
     pub(crate) fn scoped_fn(&self) -> Option<&Scoped> {
         match self {

@@ -402,7 +402,15 @@ impl Backfill<'_> {
             }
         }
         let reports = if won.iter().any(|(ask, _)| ask.is_sql()) {
-            self.engine.run_group(won, self.stop_now.clone()).await
+            // Groups end in any order; lines go in period order.
+            let order: std::collections::HashMap<PeriodKey, usize> = won
+                .iter()
+                .enumerate()
+                .map(|(i, (_, w))| (w.lease.key.clone(), i))
+                .collect();
+            let mut reports = self.engine.run_group(won, self.stop_now.clone()).await;
+            reports.sort_by_key(|report| order.get(&report.key).copied());
+            reports
         } else {
             let engine = self.engine;
             let runs = won.into_iter().map(|(ask, w)| {
