@@ -117,13 +117,7 @@ impl SqliteStore {
     /// of `_sqlx_migrations` past the scheduler's range are another
     /// program's, and left alone.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        self.migrate_with(&migrator()).await
-    }
-
-    async fn migrate_with(
-        &self,
-        migrator: &sqlx::migrate::Migrator,
-    ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        let migrator = &migrator();
         let before: Vec<i64> =
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&self.pool)

@@ -221,6 +221,20 @@ sql = { statement = "INSERT INTO from_file (k) VALUES ($1)", params = ["{period_
     }
 }
 
+/// `run_period` of `job`'s period `label` in a task of its own.
+fn in_background(
+    scheduler: &Scheduler,
+    job: &'static str,
+    label: &str,
+) -> tokio::task::JoinHandle<Result<Vec<scheduler::PeriodRun>, scheduler::Error>> {
+    let (scheduler, label) = (scheduler.clone(), label.to_owned());
+    tokio::spawn(async move {
+        scheduler
+            .run_period(job, &label, RunOptions::default())
+            .await
+    })
+}
+
 /// Yesterday's label of a daily job.
 fn yesterday() -> String {
     (Utc::now() - chrono::Duration::days(1))
@@ -291,14 +305,7 @@ async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
             .await
             .unwrap();
         let label = yesterday();
-        let running = {
-            let (scheduler, label) = (scheduler.clone(), label.clone());
-            tokio::spawn(async move {
-                scheduler
-                    .run_period("stubborn", &label, RunOptions::default())
-                    .await
-            })
-        };
+        let running = in_background(&scheduler, "stubborn", &label);
         stubborn.started().await;
         let key = format!("stubborn:{label}");
         assert!(scheduler.release("stubborn", &label).await.unwrap());
@@ -340,14 +347,7 @@ async fn a_taken_over_claim_cancels_the_token_and_drops_the_handler() {
             .await
             .unwrap();
         let label = yesterday();
-        let running = {
-            let (first, label) = (first.clone(), label.clone());
-            tokio::spawn(async move {
-                first
-                    .run_period("taken", &label, RunOptions::default())
-                    .await
-            })
-        };
+        let running = in_background(&first, "taken", &label);
         stubborn.started().await;
         // The first runner's lease runs out (as if it froze); the second
         // takes the period over. Its heartbeat may renew in between: again.
@@ -760,14 +760,7 @@ async fn a_manual_run_that_finds_every_slot_taken_says_busy_not_done() {
                 .format("%Y-%m-%d")
                 .to_string()
         };
-        let first = {
-            let (scheduler, label) = (scheduler.clone(), days(2));
-            tokio::spawn(async move {
-                scheduler
-                    .run_period("slow", &label, RunOptions::default())
-                    .await
-            })
-        };
+        let first = in_background(&scheduler, "slow", &days(2));
         tokio::time::sleep(Duration::from_millis(500)).await;
         let second = scheduler
             .run_period("slow", &days(1), RunOptions::default())
