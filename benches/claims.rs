@@ -37,6 +37,7 @@ async fn claim_and_complete(store: &Store) -> f64 {
             force: false,
             manual: false,
             scheduled_at: start,
+            asked: None,
         };
         let Claim::Won(lease) = store.claim(&request).await.unwrap() else {
             panic!("not won")

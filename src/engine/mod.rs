@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::config::{Action, Job};
 use crate::error::Error;
 use crate::period::PeriodKey;
-use crate::store::{Claim, ClaimRequest, Lease, Store, Trigger};
+use crate::store::{Asked, Claim, ClaimRequest, Lease, Store, Trigger};
 use due::Due;
 use heartbeat::{Heartbeats, Watch};
 
@@ -76,15 +76,13 @@ pub struct Mode {
 
 impl Mode {
     /// How a manual attempt was asked for, as `history` shows it.
-    pub fn words(self) -> String {
-        let mut words = vec!["manual"];
-        if self.force {
-            words.push("force");
+    pub fn words(self) -> &'static str {
+        match (self.force, self.early) {
+            (false, false) => "manual",
+            (true, false) => "manual force",
+            (false, true) => "manual early",
+            (true, true) => "manual force early",
         }
-        if self.early {
-            words.push("early");
-        }
-        words.join(" ")
     }
 }
 
@@ -124,6 +122,10 @@ impl Ask {
             force: self.mode.force,
             manual: self.mode.manual,
             scheduled_at: self.due.fire,
+            asked: self.by.as_deref().map(|by| Asked {
+                how: self.mode.words(),
+                by,
+            }),
         }
     }
 }
@@ -304,7 +306,6 @@ impl Engine {
             }
             return Err(e);
         }
-        self.note_asked(asks, &answers).await;
         Ok(asks
             .iter()
             .zip(answers)
@@ -331,30 +332,6 @@ impl Engine {
                 }
             })
             .collect())
-    }
-
-    /// Writes on each manual attempt won how and by whom it was asked for,
-    /// a statement per kind of ask; a failure costs only the note.
-    async fn note_asked(&self, asks: &[Ask], answers: &[Option<(Claim, Instant)>]) {
-        let mut kinds: Vec<(String, &str, Vec<&Lease>)> = Vec::new();
-        for (ask, answer) in asks.iter().zip(answers) {
-            let (Some(by), Some((Claim::Won(lease), _))) = (&ask.by, answer) else {
-                continue;
-            };
-            let words = ask.mode.words();
-            match kinds
-                .iter_mut()
-                .find(|(w, b, _)| *w == words && *b == &**by)
-            {
-                Some((_, _, leases)) => leases.push(lease),
-                None => kinds.push((words, by, vec![lease])),
-            }
-        }
-        for (words, by, leases) in kinds {
-            if let Err(e) = self.store.note_asked(&leases, &words, by).await {
-                tracing::warn!("cannot note how a manual run was asked for: {e}");
-            }
-        }
     }
 
     /// Runs a won period to its end and reports how it ended.

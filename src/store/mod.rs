@@ -82,6 +82,18 @@ pub struct ClaimRequest<'a> {
     pub manual: bool,
     /// The fire this run stands for.
     pub scheduled_at: DateTime<Utc>,
+    /// How and by whom a manual run was asked for: written on the attempt
+    /// if it is won, in the claim's own commit.
+    pub asked: Option<Asked<'a>>,
+}
+
+/// How a manual attempt was asked for, as `history` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked<'a> {
+    /// `manual`, with `force` and `early` if they were given.
+    pub how: &'static str,
+    /// An API token's name, or `cli:` and the user.
+    pub by: &'a str,
 }
 
 impl ClaimRequest<'_> {
@@ -534,12 +546,6 @@ impl Store {
     /// The attempts of `job`, newest first.
     pub async fn history(&self, job: &str, limit: u32) -> Result<Vec<Attempt>, Error> {
         bounded!(self.history("job", job, limit))
-    }
-
-    /// Notes on won manual attempts how and by whom they were asked for,
-    /// in one statement.
-    pub async fn note_asked(&self, leases: &[&Lease], asked: &str, by: &str) -> Result<(), Error> {
-        bounded!(self.note_asked(leases, asked, by))
     }
 
     /// The attempts of one period, newest first.

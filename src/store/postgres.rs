@@ -221,7 +221,14 @@ impl PgStore {
         let force: Vec<bool> = requests.iter().map(|r| r.force).collect();
         let manual: Vec<bool> = requests.iter().map(|r| r.manual).collect();
         let key_texts: Vec<&str> = keys.iter().map(PeriodKey::as_str).collect();
-        let rows = sqlx::query(
+        // How manual runs were asked for is written on the attempts won in
+        // the claim's own transaction: one commit, not two.
+        let noting = requests.iter().any(|r| r.asked.is_some());
+        let mut tx = match noting {
+            true => Some(self.pool.begin().await?),
+            false => None,
+        };
+        let statement = sqlx::query(
             "SELECT * FROM scheduler_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(&key_texts)
@@ -235,9 +242,11 @@ impl PgStore {
         .bind(&force)
         .bind(&manual)
         .bind(requests[0].owner)
-        .bind(millis(requests[0].lease))
-        .fetch_all(&self.pool)
-        .await?;
+        .bind(millis(requests[0].lease));
+        let rows = match tx.as_mut() {
+            Some(tx) => statement.fetch_all(&mut **tx).await?,
+            None => statement.fetch_all(&self.pool).await?,
+        };
         let mut claims: Vec<Option<Claim>> = vec![None; requests.len()];
         for row in &rows {
             let ord: i32 = row.try_get("o_ord")?;
@@ -248,6 +257,10 @@ impl PgStore {
                 continue;
             };
             *slot = Some(claim_of(row, &keys[i], &requests[i].period.label)?);
+        }
+        if let Some(mut tx) = tx {
+            note_asked(&mut tx, requests, &claims).await?;
+            tx.commit().await?;
         }
         Ok(claims.into_iter().flatten().collect())
     }
@@ -559,28 +572,6 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) async fn note_asked(
-        &self,
-        leases: &[&Lease],
-        asked: &str,
-        by: &str,
-    ) -> Result<(), sqlx::Error> {
-        let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
-        let attempts: Vec<i32> = leases.iter().map(|l| l.attempt).collect();
-        sqlx::query(
-            "UPDATE scheduler_attempts a SET asked = $3, requested_by = $4
-               FROM unnest($1::text[], $2::int[]) AS h(key, attempt)
-              WHERE a.period_key = h.key AND a.attempt = h.attempt",
-        )
-        .bind(&keys)
-        .bind(&attempts)
-        .bind(asked)
-        .bind(by)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
     /// The attempts whose `column` (`job` or `period_key`) is `value`.
     pub(super) async fn history(
         &self,
@@ -708,6 +699,41 @@ async fn record_many(
         .fetch_all(conn)
         .await?;
     rows.iter().map(|row| row.try_get(0)).collect()
+}
+
+/// Writes on each manual attempt won how and by whom it was asked for.
+async fn note_asked(
+    conn: &mut sqlx::PgConnection,
+    requests: &[ClaimRequest<'_>],
+    claims: &[Option<Claim>],
+) -> Result<(), sqlx::Error> {
+    let mut keys = Vec::new();
+    let mut attempts = Vec::new();
+    let mut how = Vec::new();
+    let mut by = Vec::new();
+    for (request, claim) in requests.iter().zip(claims) {
+        if let (Some(asked), Some(Claim::Won(lease))) = (&request.asked, claim) {
+            keys.push(lease.key.as_str());
+            attempts.push(lease.attempt);
+            how.push(asked.how);
+            by.push(asked.by);
+        }
+    }
+    if !keys.is_empty() {
+        sqlx::query(
+            "UPDATE scheduler_attempts a SET asked = h.how, requested_by = h.by
+               FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
+                    AS h(key, attempt, how, by)
+              WHERE a.period_key = h.key AND a.attempt = h.attempt",
+        )
+        .bind(&keys)
+        .bind(&attempts)
+        .bind(&how)
+        .bind(&by)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Takes a key share lock on every claim of the group still at its

@@ -570,28 +570,6 @@ impl SqliteStore {
         Ok(())
     }
 
-    pub(super) async fn note_asked(
-        &self,
-        leases: &[&Lease],
-        asked: &str,
-        by: &str,
-    ) -> Result<(), sqlx::Error> {
-        // The (key, attempt) pairs travel as one JSON array.
-        let pairs: Vec<(&str, i32)> = leases.iter().map(|l| (l.key.as_str(), l.attempt)).collect();
-        let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
-        sqlx::query(
-            "UPDATE scheduler_attempts SET asked = ?2, requested_by = ?3
-              WHERE (period_key, attempt) IN
-                    (SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
-        )
-        .bind(pairs)
-        .bind(asked)
-        .bind(by)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
     /// The attempts whose `column` (`job` or `period_key`) is `value`.
     pub(super) async fn history(
         &self,
@@ -766,9 +744,22 @@ async fn claim(
         .fetch_optional(&mut **tx)
         .await?;
     if let Some(row) = won {
+        let attempt: i32 = row.try_get("attempt")?;
+        if let Some(asked) = &r.asked {
+            sqlx::query(
+                "UPDATE scheduler_attempts SET asked = ?3, requested_by = ?4
+                  WHERE period_key = ?1 AND attempt = ?2",
+            )
+            .bind(key.as_str())
+            .bind(attempt)
+            .bind(asked.how)
+            .bind(asked.by)
+            .execute(&mut **tx)
+            .await?;
+        }
         return Ok(Claim::Won(Lease {
             key,
-            attempt: row.try_get("attempt")?,
+            attempt,
             failures: row.try_get("failures")?,
             trigger: Trigger::parse(row.try_get("trigger")?),
         }));

@@ -576,3 +576,42 @@ fn logs_to_a_pipe_have_no_escapes_no_debug_text_and_v_shows_debug_lines() {
     ]);
     assert!(!quiet.stderr().contains("DEBUG"), "{}", quiet.stderr());
 }
+
+#[test]
+fn a_manual_attempt_says_how_and_by_whom_it_was_asked_for() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&monthly("command = [\"true\"]"));
+        let run = |extra: &[&str]| {
+            let mut args = vec![
+                "--database-url",
+                &db.url,
+                "run",
+                "billing",
+                "--period",
+                "2026-01",
+            ];
+            args.extend_from_slice(extra);
+            let said = ws.run(&args);
+            assert_eq!(said.code(), 0, "{}", said.stderr());
+        };
+        run(&[]);
+        run(&["--force"]);
+        let history = ws.run(&["--database-url", &db.url, "history", "billing"]);
+        assert_eq!(history.code(), 0, "{}", history.stderr());
+        let stdout = history.stdout();
+        let lines: Vec<&str> = stdout.lines().collect();
+        let attempt = |n: u32| {
+            lines
+                .iter()
+                .find(|l| l.contains(&format!("attempt {n} ")))
+                .unwrap_or_else(|| panic!("no attempt {n}: {lines:?}"))
+                .to_string()
+        };
+        assert!(attempt(1).contains("  manual by cli:"), "{}", attempt(1));
+        assert!(
+            attempt(2).contains("  manual force by cli:"),
+            "{}",
+            attempt(2)
+        );
+    }
+}

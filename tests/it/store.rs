@@ -29,6 +29,7 @@ fn request<'a>(period: &'a Period, owner: &'a str) -> ClaimRequest<'a> {
         force: false,
         manual: false,
         scheduled_at: Utc::now(),
+        asked: None,
     }
 }
 
