@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Reclaimable, Released, SqlLimits, Trigger, Work,
+    Asked, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord,
+    Lease, Reclaimable, Released, SqlLimits, Trigger, Work,
 };
 use crate::engine::code::{self, Failure, Handler};
 use crate::period::Period;
@@ -159,6 +159,33 @@ impl SqliteStore {
         let mut claims = Vec::with_capacity(requests.len());
         for r in requests {
             claims.push(claim(&mut tx, r).await?);
+        }
+        // How manual runs were asked for, on the attempts won, in the same
+        // commit: a statement per kind of ask (a call has one, as a rule).
+        let mut kinds: Vec<(Asked<'_>, Vec<(&str, i32)>)> = Vec::new();
+        for (r, claim) in requests.iter().zip(&claims) {
+            let (Some(asked), Claim::Won(lease)) = (r.asked, claim) else {
+                continue;
+            };
+            let pair = (lease.key.as_str(), lease.attempt);
+            match kinds.iter_mut().find(|(kind, _)| *kind == asked) {
+                Some((_, pairs)) => pairs.push(pair),
+                None => kinds.push((asked, vec![pair])),
+            }
+        }
+        for (asked, pairs) in kinds {
+            // The (key, attempt) pairs travel as one JSON array.
+            let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
+            sqlx::query(
+                "UPDATE scheduler_attempts SET asked = ?2, requested_by = ?3
+                  WHERE (period_key, attempt) IN
+                        (SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
+            )
+            .bind(pairs)
+            .bind(asked.how)
+            .bind(asked.by)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(claims)
@@ -744,22 +771,9 @@ async fn claim(
         .fetch_optional(&mut **tx)
         .await?;
     if let Some(row) = won {
-        let attempt: i32 = row.try_get("attempt")?;
-        if let Some(asked) = &r.asked {
-            sqlx::query(
-                "UPDATE scheduler_attempts SET asked = ?3, requested_by = ?4
-                  WHERE period_key = ?1 AND attempt = ?2",
-            )
-            .bind(key.as_str())
-            .bind(attempt)
-            .bind(asked.how)
-            .bind(asked.by)
-            .execute(&mut **tx)
-            .await?;
-        }
         return Ok(Claim::Won(Lease {
             key,
-            attempt,
+            attempt: row.try_get("attempt")?,
             failures: row.try_get("failures")?,
             trigger: Trigger::parse(row.try_get("trigger")?),
         }));
