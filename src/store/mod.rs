@@ -663,8 +663,8 @@ impl Work<'_> {
 /// How one action of a group ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupedEnd {
-    /// Its statement (which ran this long) and its success committed
-    /// together.
+    /// Its statement and its success committed together; how long the
+    /// statement ran (on PostgreSQL, beyond a round trip of the moment).
     Succeeded(Duration),
     /// Its statement failed and was rolled back; the failure is recorded.
     Failed(String),

@@ -342,3 +342,41 @@ fn a_job_that_breaks_its_transaction_every_other_run_soon_runs_alone_for_good() 
     );
     assert_eq!(twice, 0);
 }
+
+#[test]
+fn the_statements_of_a_group_plan_as_the_session_would_the_groups_own_generic() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    // A setting of the database's own, which the actions must see whatever
+    // the group's own statements use.
+    count(
+        &db.url,
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET plan_cache_mode = force_custom_plan', current_database()); END $$",
+    );
+    count(
+        &db.url,
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL, mode TEXT NOT NULL)",
+    );
+    let mut toml = String::from("[scheduler]\nlease = \"4s\"\n");
+    for i in 0..3 {
+        toml.push_str(&format!(
+            "\n[[job]]\nname = \"j{i}\"\nschedule = \"* * * * * *\"\n\
+             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1, current_setting('plan_cache_mode'))\", params = [\"{{period_key}}\"] }}\n"
+        ));
+    }
+    let ws = Workspace::new(&toml);
+    let server = serve(&ws, &db.url);
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    // Enough runs for the jobs to prove quick and share a transaction.
+    while count(&db.url, "SELECT count(*) FROM burst_runs") < 12 {
+        assert!(std::time::Instant::now() < until, "the jobs did not run");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(stop(server), 0);
+    let other = count(
+        &db.url,
+        "SELECT count(*) FROM burst_runs WHERE mode <> 'force_custom_plan'",
+    );
+    assert_eq!(other, 0, "an action ran under the group's plan cache mode");
+}
