@@ -770,8 +770,8 @@ async fn note_asked(
 ///
 /// Planned generic, as the group's outcomes are: the planner prices a
 /// custom plan of a one-key array below the generic one and would plan
-/// these statements again for every group (a third of the server's time in
-/// a burst of single-period groups), while the generic plan, index look-ups
+/// these statements again for every group (about a third of the server's CPU
+/// in a burst of single-period groups), while the generic plan, index look-ups
 /// per key, is the one it makes anyway. Each row found sets the session's
 /// `plan_mode` back for the statements of the actions; with no row found,
 /// none of them runs.
@@ -796,8 +796,7 @@ async fn lock_group(
     .bind(plan_mode)
     .fetch_all(tx)
     .await?;
-    let ours: Vec<String> = ours.into_iter().map(|(key, _)| key).collect();
-    Ok(ours.into_iter().collect())
+    Ok(ours.into_iter().map(|(key, _)| key).collect())
 }
 
 /// How one pass over a group's statements went.
