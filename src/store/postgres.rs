@@ -318,7 +318,9 @@ impl PgStore {
         limits: &SqlLimits,
         recording: &(dyn Fn() + Sync),
     ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
-        let backend = std::sync::OnceLock::new();
+        // The backend of the pass under way (a pass after a failure may be
+        // on another connection): the one a cancel must reach.
+        let backend = std::sync::atomic::AtomicI32::new(0);
         let committing = std::sync::atomic::AtomicBool::new(false);
         let work = async {
             // What is known already: a failing statement found by a pass.
@@ -331,24 +333,23 @@ impl PgStore {
                 // The group's own statements take generic plans (see
                 // `lock_group`); the session's own plan cache mode comes
                 // back for the actions' statements.
-                let (pid, plan_mode): (i32, String) = sqlx::query_as(
-                    "SELECT pid, mode FROM (
-                        SELECT pg_backend_pid() AS pid,
-                               current_setting('plan_cache_mode') AS mode OFFSET 0) AS s,
-                        LATERAL set_config('plan_cache_mode', 'force_generic_plan', true)",
+                // The mode is read in the subquery, whose row the outer
+                // target list (and so `set_config`) is computed from.
+                let (pid, plan_mode, _): (i32, String, String) = sqlx::query_as(
+                    "SELECT s.pid, s.mode, set_config('plan_cache_mode', 'force_generic_plan', true)
+                       FROM (SELECT pg_backend_pid() AS pid,
+                                    current_setting('plan_cache_mode') AS mode OFFSET 0) AS s",
                 )
                 .fetch_one(&mut *tx)
                 .await?;
-                let pid_took = sent.elapsed();
-                let _ = backend.get_or_init(|| pid);
-                let sent = std::time::Instant::now();
+                // What a round trip costs now. A statement is judged quick
+                // or slow by its time beyond that, so a busy machine, which
+                // slows every round trip alike, does not make quick jobs
+                // look slow (and run alone, which loads the machine
+                // further).
+                let round_trip = sent.elapsed();
+                backend.store(pid, std::sync::atomic::Ordering::SeqCst);
                 let ours = lock_group(&mut tx, runs, &plan_mode).await?;
-                // What a round trip costs now: the group's own two
-                // statements. A statement is judged quick or slow by its time
-                // beyond that, so a busy machine, which slows every round
-                // trip alike, does not make quick jobs look slow (and run
-                // alone, which loads the machine further).
-                let round_trip = pid_took.max(sent.elapsed());
                 let pass = PassOver {
                     runs,
                     ours: &ours,
@@ -410,7 +411,7 @@ impl PgStore {
             result = &mut work => return result,
             () = limits.cancelled_wait() => {}
         }
-        if let Some(pid) = backend.get() {
+        if let Some(pid) = running_backend(&backend) {
             let _ = sqlx::query("SELECT pg_cancel_backend($1)")
                 .bind(pid)
                 .execute(&self.pool)
@@ -428,7 +429,7 @@ impl PgStore {
             Ok(Ok(Some(ends))) => Ok(Some(ends)),
             Ok(_) => Ok(None),
             Err(_) => {
-                if let Some(pid) = backend.get() {
+                if let Some(pid) = running_backend(&backend) {
                     let _ = sqlx::query("SELECT pg_terminate_backend($1)")
                         .bind(pid)
                         .execute(&self.pool)
@@ -726,6 +727,11 @@ async fn record_many(
         .fetch_all(conn)
         .await?;
     rows.iter().map(|row| row.try_get(0)).collect()
+}
+
+/// The backend a group's pass runs on, once it started one.
+fn running_backend(backend: &std::sync::atomic::AtomicI32) -> Option<i32> {
+    Some(backend.load(std::sync::atomic::Ordering::SeqCst)).filter(|pid| *pid != 0)
 }
 
 /// Writes on each manual attempt won how and by whom it was asked for.
