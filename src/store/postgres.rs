@@ -332,9 +332,9 @@ impl PgStore {
                 let sent = std::time::Instant::now();
                 // The group's own statements take generic plans (see
                 // `lock_group`); the session's own plan cache mode comes
-                // back for the actions' statements.
-                // The mode is read in the subquery, whose row the outer
-                // target list (and so `set_config`) is computed from.
+                // back for the actions' statements. It is read in the
+                // subquery, whose row the outer target list (and so
+                // `set_config`) is computed from.
                 let (pid, plan_mode, _): (i32, String, String) = sqlx::query_as(
                     "SELECT s.pid, s.mode, set_config('plan_cache_mode', 'force_generic_plan', true)
                        FROM (SELECT pg_backend_pid() AS pid,
