@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
-    Asked, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord,
-    Lease, Reclaimable, Released, SqlLimits, Trigger, Work,
+    Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
+    Reclaimable, Released, SqlLimits, Trigger, Work,
 };
 use crate::engine::code::{self, Failure, Handler};
 use crate::period::Period;
@@ -161,29 +161,25 @@ impl SqliteStore {
             claims.push(claim(&mut tx, r).await?);
         }
         // How manual runs were asked for, on the attempts won, in the same
-        // commit: a statement per kind of ask (a call has one, as a rule).
-        let mut kinds: Vec<(Asked<'_>, Vec<(&str, i32)>)> = Vec::new();
-        for (r, claim) in requests.iter().zip(&claims) {
-            let (Some(asked), Claim::Won(lease)) = (r.asked, claim) else {
-                continue;
-            };
-            let pair = (lease.key.as_str(), lease.attempt);
-            match kinds.iter_mut().find(|(kind, _)| *kind == asked) {
-                Some((_, pairs)) => pairs.push(pair),
-                None => kinds.push((asked, vec![pair])),
-            }
-        }
-        for (asked, pairs) in kinds {
-            // The (key, attempt) pairs travel as one JSON array.
-            let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
+        // commit and one statement; (key, attempt, how, by) travel as one
+        // JSON array.
+        let asked: Vec<(&str, i32, &str, &str)> = requests
+            .iter()
+            .zip(&claims)
+            .filter_map(|(r, claim)| match (r.asked, claim) {
+                (Some(asked), Claim::Won(lease)) => {
+                    Some((lease.key.as_str(), lease.attempt, asked.how, asked.by))
+                }
+                _ => None,
+            })
+            .collect();
+        if !asked.is_empty() {
             sqlx::query(
-                "UPDATE scheduler_attempts SET asked = ?2, requested_by = ?3
-                  WHERE (period_key, attempt) IN
-                        (SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
+                "UPDATE scheduler_attempts SET asked = h.value ->> 2, requested_by = h.value ->> 3
+                   FROM json_each(?1) AS h
+                  WHERE period_key = h.value ->> 0 AND attempt = h.value ->> 1",
             )
-            .bind(pairs)
-            .bind(asked.how)
-            .bind(asked.by)
+            .bind(serde_json::to_string(&asked).unwrap_or_else(|_| "[]".into()))
             .execute(&mut *tx)
             .await?;
         }
