@@ -380,3 +380,56 @@ fn the_statements_of_a_group_plan_as_the_session_would_the_groups_own_generic() 
     );
     assert_eq!(other, 0, "an action ran under the group's plan cache mode");
 }
+
+#[test]
+fn templated_jobs_a_little_slow_share_few_transactions_from_their_first_fire() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    count(
+        &db.url,
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL, tx BIGINT NOT NULL)",
+    );
+    // 40 jobs of one statement of ~5 ms each: a second's fires take twice
+    // a group's budget, and no job has run before the first.
+    let mut toml = String::from("[scheduler]\nlease = \"10s\"\n");
+    for i in 0..40 {
+        toml.push_str(&format!(
+            "\n[[job]]\nname = \"t{i}\"\nschedule = \"* * * * * *\"\n\
+             sql = {{ statement = \"INSERT INTO burst_runs SELECT $1, txid_current() FROM pg_sleep(0.005)\", params = [\"{{period_key}}\"] }}\n"
+        ));
+    }
+    let ws = Workspace::new(&toml);
+    let server = serve(&ws, &db.url);
+    let first_fire = "SELECT count(*) FROM burst_runs";
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while count(&db.url, first_fire) == 0 {
+        assert!(std::time::Instant::now() < until, "nothing ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(stop(server), 0);
+    // Per fire: how many of the 40 ran, and in how many transactions
+    // (the first fire included). A transaction each would be 40; a
+    // commit for every period past a group's budget, 20.
+    let fires: Vec<(String, i64, i64)> = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query_as(
+            "SELECT substr(period_key, length(period_key) - 19), count(*), count(DISTINCT tx)
+                   FROM burst_runs GROUP BY 1 ORDER BY 1",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+    });
+    assert!(fires.len() >= 3, "too few fires to judge: {fires:?}");
+    // The last fire may have been cut by the stop.
+    for (label, ran, transactions) in &fires[..fires.len() - 1] {
+        assert_eq!(*ran, 40, "{label}: {ran} of 40 ran: {fires:?}");
+        assert!(
+            *transactions <= 10,
+            "{label}: 40 periods in {transactions} transactions: {fires:?}"
+        );
+    }
+}
