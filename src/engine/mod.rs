@@ -246,6 +246,18 @@ impl Engine {
     /// already is not claimed again. An error leaves every ask unclaimed
     /// (what the chunks before it won is released for the next try).
     pub async fn claim(&self, asks: &[Ask]) -> Result<Vec<Taken>, Error> {
+        self.claim_with(asks, true).await
+    }
+
+    /// [`Engine::claim`] for a scheduled burst: a key whose job another
+    /// replica is claiming at the same moment may come back
+    /// [`Claim::Contended`], for the caller to ask again, rather than wait
+    /// (see [`Store::claim_many_unqueued`]).
+    pub async fn claim_unqueued(&self, asks: &[Ask]) -> Result<Vec<Taken>, Error> {
+        self.claim_with(asks, false).await
+    }
+
+    async fn claim_with(&self, asks: &[Ask], wait: bool) -> Result<Vec<Taken>, Error> {
         let mut here: Vec<Option<RunningHere>> = Vec::with_capacity(asks.len());
         {
             let Ok(mut set) = self.running_here.lock() else {
@@ -282,7 +294,11 @@ impl Engine {
                     let requests: Vec<ClaimRequest<'_>> =
                         mine.iter().map(|ask| ask.request(&owner, lease)).collect();
                     let sent = Instant::now();
-                    (chunk, store.claim_many(&requests).await, sent)
+                    let claims = match wait {
+                        true => store.claim_many(&requests).await,
+                        false => store.claim_many_unqueued(&requests).await,
+                    };
+                    (chunk, claims, sent)
                 });
             }
             let Some(done) = running.join_next().await else {
@@ -412,6 +428,7 @@ fn metric_result(claim: &Claim) -> &'static str {
         Claim::Won(lease) if lease.trigger == Trigger::Recovery => "recovered",
         Claim::Won(_) => "won",
         Claim::Busy => "waiting",
+        Claim::Contended => "contended",
         Claim::Held { .. } => "held",
         Claim::Succeeded { .. } => "done",
         Claim::Failed { .. } => "failed",

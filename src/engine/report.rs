@@ -266,6 +266,14 @@ impl Report {
                     "no concurrency slot; waiting"
                 );
             }
+            Status::NotWon(Claim::Contended) => {
+                tracing::debug!(
+                    job,
+                    period_key = key,
+                    trigger,
+                    "another claim of the job under way; asking again"
+                );
+            }
             Status::NotWon(Claim::Succeeded { .. }) => {
                 tracing::info!(job, period_key = key, trigger, "already succeeded");
             }
@@ -296,6 +304,7 @@ pub fn not_won(claim: &Claim) -> String {
             failures,
         } => format!("failed {failures} time(s), no retries left"),
         Claim::Busy => "waiting for a concurrency slot".into(),
+        Claim::Contended => "another claim of the job under way".into(),
         Claim::Won(_) => "won".into(),
     }
 }

@@ -48,6 +48,9 @@ enum Event {
     /// No concurrency slot (or no database): try again at the next scan,
     /// or, for a slot, when a run of the job ends here.
     Again(String, Due),
+    /// Claims not decided because another claim of their jobs was under
+    /// way: asked for again now, whatever the catch-up window.
+    Contended(Vec<(String, Due)>),
     /// A run of this job ended here; its slot is free.
     Done(String),
     /// A run (or an `sql` group) ended; its `max_running` slot is free.
@@ -57,6 +60,12 @@ enum Event {
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     Paused(String, bool),
 }
+
+/// How long a claim kept undecided by another claim of the same jobs waits
+/// before it is asked for again: long enough for that claim, a statement of
+/// a few milliseconds, to commit, so that the keys are answered without a
+/// lock then.
+const CONTENDED_AGAIN: Duration = Duration::from_millis(100);
 
 /// The long-running scheduler.
 pub struct Service {
@@ -400,6 +409,16 @@ impl Service {
         match event {
             Event::Scanned(scanned) => self.scanned(*scanned),
             Event::Again(name, due) => self.wait(name, due),
+            Event::Contended(asks) => {
+                for (name, due) in asks {
+                    if let Some(job) = self.job(&name)
+                        && !*self.shutdown.borrow()
+                        && !self.paused.contains(&name)
+                    {
+                        self.pending.push((job, due));
+                    }
+                }
+            }
             // A slot of this job freed here: its oldest waiting period goes next.
             Event::Done(name) => self.release_waiting(&name, 1),
             Event::Free => {
@@ -642,7 +661,7 @@ impl Drop for FreeOnDrop {
 impl Batch {
     async fn go(mut self) {
         let asks: Vec<Ask> = self.units.iter().flatten().cloned().collect();
-        let taken = match self.engine.claim(&asks).await {
+        let taken = match self.engine.claim_unqueued(&asks).await {
             Ok(taken) => taken,
             Err(e) => {
                 tracing::warn!(periods = asks.len(), "cannot claim, will try again: {e}");
@@ -657,11 +676,16 @@ impl Batch {
         let mut taken = taken.into_iter();
         let units = std::mem::take(&mut self.units);
         let slots = std::mem::take(&mut self.slots);
+        let mut contended = Vec::new();
         for (unit, slot) in units.into_iter().zip(slots) {
             let mut won = Vec::new();
             for ask in unit {
                 match taken.next() {
                     Some(Taken::Won(w)) => won.push((ask, w)),
+                    Some(Taken::Not(Claim::Contended)) => {
+                        Report::not_run(&ask, Taken::Not(Claim::Contended)).log();
+                        contended.push((ask.job.name.clone(), ask.due));
+                    }
                     Some(not) => self.not_won(ask, not),
                     None => {}
                 }
@@ -689,6 +713,21 @@ impl Batch {
                 }
             });
         }
+        self.ask_again(contended);
+    }
+
+    /// Asks again for what another claim of the same jobs kept undecided,
+    /// once that claim is likely committed (and its keys answered without
+    /// a lock).
+    fn ask_again(&self, contended: Vec<(String, Due)>) {
+        if contended.is_empty() {
+            return;
+        }
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(CONTENDED_AGAIN).await;
+            let _ = events.send(Event::Contended(contended));
+        });
     }
 
     /// Logs an ask not won; one that found no concurrency slot waits for

@@ -142,6 +142,10 @@ pub enum Claim {
     },
     /// Claimable, but the job's concurrency slots are full.
     Busy,
+    /// Not decided: another transaction held the job's lock (another
+    /// replica claiming the same burst). Only a scheduled claim of several
+    /// keys on PostgreSQL answers so; it is asked for again shortly.
+    Contended,
 }
 
 /// How a run ended, to be recorded with its attempt.
@@ -420,10 +424,30 @@ impl Store {
     /// this batch won before it), with its attempt row. All requests share
     /// the first one's owner and lease.
     pub async fn claim_many(&self, requests: &[ClaimRequest<'_>]) -> Result<Vec<Claim>, Error> {
+        self.claim_batch(requests, true).await
+    }
+
+    /// [`Store::claim_many`] for a scheduled burst: on PostgreSQL the keys
+    /// of a job whose lock another transaction holds (another replica's
+    /// claim of the same burst) are answered [`Claim::Contended`] rather
+    /// than queued behind it, unless the batch is of one key. SQLite's
+    /// claims take turns as ever.
+    pub async fn claim_many_unqueued(
+        &self,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Claim>, Error> {
+        self.claim_batch(requests, false).await
+    }
+
+    async fn claim_batch(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        wait: bool,
+    ) -> Result<Vec<Claim>, Error> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let claims = bounded!(self.claim_many(requests))?;
+        let claims = bounded!(self.claim_many(requests, wait))?;
         if claims.len() != requests.len() {
             return Err(Error::Database(format!(
                 "database error: {} claims asked for, {} answered",

@@ -73,6 +73,9 @@ fn claim_of(row: &PgRow, key: &PeriodKey, label: &str) -> Result<Claim, sqlx::Er
             trigger: Trigger::parse(row.try_get("o_trigger")?),
         }));
     }
+    if row.try_get("o_contended")? {
+        return Ok(Claim::Contended);
+    }
     let Some(state) = row.try_get::<Option<String>, _>("o_state")? else {
         return Ok(Claim::Busy);
     };
@@ -200,9 +203,12 @@ impl PgStore {
         Ok(super::applied_since(migrator, &before))
     }
 
+    /// `wait`: for the jobs' locks, or else answer the keys of a job whose
+    /// lock another transaction holds contended (a batch of several keys).
     pub(super) async fn claim_many(
         &self,
         requests: &[ClaimRequest<'_>],
+        wait: bool,
     ) -> Result<Vec<Claim>, sqlx::Error> {
         let keys: Vec<PeriodKey> = requests.iter().map(ClaimRequest::key).collect();
         let column = |f: &dyn Fn(&ClaimRequest<'_>) -> String| -> Vec<String> {
@@ -229,7 +235,7 @@ impl PgStore {
             false => None,
         };
         let statement = sqlx::query(
-            "SELECT * FROM scheduler_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "SELECT * FROM scheduler_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&key_texts)
         .bind(&jobs)
@@ -242,7 +248,8 @@ impl PgStore {
         .bind(&force)
         .bind(&manual)
         .bind(requests[0].owner)
-        .bind(millis(requests[0].lease));
+        .bind(millis(requests[0].lease))
+        .bind(wait);
         let rows = match tx.as_mut() {
             Some(tx) => statement.fetch_all(&mut **tx).await?,
             None => statement.fetch_all(&self.pool).await?,

@@ -148,9 +148,11 @@ impl SqliteStore {
         self.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
+    /// `_wait`: claims take turns through the write lock, whatever it says.
     pub(super) async fn claim_many(
         &self,
         requests: &[ClaimRequest<'_>],
+        _wait: bool,
     ) -> Result<Vec<Claim>, sqlx::Error> {
         // One write transaction, so one commit for the whole batch; inside
         // it each key is the one-key claim statement, which sees what the

@@ -433,3 +433,70 @@ fn templated_jobs_a_little_slow_share_few_transactions_from_their_first_fire() {
         );
     }
 }
+
+#[test]
+fn a_burst_whose_job_another_transaction_is_claiming_runs_its_periods_once_the_claim_is_over() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    count(
+        &db.url,
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL)",
+    );
+    let mut toml = String::new();
+    for name in ["a", "b", "c"] {
+        toml.push_str(&format!(
+            "\n[[job]]\nname = \"{name}\"\nschedule = \"* * * * * *\"\n\
+             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
+        ));
+    }
+    let ws = Workspace::new(&toml);
+    let server = serve(&ws, &db.url);
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while count(&db.url, "SELECT count(*) FROM burst_runs") == 0 {
+        assert!(std::time::Instant::now() < until, "nothing ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Job a's lock held for 3 s by another transaction, as another
+    // replica's claim holds it: its fires meanwhile are asked for again
+    // until they can be decided.
+    let (url, (held_tx, held_rx)) = (db.url.clone(), std::sync::mpsc::channel());
+    let holder = std::thread::spawn(move || {
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+            let mut tx = conn.begin().await.unwrap();
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('scheduler_claims:a', 0))")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            held_tx.send(Utc::now()).unwrap();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            tx.commit().await.unwrap();
+        });
+    });
+    let held = held_rx.recv().unwrap();
+    holder.join().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(stop(server), 0);
+    let mut second = held.trunc_subsecs(0) + TimeDelta::seconds(1);
+    while second <= held + TimeDelta::seconds(4) {
+        let label = second.format("%Y-%m-%dT%H:%M:%SZ");
+        for job in ["a", "b", "c"] {
+            let ran = count(
+                &db.url,
+                &format!("SELECT count(*) FROM burst_runs WHERE period_key = '{job}:{label}'"),
+            );
+            assert_eq!(ran, 1, "{job}:{label} ran {ran} times");
+        }
+        second += TimeDelta::seconds(1);
+    }
+    let contended = count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_attempts WHERE period_key LIKE 'a:%' AND attempt > 1",
+    );
+    assert_eq!(
+        contended, 0,
+        "a period of a was taken over rather than claimed once"
+    );
+}

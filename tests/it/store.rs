@@ -620,6 +620,91 @@ async fn batches_racing_a_batch_and_one_key_claims_give_each_key_one_winner(db: 
     assert_eq!(winners, expected, "every key won exactly once");
 }
 
+async fn a_burst_claim_answers_a_job_another_transaction_is_claiming_contended(db: TestDb) {
+    let store = db.store().await;
+    let billing = months(&["2026-01", "2026-02"]);
+    let other = month("2026-01");
+    let mut burst = batch(&billing, "a", 10);
+    burst.push(ClaimRequest {
+        job: "other",
+        ..request(&other, "a")
+    });
+    // Another transaction holds billing's lock, as a claim of its keys on
+    // another replica does while it runs.
+    let holder = db.url.starts_with("postgres").then(|| {
+        let url = db.url.clone();
+        let (held, hold) = (
+            tokio::sync::oneshot::channel(),
+            tokio::sync::oneshot::channel::<()>(),
+        );
+        let (held_tx, held_rx) = held;
+        let (release, released) = hold;
+        let task = tokio::spawn(async move {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+            let mut tx = conn.begin().await.unwrap();
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock(hashtextextended('scheduler_claims:billing', 0))",
+            )
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            held_tx.send(()).unwrap();
+            let _ = released.await;
+            tx.commit().await.unwrap();
+        });
+        (held_rx, release, task)
+    });
+    let Some((held, release, task)) = holder else {
+        // SQLite: claims take turns through the write lock; nothing is
+        // contended.
+        let claims = store.claim_many_unqueued(&burst).await.unwrap();
+        assert_eq!(won_keys(&claims).len(), 3, "{claims:?}");
+        return;
+    };
+    held.await.unwrap();
+    let claims = store.claim_many_unqueued(&burst).await.unwrap();
+    assert!(
+        matches!(
+            claims[..],
+            [Claim::Contended, Claim::Contended, Claim::Won(_)]
+        ),
+        "billing's keys are not decided under another's lock, other's are: {claims:?}"
+    );
+    // A batch that waits, and a batch of one key, queue for the lock.
+    let later = month("2026-03");
+    let waiting = {
+        let store = db.store().await;
+        let later = later.clone();
+        tokio::spawn(async move {
+            let one = ClaimRequest {
+                concurrency: 10,
+                ..request(&later, "b")
+            };
+            store
+                .claim_many_unqueued(std::slice::from_ref(&one))
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a one-key claim did not wait for the lock"
+    );
+    release.send(()).unwrap();
+    task.await.unwrap();
+    assert_eq!(won_keys(&waiting.await.unwrap()), ["billing:2026-03"]);
+    // Asked again, the keys are decided: won once, and held after that.
+    let again = store.claim_many_unqueued(&burst[..2]).await.unwrap();
+    assert_eq!(won_keys(&again), ["billing:2026-01", "billing:2026-02"]);
+    let after = store.claim_many_unqueued(&burst[..2]).await.unwrap();
+    assert!(
+        after.iter().all(|c| matches!(c, Claim::Held { .. })),
+        "{after:?}"
+    );
+}
+
 fn won_keys(claims: &[Claim]) -> Vec<String> {
     claims
         .iter()
@@ -983,7 +1068,10 @@ macro_rules! conformance_db {
     };
 }
 
-conformance_db!(batches_racing_a_batch_and_one_key_claims_give_each_key_one_winner);
+conformance_db!(
+    batches_racing_a_batch_and_one_key_claims_give_each_key_one_winner,
+    a_burst_claim_answers_a_job_another_transaction_is_claiming_contended,
+);
 
 conformance!(
     a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_fails_alone,
