@@ -24,8 +24,9 @@ DECLARE
     -- Per key: its job's lock was held by another transaction (without
     -- `p_wait`).
     contended BOOLEAN[];
-    -- The jobs whose locks were held so.
+    -- The jobs whose locks were held so, or not tried after one that was.
     held TEXT[];
+    lock_job TEXT;
     cur scheduler_claims;
     busy BIGINT;
 BEGIN
@@ -87,11 +88,20 @@ BEGIN
         -- Without waiting: a job whose lock another transaction holds (the
         -- same burst claimed by another replica) has its keys answered
         -- `contended`, to be asked for again.
-        SELECT coalesce(array_agg(name), '{}') INTO held
-          FROM (SELECT DISTINCT k.job AS name
-                  FROM unnest(p_jobs) WITH ORDINALITY AS k(job, ord)
-                 WHERE NOT settled[k.ord]) AS jobs
-         WHERE NOT pg_try_advisory_xact_lock(hashtextextended('scheduler_claims:' || name, 0));
+        -- In name order, and none past the first held: two replicas
+        -- claiming the same burst at once do not split its keys between
+        -- them (and its groups into small ones); the first to take the
+        -- first lock takes them all.
+        held := '{}';
+        FOR lock_job IN SELECT DISTINCT k.job COLLATE "C"
+                     FROM unnest(p_jobs) WITH ORDINALITY AS k(job, ord)
+                    WHERE NOT settled[k.ord]
+                    ORDER BY 1 LOOP
+            IF cardinality(held) > 0
+               OR NOT pg_try_advisory_xact_lock(hashtextextended('scheduler_claims:' || lock_job, 0)) THEN
+                held := held || lock_job;
+            END IF;
+        END LOOP;
         SELECT array_agg(k.job = ANY(held) ORDER BY k.ord) INTO contended
           FROM unnest(p_jobs) WITH ORDINALITY AS k(job, ord);
         RETURN QUERY
@@ -175,6 +185,12 @@ BEGIN
       LEFT JOIN scheduler_claims c ON c.period_key = a.key;
 END
 $$;
+
+-- A claim marks the attempts its keys' earlier runners left running as
+-- lost: found through this index of the few running attempts, not by reading
+-- the whole history (the planner, counting few running ones, read it all).
+CREATE INDEX scheduler_attempts_running ON scheduler_attempts (period_key)
+    WHERE outcome = 'running';
 
 -- The call of earlier versions, kept for replicas not yet upgraded: a claim
 -- that waits for the locks.
