@@ -625,10 +625,13 @@ async fn a_burst_claim_answers_a_job_another_transaction_is_claiming_contended(d
     let billing = months(&["2026-01", "2026-02"]);
     let other = month("2026-01");
     let mut burst = batch(&billing, "a", 10);
-    burst.push(ClaimRequest {
-        job: "other",
-        ..request(&other, "a")
-    });
+    // Jobs' locks are taken in name order, none past the first held.
+    for job in ["audit", "zeta"] {
+        burst.push(ClaimRequest {
+            job,
+            ..request(&other, "a")
+        });
+    }
     // Another transaction holds billing's lock, as a claim of its keys on
     // another replica does while it runs.
     let holder = db.url.starts_with("postgres").then(|| {
@@ -659,7 +662,7 @@ async fn a_burst_claim_answers_a_job_another_transaction_is_claiming_contended(d
         // SQLite: claims take turns through the write lock; nothing is
         // contended.
         let claims = store.claim_many_unqueued(&burst).await.unwrap();
-        assert_eq!(won_keys(&claims).len(), 3, "{claims:?}");
+        assert_eq!(won_keys(&claims).len(), 4, "{claims:?}");
         return;
     };
     held.await.unwrap();
@@ -667,9 +670,14 @@ async fn a_burst_claim_answers_a_job_another_transaction_is_claiming_contended(d
     assert!(
         matches!(
             claims[..],
-            [Claim::Contended, Claim::Contended, Claim::Won(_)]
+            [
+                Claim::Contended,
+                Claim::Contended,
+                Claim::Won(_),
+                Claim::Contended
+            ]
         ),
-        "billing's keys are not decided under another's lock, other's are: {claims:?}"
+        "billing's keys (and the next job's) are not decided under another's lock, audit's are: {claims:?}"
     );
     // A batch that waits, and a batch of one key, queue for the lock.
     let later = month("2026-03");
@@ -1015,7 +1023,8 @@ async fn a_postgres_claim_reports_a_period_held_by_a_running_group_without_waiti
     assert!(matches!(claim, Claim::Held { .. }), "{claim:?}");
     let ends = group.await.unwrap().expect("not stopped");
     assert!(
-        matches!(ends[..], [GroupedEnd::Succeeded(took)] if took >= Duration::from_secs(3)),
+        // The time taken has the first statement's round trip taken off.
+        matches!(ends[..], [GroupedEnd::Succeeded(took)] if took >= Duration::from_millis(2_900)),
         "{ends:?}"
     );
 }
