@@ -24,8 +24,12 @@ DECLARE
     -- Per key: its job's lock was held by another transaction (without
     -- `p_wait`).
     contended BOOLEAN[];
-    -- The jobs whose locks were held so, or not tried after one that was.
+    -- The jobs whose locks were held so.
     held TEXT[];
+    -- The jobs to lock, in name order; the ones after the first, in the
+    -- order they are tried.
+    names TEXT[];
+    rest TEXT[];
     lock_job TEXT;
     cur scheduler_claims;
     busy BIGINT;
@@ -88,17 +92,27 @@ BEGIN
         -- Without waiting: a job whose lock another transaction holds (the
         -- same burst claimed by another replica) has its keys answered
         -- `contended`, to be asked for again.
-        -- In name order, and none past the first held: two replicas
-        -- claiming the same burst at once do not split its keys between
-        -- them (and its groups into small ones); the first to take the
-        -- first lock takes them all.
+        -- Each job's lock is tried on its own: a lock held for long (a
+        -- stuck transaction) keeps only that job's keys undecided. In name
+        -- order; when the first is held, most likely by another replica
+        -- claiming the same keys in the same order, the rest are tried
+        -- the other way round, so that the two meet once and each takes a
+        -- run of the keys, not every other one (which would split the
+        -- burst's `sql` groups into small ones).
+        SELECT coalesce(array_agg(j.name ORDER BY j.name), '{}') INTO names
+          FROM (SELECT DISTINCT k.job COLLATE "C" AS name
+                  FROM unnest(p_jobs) WITH ORDINALITY AS k(job, ord)
+                 WHERE NOT settled[k.ord]) AS j;
         held := '{}';
-        FOR lock_job IN SELECT DISTINCT k.job COLLATE "C"
-                     FROM unnest(p_jobs) WITH ORDINALITY AS k(job, ord)
-                    WHERE NOT settled[k.ord]
-                    ORDER BY 1 LOOP
-            IF cardinality(held) > 0
-               OR NOT pg_try_advisory_xact_lock(hashtextextended('scheduler_claims:' || lock_job, 0)) THEN
+        rest := names[2:];
+        IF cardinality(names) > 0
+           AND NOT pg_try_advisory_xact_lock(hashtextextended('scheduler_claims:' || names[1], 0)) THEN
+            held := ARRAY[names[1]];
+            SELECT coalesce(array_agg(n ORDER BY n COLLATE "C" DESC), '{}') INTO rest
+              FROM unnest(names[2:]) AS n;
+        END IF;
+        FOREACH lock_job IN ARRAY rest LOOP
+            IF NOT pg_try_advisory_xact_lock(hashtextextended('scheduler_claims:' || lock_job, 0)) THEN
                 held := held || lock_job;
             END IF;
         END LOOP;

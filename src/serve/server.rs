@@ -68,7 +68,7 @@ pub fn start(
 fn describe_metrics() {
     metrics::describe_counter!(
         "scheduler_claims_total",
-        "Claims asked for, by job and result (won, recovered, held, done, waiting, failed)."
+        "Claims asked for, by job and result (won, recovered, held, done, waiting, failed, contended)."
     );
     metrics::describe_counter!(
         "scheduler_runs_total",

@@ -441,7 +441,7 @@ fn a_burst_whose_job_another_transaction_is_claiming_runs_its_periods_once_the_c
     };
     count(
         &db.url,
-        "CREATE TABLE burst_runs (period_key TEXT NOT NULL)",
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
     );
     let mut toml = String::new();
     for name in ["a", "b", "c"] {
@@ -457,26 +457,29 @@ fn a_burst_whose_job_another_transaction_is_claiming_runs_its_periods_once_the_c
         assert!(std::time::Instant::now() < until, "nothing ran");
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Job a's lock held for 3 s by another transaction, as another
-    // replica's claim holds it: its fires meanwhile are asked for again
-    // until they can be decided.
+    // Job b's lock held for 3 s by another transaction, as another
+    // replica's claim (or anything stuck) holds it: its fires meanwhile are
+    // asked for again until they can be decided, and the jobs before and
+    // after it in name order run meanwhile.
     let (url, (held_tx, held_rx)) = (db.url.clone(), std::sync::mpsc::channel());
     let holder = std::thread::spawn(move || {
         tokio::runtime::Runtime::new().unwrap().block_on(async {
             use sqlx::Connection;
             let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
             let mut tx = conn.begin().await.unwrap();
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('scheduler_claims:a', 0))")
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('scheduler_claims:b', 0))")
                 .execute(&mut *tx)
                 .await
                 .unwrap();
             held_tx.send(Utc::now()).unwrap();
             tokio::time::sleep(Duration::from_secs(3)).await;
+            let released = Utc::now();
             tx.commit().await.unwrap();
-        });
+            released
+        })
     });
     let held = held_rx.recv().unwrap();
-    holder.join().unwrap();
+    let released = holder.join().unwrap();
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(stop(server), 0);
     let mut second = held.trunc_subsecs(0) + TimeDelta::seconds(1);
@@ -493,10 +496,26 @@ fn a_burst_whose_job_another_transaction_is_claiming_runs_its_periods_once_the_c
     }
     let contended = count(
         &db.url,
-        "SELECT count(*) FROM scheduler_attempts WHERE period_key LIKE 'a:%' AND attempt > 1",
+        "SELECT count(*) FROM scheduler_attempts WHERE period_key LIKE 'b:%' AND attempt > 1",
     );
     assert_eq!(
         contended, 0,
-        "a period of a was taken over rather than claimed once"
+        "a period of b was taken over rather than claimed once"
     );
+    // The other jobs did not wait for b's lock: what fired while it was
+    // held ran before it was given back.
+    let first = held.trunc_subsecs(0) + TimeDelta::seconds(1);
+    let last = released.trunc_subsecs(0) - TimeDelta::seconds(1);
+    assert!(first < last, "the lock was held too short to judge");
+    let late = count(
+        &db.url,
+        &format!(
+            "SELECT count(*) FROM burst_runs WHERE period_key !~ '^b:'
+              AND substr(period_key, 3) BETWEEN '{}' AND '{}' AND at >= '{}'",
+            first.format("%Y-%m-%dT%H:%M:%SZ"),
+            last.format("%Y-%m-%dT%H:%M:%SZ"),
+            released.to_rfc3339()
+        ),
+    );
+    assert_eq!(late, 0, "periods of a and c waited for b's lock");
 }
