@@ -372,8 +372,11 @@ impl PgStore {
                     // Statements run without savepoints first (one round
                     // trip each); one that fails rolls the pass back, and
                     // the group runs again with a savepoint per statement.
+                    // A statement that ended its own connection took the
+                    // transaction with it: nothing of the pass committed,
+                    // and the next pass runs on another connection.
                     Pass::FailedAt(i, error) => {
-                        tx.rollback().await?;
+                        let _ = tx.rollback().await;
                         failed[i] = Some(error);
                         careful = true;
                         continue;
@@ -818,7 +821,8 @@ enum Pass {
     Done,
     /// Stopped through the cancel.
     Stopped,
-    /// Statement `i` failed outside a savepoint: the transaction is lost.
+    /// Statement `i` failed outside a savepoint, or ended the connection:
+    /// the transaction is lost.
     FailedAt(usize, String),
     /// Handler `i`'s transaction is gone (it ended it, or the session was
     /// ended under it): its end is recorded on its own.
@@ -927,7 +931,13 @@ async fn run_pass(
             // The handler's transaction is gone: it ended it itself, or
             // the server ended the session under it.
             Err(e) if run.work.is_code() => return Ok(Pass::Ended(i, lost_transaction(&e))),
-            Err(e) => return Err(e),
+            // The statement failed and the connection with it (a statement
+            // that ends its own session): its failure is known, the pass
+            // is lost.
+            Err(e) => match failure {
+                Some(GroupedEnd::Failed(error)) => return Ok(Pass::FailedAt(i, error)),
+                _ => return Err(e),
+            },
         }
         ends.push(failure.unwrap_or(GroupedEnd::Succeeded(took.saturating_sub(round_trip))));
     }

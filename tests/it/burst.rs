@@ -519,3 +519,47 @@ fn a_burst_whose_job_another_transaction_is_claiming_runs_its_periods_once_the_c
     );
     assert_eq!(late, 0, "periods of a and c waited for b's lock");
 }
+
+#[test]
+fn a_statement_that_ends_its_own_connection_fails_its_period_and_is_not_recovered_again_and_again()
+{
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    count(
+        &db.url,
+        "CREATE TABLE burst_runs (period_key TEXT NOT NULL)",
+    );
+    // Alone (it never proves quick), and beside quick jobs.
+    let mut toml = String::from(
+        "[scheduler]\nlease = \"3s\"\nscan_interval = \"1s\"\n\n[[job]]\nname = \"evil\"\nschedule = \"* * * * * *\"\n\
+         sql = { statement = \"SELECT pg_terminate_backend(pg_backend_pid())\" }\n",
+    );
+    for i in 0..3 {
+        toml.push_str(&format!(
+            "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
+             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
+        ));
+    }
+    let ws = Workspace::new(&toml);
+    let server = serve(&ws, &db.url);
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(stop(server), 0);
+    // Each period of evil failed at its first attempt (no retries are
+    // configured): none was left running for a recovery after its lease.
+    let failed = count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_claims WHERE job = 'evil' AND state = 'failed' AND attempt = 1",
+    );
+    let again = count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_claims WHERE attempt > 1",
+    );
+    assert!(failed >= 3, "{failed} periods of evil failed at once");
+    assert_eq!(again, 0, "{again} periods were recovered after their lease");
+    let error = count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_attempts WHERE period_key LIKE 'evil:%' AND outcome = 'failed' AND error LIKE 'SQL failed:%'",
+    );
+    assert!(error >= 3, "the failures do not say the statement failed");
+}
