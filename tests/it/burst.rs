@@ -105,6 +105,19 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
     }
 }
 
+/// `n` every-second `sql` jobs, `good0`…, each inserting its period key
+/// into `burst_runs`.
+fn good_jobs(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
+                 sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
+            )
+        })
+        .collect()
+}
+
 /// Takes about a second per million of `n` on SQLite, far less otherwise:
 /// a write whose time depends on its period.
 const SLOW_FOR_MINUTE_00: &str = "INSERT INTO group_runs SELECT $1, max(x) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < CASE WHEN $1 LIKE '%:00' THEN 1000000000 ELSE 10 END) SELECT x FROM c)";
@@ -206,12 +219,7 @@ fn a_job_whose_statement_ends_its_own_connection_harms_no_other_job() {
         "[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\n\n[[job]]\nname = \"evil\"\nschedule = \"* * * * * *\"\n\
          sql = { statement = \"SELECT pg_terminate_backend(pg_backend_pid())\" }\n",
     );
-    for i in 0..5 {
-        toml.push_str(&format!(
-            "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
-             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
-        ));
-    }
+    toml.push_str(&good_jobs(5));
     let ws = Workspace::new(&toml);
     let started = Utc::now();
     let server = serve(&ws, &db.url);
@@ -314,12 +322,7 @@ fn a_job_that_breaks_its_transaction_every_other_run_soon_runs_alone_for_good() 
         "[scheduler]\nlease = \"3s\"\nscan_interval = \"1s\"\n\n[[job]]\nname = \"flaky\"\nschedule = \"* * * * * *\"\n\
          sql = { statement = \"SELECT CASE WHEN extract(second from now())::int % 2 = 0 THEN pg_terminate_backend(pg_backend_pid()) ELSE true END\" }\n",
     );
-    for i in 0..3 {
-        toml.push_str(&format!(
-            "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
-             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
-        ));
-    }
+    toml.push_str(&good_jobs(3));
     let ws = Workspace::new(&toml);
     let server = serve(&ws, &db.url);
     std::thread::sleep(Duration::from_secs(16));
@@ -535,12 +538,7 @@ fn a_statement_that_ends_its_own_connection_fails_its_period_and_is_not_recovere
         "[scheduler]\nlease = \"3s\"\nscan_interval = \"1s\"\n\n[[job]]\nname = \"evil\"\nschedule = \"* * * * * *\"\n\
          sql = { statement = \"SELECT pg_terminate_backend(pg_backend_pid())\" }\n",
     );
-    for i in 0..3 {
-        toml.push_str(&format!(
-            "\n[[job]]\nname = \"good{i}\"\nschedule = \"* * * * * *\"\n\
-             sql = {{ statement = \"INSERT INTO burst_runs VALUES ($1)\", params = [\"{{period_key}}\"] }}\n"
-        ));
-    }
+    toml.push_str(&good_jobs(3));
     let ws = Workspace::new(&toml);
     let server = serve(&ws, &db.url);
     std::thread::sleep(Duration::from_secs(8));
