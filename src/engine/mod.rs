@@ -294,11 +294,7 @@ impl Engine {
                     let requests: Vec<ClaimRequest<'_>> =
                         mine.iter().map(|ask| ask.request(&owner, lease)).collect();
                     let sent = Instant::now();
-                    let claims = match wait {
-                        true => store.claim_many(&requests).await,
-                        false => store.claim_many_unqueued(&requests).await,
-                    };
-                    (chunk, claims, sent)
+                    (chunk, store.claim_batch(&requests, wait).await, sent)
                 });
             }
             let Some(done) = running.join_next().await else {

@@ -439,7 +439,8 @@ impl Store {
         self.claim_batch(requests, false).await
     }
 
-    async fn claim_batch(
+    /// [`Store::claim_many`] (`wait`) or [`Store::claim_many_unqueued`].
+    pub(crate) async fn claim_batch(
         &self,
         requests: &[ClaimRequest<'_>],
         wait: bool,

@@ -376,7 +376,9 @@ impl PgStore {
                     // transaction with it: nothing of the pass committed,
                     // and the next pass runs on another connection.
                     Pass::FailedAt(i, error) => {
-                        let _ = tx.rollback().await;
+                        if tx.rollback().await.is_err() {
+                            let _ = conn.close().await;
+                        }
                         failed[i] = Some(error);
                         careful = true;
                         continue;
