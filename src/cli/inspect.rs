@@ -210,12 +210,18 @@ impl JobStatus<'_> {
         };
         let running: Vec<String> = self
             .running()
-            .map(|row| match row.as_claim() {
-                Claim::Held { owner, until } => format!(
+            .map(|row| match (row.as_claim(), row.state.as_str()) {
+                (Claim::Held { owner, until }, "released") => format!(
+                    "{} released, stopping on {owner}, {}s left",
+                    row.period_key,
+                    (until - now).num_seconds().max(0)
+                ),
+                (Claim::Held { owner, until }, _) => format!(
                     "{} on {owner}, {}s left",
                     row.period_key,
                     (until - now).num_seconds().max(0)
                 ),
+                (_, "released") => format!("{} released ({})", row.period_key, row.owner),
                 _ => format!("{} lease expired ({})", row.period_key, row.owner),
             })
             .collect();
@@ -290,7 +296,7 @@ impl JobStatus<'_> {
                     "state": row.state,
                     "lease_until": row.lease_until.map(utc_text),
                     "lease_left_s": row.lease_until.filter(|_| held).map(|u| (u - now).num_seconds().max(0)),
-                    "lease_expired": !held,
+                    "lease_expired": !held && row.state == "running",
                 })
             })
             .collect();
@@ -391,6 +397,11 @@ fn describe(row: &ClaimRow) -> String {
         (_, "running") => format!(
             "lease expired at {} (its runner {} stopped or died); the next run or serve recovers it",
             time(row.lease_until),
+            row.owner
+        ),
+        (_, "released") => format!(
+            "released by `scheduler release` at {} and let go by its runner {}; the next run or serve runs it again",
+            time(row.finished_at),
             row.owner
         ),
         (_, "failed") => match row.retry_at {

@@ -1,7 +1,8 @@
 //! What is due for a job at an instant: the latest fire's period and the
 //! missed ones before it. One answer for `run` and for `serve`'s scan.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
@@ -82,6 +83,103 @@ pub fn standing(
     (state, fire)
 }
 
+/// `serve`'s overdue gauge, counted each minute from what the count before
+/// it found: a job's fires are listed once, then only the new ones, and
+/// only its periods not yet found succeeded are looked up again (normally
+/// the one in flight). Counting afresh each minute, as `status` does once,
+/// looked up every period of the catch-up window of every job: for 10,000
+/// every-minute jobs a day after they were first seen, 14 million keys a
+/// minute on every replica.
+#[derive(Default)]
+pub struct OverdueCount {
+    jobs: HashMap<String, Open>,
+}
+
+/// A job's due periods not yet found succeeded.
+struct Open {
+    /// The definition they were listed under: another one (a reload) lists
+    /// them afresh.
+    job: Arc<Job>,
+    /// Fires listed up to here.
+    upto: DateTime<Utc>,
+    /// Key by fire.
+    keys: BTreeMap<DateTime<Utc>, String>,
+}
+
+impl OverdueCount {
+    /// The number of overdue periods of each of `jobs` (as [`overdue`]
+    /// has them), by job name.
+    pub async fn count(
+        &mut self,
+        store: &Store,
+        jobs: &[Arc<Job>],
+        catch_up: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<HashMap<String, usize>, Error> {
+        let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
+        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        let first_seen = store.first_seen(&names).await?;
+        self.jobs.retain(|name, _| first_seen.contains_key(name));
+        for job in jobs {
+            let Some(seen) = first_seen.get(&job.name) else {
+                continue;
+            };
+            let since = window.max(*seen);
+            let open = self.jobs.entry(job.name.clone()).or_insert_with(|| Open {
+                job: job.clone(),
+                upto: since,
+                keys: BTreeMap::new(),
+            });
+            // Only `missed = "all"` keeps what was due before: with the
+            // others only the latest fire is due, listed afresh each time.
+            let from = if Arc::ptr_eq(&open.job, job) && job.missed == Missed::All {
+                open.upto.max(since)
+            } else {
+                open.keys.clear();
+                since
+            };
+            open.job = job.clone();
+            open.keys = open.keys.split_off(&since);
+            for d in due(job, now, from, true)
+                .into_iter()
+                .filter(|d| d.fire >= from)
+            {
+                open.keys
+                    .entry(d.fire)
+                    .or_insert_with(|| PeriodKey::new(&job.name, &d.period.label).to_string());
+            }
+            open.upto = now + TimeDelta::nanoseconds(1);
+        }
+        let wanted: Vec<(String, DateTime<Utc>, String)> = self
+            .jobs
+            .iter()
+            .flat_map(|(name, open)| {
+                open.keys
+                    .iter()
+                    .map(|(fire, key)| (name.clone(), *fire, key.clone()))
+            })
+            .collect();
+        let mut counted: HashMap<String, usize> = HashMap::new();
+        for chunk in wanted.chunks(1_000) {
+            let keys: Vec<String> = chunk.iter().map(|(_, _, key)| key.clone()).collect();
+            let rows = store.rows(&keys).await?;
+            for (name, fire, key) in chunk {
+                match rows.get(key).map(ClaimRow::as_claim) {
+                    // Succeeded stays so: not looked up again.
+                    Some(Claim::Succeeded { .. }) => {
+                        if let Some(open) = self.jobs.get_mut(name) {
+                            open.keys.remove(fire);
+                        }
+                    }
+                    Some(Claim::Held { .. }) => {}
+                    _ => *counted.entry(name.clone()).or_default() += 1,
+                }
+            }
+        }
+        Ok(counted)
+    }
+}
+
 /// The overdue periods of each of `jobs`, by job name: due within the
 /// catch-up window and after the job was first seen (`serve` never runs a
 /// fire from before), with no success and nothing running. A few
@@ -127,4 +225,83 @@ pub async fn overdue(
         }
     }
     Ok(overdue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::engine::{Ask, Engine, Taken};
+
+    /// The gauge's count, kept from one count to the next, agrees with a
+    /// count afresh at every step: new fires, a success, a failure.
+    #[tokio::test]
+    async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        store.migrate().await.expect("migrated");
+        let engine = Engine::new(
+            store.clone(),
+            std::time::Duration::from_secs(30),
+            "t".into(),
+        )
+        .expect("an engine");
+        let text = "[[job]]\nname = \"ok\"\nschedule = \"* * * * * *\"\nsql = { statement = \"SELECT 1\" }\n\n\
+                    [[job]]\nname = \"bad\"\nschedule = \"* * * * * *\"\nsql = { statement = \"SELECT nope\" }\n\n\
+                    [[job]]\nname = \"latest\"\nschedule = \"* * * * * *\"\nmissed = \"latest\"\nsql = { statement = \"SELECT 1\" }\n";
+        let config =
+            Config::parse(std::path::Path::new("jobs.toml"), text, &|_| None).expect("valid jobs");
+        let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
+        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        store.see_jobs(&names).await.expect("jobs seen");
+        let catch_up = std::time::Duration::from_secs(3600);
+        let mut kept = OverdueCount::default();
+        let afresh = |now| {
+            let store = store.clone();
+            let jobs = jobs.clone();
+            async move {
+                let refs: Vec<&Job> = jobs.iter().map(|j| &**j).collect();
+                let all = overdue(&store, &refs, catch_up, now)
+                    .await
+                    .expect("a count");
+                all.into_iter()
+                    .map(|(job, keys)| (job, keys.len()))
+                    .collect::<HashMap<String, usize>>()
+            }
+        };
+        let mut seen = Vec::new();
+        for step in 0..4 {
+            tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+            let now = Utc::now();
+            if step == 2 {
+                // Run every due period of `ok` and `bad`: the first
+                // succeed, the second fail for good.
+                for job in &jobs[..2] {
+                    let since = now - TimeDelta::seconds(10);
+                    for d in due(job, now, since, true) {
+                        let ask = Ask::scheduled(job.clone(), d);
+                        let taken = engine
+                            .claim(std::slice::from_ref(&ask))
+                            .await
+                            .expect("a claim");
+                        if let Some(Taken::Won(won)) = taken.into_iter().next() {
+                            let (_stop, stop_now) = tokio::sync::watch::channel(false);
+                            engine.run(&ask, won, stop_now).await;
+                        }
+                    }
+                }
+            }
+            let counted = kept
+                .count(&store, &jobs, catch_up, now)
+                .await
+                .expect("a count");
+            assert_eq!(counted, afresh(now).await, "step {step}");
+            seen.push(counted);
+        }
+        assert!(seen[0].get("ok").copied().unwrap_or(0) >= 1, "{seen:?}");
+        assert_eq!(seen[2].get("ok"), None, "{seen:?}");
+        assert!(seen[2].get("bad").copied().unwrap_or(0) >= 3, "{seen:?}");
+        assert_eq!(seen[3].get("latest"), Some(&1), "{seen:?}");
+    }
 }

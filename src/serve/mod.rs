@@ -12,7 +12,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, Job, Missed, Settings};
-use crate::engine::due::{Due, due};
+use crate::engine::due::{Due, OverdueCount, due};
 use crate::engine::{Ask, CLAIM_BATCH, Engine, Report, SQL_GROUP, Status, Taken};
 use crate::error::{Error, Outcome};
 use crate::period::PeriodKey;
@@ -99,6 +99,9 @@ pub struct Service {
     api: Arc<api::Api>,
     /// Whether the database-wide gauges are published (`--listen`).
     gauges: bool,
+    /// The overdue gauge's count, kept from one minute to the next; held
+    /// by the count running now.
+    overdue: Arc<tokio::sync::Mutex<OverdueCount>>,
     /// Whether freed heap is handed back after start-up.
     trim: bool,
 }
@@ -152,6 +155,7 @@ impl Service {
             #[cfg(feature = "server")]
             api,
             gauges: false,
+            overdue: Arc::default(),
             trim: false,
         }
     }
@@ -183,20 +187,23 @@ impl Service {
     }
 
     /// Counts overdue and retries-exhausted periods per job in a task of
-    /// its own (a few statements for all jobs), never in front of a fire.
+    /// its own, never in front of a fire; skipped while the count before
+    /// is still running.
     fn publish_gauges(&self) {
+        let Ok(mut count) = self.overdue.clone().try_lock_owned() else {
+            return;
+        };
         let jobs = self.jobs.clone();
         let store = self.engine.store().clone();
         let catch_up = self.settings.catch_up;
         tokio::spawn(async move {
-            let refs: Vec<&Job> = jobs.iter().map(|j| &**j).collect();
-            let overdue = crate::engine::due::overdue(&store, &refs, catch_up, Utc::now()).await;
+            let overdue = count.count(&store, &jobs, catch_up, Utc::now()).await;
             let exhausted = store.exhausted().await;
             let (Ok(overdue), Ok(exhausted)) = (overdue, exhausted) else {
                 return;
             };
             for job in &jobs {
-                let late = overdue.get(&job.name).map_or(0, Vec::len);
+                let late = overdue.get(&job.name).copied().unwrap_or(0);
                 metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone())
                     .set(late as f64);
                 let spent = exhausted.get(&job.name).copied().unwrap_or(0);
@@ -731,16 +738,75 @@ impl Batch {
     }
 
     /// Logs an ask not won; one that found no concurrency slot waits for
-    /// one.
+    /// one: a fire as a catch-up, inside the catch-up window; a recovery as
+    /// a recovery, whatever its age. Its period was claimed once and must
+    /// still be finished, and, as the oldest fire waiting, it takes the
+    /// next free slot (turned into a catch-up, a short `catch_up` dropped
+    /// it, and newer fires took the slot at every scan).
     fn not_won(&self, ask: Ask, taken: Taken) {
         let report = Report::not_run(&ask, taken);
         report.log();
         if let Status::NotWon(Claim::Busy) = report.status {
-            let due = Due {
-                trigger: Trigger::CatchUp,
-                ..ask.due
+            let trigger = match ask.due.trigger {
+                Trigger::Recovery => Trigger::Recovery,
+                _ => Trigger::CatchUp,
             };
+            let due = Due { trigger, ..ask.due };
             let _ = self.events.send(Event::Again(ask.job.name.clone(), due));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_recovery_that_finds_no_free_slot_waits_as_a_recovery() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        store.migrate().await.expect("migrated");
+        let engine =
+            Engine::new(store, Duration::from_secs(30), "test".to_owned()).expect("an engine");
+        let text = "[[job]]\nname = \"j\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\n";
+        let mut config =
+            Config::parse(std::path::Path::new("jobs.toml"), text, &|_| None).expect("a valid job");
+        let job = Arc::new(config.jobs.remove(0));
+        let now = Utc::now();
+        let dues = due(&job, now, now - TimeDelta::minutes(3), true);
+        // The latest period runs, and its claim holds the job's one slot ...
+        let latest = dues.last().expect("a latest fire").clone();
+        let won = engine
+            .claim(&[Ask::scheduled(job.clone(), latest)])
+            .await
+            .expect("a claim");
+        assert!(matches!(won[0], Taken::Won(_)));
+        // ... when an older period comes back as a recovery.
+        let recovery = Due {
+            trigger: Trigger::Recovery,
+            ..dues[0].clone()
+        };
+        let (events, mut received) = mpsc::unbounded_channel();
+        let (_stop, stop_now) = watch::channel(false);
+        let batch = Batch {
+            engine,
+            units: vec![vec![Ask::scheduled(job, recovery)]],
+            slots: vec![FreeOnDrop(events.clone())],
+            stop_now,
+            events,
+        };
+        batch.go().await;
+        loop {
+            match received.recv().await.expect("an event") {
+                Event::Again(name, due) => {
+                    assert_eq!(name, "j");
+                    assert_eq!(due.trigger, Trigger::Recovery);
+                    break;
+                }
+                Event::Free => {}
+                _ => panic!("neither waiting nor a freed slot"),
+            }
         }
     }
 }

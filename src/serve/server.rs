@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -30,6 +30,22 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(super::api::MAX_WAIT + 
 
 /// How often `serve` deletes Idempotency-Keys and API runs past `key_ttl`.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// How often the recorder moves recorded durations into their histograms.
+/// The samples wait in a buffer until then (or until a scrape): without it,
+/// a replica nobody scrapes grows by every fire's samples, for good.
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// The buckets of `scheduler_fire_lateness_seconds`, in seconds: a fire is
+/// normally a few milliseconds late, a burst of thousands of jobs about a
+/// second.
+const LATENESS_BUCKETS: [f64; 10] = [0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0, 60.0];
+
+/// The buckets of `scheduler_run_duration_seconds`, in seconds: from a
+/// no-op statement to a day.
+const DURATION_BUCKETS: [f64; 11] = [
+    0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 21_600.0, 86_400.0,
+];
 
 /// How long a connection over the cap has to send its request head.
 const SPARE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
@@ -52,16 +68,36 @@ pub fn start(
     api: Arc<Api>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
-    let handle = PrometheusBuilder::new().install_recorder().map_err(|e| {
-        Error::Environment(anyhow::anyhow!("cannot install the metrics recorder: {e}"))
-    })?;
+    let handle = recorder()
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| {
+            Error::Environment(anyhow::anyhow!("cannot install the metrics recorder: {e}"))
+        })?;
     describe_metrics();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /v1/");
     }
+    tokio::spawn(upkeep(handle.clone(), shutdown.clone()));
     tokio::spawn(prune_keys(api.clone(), shutdown.clone()));
     tokio::spawn(serve(listener, router(handle, api), shutdown));
     Ok(())
+}
+
+/// The recorder, with durations as Prometheus histograms of fixed buckets:
+/// a few hundred bytes per job, summed across replicas by
+/// `histogram_quantile`. The exporter's default summaries keep sketches of
+/// up to 256 KB per job and 20 s window, and cannot be added up across
+/// replicas.
+fn recorder() -> Result<PrometheusBuilder, BuildError> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("scheduler_fire_lateness_seconds".to_owned()),
+            &LATENESS_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("scheduler_run_duration_seconds".to_owned()),
+            &DURATION_BUCKETS,
+        )
 }
 
 /// The `# HELP` line of every metric.
@@ -125,6 +161,17 @@ fn describe_metrics() {
 }
 
 /// Deletes expired Idempotency-Keys and API runs now and then.
+/// Drains the recorded durations into their rolling summaries every
+/// [`METRICS_UPKEEP`], scraped or not, so that their memory stays bounded.
+async fn upkeep(handle: PrometheusHandle, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(METRICS_UPKEEP) => handle.run_upkeep(),
+            _ = shutdown.wait_for(|down| *down) => return,
+        }
+    }
+}
+
 async fn prune_keys(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {

@@ -292,6 +292,7 @@ fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
             "[scheduler]\nlease = \"1s\"\n\n\
              [[job]]\nname = \"paused\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"true\"]\n\n\
              [[job]]\nname = \"stuck\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"sleep 30\"\n\n\
+             [[job]]\nname = \"freed\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"sleep 30\"\n\n\
              [[job]]\nname = \"broken\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"exit 4\"\nretry = { attempts = 1 }\n\n\
              [[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n\n\
              [[job]]\nname = \"archive\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"true\"]\n",
@@ -326,6 +327,22 @@ fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
         });
         stuck.kill().unwrap();
         stuck.wait().unwrap();
+        // Released by hand: its runner stops the job, lets the claim go
+        // and ends.
+        let freed = ws
+            .command(&["--database-url", url, "run", "freed", "--period", "2026-07"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        eventually("freed runs", BOUND, || {
+            crate::support::count(
+                url,
+                "SELECT count(*) FROM scheduler_claims WHERE period_key = 'freed:2026-07'",
+            ) == 1
+        });
+        ok(&["release", "freed", "--period", "2026-07"]);
+        crate::support::wait(freed, BOUND);
         std::thread::sleep(Duration::from_secs(3));
         let text = ws.run(&["--database-url", url, "status"]);
         assert_eq!(text.code(), 0, "{}", text.stderr());
@@ -346,6 +363,11 @@ fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
         assert!(line("paused").contains("paused"), "{out}");
         assert!(
             line("stuck").contains("stuck:2026-07 lease expired"),
+            "{out}"
+        );
+        assert!(
+            line("freed").contains("freed:2026-07 released (")
+                && !line("freed").contains("expired"),
             "{out}"
         );
         assert!(

@@ -488,6 +488,18 @@ fn listen_serves_healthz_and_prometheus_metrics() {
     eventually("a run in /metrics", BOUND, || {
         get("/metrics").contains("scheduler_runs_total{job=\"tick\",outcome=\"succeeded\"}")
     });
+    // Durations are histograms of fixed buckets (a few hundred bytes per
+    // job, added up across replicas), not the exporter's summaries.
+    let metrics = get("/metrics");
+    for line in [
+        "# TYPE scheduler_fire_lateness_seconds histogram",
+        "scheduler_fire_lateness_seconds_bucket{job=\"tick\",le=\"0.01\"}",
+        "# TYPE scheduler_run_duration_seconds histogram",
+        "scheduler_run_duration_seconds_bucket{job=\"tick\",le=\"+Inf\"}",
+    ] {
+        assert!(metrics.contains(line), "no `{line}` in {metrics}");
+    }
+    assert!(!metrics.contains("quantile="), "{metrics}");
     assert!(get("/nope").starts_with("HTTP/1.1 404"));
     assert_eq!(stop(replica), 0);
 }
