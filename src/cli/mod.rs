@@ -158,11 +158,11 @@ pub enum Command {
     },
 }
 
-/// `scheduler run`.
+/// `scheduler run`: a job, or `--all` (a missing one names both).
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["job", "all"])))]
 pub struct RunArgs {
     /// The job to run.
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
     pub job: Option<String>,
     /// Every job in jobs.toml.
     #[arg(long)]

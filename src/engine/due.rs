@@ -120,6 +120,10 @@ impl OverdueCount {
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         let first_seen = store.first_seen(&names).await?;
         self.jobs.retain(|name, _| first_seen.contains_key(name));
+        let mut counted: HashMap<String, usize> = HashMap::new();
+        // Periods to look up, a statement's worth at a time: the new fires
+        // of a minute (60 of an every-second job) are never all held.
+        let mut asked: Vec<(String, DateTime<Utc>, String)> = Vec::new();
         for job in jobs {
             let Some(seen) = first_seen.get(&job.name) else {
                 continue;
@@ -139,46 +143,60 @@ impl OverdueCount {
                 since
             };
             open.job = job.clone();
-            open.keys = open.keys.split_off(&since);
-            for d in due(job, now, from, true)
+            open.upto = now + TimeDelta::nanoseconds(1);
+            let kept = std::mem::take(&mut open.keys).split_off(&since);
+            let new = due(job, now, from, true)
                 .into_iter()
                 .filter(|d| d.fire >= from)
-            {
-                open.keys
-                    .entry(d.fire)
-                    .or_insert_with(|| PeriodKey::new(&job.name, &d.period.label).to_string());
-            }
-            open.upto = now + TimeDelta::nanoseconds(1);
-        }
-        let wanted: Vec<(String, DateTime<Utc>, String)> = self
-            .jobs
-            .iter()
-            .flat_map(|(name, open)| {
-                open.keys
-                    .iter()
-                    .map(|(fire, key)| (name.clone(), *fire, key.clone()))
-            })
-            .collect();
-        let mut counted: HashMap<String, usize> = HashMap::new();
-        for chunk in wanted.chunks(1_000) {
-            let keys: Vec<String> = chunk.iter().map(|(_, _, key)| key.clone()).collect();
-            let rows = store.rows(&keys).await?;
-            for (name, fire, key) in chunk {
-                match rows.get(key).map(ClaimRow::as_claim) {
-                    // Succeeded stays so: not looked up again.
-                    Some(Claim::Succeeded { .. }) => {
-                        if let Some(open) = self.jobs.get_mut(name) {
-                            open.keys.remove(fire);
-                        }
-                    }
-                    Some(Claim::Held { .. }) => {}
-                    _ => *counted.entry(name.clone()).or_default() += 1,
+                .map(|d| {
+                    (
+                        d.fire,
+                        PeriodKey::new(&job.name, &d.period.label).to_string(),
+                    )
+                });
+            for (fire, key) in kept.into_iter().chain(new) {
+                asked.push((job.name.clone(), fire, key));
+                if asked.len() == LOOKUP_CHUNK {
+                    self.look_up(store, &mut asked, &mut counted).await?;
                 }
             }
         }
+        self.look_up(store, &mut asked, &mut counted).await?;
         Ok(counted)
     }
+
+    /// Looks `asked` up, emptying it: a period found succeeded is done
+    /// with, one running stays open, the rest stay open and are counted.
+    async fn look_up(
+        &mut self,
+        store: &Store,
+        asked: &mut Vec<(String, DateTime<Utc>, String)>,
+        counted: &mut HashMap<String, usize>,
+    ) -> Result<(), Error> {
+        if asked.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = asked.iter().map(|(_, _, key)| key.clone()).collect();
+        let rows = store.rows(&keys).await?;
+        for (name, fire, key) in asked.drain(..) {
+            let claim = rows.get(&key).map(ClaimRow::as_claim);
+            // Succeeded stays so: not looked up again.
+            if matches!(claim, Some(Claim::Succeeded { .. })) {
+                continue;
+            }
+            if !matches!(claim, Some(Claim::Held { .. })) {
+                *counted.entry(name.clone()).or_default() += 1;
+            }
+            if let Some(open) = self.jobs.get_mut(&name) {
+                open.keys.insert(fire, key);
+            }
+        }
+        Ok(())
+    }
 }
+
+/// How many keys one statement looks up.
+const LOOKUP_CHUNK: usize = 1_000;
 
 /// The overdue periods of each of `jobs`, by job name: due within the
 /// catch-up window and after the job was first seen (`serve` never runs a

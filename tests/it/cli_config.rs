@@ -243,7 +243,7 @@ fn bad_flags_exit_2_and_name_the_flag() {
             &["--log-format", "xml", "check"],
             &["'--log-format <LOG_FORMAT>'", "text, json"],
         ),
-        (&["run"], &["required", "<JOB>"]),
+        (&["run"], &["required", "<JOB|--all>"]),
         (&["run", "billing", "--all"], &["cannot be used with"]),
         (&["run", "billing", "--from", "2026-01"], &["--to"]),
     ];
