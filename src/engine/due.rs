@@ -211,7 +211,10 @@ pub async fn overdue(
     let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
     let first_seen = store.first_seen(&names).await?;
-    let mut keys: Vec<(String, String)> = Vec::new();
+    let mut overdue: HashMap<String, Vec<String>> = HashMap::new();
+    // Looked up a statement's worth at a time: only the overdue ones are
+    // kept, however long the window.
+    let mut asked: Vec<(String, String)> = Vec::new();
     for job in jobs {
         // Never seen: `serve` starts it at its next fire.
         let Some(seen) = first_seen.get(&job.name) else {
@@ -222,27 +225,41 @@ pub async fn overdue(
             .into_iter()
             .filter(|d| d.fire >= since)
         {
-            keys.push((
+            asked.push((
                 job.name.clone(),
                 PeriodKey::new(&job.name, &d.period.label).to_string(),
             ));
-        }
-    }
-    let mut overdue: HashMap<String, Vec<String>> = HashMap::new();
-    for chunk in keys.chunks(1_000) {
-        let wanted: Vec<String> = chunk.iter().map(|(_, key)| key.clone()).collect();
-        let rows = store.rows(&wanted).await?;
-        for (job, key) in chunk {
-            let done_or_running = matches!(
-                rows.get(key).map(ClaimRow::as_claim),
-                Some(Claim::Succeeded { .. } | Claim::Held { .. })
-            );
-            if !done_or_running {
-                overdue.entry(job.clone()).or_default().push(key.clone());
+            if asked.len() == LOOKUP_CHUNK {
+                keep_overdue(store, &mut asked, &mut overdue).await?;
             }
         }
     }
+    keep_overdue(store, &mut asked, &mut overdue).await?;
     Ok(overdue)
+}
+
+/// Looks `asked` up, emptying it, and keeps the keys with no success and
+/// nothing running in `overdue`.
+async fn keep_overdue(
+    store: &Store,
+    asked: &mut Vec<(String, String)>,
+    overdue: &mut HashMap<String, Vec<String>>,
+) -> Result<(), Error> {
+    if asked.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<String> = asked.iter().map(|(_, key)| key.clone()).collect();
+    let rows = store.rows(&keys).await?;
+    for (job, key) in asked.drain(..) {
+        let done_or_running = matches!(
+            rows.get(&key).map(ClaimRow::as_claim),
+            Some(Claim::Succeeded { .. } | Claim::Held { .. })
+        );
+        if !done_or_running {
+            overdue.entry(job).or_default().push(key);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -194,6 +194,7 @@ impl Service {
             return;
         };
         let jobs = self.jobs.clone();
+        let paused = self.paused.clone();
         let store = self.engine.store().clone();
         let catch_up = self.settings.catch_up;
         tokio::spawn(async move {
@@ -203,7 +204,12 @@ impl Service {
                 return;
             };
             for job in &jobs {
-                let late = overdue.get(&job.name).copied().unwrap_or(0);
+                // A paused job skips its fires by design, as `status` has
+                // it: none is overdue.
+                let late = match paused.contains(&job.name) {
+                    true => 0,
+                    false => overdue.get(&job.name).copied().unwrap_or(0),
+                };
                 metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone())
                     .set(late as f64);
                 let spent = exhausted.get(&job.name).copied().unwrap_or(0);

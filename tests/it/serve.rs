@@ -460,7 +460,20 @@ fn as_pid_1_it_reaps_orphans_and_still_waits_for_its_own_jobs() {
 fn listen_serves_healthz_and_prometheus_metrics() {
     use std::io::{Read, Write};
     let db = TestDb::sqlite();
-    let ws = Workspace::new(&(settings("") + &every_second("tick", "command = [\"true\"]")));
+    let ws = Workspace::new(
+        &(settings("")
+            + &every_second("tick", "command = [\"true\"]")
+            + &every_second("idle", "command = [\"true\"]")),
+    );
+    // Seen and paused before serve starts: its fires since are skipped by
+    // design, not overdue.
+    for args in [&["migrate"][..], &["pause", "idle"]] {
+        let mut all = vec!["--database-url", db.url.as_str()];
+        all.extend_from_slice(args);
+        let out = ws.run(&all);
+        assert_eq!(out.code(), 0, "{args:?}: {}", out.stderr());
+    }
+    std::thread::sleep(Duration::from_secs(2));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -500,6 +513,10 @@ fn listen_serves_healthz_and_prometheus_metrics() {
         assert!(metrics.contains(line), "no `{line}` in {metrics}");
     }
     assert!(!metrics.contains("quantile="), "{metrics}");
+    assert!(
+        metrics.contains("scheduler_overdue_periods{job=\"idle\"} 0"),
+        "{metrics}"
+    );
     assert!(get("/nope").starts_with("HTTP/1.1 404"));
     assert_eq!(stop(replica), 0);
 }
