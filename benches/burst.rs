@@ -7,7 +7,9 @@
 //! `cargo bench --bench burst` runs 1,000 and 10,000 jobs on 3 PostgreSQL
 //! replicas and 1,000 on 2 SQLite processes, 3 minutes each (about 12
 //! minutes). `BURST=pg:1000:3,sqlite:1000:2` picks the runs (backend, jobs,
-//! replicas); `BURST_MINUTES` the minutes.
+//! replicas); `BURST_MINUTES` the minutes; `BURST_LISTEN=1` starts each
+//! replica with `--listen` (`/metrics` recorded, nobody scraping), as the
+//! `Dockerfile` does.
 
 mod support;
 use support::postgres_database;
@@ -138,10 +140,15 @@ fn burst(setup: &Setup, url: &str) {
     if to_minute < 20 {
         std::thread::sleep(Duration::from_secs(to_minute + 1));
     }
+    let listen: Vec<&str> = match std::env::var_os("BURST_LISTEN") {
+        Some(_) => vec!["--listen", "127.0.0.1:0"],
+        None => Vec::new(),
+    };
     let mut replicas: Vec<Child> = (0..setup.replicas)
         .map(|_| {
             Command::new(env!("CARGO_BIN_EXE_scheduler"))
                 .args(["--database-url", url, "serve"])
+                .args(listen.iter())
                 .env("SCHEDULER_LOG", "warn")
                 .current_dir(dir.path())
                 .stdout(Stdio::null())

@@ -400,7 +400,7 @@ fn describe(row: &ClaimRow) -> String {
             row.owner
         ),
         (_, "released") => format!(
-            "released by `scheduler release` at {} and let go by its runner {}; the next run or serve runs it again",
+            "released at {} (by `scheduler release`, or by its runner {} stopping at shutdown) and let go; the next run or serve runs it again",
             time(row.finished_at),
             row.owner
         ),

@@ -90,10 +90,19 @@ pub fn standing(
 /// looked up every period of the catch-up window of every job: for 10,000
 /// every-minute jobs a day after they were first seen, 14 million keys a
 /// minute on every replica.
+///
+/// A period found succeeded is not looked up again until the next full
+/// count, [`RECOUNT_EVERY`] after the last: a forced rerun by hand that
+/// then fails shows by then.
 #[derive(Default)]
 pub struct OverdueCount {
     jobs: HashMap<String, Open>,
+    /// When every period of the window was last listed.
+    listed: Option<DateTime<Utc>>,
 }
+
+/// How often the overdue gauge lists every period of the window again.
+const RECOUNT_EVERY: TimeDelta = TimeDelta::hours(1);
 
 /// A job's due periods not yet found succeeded.
 struct Open {
@@ -120,6 +129,10 @@ impl OverdueCount {
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         let first_seen = store.first_seen(&names).await?;
         self.jobs.retain(|name, _| first_seen.contains_key(name));
+        if self.listed.is_none_or(|at| now - at >= RECOUNT_EVERY) {
+            self.jobs.clear();
+            self.listed = Some(now);
+        }
         let mut counted: HashMap<String, usize> = HashMap::new();
         // Periods to look up, a statement's worth at a time: the new fires
         // of a minute (60 of an every-second job) are never all held.
@@ -292,7 +305,7 @@ mod tests {
         store.see_jobs(&names).await.expect("jobs seen");
         let catch_up = std::time::Duration::from_secs(3600);
         let mut kept = OverdueCount::default();
-        let afresh = |now| {
+        let afresh_within = |now, catch_up| {
             let store = store.clone();
             let jobs = jobs.clone();
             async move {
@@ -305,6 +318,7 @@ mod tests {
                     .collect::<HashMap<String, usize>>()
             }
         };
+        let afresh = |now| afresh_within(now, catch_up);
         let mut seen = Vec::new();
         for step in 0..4 {
             tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
@@ -334,6 +348,40 @@ mod tests {
             assert_eq!(counted, afresh(now).await, "step {step}");
             seen.push(counted);
         }
+        // A succeeded period of `ok` rerun by hand with `--force` fails
+        // (its statement changed meanwhile): counted again at the full
+        // count of the hour.
+        let now = Utc::now();
+        let failing = Config::parse(
+            std::path::Path::new("jobs.toml"),
+            "[[job]]\nname = \"ok\"\nschedule = \"* * * * * *\"\nsql = { statement = \"SELECT nope\" }\n",
+            &|_| None,
+        )
+        .expect("a valid job")
+        .jobs
+        .remove(0);
+        // A fire of two seconds ago: after the first sighting, run at step 2.
+        let mut fires = due(&jobs[0], now, now - TimeDelta::seconds(3), true);
+        let rerun = fires.remove(fires.len() - 3);
+        let mut ask = Ask::scheduled(Arc::new(failing), rerun);
+        ask.mode.manual = true;
+        ask.mode.force = true;
+        let taken = engine
+            .claim(std::slice::from_ref(&ask))
+            .await
+            .expect("a claim");
+        let Some(Taken::Won(won)) = taken.into_iter().next() else {
+            panic!("the forced rerun is not won");
+        };
+        let (_stop, stop_now) = tokio::sync::watch::channel(false);
+        engine.run(&ask, won, stop_now).await;
+        let later = now + TimeDelta::minutes(61);
+        let longer = std::time::Duration::from_secs(2 * 3600);
+        let counted = kept
+            .count(&store, &jobs, longer, later)
+            .await
+            .expect("a count");
+        assert_eq!(counted, afresh_within(later, longer).await, "an hour on");
         assert!(seen[0].get("ok").copied().unwrap_or(0) >= 1, "{seen:?}");
         assert_eq!(seen[2].get("ok"), None, "{seen:?}");
         assert!(seen[2].get("bad").copied().unwrap_or(0) >= 3, "{seen:?}");
