@@ -117,8 +117,23 @@ struct Open {
 
 impl OverdueCount {
     /// The number of overdue periods of each of `jobs` (as [`overdue`]
-    /// has them), by job name.
+    /// has them), by job name. A count that fails half-way leaves the next
+    /// one to list every period again.
     pub async fn count(
+        &mut self,
+        store: &Store,
+        jobs: &[Arc<Job>],
+        catch_up: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<HashMap<String, usize>, Error> {
+        let counted = self.count_on(store, jobs, catch_up, now).await;
+        if counted.is_err() {
+            *self = OverdueCount::default();
+        }
+        counted
+    }
+
+    async fn count_on(
         &mut self,
         store: &Store,
         jobs: &[Arc<Job>],
@@ -193,7 +208,7 @@ impl OverdueCount {
         let rows = store.rows(&keys).await?;
         for (name, fire, key) in asked.drain(..) {
             let claim = rows.get(&key).map(ClaimRow::as_claim);
-            // Succeeded stays so: not looked up again.
+            // Not looked up again until the next full count.
             if matches!(claim, Some(Claim::Succeeded { .. })) {
                 continue;
             }
