@@ -92,7 +92,7 @@ pub fn standing(
 /// minute on every replica.
 ///
 /// A period found succeeded is not looked up again until the next full
-/// count, [`RECOUNT_EVERY`] after the last: a forced rerun by hand that
+/// count, an hour after the last: a forced rerun by hand that
 /// then fails shows by then.
 #[derive(Default)]
 pub struct OverdueCount {
