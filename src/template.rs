@@ -22,7 +22,11 @@ pub const PLACEHOLDERS: [&str; 7] = [
 /// secret that happens to contain `{period}` stays as it is. Its `Debug`
 /// output hides the text: it may hold an expanded secret.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Template(Vec<Piece>);
+pub struct Template {
+    pieces: Vec<Piece>,
+    /// The values `${NAME}` was replaced by, for [`Secrets`].
+    expanded: Vec<String>,
+}
 
 #[derive(Clone, PartialEq, Eq)]
 enum Piece {
@@ -36,7 +40,7 @@ impl Template {
     /// expanded secret).
     pub(crate) fn exact(&self) -> String {
         let mut text = String::new();
-        for piece in &self.0 {
+        for piece in &self.pieces {
             match piece {
                 Piece::Text(t) => text.push_str(&t.replace('{', "{{")),
                 Piece::Placeholder(name) => {
@@ -96,8 +100,9 @@ impl Template {
         env: &dyn Fn(&str) -> Option<String>,
         how: Expansion,
     ) -> Result<Template, TemplateError> {
-        let text = |from: usize, to: usize| {
-            expand(&raw[from..to], env, how)
+        let mut expanded = Vec::new();
+        let mut text = |from: usize, to: usize| {
+            expand(&raw[from..to], env, how, &mut expanded)
                 .map(Piece::Text)
                 .map_err(|e| TemplateError {
                     offset: from + e.offset,
@@ -124,12 +129,17 @@ impl Template {
             from = offset + name.len() + 2;
         }
         pieces.push(text(from, raw.len())?);
-        Ok(Template(pieces))
+        Ok(Template { pieces, expanded })
+    }
+
+    /// The values its `${NAME}`s were replaced by.
+    pub(crate) fn expanded(&self) -> &[String] {
+        &self.expanded
     }
 
     /// The literal text between placeholders, in order (`${VAR}` expanded).
     pub fn literals(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().filter_map(|piece| match piece {
+        self.pieces.iter().filter_map(|piece| match piece {
             Piece::Text(text) => Some(text.as_str()),
             Piece::Placeholder(_) => None,
         })
@@ -137,7 +147,7 @@ impl Template {
 
     /// The text before the first placeholder.
     pub fn prefix(&self) -> &str {
-        match self.0.first() {
+        match self.pieces.first() {
             Some(Piece::Text(text)) => text,
             _ => "",
         }
@@ -145,13 +155,59 @@ impl Template {
 
     /// The text with each placeholder replaced by its value.
     pub fn render(&self, values: &dyn Values) -> String {
-        self.0
+        self.pieces
             .iter()
             .map(|piece| match piece {
                 Piece::Text(text) => text.clone(),
                 Piece::Placeholder(name) => values.value(name),
             })
             .collect()
+    }
+}
+
+/// The values `${NAME}` put into a job's strings, hidden from every message
+/// the scheduler writes about the job (an SQL error quoting a bound
+/// param, say): a secret taken from the environment never reaches a log
+/// line or an attempt's error. Values shorter than [`Secrets::SHORTEST`]
+/// are left alone: masking `1` would garble every number in a message, and
+/// no secret is that short.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secrets(Vec<String>);
+
+impl Secrets {
+    /// The shortest value that is masked.
+    pub const SHORTEST: usize = 4;
+    /// No values.
+    pub const NONE: Secrets = Secrets(Vec::new());
+
+    /// The values of `templates`, longest first (so that a value holding
+    /// another is masked whole).
+    pub fn of<'a>(templates: impl IntoIterator<Item = &'a Template>) -> Secrets {
+        let mut values: Vec<String> = templates
+            .into_iter()
+            .flat_map(|t| t.expanded().iter().cloned())
+            .filter(|v| v.chars().count() >= Secrets::SHORTEST)
+            .collect();
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        values.dedup();
+        Secrets(values)
+    }
+
+    /// `text` with every value replaced by `***`.
+    pub fn mask(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for value in &self.0 {
+            if text.contains(value.as_str()) {
+                text = text.replace(value.as_str(), "***");
+            }
+        }
+        text
+    }
+}
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secrets({})", self.0.len())
     }
 }
 
@@ -182,13 +238,16 @@ pub fn expand_env(
     raw: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, TemplateError> {
-    expand(raw, env, Expansion::Replace)
+    expand(raw, env, Expansion::Replace, &mut Vec::new())
 }
 
+/// Expands `${NAME}` from `env` as `how` says, noting each value put in
+/// the text in `expanded`.
 fn expand(
     raw: &str,
     env: &dyn Fn(&str) -> Option<String>,
     how: Expansion,
+    expanded: &mut Vec<String>,
 ) -> Result<String, TemplateError> {
     let mut out = String::with_capacity(raw.len());
     let mut rest = raw;
@@ -224,7 +283,10 @@ fn expand(
                 offset,
             })?;
             match how {
-                Expansion::Replace => out.push_str(&value),
+                Expansion::Replace => {
+                    out.push_str(&value);
+                    expanded.push(value);
+                }
                 Expansion::Keep => out.push_str(&tail[..close + 3]),
             }
             rest = &open[close + 1..];
@@ -294,6 +356,28 @@ mod tests {
         let t = Template::load_shell("echo ${TOKEN} {job} $${HOME}", &env).unwrap();
         assert_eq!(t.render(&Fixed), "echo ${TOKEN} <job> ${HOME}");
         assert!(Template::load_shell("echo ${MISSING}", &env).is_err());
+    }
+
+    #[test]
+    fn expanded_values_are_masked_longest_first_and_short_ones_kept() {
+        let env = |name: &str| {
+            Some(
+                match name {
+                    "LONG" => "hunter2SECRET",
+                    "INNER" => "hunter2",
+                    _ => "42",
+                }
+                .to_owned(),
+            )
+        };
+        let t = Template::load("{period}-${INNER}/${LONG}?n=${N}", &env).unwrap();
+        let secrets = Secrets::of([&t]);
+        assert_eq!(
+            secrets.mask(r#"invalid input syntax: "2026-07-hunter2/hunter2SECRET?n=42""#),
+            r#"invalid input syntax: "2026-07-***/***?n=42""#
+        );
+        let shell = Template::load_shell("echo ${LONG}", &env).unwrap();
+        assert_eq!(Secrets::of([&shell]), Secrets::default());
     }
 
     #[test]

@@ -227,8 +227,9 @@ impl CodeJob {
             retry: self.retry,
             keep: self.keep,
             definition: String::new(),
+            secrets: Default::default(),
         };
-        job.definition = job.fingerprint();
+        job.derive();
         Ok(job)
     }
 }

@@ -13,7 +13,7 @@ use crate::period::PeriodRule;
 use crate::schedule::Schedule;
 use crate::store::DatabaseUrl;
 use crate::suggest::nearest;
-use crate::template::{Template, TemplateError};
+use crate::template::{Secrets, Template, TemplateError};
 
 pub mod code;
 mod raw;
@@ -289,6 +289,37 @@ impl Action {
             Action::Code(handler) => format!("code {handler:?}"),
         }
     }
+
+    /// The values `${NAME}` put into it.
+    fn secrets(&self) -> Secrets {
+        match self {
+            Action::Process {
+                program,
+                workdir,
+                env,
+            } => {
+                let program: Vec<&Template> = match program {
+                    Program::Command(args) => args.iter().collect(),
+                    Program::Shell(script) => vec![script],
+                };
+                Secrets::of(
+                    program
+                        .into_iter()
+                        .chain(workdir)
+                        .chain(env.iter().map(|(_, v)| v)),
+                )
+            }
+            Action::Http {
+                url, headers, body, ..
+            } => Secrets::of(
+                std::iter::once(url)
+                    .chain(headers.iter().map(|(_, v)| v))
+                    .chain(body),
+            ),
+            Action::Sql { params, .. } => Secrets::of(params),
+            Action::Code(_) => Secrets::default(),
+        }
+    }
 }
 
 /// A validated job.
@@ -317,6 +348,9 @@ pub struct Job {
     /// recorded on every attempt, so `history` shows where it changed. A
     /// hash, never the values themselves.
     pub definition: String,
+    /// The values `${NAME}` put into its action, masked in every message
+    /// about it.
+    pub secrets: Secrets,
 }
 
 impl Job {
@@ -332,6 +366,13 @@ impl Job {
         );
         let hash = sha2::Sha256::digest(text.as_bytes());
         hex::encode(&hash[..6])
+    }
+
+    /// Fills in what is derived from the rest: [`Job::definition`] and
+    /// [`Job::secrets`].
+    pub(crate) fn derive(&mut self) {
+        self.definition = self.fingerprint();
+        self.secrets = self.action.secrets();
     }
 }
 
@@ -498,7 +539,7 @@ impl Config {
             return Err(ConfigError::joined(errors));
         }
         for job in &mut jobs {
-            job.definition = job.fingerprint();
+            job.derive();
         }
         // Names are unique within the file; the namespace makes them so in
         // the database.

@@ -471,6 +471,7 @@ impl RawJob {
             retry,
             keep: self.keep(at, settings)?,
             definition: String::new(),
+            secrets: Default::default(),
         })
     }
 
@@ -688,10 +689,13 @@ impl RawJob {
         let Some(sql) = self.sql.as_ref().map(Spanned::get_ref) else {
             return Err(at.error(name_span, "no action".into()));
         };
-        if sql.statement.get_ref().trim().is_empty() {
+        if [Dialect::POSTGRES, Dialect::SQLITE]
+            .into_iter()
+            .any(|dialect| is_empty_in_effect(sql.statement.get_ref(), dialect))
+        {
             return Err(at.error(
                 sql.statement.span(),
-                "the SQL statement is empty: expected a statement, e.g. \"INSERT INTO t VALUES ($1)\"".into(),
+                "the SQL statement is empty (nothing but blanks, comments and `;`): expected a statement, e.g. \"INSERT INTO t VALUES ($1)\"".into(),
             ));
         }
         if sql.statement.get_ref().contains('\0') {
@@ -851,6 +855,14 @@ pub(super) fn ends_the_transaction(text: &str, dialect: Dialect) -> Option<Strin
     statements(text, dialect)
         .into_iter()
         .find_map(|statement| transaction_control(statement, dialect))
+}
+
+/// Whether `text` holds no statement at all as `dialect` reads it: only
+/// blanks, comments and `;`. The database would "run" it and succeed.
+fn is_empty_in_effect(text: &str, dialect: Dialect) -> bool {
+    statements(text, dialect)
+        .into_iter()
+        .all(|statement| after_comments(statement, dialect).is_empty())
 }
 
 /// A statement after its leading blanks and `--` or `/* */` comments.

@@ -265,6 +265,7 @@ impl Engine {
             finish.retry_after = run.job.retry.backoff_after(failures);
         }
         finish.definition = Some(run.job.definition.clone());
+        finish.error = finish.error.map(|error| run.job.secrets.mask(&error));
         // The lease is still renewed while the outcome is written; a claim
         // that the write itself settles is not a takeover.
         watch.recording();

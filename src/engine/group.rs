@@ -205,11 +205,11 @@ impl Engine {
             // the group held one job: every job of it proves itself alone
             // again.
             Err(e) => {
-                let error = e.to_string();
                 let own = sql.iter().all(|(ask, _)| ask.job.name == sql[0].0.job.name);
                 for (ask, won) in sql {
                     self.quick.note(&ask.job, false, own);
-                    let status = Status::Unrecorded(Error::Database(error.clone()));
+                    let error = ask.job.secrets.mask(&e.to_string());
+                    let status = Status::Unrecorded(Error::Database(error));
                     reports.push(Report::of(&won, status, took));
                 }
             }
@@ -256,6 +256,7 @@ impl Engine {
                         definition: Some(ask.job.definition.clone()),
                         ..Finish::default()
                     },
+                    secrets: &ask.job.secrets,
                 })
             })
             .collect();

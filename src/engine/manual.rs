@@ -401,6 +401,7 @@ impl Backfill<'_> {
                 }
             }
         }
+        self.wait_for_released(&mut lines).await?;
         let reports = if won.iter().any(|(ask, _)| ask.is_sql()) {
             // Groups end in any order; lines go in period order.
             let order: std::collections::HashMap<PeriodKey, usize> = won
@@ -434,6 +435,34 @@ impl Backfill<'_> {
             }
         }
         Ok(Ok(()))
+    }
+
+    /// A period asked for by hand that `scheduler release` ended is
+    /// waited for, `--wait` or not: its runner is stopping the job (within
+    /// a heartbeat, or the lease at most), and nobody else will run the
+    /// period, so "skipped: running on …" would leave it undone.
+    async fn wait_for_released(&self, lines: &mut [(Ask, Option<Line>)]) -> Result<(), Error> {
+        if !self.request.manual() || self.request.wait {
+            return Ok(());
+        }
+        let held: Vec<String> = lines
+            .iter()
+            .filter(|(_, line)| line.as_ref().is_some_and(|l| l.status == "skipped"))
+            .map(|(ask, _)| ask.key().to_string())
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let rows = self.engine.store().rows(&held).await?;
+        for (ask, line) in lines.iter_mut() {
+            let released = rows
+                .get(ask.key().as_str())
+                .is_some_and(|row| row.state == "released");
+            if released && line.as_ref().is_some_and(|l| l.status == "skipped") {
+                *line = None;
+            }
+        }
+        Ok(())
     }
 
     /// `--wait`: polls a period held elsewhere, or waiting for a
@@ -775,7 +804,9 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
         Claim::Succeeded { at } if !request.force => {
             format!("already succeeded at {}", utc_text(at))
         }
-        Claim::Held { owner, until } if !request.wait => {
+        // A released period asked for by hand is claimed once its runner
+        // has stopped (`wait_for_released`).
+        Claim::Held { owner, until } if !(request.wait || manual && row.state == "released") => {
             format!("running on {owner} until {}", utc_text(until))
         }
         Claim::Failed {

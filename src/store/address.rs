@@ -72,7 +72,20 @@ impl DatabaseUrl {
             } else {
                 base.join(path)
             };
-            return Ok(DatabaseUrl::Sqlite { path, params });
+            let url = DatabaseUrl::Sqlite { path, params };
+            // The driver's reading of the parameters (`mode`, `cache`, …),
+            // before anything creates the file.
+            return match url
+                .driver_url()
+                .parse::<sqlx::sqlite::SqliteConnectOptions>()
+            {
+                Ok(_) => Ok(url),
+                Err(e) => Err(format!(
+                    "`{url}`: {}; expected sqlite://FILE, optionally with ?mode=ro|rw|rwc, cache=shared|private, immutable=true|false or vfs=NAME",
+                    e.to_string()
+                        .trim_start_matches("error with configuration: ")
+                )),
+            };
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return match url::Url::parse(url) {
@@ -157,6 +170,13 @@ mod tests {
         ] {
             assert!(DatabaseUrl::parse(url, Path::new("/")).is_err(), "{url}");
         }
+    }
+
+    #[test]
+    fn an_sqlite_url_with_a_parameter_the_driver_does_not_know_is_refused() {
+        let err = DatabaseUrl::parse("sqlite://x.db?bogus=1", Path::new("/d")).unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+        assert!(DatabaseUrl::parse("sqlite://x.db?mode=ro", Path::new("/d")).is_ok());
     }
 
     #[test]

@@ -639,6 +639,16 @@ pub struct GroupedSql<'a> {
     pub timeout: Option<Duration>,
     /// What is recorded if the statement fails (its error filled in).
     pub failure: Finish,
+    /// Values masked in its error (a bound param may hold a secret, and
+    /// the database quotes bad values back).
+    pub secrets: &'a crate::template::Secrets,
+}
+
+impl GroupedSql<'_> {
+    /// How the database's error about it is told, secrets masked.
+    fn error(&self, e: &dyn std::fmt::Display) -> String {
+        self.secrets.mask(&e.to_string())
+    }
 }
 
 /// What one action of a group runs in the group's transaction.

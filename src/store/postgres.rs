@@ -904,8 +904,8 @@ async fn run_pass(
                 match query.execute(&mut *tx).await {
                     Ok(_) => None,
                     Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
-                    Err(e) if !careful => return Ok(Pass::FailedAt(i, e.to_string())),
-                    Err(e) => Some(GroupedEnd::Failed(e.to_string())),
+                    Err(e) if !careful => return Ok(Pass::FailedAt(i, run.error(&e))),
+                    Err(e) => Some(GroupedEnd::Failed(run.error(&e))),
                 }
             }
             Work::Code { handler, context } => {

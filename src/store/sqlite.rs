@@ -307,7 +307,7 @@ impl SqliteStore {
                                     return Ok(None);
                                 }
                                 Err(_) if expired.load(Ordering::SeqCst) => Some(timed_out()),
-                                Err(e) => Some(e.to_string()),
+                                Err(e) => Some(run.error(&e)),
                             }
                         }
                         Work::Code { handler, context } => {

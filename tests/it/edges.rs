@@ -987,3 +987,63 @@ fn a_reading_command_against_a_database_nothing_has_run_against_creates_no_table
     let out = ws.run(&["--database-url", &db.url, "status"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
 }
+
+#[test]
+fn a_secret_bound_as_an_sql_param_never_reaches_the_log_or_the_history() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    // PostgreSQL quotes a value it cannot read back in its error.
+    let ws =
+        billing("sql = { statement = \"SELECT $1::int\", params = [\"{period}-${APP_SECRET}\"] }");
+    let with_secret = |args: &[&str]| {
+        let mut all = vec!["--database-url", db.url.as_str()];
+        all.extend_from_slice(args);
+        ws.command(&all)
+            .env("APP_SECRET", "hunter2SECRET")
+            .output()
+            .unwrap()
+    };
+    let out = with_secret(&["run", "billing", "--period", "2026-10"]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let said = out.stdout() + &out.stderr();
+    assert!(!said.contains("hunter2SECRET"), "{said}");
+    assert_says(&said, &["invalid input syntax", "\"2026-10-***\""]);
+    let history = with_secret(&["history", "billing", "--json", "--output"]);
+    assert_eq!(history.code(), 0, "{}", history.stderr());
+    assert!(
+        !history.stdout().contains("hunter2SECRET"),
+        "{}",
+        history.stdout()
+    );
+    assert_says(&history.stdout(), &["2026-10-***"]);
+}
+
+#[test]
+fn an_sql_statement_of_nothing_but_comments_and_semicolons_is_refused_at_load() {
+    for statement in [";", "-- nothing", " /* a */ ; -- b"] {
+        let ws = billing(&format!("sql = {{ statement = {statement:?} }}"));
+        let out = ws.run(&["check"]);
+        assert_eq!(out.code(), 2, "{statement:?}: {}", out.stderr());
+        assert_says(&out.stderr(), &["jobs.toml:", "the SQL statement is empty"]);
+        let out = ws.run(&["run", "billing", "--period", "2026-10"]);
+        assert_eq!(out.code(), 2, "{statement:?}: {}", out.stderr());
+        assert!(!ws.path().join("scheduler.db").exists());
+    }
+}
+
+#[test]
+fn a_sqlite_url_with_an_unknown_parameter_is_a_configuration_error_that_creates_nothing() {
+    let ws = billing("command = [\"true\"]");
+    let out = ws.run(&[
+        "--database-url",
+        "sqlite://s.db?bogus=1",
+        "run",
+        "billing",
+        "--period",
+        "2026-10",
+    ]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert_says(&out.stderr(), &["--database-url", "bogus"]);
+    assert!(!ws.path().join("s.db").exists());
+}

@@ -482,19 +482,52 @@ fn release_of_a_frozen_runners_claim_waits_for_its_lease() {
     assert_eq!(released.code(), 0, "{}", released.stderr());
     // Its runner cannot stop the job: the period stays held until the lease
     // it was granted has run out (and the job's supervisor has stopped it).
-    let at_once = ws.run(&args);
-    assert!(
-        at_once.stdout().contains("skipped: running on"),
-        "{}",
-        at_once.stdout()
-    );
-    let takeover = start(&ws, &[&args[..], &["--wait"]].concat());
+    // A hand run of it waits for that, `--wait` or not.
+    let released_at = Instant::now();
+    let takeover = start(&ws, &args);
     eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
+    assert!(
+        released_at.elapsed() >= Duration::from_secs(1),
+        "taken over before the frozen runner's lease ran out"
+    );
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
     signal(&takeover, Signal::SIGKILL);
     wait(takeover, BOUND);
     signal(&frozen, Signal::SIGKILL);
     wait(frozen, BOUND);
+}
+
+#[test]
+fn a_hand_run_right_after_release_runs_the_period_once_its_runner_has_stopped() {
+    for db in databases() {
+        let ws = Workspace::new(
+            "[scheduler]\nlease = \"6s\"\n\n[[job]]\nname = \"long\"\nschedule = \"0 0 * * *\"\nperiod = \"day\"\n\
+             shell = 'echo $SCHEDULER_ATTEMPT >> runs.txt; [ $SCHEDULER_ATTEMPT -gt 1 ] || exec sleep 60'\n",
+        );
+        let today = today();
+        let args = ["--database-url", &db.url, "run", "long", "--period", &today];
+        let first = start(&ws, &args);
+        eventually("attempt 1", BOUND, || {
+            lines(ws.path().join("runs.txt")) == ["1"]
+        });
+        let released = ws.run(&[
+            "--database-url",
+            &db.url,
+            "release",
+            "long",
+            "--period",
+            &today,
+        ]);
+        assert_eq!(released.code(), 0, "{}", released.stderr());
+        // Nobody else will run the released period: the hand run waits for
+        // the old runner to stop its job, then runs it.
+        let again = wait(start(&ws, &args), BOUND);
+        assert_eq!(again.code(), 0, "{}{}", again.stdout(), again.stderr());
+        assert!(again.stdout().contains("succeeded"), "{}", again.stdout());
+        assert_eq!(lines(ws.path().join("runs.txt")), ["1", "2"], "{}", db.url);
+        let first = wait(first, BOUND);
+        assert!(first.stdout().contains("released"), "{}", first.stdout());
+    }
 }
 
 /// The parent of process `pid`.

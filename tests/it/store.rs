@@ -842,8 +842,11 @@ fn grouped<'a>(lease: &'a Lease, statement: &'a str, name: &str) -> GroupedSql<'
         },
         timeout: None,
         failure: failed(Some(Duration::from_secs(3600))),
+        secrets: &NO_SECRETS,
     }
 }
+
+static NO_SECRETS: scheduler::template::Secrets = scheduler::template::Secrets::NONE;
 
 /// A group action of `statement` with no params.
 fn bare<'a>(lease: &'a Lease, statement: &'a str) -> GroupedSql<'a> {
