@@ -222,7 +222,6 @@ async fn renew_once(inner: &Inner) {
                         attempt = lease.attempt,
                         "claim was taken over or released; stopping the job"
                     );
-                    metrics::counter!("scheduler_claims_taken_over_total").increment(1);
                     shared.taken_over.send_replace(true);
                 }
             }

@@ -326,11 +326,15 @@ impl Engine {
                 let (Some((claim, sent)), Some(here)) = (answer, here) else {
                     return Taken::RunningHere;
                 };
-                metrics::counter!("scheduler_claims_total", "job" => ask.job.name.clone(), "result" => metric_result(&claim)).increment(1);
+                let result = metric_result(&claim);
+                metrics::counter!("scheduler_claims_total", "job" => ask.job.name.clone(), "result" => result).increment(1);
+                if result == "recovered" {
+                    metrics::counter!("scheduler_claims_taken_over_total").increment(1);
+                }
                 tracing::debug!(
                     job = ask.job.name,
                     period_key = %ask.key(),
-                    result = metric_result(&claim),
+                    result,
                     "claim answered"
                 );
                 match claim {

@@ -172,6 +172,10 @@ impl Service {
     fn publish_next_fires(&self) {
         let now = Utc::now();
         for job in &self.jobs {
+            // At zero from the start: `increase()` misses a series' first
+            // sample.
+            metrics::counter!("scheduler_periods_dropped_total", "job" => job.name.clone())
+                .increment(0);
             if let Some(next) = job.schedule.next_after(now) {
                 metrics::gauge!("scheduler_next_fire_timestamp_seconds", "job" => job.name.clone())
                     .set(next.timestamp_millis() as f64 / 1000.0);
@@ -478,6 +482,8 @@ impl Service {
                 period = due.period.label,
                 "dropped: older than the catch-up window"
             );
+            metrics::counter!("scheduler_periods_dropped_total", "job" => job.name.clone())
+                .increment(1);
             return;
         }
         self.pending.push((job, due));
@@ -583,6 +589,9 @@ impl Service {
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
+        for gone in self.jobs.iter().filter(|old| !names.contains(&old.name)) {
+            retire_gauges(&gone.name);
+        }
         self.timer = Timer::new(&jobs, Utc::now());
         self.by_name = index(&jobs);
         self.jobs = jobs;
@@ -609,6 +618,20 @@ impl Service {
                 self.path.display()
             );
         }
+    }
+}
+
+/// Sets the gauges of a job that a reload removed to zero, so that no alert
+/// goes on firing for it. The exporter cannot forget a series: they stay, at
+/// zero, until the process restarts.
+fn retire_gauges(job: &str) {
+    for gauge in [
+        "scheduler_overdue_periods",
+        "scheduler_retries_exhausted_periods",
+        "scheduler_paused",
+        "scheduler_next_fire_timestamp_seconds",
+    ] {
+        metrics::gauge!(gauge, "job" => job.to_owned()).set(0.0);
     }
 }
 

@@ -112,7 +112,7 @@ fn describe_metrics() {
     );
     metrics::describe_counter!(
         "scheduler_claims_taken_over_total",
-        "Running claims of this process found taken over by another runner."
+        "Claims this process took over from another runner (its lease ran out, or it was released): recoveries."
     );
     metrics::describe_histogram!(
         "scheduler_fire_lateness_seconds",
@@ -120,6 +120,10 @@ fn describe_metrics() {
         "Time from a scheduled fire to the claim that won it, by job."
     );
     metrics::describe_counter!("scheduler_wakeups_total", "Wake-ups of the serve loop.");
+    metrics::describe_counter!(
+        "scheduler_periods_dropped_total",
+        "Fires of the job dropped unrun: they waited (no free concurrency or max_running slot) until they were older than catch_up."
+    );
     metrics::describe_histogram!(
         "scheduler_run_duration_seconds",
         metrics::Unit::Seconds,

@@ -19,6 +19,17 @@ fn settings(extra: &str) -> String {
     )
 }
 
+/// The value of `series` (a name with its labels) in a `/metrics` text.
+fn metric(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 fn every_second(name: &str, body: &str) -> String {
     format!("\n[[job]]\nname = \"{name}\"\nschedule = \"* * * * * *\"\n{body}\n")
 }
@@ -26,12 +37,17 @@ fn every_second(name: &str, body: &str) -> String {
 /// A replica; its log goes to serve.log in the workspace (a pipe nobody
 /// reads until the end could fill and stall it).
 pub(crate) fn serve(ws: &Workspace, url: &str) -> Child {
+    serve_with(ws, url, &[])
+}
+
+/// `serve` with `extra` arguments after it.
+pub(crate) fn serve_with(ws: &Workspace, url: &str, extra: &[&str]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(ws.path().join("serve.log"))
         .expect("serve.log");
-    ws.command(&["--database-url", url, "serve"])
+    ws.command(&[&["--database-url", url, "serve"], extra].concat())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -126,15 +142,22 @@ fn a_period_whose_replica_is_killed_is_finished_by_another_with_attempt_2() {
                     &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
                 )),
         );
-        let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
+        let addrs = [0, 1].map(|_| format!("127.0.0.1:{}", crate::support::free_port()));
+        let replicas = addrs
+            .each_ref()
+            .map(|addr| serve_with(&ws, &db.url, &["--listen", addr]));
         let (victim, key) = parked(&ws);
         kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
         let recovered = format!("{key} 2 recovery");
         eventually("recovery with attempt 2", BOUND, || {
             lines(ws.path().join("runs.txt")).contains(&recovered)
         });
-        for replica in replicas {
+        for (replica, addr) in replicas.into_iter().zip(&addrs) {
             if replica.id() as i32 != victim {
+                // The survivor counts the takeover.
+                let metrics = crate::support::http_get(addr, "/metrics");
+                let taken_over = metric(&metrics, "scheduler_claims_taken_over_total");
+                assert!(taken_over >= Some(1.0), "{metrics}");
                 assert_eq!(stop(replica), 0);
             } else {
                 wait(replica, BOUND);
@@ -518,5 +541,52 @@ fn listen_serves_healthz_and_prometheus_metrics() {
         "{metrics}"
     );
     assert!(get("/nope").starts_with("HTTP/1.1 404"));
+    assert_eq!(stop(replica), 0);
+}
+
+#[test]
+fn a_job_removed_by_sighup_has_its_gauges_zeroed() {
+    let db = TestDb::sqlite();
+    let daily = |name: &str, program: &str| {
+        format!(
+            "\n[[job]]\nname = \"{name}\"\nschedule = \"0 0 * * *\"\nperiod = \"day\"\ncommand = [\"{program}\"]\n"
+        )
+    };
+    let ws = Workspace::new(&(settings("") + &daily("gone", "false") + &daily("kept", "true")));
+    let failed = ws.run(&["--database-url", &db.url, "run", "gone"]);
+    assert_eq!(failed.code(), 1, "{}", failed.stderr());
+    let addr = format!("127.0.0.1:{}", crate::support::free_port());
+    let replica = serve_with(&ws, &db.url, &["--listen", &addr]);
+    let exhausted = "scheduler_retries_exhausted_periods{job=\"gone\"}";
+    eventually("the failed period in /metrics", BOUND, || {
+        metric(&crate::support::http_get(&addr, "/metrics"), exhausted) == Some(1.0)
+    });
+    std::fs::write(
+        ws.path().join("jobs.toml"),
+        settings("") + &daily("kept", "true"),
+    )
+    .unwrap();
+    signal(&replica, Signal::SIGHUP);
+    eventually("the removed job's gauge at zero", BOUND, || {
+        metric(&crate::support::http_get(&addr, "/metrics"), exhausted) == Some(0.0)
+    });
+    assert_eq!(stop(replica), 0);
+}
+
+#[test]
+fn fires_that_wait_past_catch_up_for_a_slot_are_counted_as_dropped() {
+    let db = TestDb::sqlite();
+    // One slot, runs of 3 s, a fire every second, a window of 1 s: most
+    // fires wait longer than the window and are dropped.
+    let ws = Workspace::new(
+        &(settings("catch_up = \"1s\"")
+            + &every_second("slow", "period = \"fire\"\ncommand = [\"sleep\", \"3\"]")),
+    );
+    let addr = format!("127.0.0.1:{}", crate::support::free_port());
+    let replica = serve_with(&ws, &db.url, &["--listen", &addr]);
+    let dropped = "scheduler_periods_dropped_total{job=\"slow\"}";
+    eventually("dropped fires in /metrics", BOUND, || {
+        metric(&crate::support::http_get(&addr, "/metrics"), dropped) >= Some(1.0)
+    });
     assert_eq!(stop(replica), 0);
 }
