@@ -57,8 +57,19 @@ pub fn next(
     let fires = std::iter::successors(job.schedule.next_after(after), |t| {
         job.schedule.next_after(*t)
     });
+    let mut shown = 0;
     for fire in fires.take(count as usize) {
         writeln!(out, "{}", fire_line(job, fire))?;
+        shown += 1;
+    }
+    if shown < count {
+        // Said beside the fires, not among them: a script reads those.
+        eprintln!(
+            "{}: no {}fire after {} (times end with the year 9999)",
+            job.name,
+            if shown == 0 { "" } else { "further " },
+            crate::period::utc_text(after)
+        );
     }
     Ok(())
 }

@@ -74,7 +74,9 @@ pub struct Service {
     jobs: Vec<Arc<Job>>,
     /// Job name → index in `jobs`.
     by_name: HashMap<String, usize>,
-    paused: HashSet<String>,
+    /// Paused jobs, with the instant from which their fires were skipped
+    /// here: caught up from there when they are resumed.
+    paused: HashMap<String, DateTime<Utc>>,
     timer: Timer,
     engine: Engine,
     /// Runs (an `sql` group counting as one) claiming or running now, at
@@ -145,7 +147,7 @@ impl Service {
             timer: Timer::new(&jobs, Utc::now()),
             by_name: index(&jobs),
             jobs,
-            paused: HashSet::new(),
+            paused: HashMap::new(),
             engine,
             waiting: BTreeMap::new(),
             backlog: VecDeque::new(),
@@ -198,7 +200,7 @@ impl Service {
             return;
         };
         let jobs = self.jobs.clone();
-        let paused = self.paused.clone();
+        let paused: HashSet<String> = self.paused.keys().cloned().collect();
         let store = self.engine.store().clone();
         let catch_up = self.settings.catch_up;
         tokio::spawn(async move {
@@ -323,34 +325,65 @@ impl Service {
             let Some(record) = records.get(&job.name) else {
                 continue;
             };
-            if record.paused {
-                self.paused.insert(job.name.clone());
-                continue;
-            }
             let mut since = window.max(record.first_seen);
             if let Some(last) = last_fires.get(&job.name) {
                 since = since.max(*last + TimeDelta::nanoseconds(1));
             }
-            let with_latest = job.missed != Missed::Skip;
-            let missed: Vec<Due> = due(&job, now, since, with_latest)
-                .into_iter()
-                .filter(|d| d.fire >= since)
-                .map(|d| Due {
-                    trigger: Trigger::CatchUp,
-                    ..d
-                })
-                .collect();
-            // Oldest first: as many as the job may run at once now, the rest
-            // as its runs end.
-            for (n, d) in missed.into_iter().enumerate() {
-                if n < job.concurrency as usize {
-                    self.dispatch(job.clone(), d, now);
-                } else {
-                    self.wait(job.name.clone(), d);
-                }
+            if record.paused {
+                self.paused.insert(job.name.clone(), since);
+                continue;
             }
+            self.catch_up_job(job, since, now);
         }
         Ok(())
+    }
+
+    /// Dispatches the fires of `job` from `since` on that are due now, as
+    /// `missed` has them, as catch-ups: oldest first, as many as the job
+    /// may run at once now, the rest as its runs end.
+    fn catch_up_job(&mut self, job: Arc<Job>, since: DateTime<Utc>, now: DateTime<Utc>) {
+        let with_latest = job.missed != Missed::Skip;
+        let missed: Vec<Due> = due(&job, now, since, with_latest)
+            .into_iter()
+            .filter(|d| d.fire >= since)
+            .map(|d| Due {
+                trigger: Trigger::CatchUp,
+                ..d
+            })
+            .collect();
+        for (n, d) in missed.into_iter().enumerate() {
+            if n < job.concurrency as usize {
+                self.dispatch(job.clone(), d, now);
+            } else {
+                self.wait(job.name.clone(), d);
+            }
+        }
+    }
+
+    /// Follows the pauses in the database (a scan) or the API's: a newly
+    /// paused job skips its fires from now; a resumed one catches up the
+    /// fires it skipped here, as `missed` and `catch_up` have them (a
+    /// pause delays periods, as a suspended Kubernetes CronJob does; it
+    /// does not drop them). Other replicas catch up the same fires: the
+    /// claims make that once.
+    fn follow_pauses(&mut self, paused: HashSet<String>) {
+        let now = Utc::now();
+        for name in &paused {
+            self.paused.entry(name.clone()).or_insert(now);
+        }
+        let resumed: Vec<(String, DateTime<Utc>)> = self
+            .paused
+            .iter()
+            .filter(|(name, _)| !paused.contains(*name))
+            .map(|(name, since)| (name.clone(), *since))
+            .collect();
+        for (name, since) in resumed {
+            self.paused.remove(&name);
+            if let Some(job) = self.job(&name) {
+                tracing::info!(job = name, since = %crate::period::utc_text(since), "resumed: catching up the fires skipped while paused");
+                self.catch_up_job(job, since, now);
+            }
+        }
     }
 
     /// The regular scan: pauses, waiting periods, and claims to take over.
@@ -377,9 +410,9 @@ impl Service {
         self.scanning = false;
         match scanned.paused {
             Ok(paused) => {
-                self.paused = paused.into_iter().collect();
+                self.follow_pauses(paused.into_iter().collect());
                 for job in &self.jobs {
-                    let paused = f64::from(u8::from(self.paused.contains(&job.name)));
+                    let paused = f64::from(u8::from(self.paused.contains_key(&job.name)));
                     metrics::gauge!("scheduler_paused", "job" => job.name.clone()).set(paused);
                 }
             }
@@ -430,7 +463,7 @@ impl Service {
                 for (name, due) in asks {
                     if let Some(job) = self.job(&name)
                         && !*self.shutdown.borrow()
-                        && !self.paused.contains(&name)
+                        && !self.paused.contains_key(&name)
                     {
                         self.pending.push((job, due));
                     }
@@ -441,11 +474,13 @@ impl Service {
             Event::Free => {
                 self.running -= 1;
             }
-            Event::Paused(name, true) => {
-                self.paused.insert(name);
-            }
-            Event::Paused(name, false) => {
-                self.paused.remove(&name);
+            Event::Paused(name, paused) => {
+                let mut now_paused: HashSet<String> = self.paused.keys().cloned().collect();
+                match paused {
+                    true => now_paused.insert(name),
+                    false => now_paused.remove(&name),
+                };
+                self.follow_pauses(now_paused);
             }
         }
     }
@@ -472,7 +507,7 @@ impl Service {
     /// Starts a task that claims `due` and runs it, unless the job is
     /// paused, the period is past the catch-up window, or shutdown began.
     fn dispatch(&mut self, job: Arc<Job>, due: Due, now: DateTime<Utc>) {
-        if *self.shutdown.borrow() || self.paused.contains(&job.name) {
+        if *self.shutdown.borrow() || self.paused.contains_key(&job.name) {
             return;
         }
         let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
@@ -510,7 +545,7 @@ impl Service {
         backlog.extend(self.pending.drain(..));
         let mut pending = backlog.into_iter();
         for (job, due) in pending.by_ref() {
-            if self.paused.contains(&job.name) {
+            if self.paused.contains_key(&job.name) {
                 continue;
             }
             let ask = Ask::scheduled(job, due);

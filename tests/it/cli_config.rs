@@ -306,6 +306,26 @@ fn next_prints_fires_in_the_zone_and_in_utc_with_period_keys() {
 }
 
 #[test]
+fn next_past_the_last_representable_fire_says_so() {
+    let ws = Workspace::new(GOOD_JOB);
+    let out = ws.run(&[
+        "next",
+        "billing",
+        "-n",
+        "3",
+        "--after",
+        "9999-12-01T00:00:00Z",
+    ]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert_eq!(out.stdout(), "");
+    assert!(
+        out.stderr().contains("no fire after 9999-12-01T00:00:00Z"),
+        "{}",
+        out.stderr()
+    );
+}
+
+#[test]
 fn the_shipped_jobs_toml_is_valid() {
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/jobs.toml")).unwrap();

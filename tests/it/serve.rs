@@ -590,3 +590,40 @@ fn fires_that_wait_past_catch_up_for_a_slot_are_counted_as_dropped() {
     });
     assert_eq!(stop(replica), 0);
 }
+
+#[test]
+fn a_resumed_job_catches_up_the_fires_it_skipped_while_paused() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(
+            &(settings("catch_up = \"1h\"")
+                + &every_second("tick", "period = \"fire\"\ncommand = [\"true\"]")),
+        );
+        let cli = |verb: &str, args: &[&str]| {
+            let out = ws.run(&[&["--database-url", &db.url, verb], args].concat());
+            assert_eq!(out.code(), 0, "{verb}: {}", out.stderr());
+        };
+        cli("migrate", &[]);
+        let replica = serve(&ws, &db.url);
+        let claims = |from: &str, to: &str| {
+            crate::support::count(
+                &db.url,
+                &format!(
+                    "SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"
+                ),
+            )
+        };
+        eventually("a first run", BOUND, || claims("0", "9") > 0);
+        let second = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let paused_at = Utc::now();
+        cli("pause", &["tick"]);
+        std::thread::sleep(Duration::from_secs(4));
+        cli("resume", &["tick"]);
+        let resumed_at = Utc::now();
+        // Every fire of the pause runs once it is over.
+        let fires = resumed_at.timestamp() - paused_at.timestamp() + 1;
+        eventually("every fire of the pause claimed", BOUND, || {
+            claims(&second(paused_at), &second(resumed_at)) == fires
+        });
+        assert_eq!(stop(replica), 0);
+    }
+}
