@@ -1,7 +1,7 @@
 //! What is due for a job at an instant: the latest fire's period and the
 //! missed ones before it. One answer for `run` and for `serve`'s scan.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -111,8 +111,10 @@ struct Open {
     job: Arc<Job>,
     /// Fires listed up to here.
     upto: DateTime<Utc>,
-    /// Key by fire.
-    keys: BTreeMap<DateTime<Utc>, String>,
+    /// The fires of the periods still open; their keys are made again when
+    /// they are looked up (a fire is 12 bytes, a key a heap string: a
+    /// failing every-second job keeps 86,400 of them a day).
+    fires: BTreeSet<DateTime<Utc>>,
 }
 
 impl OverdueCount {
@@ -160,29 +162,28 @@ impl OverdueCount {
             let open = self.jobs.entry(job.name.clone()).or_insert_with(|| Open {
                 job: job.clone(),
                 upto: since,
-                keys: BTreeMap::new(),
+                fires: BTreeSet::new(),
             });
             // Only `missed = "all"` keeps what was due before: with the
             // others only the latest fire is due, listed afresh each time.
             let from = if Arc::ptr_eq(&open.job, job) && job.missed == Missed::All {
                 open.upto.max(since)
             } else {
-                open.keys.clear();
+                open.fires.clear();
                 since
             };
             open.job = job.clone();
             open.upto = now + TimeDelta::nanoseconds(1);
-            let kept = std::mem::take(&mut open.keys).split_off(&since);
+            let kept = std::mem::take(&mut open.fires)
+                .split_off(&since)
+                .into_iter()
+                .map(|fire| (fire, job.period.period_of(&job.schedule, fire)));
             let new = due(job, now, from, true)
                 .into_iter()
                 .filter(|d| d.fire >= from)
-                .map(|d| {
-                    (
-                        d.fire,
-                        PeriodKey::new(&job.name, &d.period.label).to_string(),
-                    )
-                });
-            for (fire, key) in kept.into_iter().chain(new) {
+                .map(|d| (d.fire, d.period));
+            for (fire, period) in kept.chain(new) {
+                let key = PeriodKey::new(&job.name, &period.label).to_string();
                 asked.push((job.name.clone(), fire, key));
                 if asked.len() == LOOKUP_CHUNK {
                     self.look_up(store, &mut asked, &mut counted).await?;
@@ -216,7 +217,7 @@ impl OverdueCount {
                 *counted.entry(name.clone()).or_default() += 1;
             }
             if let Some(open) = self.jobs.get_mut(&name) {
-                open.keys.insert(fire, key);
+                open.fires.insert(fire);
             }
         }
         Ok(())
