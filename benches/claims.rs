@@ -1,7 +1,9 @@
 //! Figures for claiming: in-process claim + complete of a no-op run next to
 //! a raw loop of the two minimal statements (insert-on-conflict, update), on
 //! SQLite and PostgreSQL in the same run; `scheduler run --from --to` over
-//! 1,000 periods of /bin/true and over 10,000 of a no-op `sql` job, next to
+//! 1,000 periods of /bin/true, next to the serial claim → spawn → complete
+//! limit (the raw statements around a bare `posix_spawn` of /bin/true,
+//! measured in the same run), and over 10,000 of a no-op `sql` job, next to
 //! the batched-claim limit (a bare insert of 100 keys per commit). Run with `cargo bench --bench claims`
 //! (PostgreSQL from SCHEDULER_TEST_DATABASE_URL, default the local server).
 
@@ -51,7 +53,40 @@ async fn claim_and_complete(store: &Store) -> f64 {
     RUNS as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn raw_sqlite(url: &str) -> f64 {
+/// What a raw loop does between its two statements: nothing, or start
+/// `/bin/true` and wait for it (the serial claim → spawn → complete limit,
+/// measured in the same run as the backfill it bounds).
+#[derive(Clone, Copy, PartialEq)]
+enum Between {
+    Nothing,
+    SpawnTrue,
+}
+
+impl Between {
+    fn runs(self) -> usize {
+        match self {
+            Between::Nothing => RUNS,
+            Between::SpawnTrue => 1_000,
+        }
+    }
+
+    fn act(self) {
+        if self == Between::SpawnTrue {
+            use std::os::unix::process::CommandExt;
+            let status = Command::new("/bin/true").process_group(0).status().unwrap();
+            assert!(status.success());
+        }
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Between::Nothing => "raw",
+            Between::SpawnTrue => "spawn",
+        }
+    }
+}
+
+async fn raw_sqlite(url: &str, between: Between) -> f64 {
     let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
     sqlx::query("PRAGMA journal_mode = WAL")
         .execute(&mut conn)
@@ -61,55 +96,57 @@ async fn raw_sqlite(url: &str) -> f64 {
         .execute(&mut conn)
         .await
         .unwrap();
-    sqlx::query("CREATE TABLE raw (key TEXT PRIMARY KEY, state TEXT NOT NULL)")
+    sqlx::query("CREATE TABLE IF NOT EXISTS raw (key TEXT PRIMARY KEY, state TEXT NOT NULL)")
         .execute(&mut conn)
         .await
         .unwrap();
     let started = Instant::now();
-    for i in 0..RUNS {
-        let key = format!("raw:{i}");
+    for i in 0..between.runs() {
+        let key = format!("{}:{i}", between.prefix());
         sqlx::query("INSERT INTO raw (key, state) VALUES (?1, 'running') ON CONFLICT DO NOTHING RETURNING key")
             .bind(&key)
             .fetch_optional(&mut conn)
             .await
             .unwrap()
             .unwrap();
+        between.act();
         sqlx::query("UPDATE raw SET state = 'succeeded' WHERE key = ?1 AND state = 'running'")
             .bind(&key)
             .execute(&mut conn)
             .await
             .unwrap();
     }
-    RUNS as f64 / started.elapsed().as_secs_f64()
+    between.runs() as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn raw_postgres(url: &str) -> f64 {
+async fn raw_postgres(url: &str, between: Between) -> f64 {
     let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-    sqlx::query("CREATE TABLE raw (key TEXT PRIMARY KEY, state TEXT NOT NULL)")
+    sqlx::query("CREATE TABLE IF NOT EXISTS raw (key TEXT PRIMARY KEY, state TEXT NOT NULL)")
         .execute(&mut conn)
         .await
         .unwrap();
     let started = Instant::now();
-    for i in 0..RUNS {
-        let key = format!("raw:{i}");
+    for i in 0..between.runs() {
+        let key = format!("{}:{i}", between.prefix());
         sqlx::query("INSERT INTO raw (key, state) VALUES ($1, 'running') ON CONFLICT DO NOTHING RETURNING key")
             .bind(&key)
             .fetch_optional(&mut conn)
             .await
             .unwrap()
             .unwrap();
+        between.act();
         sqlx::query("UPDATE raw SET state = 'succeeded' WHERE key = $1 AND state = 'running'")
             .bind(&key)
             .execute(&mut conn)
             .await
             .unwrap();
     }
-    RUNS as f64 / started.elapsed().as_secs_f64()
+    between.runs() as f64 / started.elapsed().as_secs_f64()
 }
 
 /// `scheduler run JOB --from 2026-01-01T00:00 --to TO` of job `job` in
-/// `toml`; prints `periods` over the time taken.
-fn backfill(url: &str, toml: &str, job: &str, to: &str, periods: usize, what: &str) {
+/// `toml`; prints `periods` over the time taken, and returns that rate.
+fn backfill(url: &str, toml: &str, job: &str, to: &str, periods: usize, what: &str) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("jobs.toml"), toml).unwrap();
     let started = Instant::now();
@@ -133,19 +170,25 @@ fn backfill(url: &str, toml: &str, job: &str, to: &str, periods: usize, what: &s
         "  run --from --to, {periods} periods of {what}: {secs:.2}s = {:.0} periods/s",
         periods as f64 / secs
     );
+    periods as f64 / secs
 }
 
-/// 1,000 periods of `/bin/true`, one at a time (`concurrency = 1`).
-fn backfill_true(url: &str) {
+/// 1,000 periods of `/bin/true`, one at a time (`concurrency = 1`), next
+/// to `limit`, the serial claim → spawn → complete limit of the same run.
+fn backfill_true(url: &str, limit: f64) {
     let toml = "[[job]]\nname = \"sync\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"/bin/true\"]\n";
-    backfill(url, toml, "sync", "2026-01-01T16:39", 1_000, "/bin/true");
+    let rate = backfill(url, toml, "sync", "2026-01-01T16:39", 1_000, "/bin/true");
+    println!(
+        "    serial limit (raw claim, posix_spawn /bin/true, raw complete): {limit:.0}/s; ratio {:.2}",
+        rate / limit
+    );
 }
 
 /// 10,000 periods of a no-op `sql` job that may run 100 at once: claimed
 /// 100 per statement, run as groups.
 fn backfill_sql(url: &str) {
     let toml = "[[job]]\nname = \"rollup\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nconcurrency = 100\nsql = { statement = \"SELECT 1\" }\n";
-    backfill(
+    let _ = backfill(
         url,
         toml,
         "rollup",
@@ -258,16 +301,19 @@ async fn main() {
     let raw = format!("sqlite://{}?mode=rwc", dir.path().join("raw.db").display());
     let store = Store::connect(&sqlite).await.unwrap();
     store.migrate().await.unwrap();
-    let (ours, baseline) = (claim_and_complete(&store).await, raw_sqlite(&raw).await);
+    let (ours, baseline) = (
+        claim_and_complete(&store).await,
+        raw_sqlite(&raw, Between::Nothing).await,
+    );
     println!("SQLite (WAL, synchronous=FULL), {RUNS} no-op runs:");
     println!(
         "  claim + complete: {ours:.0} runs/s; raw two statements: {baseline:.0} runs/s; ratio {:.2}",
         ours / baseline
     );
-    backfill_true(&format!(
-        "sqlite://{}",
-        dir.path().join("backfill.db").display()
-    ));
+    backfill_true(
+        &format!("sqlite://{}", dir.path().join("backfill.db").display()),
+        raw_sqlite(&raw, Between::SpawnTrue).await,
+    );
     backfill_sql(&format!(
         "sqlite://{}",
         dir.path().join("backfill_sql.db").display()
@@ -301,14 +347,17 @@ async fn main() {
     store.migrate().await.unwrap();
     let (ours, baseline) = (
         claim_and_complete(&store).await,
-        raw_postgres(&raw_url).await,
+        raw_postgres(&raw_url, Between::Nothing).await,
     );
     println!("PostgreSQL (loopback), {RUNS} no-op runs:");
     println!(
         "  claim + complete: {ours:.0} runs/s; raw two statements: {baseline:.0} runs/s; ratio {:.2}",
         ours / baseline
     );
-    backfill_true(&backfill_url);
+    backfill_true(
+        &backfill_url,
+        raw_postgres(&raw_url, Between::SpawnTrue).await,
+    );
     if let Some(url) = postgres_database("scheduler_bench_backfill_sql").await {
         backfill_sql(&url);
     }
