@@ -610,10 +610,7 @@ fn launcher(config: &Config, given: Option<PathBuf>) -> Result<supervisor::Launc
         .iter()
         .find(|job| matches!(job.action, Action::Process { .. }));
     match (found, needs) {
-        (Some(program), _) => Ok(supervisor::Launcher {
-            program,
-            lead: Vec::new(),
-        }),
+        (Some(program), _) => Ok(supervisor::Launcher::new(program, Vec::new())),
         (None, None) => Ok(supervisor::Launcher::find()),
         (None, Some(job)) => Err(Error::Config(ConfigError {
             place: format!("job `{}`", job.name),

@@ -17,6 +17,7 @@ mod process;
 pub mod reaper;
 mod report;
 pub mod supervisor;
+pub mod zygote;
 
 pub use execute::{Ending, Run, Stop};
 pub use report::{Report, Status};

@@ -3,21 +3,21 @@
 //! outlives the scheduler or its claim, its output logged line by line and
 //! its tail kept.
 
+use std::ffi::OsString;
 use std::future::Future;
-use std::os::unix::process::ExitStatusExt;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::net::unix::pipe;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::execute::ActionResult;
-use super::{OUTPUT_TAIL, Run, Stop, supervisor};
+use super::supervisor::{self, Spec};
+use super::zygote::{Ended, Status};
+use super::{OUTPUT_TAIL, Run, Stop};
 use crate::config::Program;
 use crate::engine::heartbeat::Heartbeats;
 use crate::template::Template;
@@ -56,61 +56,48 @@ pub(super) async fn run(
     let left_ms = move |at: Instant| {
         (at.saturating_duration_since(Instant::now()) + heartbeats.interval() / 2).as_millis()
     };
-    let mut command = Command::new(&spawn.supervisor.program);
-    command
-        .arg0("scheduler-supervise")
-        .args(&spawn.supervisor.lead)
-        .arg(left_ms(*fence_at.borrow_and_update()).to_string())
-        .arg("--");
-    match program {
+    let (program, args): (OsString, Vec<OsString>) = match program {
         Program::Command(argv) => {
-            command.args(argv.iter().map(|a| a.render(run)));
+            let mut argv = argv.iter().map(|a| OsString::from(a.render(run)));
+            (argv.next().unwrap_or_default(), argv.collect())
         }
-        Program::Shell(script) => {
-            command.arg("/bin/sh").arg("-c").arg(script.render(run));
-        }
-    }
-    if let Some(dir) = workdir {
-        command.current_dir(dir.render(run));
-    }
-    // No `pre_exec`: the supervisor starts on the `posix_spawn` path, as
-    // cheap in a large process as in a small one.
-    command
-        .envs(env.iter().map(|(k, v)| (k, v.render(run))))
-        .envs(run.environment())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = match crate::engine::reaper::spawn_job(|| command.spawn(), Child::id) {
-        Ok(child) => child,
-        Err(e) => {
-            return ActionResult::failed(format!("cannot start the job: {e}"));
-        }
+        Program::Shell(script) => (
+            "/bin/sh".into(),
+            vec!["-c".into(), script.render(run).into()],
+        ),
     };
-    let supervisor = child.id().map(|id| Pid::from_raw(id as i32));
+    let spec = Spec {
+        fence_ms: u64::try_from(left_ms(*fence_at.borrow_and_update())).unwrap_or(u64::MAX),
+        program,
+        args,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.into(), v.render(run).into()))
+            .chain(
+                run.environment()
+                    .into_iter()
+                    .map(|(k, v)| (k.into(), v.into())),
+            )
+            .collect(),
+        workdir: workdir.map(|dir| dir.render(run).into()),
+    };
+    let started = match spawn.supervisor.start(&spec) {
+        Ok(started) => started,
+        Err(e) => return ActionResult::failed(format!("cannot start the job: {e}")),
+    };
     let tail = Arc::new(Mutex::new(Vec::new()));
     let readers = [
-        child
-            .stdout
-            .take()
-            .map(|s| forward(s, "stdout", run.key.to_string(), tail.clone())),
-        child
-            .stderr
-            .take()
-            .map(|s| forward(s, "stderr", run.key.to_string(), tail.clone())),
+        forward(started.stdout, "stdout", run.key.to_string(), tail.clone()),
+        forward(started.stderr, "stderr", run.key.to_string(), tail.clone()),
     ];
+    let mut status = started.status;
     // Every renewal moves the supervisor's own deadline on; closing this
     // pipe (this process's death included) makes it end the job's tree.
-    let mut deadlines = child.stdin.take();
+    let mut control = Some(started.control);
     let feed = async {
         while fence_at.changed().await.is_ok() {
-            let line = format!("{}\n", left_ms(*fence_at.borrow_and_update()));
-            if let Some(pipe) = deadlines.as_mut()
-                && pipe.write_all(line.as_bytes()).await.is_err()
-            {
-                deadlines = None;
-            }
+            let line = left_ms(*fence_at.borrow_and_update()).to_string();
+            say(&mut control, &line).await;
         }
         std::future::pending::<()>().await;
     };
@@ -121,39 +108,31 @@ pub(super) async fn run(
             None => std::future::pending().await,
         }
     };
-    let mut supervisor_signaled = true;
     let mut result = tokio::select! {
-        status = child.wait() => match status {
-            Ok(status) => {
-                supervisor_signaled = status.signal().is_some();
-                status_result(status)
-            }
-            Err(e) => ActionResult::failed(format!("cannot wait for the job: {e}")),
-        },
+        ended = status.ended() => ended_result(ended),
         () = timeout => {
-            terminate(&mut child, supervisor).await;
+            terminate(&mut control, &mut status).await;
             let limit = run.job.timeout.unwrap_or_default();
             ActionResult::failed(format!("timed out after {}", humantime::format_duration(limit)))
         }
         why = stop => {
             match why {
-                Stop::Lost => end_tree(&mut child, supervisor).await,
-                Stop::Shutdown => terminate(&mut child, supervisor).await,
+                Stop::Lost => end_tree(&mut control, &mut status).await,
+                Stop::Shutdown => terminate(&mut control, &mut status).await,
             }
             ActionResult::Stopped(why)
         }
         () = feed => unreachable!("feeding deadlines never ends"),
     };
-    if let Some(pid) = supervisor {
-        crate::engine::reaper::forget_job(pid.as_raw() as u32);
-    }
-    // A supervisor that died of a signal may have been killed itself, with
-    // its job's tree still running, now re-parented to this process.
-    if supervisor_signaled {
-        crate::engine::reaper::sweep().await;
+    // A supervisor that ended without saying how may have been killed
+    // itself, with its job's tree still running: swept before the period
+    // can run again.
+    let ended = tokio::time::timeout(SUPERVISOR_WAIT, status.ended()).await;
+    if ended.unwrap_or(Ended::Vanished) == Ended::Vanished {
+        spawn.supervisor.sweep().await;
     }
     // The supervisor has ended the whole tree, so the pipes close.
-    for reader in readers.into_iter().flatten() {
+    for reader in readers {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
     if let ActionResult::Done(finish, _) = &mut result {
@@ -163,50 +142,66 @@ pub(super) async fn run(
     result
 }
 
-fn status_result(status: std::process::ExitStatus) -> ActionResult {
-    match (status.code(), status.signal()) {
-        (Some(0), _) => {
+fn ended_result(ended: Ended) -> ActionResult {
+    match ended {
+        Ended::Exited(0) => {
             let mut result = ActionResult::succeeded();
             result.set_exit_code(0);
             result
         }
-        (Some(code), _) => {
+        Ended::Exited(code) => {
             let mut result = ActionResult::failed(format!("exited with status {code}"));
             result.set_exit_code(code);
             result
         }
-        (None, Some(signal)) => {
+        Ended::Signaled(signal) => {
             let name =
                 Signal::try_from(signal).map_or_else(|_| signal.to_string(), |s| s.to_string());
             ActionResult::failed(format!("killed by {name}"))
         }
-        (None, None) => ActionResult::failed("ended without a status".into()),
+        Ended::Vanished => {
+            ActionResult::failed("the job's supervisor ended without a status (killed?)".into())
+        }
     }
 }
 
-/// Has the supervisor kill the whole tree now; kills the supervisor too
-/// if it does not end within [`SUPERVISOR_WAIT`].
-async fn end_tree(child: &mut Child, supervisor: Option<Pid>) {
-    if let Some(pid) = supervisor {
-        let _ = kill(pid, Signal::SIGUSR1);
+/// Writes a line to the supervisor's control pipe; a pipe that cannot be
+/// written (the supervisor is gone) is closed.
+async fn say(control: &mut Option<pipe::Sender>, line: &str) {
+    if let Some(pipe) = control.as_mut()
+        && pipe
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .is_err()
+    {
+        *control = None;
     }
-    if tokio::time::timeout(SUPERVISOR_WAIT, child.wait())
+}
+
+/// Has the supervisor kill the whole tree now; closes its control pipe
+/// (which does the same) and kills the supervisor itself if it has not
+/// ended within [`SUPERVISOR_WAIT`] (it was stopped, say).
+async fn end_tree(control: &mut Option<pipe::Sender>, status: &mut Status) {
+    say(control, "kill").await;
+    if tokio::time::timeout(SUPERVISOR_WAIT, status.ended())
         .await
         .is_err()
     {
-        let _ = child.start_kill();
-        let _ = child.wait().await;
+        *control = None;
+        status.kill();
+        let _ = tokio::time::timeout(SUPERVISOR_WAIT, status.ended()).await;
     }
 }
 
 /// SIGTERM to the job's group (through its supervisor), then the whole
 /// tree killed if the job is still there after [`TERM_WAIT`].
-async fn terminate(child: &mut Child, supervisor: Option<Pid>) {
-    if let Some(pid) = supervisor {
-        let _ = kill(pid, Signal::SIGTERM);
-    }
-    if tokio::time::timeout(TERM_WAIT, child.wait()).await.is_err() {
-        end_tree(child, supervisor).await;
+async fn terminate(control: &mut Option<pipe::Sender>, status: &mut Status) {
+    say(control, "term").await;
+    if tokio::time::timeout(TERM_WAIT, status.ended())
+        .await
+        .is_err()
+    {
+        end_tree(control, status).await;
     }
 }
 

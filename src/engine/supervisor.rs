@@ -2,9 +2,9 @@
 //! `command` or `shell` job that makes sure no process of the job's tree
 //! outlives the scheduler or its claim.
 //!
-//! The scheduler starts its own binary in this mode (through the
-//! `posix_spawn` path: no `pre_exec`, so spawning costs the same in a large
-//! process). The supervisor
+//! Each is forked by the scheduler process's one zygote (see
+//! [`zygote`](super::zygote)), or started as a program of its own (`FENCE_MS
+//! -- PROGRAM ARGS…`). The supervisor
 //! - makes itself a child subreaper, so every orphaned descendant of the job
 //!   is re-parented to it, whatever process group or session it moved to;
 //! - starts the job in a process group of its own;
@@ -13,14 +13,16 @@
 //!   scheduler died, even by SIGKILL: the kernel closes its end), or a
 //!   deadline that passes without renewal (the scheduler froze or lost its
 //!   database), kills the whole tree;
-//! - forwards SIGTERM to the job's group; SIGUSR1 kills the whole tree now;
+//! - forwards SIGTERM (or a `term` line) to the job's group; SIGUSR1 (or a
+//!   `kill` line) kills the whole tree now;
 //! - when the job's leader ends, kills what is left of the tree, reaps it,
 //!   and exits with the job's status (the same code, or the same signal).
 //!
 //! It writes nothing but its own start-up failure to stderr.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,29 +41,36 @@ pub const ARG: &str = "__supervise";
 /// The supervisor's own binary, looked for beside the running one.
 pub const BINARY: &str = "scheduler-supervise";
 
-/// How this process starts supervisors.
+/// How this process starts supervisors: the program of its zygote (see
+/// [`zygote`](super::zygote)), and the zygote once started.
 #[derive(Debug, Clone)]
 pub struct Launcher {
     /// The program.
     pub program: std::path::PathBuf,
     /// Arguments before the supervisor's own (the mode switch).
     pub lead: Vec<&'static str>,
+    /// The zygote, started with the first job.
+    pub(super) zygote: super::zygote::Connection,
 }
 
 impl Launcher {
+    /// Supervisors started as `program` (with `lead` before their own
+    /// arguments).
+    pub fn new(program: std::path::PathBuf, lead: Vec<&'static str>) -> Launcher {
+        Launcher {
+            program,
+            lead,
+            zygote: Default::default(),
+        }
+    }
+
     /// The small `scheduler-supervise` binary beside this one if it is
     /// there (it starts in about a millisecond less than the whole
     /// scheduler), else this binary in supervisor mode.
     pub fn find() -> Launcher {
         match Launcher::beside() {
-            Some(program) => Launcher {
-                program,
-                lead: Vec::new(),
-            },
-            None => Launcher {
-                program: "/proc/self/exe".into(),
-                lead: vec![ARG],
-            },
+            Some(program) => Launcher::new(program, Vec::new()),
+            None => Launcher::new("/proc/self/exe".into(), vec![ARG]),
         }
     }
 
@@ -95,10 +104,100 @@ impl Launcher {
 /// command it cannot run).
 const CANNOT_START: i32 = 127;
 
+/// The argument after [`ARG`] (or first, for `scheduler-supervise`) that
+/// starts the long-lived supervisor of a whole scheduler process (see
+/// [`zygote`](super::zygote)) rather than one job's.
+pub const ZYGOTE: &str = "--zygote";
+
+/// What one supervisor runs and how long the claim is safe at first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// Milliseconds the claim stays safe from the start.
+    pub fence_ms: u64,
+    /// The job's program.
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Variables added to the supervisor's own environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// Its working directory, if not the supervisor's own.
+    pub workdir: Option<OsString>,
+}
+
+impl Spec {
+    /// `FENCE_MS -- PROGRAM ARGS…`, the command line of a supervisor started
+    /// for one job (its environment and directory are its own).
+    fn from_args(args: &[OsString]) -> Result<Spec, String> {
+        match args {
+            [fence, dashdash, program, rest @ ..] if dashdash == "--" => Ok(Spec {
+                fence_ms: fence
+                    .to_str()
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .ok_or("supervisor: bad fence")?,
+                program: program.clone(),
+                args: rest.to_vec(),
+                env: Vec::new(),
+                workdir: None,
+            }),
+            _ => Err("supervisor: expected FENCE_MS -- PROGRAM [ARGS…]".into()),
+        }
+    }
+
+    /// The bytes of one request to the zygote: fields separated by NUL,
+    /// which no argument, variable or path can hold.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut fields: Vec<&[u8]> = Vec::new();
+        let fence = self.fence_ms.to_string();
+        let counts = [self.env.len().to_string(), self.args.len().to_string()];
+        fields.push(fence.as_bytes());
+        fields.push(self.workdir.as_ref().map_or(&b""[..], |w| w.as_bytes()));
+        fields.push(counts[0].as_bytes());
+        for (k, v) in &self.env {
+            fields.push(k.as_bytes());
+            fields.push(v.as_bytes());
+        }
+        fields.push(counts[1].as_bytes());
+        fields.extend(self.args.iter().map(|a| a.as_bytes()));
+        fields.push(self.program.as_bytes());
+        fields.join(&0u8)
+    }
+
+    /// Reads [`Spec::encode`]'s bytes.
+    pub(super) fn decode(bytes: &[u8]) -> Result<Spec, String> {
+        let mut fields = bytes.split(|b| *b == 0).map(OsStr::from_bytes);
+        let mut next = || fields.next().ok_or("supervisor: a request cut short");
+        let number = |f: &OsStr| f.to_str().and_then(|n| n.parse::<usize>().ok());
+        let fence_ms = number(next()?).ok_or("supervisor: bad fence")? as u64;
+        let workdir = Some(next()?).filter(|w| !w.is_empty()).map(OsStr::to_owned);
+        let env_count = number(next()?).ok_or("supervisor: bad count")?;
+        let mut env = Vec::with_capacity(env_count.min(1024));
+        for _ in 0..env_count {
+            env.push((next()?.to_owned(), next()?.to_owned()));
+        }
+        let arg_count = number(next()?).ok_or("supervisor: bad count")?;
+        let mut args = Vec::with_capacity(arg_count.min(1024));
+        for _ in 0..arg_count {
+            args.push(next()?.to_owned());
+        }
+        let program = next()?.to_owned();
+        Ok(Spec {
+            fence_ms,
+            program,
+            args,
+            env,
+            workdir,
+        })
+    }
+}
+
 /// Supervises the job `args` describe (`FENCE_MS -- PROGRAM ARGS…`) and
-/// exits as the job did.
+/// exits as the job did; with [`ZYGOTE`] first, serves a whole scheduler
+/// process instead.
 pub fn run(args: &[OsString]) -> ! {
-    let status = match supervise(args) {
+    if args.first().is_some_and(|a| a == ZYGOTE) {
+        super::zygote::serve()
+    }
+    let status = match Spec::from_args(args).and_then(|spec| supervise(&spec)) {
         Ok(status) => status,
         Err(e) => {
             eprintln!("{e}");
@@ -108,14 +207,22 @@ pub fn run(args: &[OsString]) -> ! {
     exit_like(status)
 }
 
-fn supervise(args: &[OsString]) -> Result<Option<WaitStatus>, String> {
-    let (fence_ms, argv) = match args {
-        [fence, dashdash, program, rest @ ..] if dashdash == "--" => {
-            let fence = fence.to_str().and_then(|f| f.parse::<u64>().ok());
-            (fence.ok_or("supervisor: bad fence")?, (program, rest))
+/// A job started by a zygote's child from the request `bytes`, supervised
+/// to its end: how it ended, as one line for the scheduler (`exit N`,
+/// `signal N`).
+pub(super) fn supervise_request(bytes: &[u8]) -> String {
+    match Spec::decode(bytes).and_then(|spec| supervise(&spec)) {
+        Ok(Some(WaitStatus::Exited(_, code))) => format!("exit {code}"),
+        Ok(Some(WaitStatus::Signaled(_, signal, _))) => format!("signal {}", signal as i32),
+        Ok(_) => format!("exit {CANNOT_START}"),
+        Err(e) => {
+            eprintln!("{e}");
+            format!("exit {CANNOT_START}")
         }
-        _ => return Err("supervisor: expected FENCE_MS -- PROGRAM [ARGS…]".into()),
-    };
+    }
+}
+
+fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
     let mut watched = SigSet::empty();
     for signal in [
         Signal::SIGCHLD,
@@ -132,8 +239,15 @@ fn supervise(args: &[OsString]) -> Result<Option<WaitStatus>, String> {
         .map_err(|e| format!("supervisor: signalfd: {e}"))?;
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| format!("supervisor: cannot become a subreaper: {e}"))?;
-    let mut command = Command::new(argv.0);
-    command.args(argv.1).stdin(Stdio::null()).process_group(0);
+    let mut command = Command::new(&spec.program);
+    command
+        .args(&spec.args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .process_group(0);
+    if let Some(dir) = &spec.workdir {
+        command.current_dir(dir);
+    }
     // The job must not inherit the signals blocked here (it would never
     // see the SIGTERM of a timeout or a shutdown). The standard library does
     // not reset the mask, so the child does before exec; this process is
@@ -148,9 +262,9 @@ fn supervise(args: &[OsString]) -> Result<Option<WaitStatus>, String> {
     }
     let child = command
         .spawn()
-        .map_err(|e| format!("cannot start `{}`: {e}", argv.0.to_string_lossy()))?;
+        .map_err(|e| format!("cannot start `{}`: {e}", spec.program.to_string_lossy()))?;
     let job = Pid::from_raw(child.id() as i32);
-    let mut deadline = Instant::now() + Duration::from_millis(fence_ms);
+    let mut deadline = Instant::now() + Duration::from_millis(spec.fence_ms);
     let mut pending = Vec::new();
     let stdin = std::io::stdin();
     loop {
@@ -192,13 +306,21 @@ fn supervise(args: &[OsString]) -> Result<Option<WaitStatus>, String> {
                 Err(Errno::EAGAIN | Errno::EINTR) => {}
                 Err(_) => return Ok(end_tree(job, None)),
             }
+            // Each line: the milliseconds the claim stays safe from now,
+            // `term` (SIGTERM to the job's group) or `kill` (the whole tree).
             while let Some(end) = pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = pending.drain(..=end).collect();
-                let ms = std::str::from_utf8(&line)
-                    .ok()
-                    .and_then(|l| l.trim().parse::<u64>().ok());
-                if let Some(ms) = ms {
-                    deadline = Instant::now() + Duration::from_millis(ms);
+                match std::str::from_utf8(&line).map(str::trim) {
+                    Ok("term") => {
+                        let _ = killpg(job, Signal::SIGTERM);
+                    }
+                    Ok("kill") => return Ok(end_tree(job, None)),
+                    Ok(ms) => {
+                        if let Ok(ms) = ms.parse::<u64>() {
+                            deadline = Instant::now() + Duration::from_millis(ms);
+                        }
+                    }
+                    Err(_) => {}
                 }
             }
         }
@@ -244,7 +366,7 @@ fn end_tree(job: Pid, mut job_status: Option<WaitStatus>) -> Option<WaitStatus> 
 
 /// This process's children: from its one thread's `children` file where
 /// the kernel has it, else from every process's parent in `/proc`.
-fn children() -> Vec<Pid> {
+pub(super) fn children() -> Vec<Pid> {
     let me = std::process::id();
     match std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")) {
         Ok(list) => list

@@ -538,6 +538,42 @@ fn parent(pid: i32) -> i32 {
 }
 
 #[test]
+fn kill_9_of_the_zygote_leaves_running_jobs_supervised_and_the_next_jobs_start() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &("[scheduler]\nlease = \"60s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+            .to_owned()
+            + &overlap_job("long")
+            + "\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\nshell = 'echo $SCHEDULER_PERIOD >> ticks.txt'\n"),
+    );
+    let server = serve(&ws, &db.url);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    let (_, shell) = starts(&ws, "long")[0];
+    // The job's supervisor was forked by the scheduler's zygote.
+    let zygote = parent(parent(shell));
+    assert_ne!(zygote, server.id() as i32);
+    assert_eq!(parent(zygote), server.id() as i32);
+    kill(Pid::from_raw(zygote), Signal::SIGKILL).unwrap();
+    let ticks = lines(ws.path().join("ticks.txt")).len();
+    eventually("jobs started after the zygote died", BOUND, || {
+        lines(ws.path().join("ticks.txt")).len() >= ticks + 3
+    });
+    assert!(
+        alive(shell),
+        "the running job lives on under its supervisor"
+    );
+    assert_eq!(starts(&ws, "long").len(), 1);
+    // Its supervisor still ends the tree with the scheduler.
+    signal(&server, Signal::SIGKILL);
+    wait(server, BOUND);
+    eventually(
+        "the job to die with the scheduler",
+        Duration::from_secs(10),
+        || !alive(shell),
+    );
+}
+
+#[test]
 fn kill_9_of_a_jobs_supervisor_leaves_nothing_of_its_tree_running_beside_the_next_attempt() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(
