@@ -119,9 +119,10 @@ fn two_processes_on_one_sqlite_file_run_every_second_exactly_once() {
 }
 
 /// A job whose first run (in this workspace) parks: it records its runner's
-/// pid (its parent is the job's supervisor, whose parent is the runner) and
-/// sleeps; every run appends `key attempt trigger` to runs.txt.
-const PARKING_JOB: &str = "shell = \"if mkdir parked 2>/dev/null; then cut -d' ' -f4 /proc/$PPID/stat > victim; echo $SCHEDULER_PERIOD_KEY > parked-key; sleep 20; fi; echo $SCHEDULER_PERIOD_KEY $SCHEDULER_ATTEMPT $SCHEDULER_TRIGGER >> runs.txt\"";
+/// pid (its parent is the job's supervisor, whose parent is the runner's
+/// zygote, whose parent is the runner) and sleeps; every run appends `key
+/// attempt trigger` to runs.txt.
+const PARKING_JOB: &str = "shell = \"if mkdir parked 2>/dev/null; then z=$(cut -d' ' -f4 /proc/$PPID/stat); cut -d' ' -f4 /proc/$z/stat > victim; echo $SCHEDULER_PERIOD_KEY > parked-key; sleep 20; fi; echo $SCHEDULER_PERIOD_KEY $SCHEDULER_ATTEMPT $SCHEDULER_TRIGGER >> runs.txt\"";
 
 fn parked(ws: &Workspace) -> (i32, String) {
     eventually("a job to park", BOUND, || {
