@@ -1,8 +1,10 @@
 //! Figures for starting a job process: the old way (`pre_exec` for a
-//! parent-death signal, which forces fork + exec), the way jobs start now
-//! (the small `scheduler-supervise` binary on the `posix_spawn` path, which
-//! then starts the job; and the whole scheduler binary in supervisor mode,
-//! the fallback), and a bare `posix_spawn` for reference, each from a small
+//! parent-death signal, which forces fork + exec), a supervisor started as a
+//! program of its own for each job (the small `scheduler-supervise` binary on
+//! the `posix_spawn` path, which then starts the job; and the whole
+//! scheduler binary in supervisor mode), the way jobs start now (each
+//! job's supervisor forked by the process's one zygote, which then starts
+//! the job), and a bare `posix_spawn` for reference, each from a small
 //! parent and from one holding 1 GiB. Run with `cargo bench --bench spawn`.
 
 use std::os::unix::process::CommandExt;
@@ -67,16 +69,51 @@ fn supervised_by_scheduler() -> Command {
     command
 }
 
+/// Jobs per second started through a zygote, each waited for.
+fn zygote_rate(launcher: &scheduler::engine::supervisor::Launcher) -> f64 {
+    use scheduler::engine::supervisor::Spec;
+    use scheduler::engine::zygote::Ended;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let spec = Spec {
+            fence_ms: 60_000,
+            program: "/bin/true".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            workdir: None,
+        };
+        // The zygote's own start is paid once, not per job.
+        launcher.start(&spec).expect("start").status.ended().await;
+        let started = Instant::now();
+        for _ in 0..SPAWNS {
+            let mut job = launcher.start(&spec).expect("start");
+            assert_eq!(job.status.ended().await, Ended::Exited(0));
+        }
+        SPAWNS as f64 / started.elapsed().as_secs_f64()
+    })
+}
+
 fn report(parent: &str) {
+    let zygote = scheduler::engine::supervisor::Launcher::new(
+        env!("CARGO_BIN_EXE_scheduler-supervise").into(),
+        Vec::new(),
+    );
     let figures = [
         ("bare posix_spawn", rate(bare)),
         (
             "before: pre_exec + PR_SET_PDEATHSIG (fork)",
             rate(with_pre_exec),
         ),
-        ("now: scheduler-supervise + job", rate(supervised)),
         (
-            "fallback: scheduler __supervise + job",
+            "now: zygote forks the supervisor + job",
+            zygote_rate(&zygote),
+        ),
+        ("a scheduler-supervise per job + job", rate(supervised)),
+        (
+            "a scheduler __supervise per job + job",
             rate(supervised_by_scheduler),
         ),
     ];

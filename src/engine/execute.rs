@@ -196,7 +196,9 @@ impl Engine {
                     method,
                     headers,
                     body: body.as_ref(),
-                    timeout: *timeout,
+                    // The job's `timeout` bounds its whole run, whatever
+                    // the action.
+                    timeout: run.job.timeout.map_or(*timeout, |job| job.min(*timeout)),
                 };
                 http::run(&self.http, request, run, stop).await
             }

@@ -510,8 +510,18 @@ impl Service {
         if *self.shutdown.borrow() || self.paused.contains_key(&job.name) {
             return;
         }
+        if self.too_old(&job, &due, now) {
+            return;
+        }
+        self.pending.push((job, due));
+    }
+
+    /// Whether `due` waited past the catch-up window (for a free slot):
+    /// then it is dropped, logged and counted. A recovery never is.
+    fn too_old(&self, job: &Job, due: &Due, now: DateTime<Utc>) -> bool {
         let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        if due.trigger != Trigger::Recovery && due.fire < now - window {
+        let old = due.trigger != Trigger::Recovery && due.fire < now - window;
+        if old {
             tracing::warn!(
                 job = job.name,
                 period = due.period.label,
@@ -519,9 +529,8 @@ impl Service {
             );
             metrics::counter!("scheduler_periods_dropped_total", "job" => job.name.clone())
                 .increment(1);
-            return;
         }
-        self.pending.push((job, due));
+        old
     }
 
     /// Hands what was dispatched since the last call to the engine, as one
@@ -531,6 +540,14 @@ impl Service {
     fn flush(&mut self) {
         if self.running >= self.settings.max_running {
             self.backlog.extend(self.pending.drain(..));
+            // Oldest first: what waited past the window goes, so that the
+            // backlog of slots that never free stays within the window.
+            let now = Utc::now();
+            while let Some((job, due)) = self.backlog.front()
+                && self.too_old(job, due, now)
+            {
+                self.backlog.pop_front();
+            }
             return;
         }
         if self.pending.is_empty() && self.backlog.is_empty() {
@@ -544,8 +561,11 @@ impl Service {
         let mut backlog = std::mem::take(&mut self.backlog);
         backlog.extend(self.pending.drain(..));
         let mut pending = backlog.into_iter();
+        let now = Utc::now();
         for (job, due) in pending.by_ref() {
-            if self.paused.contains_key(&job.name) {
+            // What waited for `max_running` past the window is dropped as
+            // what waited for `concurrency` is.
+            if self.paused.contains_key(&job.name) || self.too_old(&job, &due, now) {
                 continue;
             }
             let ask = Ask::scheduled(job, due);

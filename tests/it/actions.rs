@@ -211,3 +211,36 @@ fn postgres_over_tls_with_sslmode_require_works() {
     let out = ws.run(&["--database-url", &url, "migrate"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
 }
+
+#[test]
+fn a_jobs_timeout_bounds_its_http_request() {
+    // A server that takes connections and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().take(1).collect();
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        drop(held);
+    });
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"hook\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ntimeout = \"1s\"\n\
+         http = {{ url = \"http://127.0.0.1:{port}/\", method = \"GET\" }}\n"
+    ));
+    let db = TestDb::sqlite();
+    let started = std::time::Instant::now();
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "hook",
+        "--period",
+        "2026-07",
+    ]);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+    assert!(out.stdout().contains("timed out"), "{}", out.stdout());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the request's own 30 s timeout ran instead: {:?}",
+        started.elapsed()
+    );
+}

@@ -628,3 +628,31 @@ fn a_resumed_job_catches_up_the_fires_it_skipped_while_paused() {
         assert_eq!(stop(replica), 0);
     }
 }
+
+#[test]
+fn fires_that_wait_past_catch_up_for_max_running_are_dropped_and_counted() {
+    let db = TestDb::sqlite();
+    // One run at a time in the process, runs of 3 s, a fire every second,
+    // a window of 1 s: fires wait in the backlog longer than the window.
+    let ws = Workspace::new(
+        &(settings("catch_up = \"1s\"\nmax_running = 1")
+            + &every_second(
+                "slow",
+                "period = \"fire\"\nconcurrency = 5\nshell = 'echo $SCHEDULER_TRIGGER >> runs.txt; sleep 3'",
+            )),
+    );
+    let addr = format!("127.0.0.1:{}", crate::support::free_port());
+    let replica = serve_with(&ws, &db.url, &["--listen", &addr]);
+    let dropped = "scheduler_periods_dropped_total{job=\"slow\"}";
+    eventually("dropped fires in /metrics", BOUND, || {
+        metric(&crate::support::http_get(&addr, "/metrics"), dropped) >= Some(2.0)
+    });
+    assert_eq!(stop(replica), 0);
+    // Nothing ran long after its fire: what waited past the window was
+    // dropped, not run late.
+    let late = crate::support::count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_attempts WHERE started_at - scheduled_at > 3000",
+    );
+    assert_eq!(late, 0);
+}
