@@ -180,15 +180,24 @@ impl Secrets {
     /// No values.
     pub const NONE: Secrets = Secrets(Vec::new());
 
-    /// The values of `templates`, longest first (so that a value holding
-    /// another is masked whole).
+    /// The values of `templates`, each also as a URL would carry it
+    /// percent-encoded (a redirect's `Location`, an error quoting a URL),
+    /// longest first (so that a value holding another is masked whole).
     pub fn of<'a>(templates: impl IntoIterator<Item = &'a Template>) -> Secrets {
         let mut values: Vec<String> = templates
             .into_iter()
-            .flat_map(|t| t.expanded().iter().cloned())
+            .flat_map(|t| t.expanded().iter())
             .filter(|v| v.chars().count() >= Secrets::SHORTEST)
+            .flat_map(|v| {
+                [
+                    v.clone(),
+                    percent_encoded(v, ""),
+                    percent_encoded(v, "!$&'()*+,;=:@/"),
+                    percent_encoded(v, "").replace("%20", "+"),
+                ]
+            })
             .collect();
-        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         values.dedup();
         Secrets(values)
     }
@@ -203,6 +212,23 @@ impl Secrets {
         }
         text
     }
+}
+
+/// `value` with every byte but letters, digits, `-._~` and those of `keep`
+/// written `%XX`.
+fn percent_encoded(value: &str, keep: &str) -> String {
+    let mut encoded = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric()
+            || b"-._~".contains(&byte)
+            || keep.as_bytes().contains(&byte)
+        {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
 }
 
 impl fmt::Debug for Secrets {
@@ -378,6 +404,20 @@ mod tests {
         );
         let shell = Template::load_shell("echo ${LONG}", &env).unwrap();
         assert_eq!(Secrets::of([&shell]), Secrets::default());
+    }
+
+    #[test]
+    fn a_value_is_masked_percent_encoded_too() {
+        let env = |_: &str| Some("my secret/tok\"en<>é".to_owned());
+        let t = Template::load("https://h/${A}", &env).unwrap();
+        let secrets = Secrets::of([&t]);
+        for shown in [
+            "Location: http://o/my%20secret/tok%22en%3C%3E%C3%A9",
+            "Location: http://o/my%20secret%2Ftok%22en%3C%3E%C3%A9",
+            "q=my+secret%2Ftok%22en%3C%3E%C3%A9",
+        ] {
+            assert!(!secrets.mask(shown).contains("secret"), "{shown}");
+        }
     }
 
     #[test]

@@ -268,6 +268,7 @@ impl Engine {
         }
         finish.definition = Some(run.job.definition.clone());
         finish.error = finish.error.map(|error| run.job.secrets.mask(&error));
+        finish.output = finish.output.map(|output| run.job.secrets.mask(&output));
         // The lease is still renewed while the outcome is written; a claim
         // that the write itself settles is not a takeover.
         watch.recording();

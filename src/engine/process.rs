@@ -20,6 +20,7 @@ use super::zygote::{Ended, Status};
 use super::{OUTPUT_TAIL, Run, Stop};
 use crate::config::Program;
 use crate::engine::heartbeat::Heartbeats;
+use crate::template::Secrets;
 use crate::template::Template;
 
 /// How long a group gets between SIGTERM and SIGKILL.
@@ -87,8 +88,8 @@ pub(super) async fn run(
     };
     let tail = Arc::new(Mutex::new(Vec::new()));
     let readers = [
-        forward(started.stdout, "stdout", run.key.to_string(), tail.clone()),
-        forward(started.stderr, "stderr", run.key.to_string(), tail.clone()),
+        forward(started.stdout, Tag::of(run, "stdout"), tail.clone()),
+        forward(started.stderr, Tag::of(run, "stderr"), tail.clone()),
     ];
     let mut status = started.status;
     // Every renewal moves the supervisor's own deadline on; closing this
@@ -213,8 +214,7 @@ const LINE_LIMIT: usize = 64 * 1024;
 /// output in `tail`; memory stays bounded whatever the job writes.
 fn forward(
     stream: impl AsyncRead + Unpin + Send + 'static,
-    name: &'static str,
-    key: String,
+    tag: Tag,
     tail: Arc<Mutex<Vec<u8>>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -241,15 +241,15 @@ fn forward(
             reader.consume(used);
             keep_tail(&tail, &line[line.len() - used..]);
             if ended {
-                let carry = emit(&mut line, name, &key);
+                let carry = emit(&mut line, &tag);
                 line.clear();
                 line.extend_from_slice(&carry);
             }
         }
         if !line.is_empty() {
-            let carry = emit(&mut line, name, &key);
+            let carry = emit(&mut line, &tag);
             if !carry.is_empty() {
-                log_line(&carry, name, &key);
+                log_line(&carry, &tag);
             }
         }
     })
@@ -257,21 +257,42 @@ fn forward(
 
 /// Logs `line`, except for an unfinished UTF-8 character at its end (a
 /// piece cut at the limit), which is returned to start the next piece.
-fn emit(line: &mut Vec<u8>, name: &'static str, key: &str) -> Vec<u8> {
+fn emit(line: &mut Vec<u8>, tag: &Tag) -> Vec<u8> {
     let carry = match std::str::from_utf8(line) {
         Err(e) if e.error_len().is_none() => line.split_off(e.valid_up_to()),
         _ => Vec::new(),
     };
-    log_line(line, name, key);
+    log_line(line, tag);
     carry
 }
 
-fn log_line(line: &[u8], name: &'static str, key: &str) {
-    let text = String::from_utf8_lossy(line);
+/// What a job's output line is logged with.
+struct Tag {
+    /// `stdout` or `stderr`.
+    stream: &'static str,
+    /// The period key.
+    key: String,
+    /// Masked in every line: a value the job was given by `${NAME}` (or an
+    /// error of its supervisor quoting one) never reaches the log.
+    secrets: Secrets,
+}
+
+impl Tag {
+    fn of(run: &Run<'_>, stream: &'static str) -> Tag {
+        Tag {
+            stream,
+            key: run.key.to_string(),
+            secrets: run.job.secrets.clone(),
+        }
+    }
+}
+
+fn log_line(line: &[u8], tag: &Tag) {
+    let text = tag.secrets.mask(&String::from_utf8_lossy(line));
     // Control characters (a job's colours, a carriage return) are escaped:
     // a log line never moves the terminal's cursor or forges another line.
     let shown = crate::error::printable(text.trim_end());
-    tracing::info!(target: "job", period_key = %key, stream = name, "{shown}");
+    tracing::info!(target: "job", period_key = %tag.key, stream = tag.stream, "{shown}");
 }
 
 fn keep_tail(tail: &Mutex<Vec<u8>>, bytes: &[u8]) {

@@ -1047,3 +1047,30 @@ fn a_sqlite_url_with_an_unknown_parameter_is_a_configuration_error_that_creates_
     assert_says(&out.stderr(), &["--database-url", "bogus"]);
     assert!(!ws.path().join("s.db").exists());
 }
+
+#[test]
+fn a_secret_in_a_command_never_reaches_the_log_or_the_kept_output() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"echoes\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"echo\", \"token=${APP_TOKEN}\"]\n\
+         \n[[job]]\nname = \"missing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"/nonexistent/${APP_TOKEN}\"]\n",
+    );
+    let with_secret = |args: &[&str]| {
+        ws.command(args)
+            .env("APP_TOKEN", "s3cr3tTokenXYZ")
+            .output()
+            .unwrap()
+    };
+    for (job, code) in [("echoes", 0), ("missing", 1)] {
+        let out = with_secret(&["run", job, "--period", "2026-10"]);
+        assert_eq!(out.code(), code, "{job}: {}", out.stderr());
+        let said = out.stdout() + &out.stderr();
+        assert!(!said.contains("s3cr3tTokenXYZ"), "{said}");
+        let history = with_secret(&["history", job, "--output"]);
+        assert!(
+            !history.stdout().contains("s3cr3tTokenXYZ"),
+            "{}",
+            history.stdout()
+        );
+        assert_says(&(said + &history.stdout()), &["***"]);
+    }
+}
