@@ -65,7 +65,7 @@ pub fn next(
     if shown < count {
         // Said beside the fires, not among them: a script reads those.
         eprintln!(
-            "{}: no {}fire after {} (times end with the year 9999)",
+            "{}: no {}fire after {} within the dates the scheduler computes",
             job.name,
             if shown == 0 { "" } else { "further " },
             crate::period::utc_text(after)

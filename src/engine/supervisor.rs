@@ -260,9 +260,16 @@ fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
             Ok(())
         });
     }
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start `{}`: {e}", spec.program.to_string_lossy()))?;
+    let child = command.spawn().map_err(|e| {
+        let program = spec.program.to_string_lossy();
+        match &spec.workdir {
+            Some(dir) if !std::path::Path::new(dir).is_dir() => format!(
+                "cannot start `{program}`: its workdir `{}` is not a directory ({e})",
+                dir.to_string_lossy()
+            ),
+            _ => format!("cannot start `{program}`: {e}"),
+        }
+    })?;
     let job = Pid::from_raw(child.id() as i32);
     let mut deadline = Instant::now() + Duration::from_millis(spec.fence_ms);
     let mut pending = Vec::new();

@@ -552,7 +552,8 @@ impl PgStore {
         let rows = sqlx::query(
             "INSERT INTO scheduler_jobs (name, first_seen)
              SELECT name, now() FROM unnest($1::text[]) AS name
-             ON CONFLICT (name) DO UPDATE SET name = excluded.name
+             ON CONFLICT (name) DO UPDATE
+                 SET first_seen = LEAST(scheduler_jobs.first_seen, excluded.first_seen)
              RETURNING name, first_seen, paused",
         )
         .bind(jobs)
@@ -602,7 +603,11 @@ impl PgStore {
 
     pub(super) async fn set_paused(&self, job: &str, paused: bool) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "INSERT INTO scheduler_jobs (name, first_seen, paused) VALUES ($1, now(), $2)
+            // A job only `pause` or `resume` has named is not seen yet: its
+            // first sighting (`see_jobs`) sets `first_seen`, so a new job
+            // paused before it is deployed still starts at its next fire.
+            "INSERT INTO scheduler_jobs (name, first_seen, paused)
+             VALUES ($1, '9999-12-31T00:00:00Z', $2)
              ON CONFLICT (name) DO UPDATE SET paused = excluded.paused",
         )
         .bind(job)

@@ -34,6 +34,10 @@ fn migrator() -> sqlx::migrate::Migrator {
 /// SQLite's clock in milliseconds.
 pub(super) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
+/// The `first_seen` of a job that only `pause` or `resume` has named (no
+/// scheduler has seen it): 9999-12-31, replaced by the first sighting.
+const NOT_SEEN: &str = "253402214400000";
+
 /// A handle on one SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -526,7 +530,8 @@ impl SqliteStore {
         let rows = sqlx::query(&format!(
             "INSERT INTO scheduler_jobs (name, first_seen)
              SELECT value, {NOW} FROM json_each(?1) WHERE true
-             ON CONFLICT (name) DO UPDATE SET name = excluded.name
+             ON CONFLICT (name) DO UPDATE
+                 SET first_seen = min(scheduler_jobs.first_seen, excluded.first_seen)
              RETURNING name, first_seen, paused"
         ))
         .bind(names)
@@ -585,7 +590,7 @@ impl SqliteStore {
 
     pub(super) async fn set_paused(&self, job: &str, paused: bool) -> Result<(), sqlx::Error> {
         sqlx::query(&format!(
-            "INSERT INTO scheduler_jobs (name, first_seen, paused) VALUES (?1, {NOW}, ?2)
+            "INSERT INTO scheduler_jobs (name, first_seen, paused) VALUES (?1, {NOT_SEEN}, ?2)
              ON CONFLICT (name) DO UPDATE SET paused = excluded.paused"
         ))
         .bind(job)

@@ -1074,3 +1074,17 @@ fn a_secret_in_a_command_never_reaches_the_log_or_the_kept_output() {
         assert_says(&(said + &history.stdout()), &["***"]);
     }
 }
+
+#[test]
+fn a_workdir_that_is_not_there_is_named_when_the_job_cannot_start() {
+    let ws = billing("command = [\"true\"]\nworkdir = \"/nonexistent/dir\"");
+    let out = ws.run(&["run", "billing", "--period", "2026-10"]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    assert_says(
+        &(out.stdout() + &out.stderr()),
+        &[
+            "workdir `/nonexistent/dir` is not a directory",
+            "status 127",
+        ],
+    );
+}

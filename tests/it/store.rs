@@ -322,6 +322,19 @@ async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
     store.set_paused("billing", true).await.unwrap();
     assert!(store.see_jobs(&names).await.unwrap()["billing"].paused);
     assert_eq!(store.paused_jobs().await.unwrap(), ["billing"]);
+    // A job paused before any scheduler saw it is first seen when one
+    // does, not when it was paused (resumed, it starts at its next fire).
+    store.set_paused("fresh", true).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = chrono::Utc::now();
+    let fresh = store.see_jobs(&["fresh".to_owned()]).await.unwrap()["fresh"];
+    assert!(fresh.paused);
+    assert!(
+        fresh.first_seen >= before - chrono::TimeDelta::milliseconds(5)
+            && fresh.first_seen <= chrono::Utc::now(),
+        "{:?}",
+        fresh.first_seen
+    );
 }
 
 async fn reclaimable_lists_expired_released_and_due_retries_only(store: Store) {
