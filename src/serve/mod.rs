@@ -342,6 +342,10 @@ impl Service {
     /// `missed` has them, as catch-ups: oldest first, as many as the job
     /// may run at once now, the rest as its runs end.
     fn catch_up_job(&mut self, job: Arc<Job>, since: DateTime<Utc>, now: DateTime<Utc>) {
+        // Nothing older than the window is listed: it would only be dropped,
+        // and listing it first would hold the window's own fires back.
+        let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
+        let since = since.max(now - window);
         let with_latest = job.missed != Missed::Skip;
         let missed: Vec<Due> = due(&job, now, since, with_latest)
             .into_iter()
@@ -486,20 +490,29 @@ impl Service {
     }
 
     /// Dispatches the `n` oldest waiting periods of job `name`.
+    /// What waited past the catch-up window is dropped on the way and
+    /// takes no slot.
     fn release_waiting(&mut self, name: &str, n: usize) {
-        let keys: Vec<(DateTime<Utc>, String)> = self
-            .waiting
-            .iter()
-            .filter(|(_, (job, _))| job == name)
-            .take(n)
-            .map(|(key, _)| key.clone())
-            .collect();
         let now = Utc::now();
-        for key in keys {
-            if let Some((name, due)) = self.waiting.remove(&key)
-                && let Some(job) = self.job(&name)
-            {
+        let mut released = 0;
+        while released < n {
+            let Some(key) = self
+                .waiting
+                .iter()
+                .find(|(_, (job, _))| job == name)
+                .map(|(key, _)| key.clone())
+            else {
+                return;
+            };
+            let Some((name, due)) = self.waiting.remove(&key) else {
+                return;
+            };
+            let Some(job) = self.job(&name) else {
+                continue;
+            };
+            if !self.too_old(&job, &due, now) {
                 self.dispatch(job, due, now);
+                released += 1;
             }
         }
     }
