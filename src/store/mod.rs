@@ -555,7 +555,9 @@ impl Store {
         bounded!(self.paused_jobs())
     }
 
-    /// For each of `jobs` with claims, the newest fire a claim was made for.
+    /// For each of `jobs` with claims, the newest fire a claim was made for
+    /// by a scheduler, not by hand: a hand run of a recent period says
+    /// nothing of the periods before it.
     pub async fn last_fires(
         &self,
         jobs: &[String],

@@ -593,7 +593,8 @@ impl PgStore {
         jobs: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
         let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT job, max(scheduled_at) FROM scheduler_claims WHERE job = ANY($1) GROUP BY job",
+            "SELECT job, max(scheduled_at) FROM scheduler_claims
+             WHERE job = ANY($1) AND trigger <> 'manual' GROUP BY job",
         )
         .bind(jobs)
         .fetch_all(&self.pool)

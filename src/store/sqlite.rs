@@ -580,7 +580,8 @@ impl SqliteStore {
         let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
         let rows: Vec<(String, i64)> = sqlx::query_as(
             "SELECT job, max(scheduled_at) FROM scheduler_claims
-              WHERE job IN (SELECT value FROM json_each(?1)) GROUP BY job",
+              WHERE job IN (SELECT value FROM json_each(?1)) AND trigger <> 'manual'
+              GROUP BY job",
         )
         .bind(names)
         .fetch_all(&self.pool)

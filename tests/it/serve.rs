@@ -673,7 +673,9 @@ fn a_job_paused_longer_than_catch_up_runs_the_fires_of_the_window_on_resume() {
     let claims = |from: &str, to: &str| {
         crate::support::count(
             &db.url,
-            &format!("SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"),
+            &format!(
+                "SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"
+            ),
         )
     };
     eventually("a first run", BOUND, || claims("0", "9") > 0);
@@ -687,6 +689,51 @@ fn a_job_paused_longer_than_catch_up_runs_the_fires_of_the_window_on_resume() {
     let from = resumed_at - chrono::TimeDelta::seconds(3);
     eventually("the window's fires claimed", BOUND, || {
         claims(&second(from), &second(resumed_at)) >= 3
+    });
+    assert_eq!(stop(replica), 0);
+}
+
+#[test]
+fn a_hand_run_while_serve_is_down_does_not_hide_the_periods_before_it_from_the_restart() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &(settings("catch_up = \"1h\"")
+            + &every_second("tick", "period = \"fire\"\ncommand = [\"true\"]")),
+    );
+    let claims = |from: &str, to: &str| {
+        crate::support::count(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"
+            ),
+        )
+    };
+    let migrated = ws.run(&["--database-url", &db.url, "migrate"]);
+    assert_eq!(migrated.code(), 0, "{}", migrated.stderr());
+    let replica = serve(&ws, &db.url);
+    eventually("a first run", BOUND, || claims("0", "9") > 0);
+    assert_eq!(stop(replica), 0);
+    let stopped_at = Utc::now();
+    std::thread::sleep(Duration::from_secs(4));
+    let second = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let recent = second(Utc::now() - chrono::TimeDelta::seconds(1));
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "tick",
+        "--period",
+        &recent,
+    ]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let replica = serve(&ws, &db.url);
+    let gap = (
+        stopped_at + chrono::TimeDelta::seconds(1),
+        Utc::now() - chrono::TimeDelta::seconds(2),
+    );
+    let seconds = gap.1.timestamp() - gap.0.timestamp() + 1;
+    eventually("the periods before the hand run caught up", BOUND, || {
+        claims(&second(gap.0), &second(gap.1)) == seconds
     });
     assert_eq!(stop(replica), 0);
 }
