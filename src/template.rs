@@ -181,36 +181,67 @@ impl Secrets {
     pub const NONE: Secrets = Secrets(Vec::new());
 
     /// The values of `templates`, each also as a URL would carry it
-    /// percent-encoded (a redirect's `Location`, an error quoting a URL),
-    /// longest first (so that a value holding another is masked whole).
+    /// percent-encoded (a redirect's `Location`, an error quoting a URL)
+    /// and cut to the 63 bytes of a PostgreSQL name (an error quoting an
+    /// identifier), kept in ASCII lower case: they are found whatever the
+    /// case (PostgreSQL folds an unquoted name to lower case).
     pub fn of<'a>(templates: impl IntoIterator<Item = &'a Template>) -> Secrets {
         let mut values: Vec<String> = templates
             .into_iter()
             .flat_map(|t| t.expanded().iter())
             .filter(|v| v.chars().count() >= Secrets::SHORTEST)
             .flat_map(|v| {
+                let name = (0..=63.min(v.len()))
+                    .rev()
+                    .find(|at| v.is_char_boundary(*at))
+                    .map(|at| v[..at].to_owned());
                 [
-                    v.clone(),
-                    percent_encoded(v, ""),
-                    percent_encoded(v, "!$&'()*+,;=:@/"),
-                    percent_encoded(v, "").replace("%20", "+"),
+                    Some(v.clone()),
+                    Some(percent_encoded(v, "")),
+                    Some(percent_encoded(v, "!$&'()*+,;=:@/")),
+                    Some(percent_encoded(v, "").replace("%20", "+")),
+                    name,
                 ]
             })
+            .flatten()
+            .map(|v| v.to_ascii_lowercase())
             .collect();
-        values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        values.sort();
         values.dedup();
         Secrets(values)
     }
 
-    /// `text` with every value replaced by `***`.
+    /// `text` with every value replaced by `***`, in any ASCII case.
     pub fn mask(&self, text: &str) -> String {
-        let mut text = text.to_owned();
-        for value in &self.0 {
-            if text.contains(value.as_str()) {
-                text = text.replace(value.as_str(), "***");
-            }
+        // ASCII lower case keeps every byte where it was.
+        let lower = text.to_ascii_lowercase();
+        let mut found: Vec<(usize, usize)> = self
+            .0
+            .iter()
+            .flat_map(|value| {
+                lower
+                    .match_indices(value.as_str())
+                    .map(|(at, v)| (at, at + v.len()))
+            })
+            .collect();
+        if found.is_empty() {
+            return text.to_owned();
         }
-        text
+        found.sort_unstable();
+        let mut masked = String::with_capacity(text.len());
+        let mut from = 0;
+        for (start, end) in found {
+            if end <= from {
+                continue;
+            }
+            if start >= from {
+                masked.push_str(&text[from..start]);
+                masked.push_str("***");
+            }
+            from = end;
+        }
+        masked.push_str(&text[from..]);
+        masked
     }
 }
 
@@ -404,6 +435,34 @@ mod tests {
         );
         let shell = Template::load_shell("echo ${LONG}", &env).unwrap();
         assert_eq!(Secrets::of([&shell]), Secrets::default());
+    }
+
+    #[test]
+    fn a_value_is_masked_in_any_case_and_cut_to_a_postgresql_name() {
+        let long = format!(
+            "{}ABCDEF",
+            "0123456789abcdef"
+                .repeat(4)
+                .chars()
+                .take(58)
+                .collect::<String>()
+        );
+        let env = |name: &str| {
+            Some(if name == "A" {
+                "Hunter2Secret".to_owned()
+            } else {
+                long.clone()
+            })
+        };
+        let t = Template::load("${A} ${B}", &env).unwrap();
+        let secrets = Secrets::of([&t]);
+        let cut = long[..63].to_ascii_lowercase();
+        assert_eq!(
+            secrets.mask(&format!(
+                "relation \"hunter2secret\" does not exist; \"{cut}\""
+            )),
+            "relation \"***\" does not exist; \"***\""
+        );
     }
 
     #[test]

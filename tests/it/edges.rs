@@ -1088,3 +1088,29 @@ fn a_workdir_that_is_not_there_is_named_when_the_job_cannot_start() {
         ],
     );
 }
+
+#[test]
+fn a_secret_postgresql_folds_to_lower_case_is_masked_too() {
+    let Some(db) = crate::support::TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = billing(
+        "sql = { statement = \"SELECT $1::text::regclass\", params = [\"${APP_SECRET}\"] }",
+    );
+    let out = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "billing",
+            "--period",
+            "2026-10",
+        ])
+        .env("APP_SECRET", "Hunter2Secret")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let said = (out.stdout() + &out.stderr()).to_ascii_lowercase();
+    assert!(!said.contains("hunter2secret"), "{said}");
+    assert_says(&said, &["relation \"***\" does not exist"]);
+}
