@@ -750,6 +750,9 @@ pub(super) struct Dialect {
     bracketed_names: bool,
     /// `/* /* … */ */` comments nest (PostgreSQL).
     nested_comments: bool,
+    /// A `--` comment ends at `\r` as well as `\n` (PostgreSQL; SQLite's
+    /// runs to `\n`).
+    comment_ends_at_cr: bool,
 }
 
 impl Dialect {
@@ -759,16 +762,18 @@ impl Dialect {
         dollar_quotes: true,
         bracketed_names: false,
         nested_comments: true,
+        comment_ends_at_cr: true,
     };
     /// SQLite's reading: it runs every statement of a text.
     pub(super) const SQLITE: Dialect = Dialect {
         dollar_quotes: false,
         bracketed_names: true,
         nested_comments: false,
+        comment_ends_at_cr: false,
     };
 
     /// Where the comment that starts at `i` ends (the index after it), if
-    /// one starts there: `--` to the end of the line (`\n` or `\r`), or a
+    /// one starts there: `--` to the end of the line, or a
     /// block comment, nested where the dialect nests them. An unclosed
     /// one runs to the end.
     fn comment_end(self, bytes: &[u8], i: usize) -> Option<usize> {
@@ -776,7 +781,7 @@ impl Dialect {
             (Some(b'-'), Some(b'-')) => Some(
                 bytes[i..]
                     .iter()
-                    .position(|b| matches!(b, b'\n' | b'\r'))
+                    .position(|b| *b == b'\n' || (self.comment_ends_at_cr && *b == b'\r'))
                     .map_or(bytes.len(), |at| i + at + 1),
             ),
             (Some(b'/'), Some(b'*')) => {
