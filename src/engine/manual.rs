@@ -485,7 +485,7 @@ impl Backfill<'_> {
                     tokio::select! {
                         () = tokio::time::sleep(WAIT_POLL) => continue,
                         _ = shutdown.wait_for(|down| *down) => {
-                            return Ok(Line::new(&key, "skipped", "interrupted while waiting for a concurrency slot".into(), None));
+                            return Ok(Line::new(&key, "interrupted", "while waiting for a concurrency slot; not run".into(), None));
                         }
                     }
                 }
@@ -506,7 +506,7 @@ impl Backfill<'_> {
             tokio::select! {
                 () = tokio::time::sleep(WAIT_POLL) => {}
                 _ = shutdown.wait_for(|down| *down) => {
-                    return Ok(Some(Line::new(key, "skipped", "interrupted while waiting".into(), None)));
+                    return Ok(Some(Line::new(key, "interrupted", "while waiting for the run elsewhere; not run here".into(), None)));
                 }
             }
             let rows = self.engine.store().rows(&[key.to_string()]).await?;
@@ -559,7 +559,9 @@ impl Backfill<'_> {
     /// Hands a line on and counts what it says; a sink that went away
     /// ends the run before the next claim.
     fn emit(&mut self, line: &Line) -> Result<(), Stop> {
-        if matches!(line.status, "failed" | "released" | "busy") {
+        // An interrupted run exits 1 whatever it was doing: the period may
+        // be nobody's now (a released one it was waiting for).
+        if matches!(line.status, "failed" | "released" | "busy" | "interrupted") {
             self.outcome = Outcome::RunFailed;
         }
         self.fenced += usize::from(line.status == "fenced");

@@ -530,6 +530,35 @@ fn a_hand_run_right_after_release_runs_the_period_once_its_runner_has_stopped() 
     }
 }
 
+#[test]
+fn a_hand_run_interrupted_while_it_waits_behind_a_release_exits_1() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&("[scheduler]\nlease = \"30s\"\n".to_owned() + &overlap_job("long")));
+    let today = today();
+    let args = ["--database-url", &db.url, "run", "long", "--period", &today];
+    let frozen = start(&ws, &args);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    signal(&frozen, Signal::SIGSTOP);
+    let released = ws.run(&[
+        "--database-url",
+        &db.url,
+        "release",
+        "long",
+        "--period",
+        &today,
+    ]);
+    assert_eq!(released.code(), 0, "{}", released.stderr());
+    let waiting = start(&ws, &args);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(&waiting, Signal::SIGTERM);
+    let out = wait(waiting, BOUND);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+    assert!(out.stdout().contains("interrupted"), "{}", out.stdout());
+    assert_eq!(starts(&ws, "long").len(), 1);
+    signal(&frozen, Signal::SIGKILL);
+    wait(frozen, BOUND);
+}
+
 /// The parent of process `pid`.
 fn parent(pid: i32) -> i32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
