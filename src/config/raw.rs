@@ -649,6 +649,16 @@ impl RawJob {
                     "`url` must start with http:// or https:// (after `${NAME}` expansion); other schemes are not sent".into(),
                 ));
             }
+            // Placeholders filled with a sample; the error names no value
+            // (one may be a secret).
+            if env.unset_count() == unset_before
+                && let Err(e) = url::Url::parse(&url.render(&SampleValues))
+            {
+                return Err(at.error(
+                    http.url.span(),
+                    format!("`url` is not a valid URL after `${{NAME}}` expansion ({e}): expected http(s)://HOST[:PORT]/PATH"),
+                ));
+            }
             for (name, value) in &http.headers {
                 if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                     return Err(at.error(
@@ -731,6 +741,15 @@ const SCHEDULER_VARIABLES: [&str; 8] = [
     "SCHEDULER_ATTEMPT",
     "SCHEDULER_TRIGGER",
 ];
+
+/// Renders every placeholder as a value any of them could have in a URL.
+struct SampleValues;
+
+impl crate::template::Values for SampleValues {
+    fn value(&self, _: &str) -> String {
+        "2026-07".to_owned()
+    }
+}
 
 /// Renders placeholders as nothing, to look at a template's literal text.
 struct NoValues;

@@ -1120,3 +1120,18 @@ fn a_secret_postgresql_folds_to_lower_case_is_masked_too() {
     assert!(!said.contains("hunter2secret"), "{said}");
     assert_says(&said, &["relation \"***\" does not exist"]);
 }
+
+#[test]
+fn an_http_url_that_does_not_parse_after_expansion_is_refused_at_load_without_its_value() {
+    for url in ["http://127.0.0.1:${PORT}/", "http://[${PORT}]/{period}"] {
+        let ws = billing(&format!("http = {{ url = \"{url}\" }}"));
+        let out = ws
+            .command(&["check", "--strict"])
+            .env("PORT", "Hunter2Secret")
+            .output()
+            .unwrap();
+        assert_eq!(out.code(), 2, "{url}: {}", out.stderr());
+        assert_says(&out.stderr(), &["jobs.toml:", "`url` is not a valid URL"]);
+        assert!(!out.stderr().contains("Hunter2Secret"), "{}", out.stderr());
+    }
+}
