@@ -699,15 +699,6 @@ impl RawJob {
         let Some(sql) = self.sql.as_ref().map(Spanned::get_ref) else {
             return Err(at.error(name_span, "no action".into()));
         };
-        if [Dialect::POSTGRES, Dialect::SQLITE]
-            .into_iter()
-            .any(|dialect| is_empty_in_effect(sql.statement.get_ref(), dialect))
-        {
-            return Err(at.error(
-                sql.statement.span(),
-                "the SQL statement is empty (nothing but blanks, comments and `;`): expected a statement, e.g. \"INSERT INTO t VALUES ($1)\"".into(),
-            ));
-        }
         if sql.statement.get_ref().contains('\0') {
             no_nul(at, &sql.statement)?;
         }
@@ -717,6 +708,15 @@ impl RawJob {
                 format!(
                     "the SQL statement runs `{word}`: a statement runs inside the transaction that records its outcome, and must not end or split it; expected a statement such as \"INSERT INTO t VALUES ($1)\""
                 ),
+            ));
+        }
+        if [Dialect::POSTGRES, Dialect::SQLITE]
+            .into_iter()
+            .any(|dialect| is_empty_in_effect(sql.statement.get_ref(), dialect))
+        {
+            return Err(at.error(
+                sql.statement.span(),
+                "the SQL statement is empty (nothing but blanks, comments and `;`): expected a statement, e.g. \"INSERT INTO t VALUES ($1)\"".into(),
             ));
         }
         Ok(Action::Sql {
