@@ -592,6 +592,27 @@ fn fires_that_wait_past_catch_up_for_a_slot_are_counted_as_dropped() {
     assert_eq!(stop(replica), 0);
 }
 
+/// The binary with `args` against `db`, which must succeed.
+fn ok(ws: &Workspace, db: &TestDb, args: &[&str]) {
+    let out = ws.run(&[&["--database-url", db.url.as_str()], args].concat());
+    assert_eq!(out.code(), 0, "{args:?}: {}", out.stderr());
+}
+
+/// Claims of job `tick` whose fire label lies between `from` and `to`.
+fn tick_claims(db: &TestDb, from: &str, to: &str) -> i64 {
+    crate::support::count(
+        &db.url,
+        &format!(
+            "SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"
+        ),
+    )
+}
+
+/// The label of the fire at `t`'s second (a `period = "fire"` job).
+fn second(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 #[test]
 fn a_resumed_job_catches_up_the_fires_it_skipped_while_paused() {
     for db in crate::support::databases() {
@@ -599,31 +620,18 @@ fn a_resumed_job_catches_up_the_fires_it_skipped_while_paused() {
             &(settings("catch_up = \"1h\"")
                 + &every_second("tick", "period = \"fire\"\ncommand = [\"true\"]")),
         );
-        let cli = |verb: &str, args: &[&str]| {
-            let out = ws.run(&[&["--database-url", &db.url, verb], args].concat());
-            assert_eq!(out.code(), 0, "{verb}: {}", out.stderr());
-        };
-        cli("migrate", &[]);
+        ok(&ws, &db, &["migrate"]);
         let replica = serve(&ws, &db.url);
-        let claims = |from: &str, to: &str| {
-            crate::support::count(
-                &db.url,
-                &format!(
-                    "SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"
-                ),
-            )
-        };
-        eventually("a first run", BOUND, || claims("0", "9") > 0);
-        let second = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+        eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
         let paused_at = Utc::now();
-        cli("pause", &["tick"]);
+        ok(&ws, &db, &["pause", "tick"]);
         std::thread::sleep(Duration::from_secs(4));
-        cli("resume", &["tick"]);
+        ok(&ws, &db, &["resume", "tick"]);
         let resumed_at = Utc::now();
         // Every fire of the pause runs once it is over.
         let fires = resumed_at.timestamp() - paused_at.timestamp() + 1;
         eventually("every fire of the pause claimed", BOUND, || {
-            claims(&second(paused_at), &second(resumed_at)) == fires
+            tick_claims(&db, &second(paused_at), &second(resumed_at)) == fires
         });
         assert_eq!(stop(replica), 0);
     }
@@ -664,31 +672,18 @@ fn a_job_paused_longer_than_catch_up_runs_the_fires_of_the_window_on_resume() {
         &(settings("catch_up = \"5s\"")
             + &every_second("tick", "period = \"fire\"\ncommand = [\"true\"]")),
     );
-    let cli = |verb: &str, args: &[&str]| {
-        let out = ws.run(&[&["--database-url", &db.url, verb], args].concat());
-        assert_eq!(out.code(), 0, "{verb}: {}", out.stderr());
-    };
-    cli("migrate", &[]);
+    ok(&ws, &db, &["migrate"]);
     let replica = serve(&ws, &db.url);
-    let claims = |from: &str, to: &str| {
-        crate::support::count(
-            &db.url,
-            &format!(
-                "SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"
-            ),
-        )
-    };
-    eventually("a first run", BOUND, || claims("0", "9") > 0);
-    cli("pause", &["tick"]);
+    eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
+    ok(&ws, &db, &["pause", "tick"]);
     std::thread::sleep(Duration::from_secs(9));
-    cli("resume", &["tick"]);
+    ok(&ws, &db, &["resume", "tick"]);
     let resumed_at = Utc::now();
     // The window's fires before the resume (its oldest may age out while
     // the scan sees the resume, so three of the last four seconds).
-    let second = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let from = resumed_at - chrono::TimeDelta::seconds(3);
     eventually("the window's fires claimed", BOUND, || {
-        claims(&second(from), &second(resumed_at)) >= 3
+        tick_claims(&db, &second(from), &second(resumed_at)) >= 3
     });
     assert_eq!(stop(replica), 0);
 }
@@ -700,32 +695,14 @@ fn a_hand_run_while_serve_is_down_does_not_hide_the_periods_before_it_from_the_r
         &(settings("catch_up = \"1h\"")
             + &every_second("tick", "period = \"fire\"\ncommand = [\"true\"]")),
     );
-    let claims = |from: &str, to: &str| {
-        crate::support::count(
-            &db.url,
-            &format!(
-                "SELECT count(*) FROM scheduler_claims WHERE period_key BETWEEN 'tick:{from}' AND 'tick:{to}'"
-            ),
-        )
-    };
-    let migrated = ws.run(&["--database-url", &db.url, "migrate"]);
-    assert_eq!(migrated.code(), 0, "{}", migrated.stderr());
+    ok(&ws, &db, &["migrate"]);
     let replica = serve(&ws, &db.url);
-    eventually("a first run", BOUND, || claims("0", "9") > 0);
+    eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
     assert_eq!(stop(replica), 0);
     let stopped_at = Utc::now();
     std::thread::sleep(Duration::from_secs(4));
-    let second = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let recent = second(Utc::now() - chrono::TimeDelta::seconds(1));
-    let out = ws.run(&[
-        "--database-url",
-        &db.url,
-        "run",
-        "tick",
-        "--period",
-        &recent,
-    ]);
-    assert_eq!(out.code(), 0, "{}", out.stderr());
+    ok(&ws, &db, &["run", "tick", "--period", &recent]);
     let replica = serve(&ws, &db.url);
     let gap = (
         stopped_at + chrono::TimeDelta::seconds(1),
@@ -733,7 +710,7 @@ fn a_hand_run_while_serve_is_down_does_not_hide_the_periods_before_it_from_the_r
     );
     let seconds = gap.1.timestamp() - gap.0.timestamp() + 1;
     eventually("the periods before the hand run caught up", BOUND, || {
-        claims(&second(gap.0), &second(gap.1)) == seconds
+        tick_claims(&db, &second(gap.0), &second(gap.1)) == seconds
     });
     assert_eq!(stop(replica), 0);
 }
