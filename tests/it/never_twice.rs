@@ -462,24 +462,25 @@ fn a_job_starts_with_no_signal_blocked_and_a_timeout_reaches_its_trap() {
     assert_eq!(lines(ws.path().join("trapped.txt")), ["term"]);
 }
 
+/// Starts `run` with `args` (`--database-url URL run long --period DAY`),
+/// freezes it once its job runs, and releases its period: the runner
+/// cannot stop its job.
+fn frozen_and_released(ws: &Workspace, args: &[&str]) -> Child {
+    let frozen = start(ws, args);
+    eventually("attempt 1", BOUND, || starts(ws, "long").len() == 1);
+    signal(&frozen, Signal::SIGSTOP);
+    let released = ws.run(&[args[0], args[1], "release", "long", "--period", args[5]]);
+    assert_eq!(released.code(), 0, "{}", released.stderr());
+    frozen
+}
+
 #[test]
 fn release_of_a_frozen_runners_claim_waits_for_its_lease() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(&("[scheduler]\nlease = \"4s\"\n".to_owned() + &overlap_job("long")));
     let today = today();
     let args = ["--database-url", &db.url, "run", "long", "--period", &today];
-    let frozen = start(&ws, &args);
-    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
-    signal(&frozen, Signal::SIGSTOP);
-    let released = ws.run(&[
-        "--database-url",
-        &db.url,
-        "release",
-        "long",
-        "--period",
-        &today,
-    ]);
-    assert_eq!(released.code(), 0, "{}", released.stderr());
+    let frozen = frozen_and_released(&ws, &args);
     // Its runner cannot stop the job: the period stays held until the lease
     // it was granted has run out (and the job's supervisor has stopped it).
     // A hand run of it waits for that, `--wait` or not.
@@ -536,18 +537,7 @@ fn a_hand_run_interrupted_while_it_waits_behind_a_release_exits_1() {
     let ws = Workspace::new(&("[scheduler]\nlease = \"30s\"\n".to_owned() + &overlap_job("long")));
     let today = today();
     let args = ["--database-url", &db.url, "run", "long", "--period", &today];
-    let frozen = start(&ws, &args);
-    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
-    signal(&frozen, Signal::SIGSTOP);
-    let released = ws.run(&[
-        "--database-url",
-        &db.url,
-        "release",
-        "long",
-        "--period",
-        &today,
-    ]);
-    assert_eq!(released.code(), 0, "{}", released.stderr());
+    let frozen = frozen_and_released(&ws, &args);
     let waiting = start(&ws, &args);
     std::thread::sleep(Duration::from_secs(2));
     signal(&waiting, Signal::SIGTERM);
