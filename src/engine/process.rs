@@ -167,15 +167,18 @@ fn ended_result(ended: Ended) -> ActionResult {
 }
 
 /// Writes a line to the supervisor's control pipe; a pipe that cannot be
-/// written (the supervisor is gone) is closed.
+/// written (the supervisor is gone), or not within a second (it is stopped
+/// and the pipe is full), is closed.
 async fn say(control: &mut Option<pipe::Sender>, line: &str) {
-    if let Some(pipe) = control.as_mut()
-        && pipe
-            .write_all(format!("{line}\n").as_bytes())
-            .await
-            .is_err()
-    {
-        *control = None;
+    if let Some(pipe) = control.as_mut() {
+        let written = tokio::time::timeout(
+            Duration::from_secs(1),
+            pipe.write_all(format!("{line}\n").as_bytes()),
+        )
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            *control = None;
+        }
     }
 }
 
