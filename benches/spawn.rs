@@ -86,10 +86,16 @@ fn zygote_rate(launcher: &scheduler::engine::supervisor::Launcher) -> f64 {
             workdir: None,
         };
         // The zygote's own start is paid once, not per job.
-        launcher.start(&spec).expect("start").status.ended().await;
+        launcher
+            .start(&spec)
+            .await
+            .expect("start")
+            .status
+            .ended()
+            .await;
         let started = Instant::now();
         for _ in 0..SPAWNS {
-            let mut job = launcher.start(&spec).expect("start");
+            let mut job = launcher.start(&spec).await.expect("start");
             assert_eq!(job.status.ended().await, Ended::Exited(0));
         }
         SPAWNS as f64 / started.elapsed().as_secs_f64()

@@ -245,6 +245,39 @@ impl Secrets {
     }
 }
 
+impl Secrets {
+    /// [`Secrets::mask`] of a piece cut from a longer text: where its start
+    /// (`cut_before`) or its end (`cut_after`) was cut, the part of a value
+    /// found at that edge (at least [`Secrets::SHORTEST`] bytes) is masked
+    /// too.
+    pub fn mask_cut(&self, text: &str, cut_before: bool, cut_after: bool) -> String {
+        let mut text = self.mask(text);
+        let lower = text.to_ascii_lowercase();
+        let edge = |fits: &dyn Fn(&str, usize) -> bool| {
+            self.0
+                .iter()
+                .flat_map(|v| (Secrets::SHORTEST..v.len()).map(move |k| (v, k)))
+                .filter(|(v, k)| fits(v, *k))
+                .map(|(_, k)| k)
+                .max()
+        };
+        if cut_after
+            && let Some(k) =
+                edge(&|v: &str, k: usize| v.is_char_boundary(k) && lower.ends_with(&v[..k]))
+        {
+            text.replace_range(text.len() - k.., "***");
+        }
+        if cut_before
+            && let Some(k) = edge(&|v: &str, k: usize| {
+                v.is_char_boundary(v.len() - k) && lower.starts_with(&v[v.len() - k..])
+            })
+        {
+            text.replace_range(..k, "***");
+        }
+        text
+    }
+}
+
 /// `value` with every byte but letters, digits, `-._~` and those of `keep`
 /// written `%XX`.
 fn percent_encoded(value: &str, keep: &str) -> String {
@@ -463,6 +496,20 @@ mod tests {
             )),
             "relation \"***\" does not exist; \"***\""
         );
+    }
+
+    #[test]
+    fn a_piece_of_a_value_at_a_cut_edge_is_masked() {
+        let env = |_: &str| Some("hunter2secretvalue".to_owned());
+        let t = Template::load("${A}", &env).unwrap();
+        let secrets = Secrets::of([&t]);
+        assert_eq!(secrets.mask_cut("xxxxhunter2s", false, true), "xxxx***");
+        assert_eq!(secrets.mask_cut("ecretvalue yyy", true, false), "*** yyy");
+        assert_eq!(
+            secrets.mask_cut("ecretvalue yyy", false, false),
+            "ecretvalue yyy"
+        );
+        assert_eq!(secrets.mask_cut("value", true, false), "***");
     }
 
     #[test]

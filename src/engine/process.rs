@@ -82,11 +82,11 @@ pub(super) async fn run(
             .collect(),
         workdir: workdir.map(|dir| dir.render(run).into()),
     };
-    let started = match spawn.supervisor.start(&spec) {
+    let started = match spawn.supervisor.start(&spec).await {
         Ok(started) => started,
         Err(e) => return ActionResult::failed(format!("cannot start the job: {e}")),
     };
-    let tail = Arc::new(Mutex::new(Vec::new()));
+    let tail = Arc::new(Mutex::new(Tail::default()));
     let readers = [
         forward(started.stdout, Tag::of(run, "stdout"), tail.clone()),
         forward(started.stderr, Tag::of(run, "stderr"), tail.clone()),
@@ -138,7 +138,8 @@ pub(super) async fn run(
     }
     if let ActionResult::Done(finish, _) = &mut result {
         let tail = tail.lock().map(|t| t.clone()).unwrap_or_default();
-        finish.output = Some(String::from_utf8_lossy(&tail).into_owned());
+        let text = String::from_utf8_lossy(&tail.bytes);
+        finish.output = Some(run.job.secrets.mask_cut(&text, tail.cut, false));
     }
     result
 }
@@ -218,11 +219,13 @@ const LINE_LIMIT: usize = 64 * 1024;
 fn forward(
     stream: impl AsyncRead + Unpin + Send + 'static,
     tag: Tag,
-    tail: Arc<Mutex<Vec<u8>>>,
+    tail: Arc<Mutex<Tail>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut reader = BufReader::with_capacity(LINE_LIMIT, stream);
         let mut line: Vec<u8> = Vec::with_capacity(LINE_LIMIT);
+        // Whether the piece being read goes on from one cut at the limit.
+        let mut goes_on = false;
         loop {
             let (used, ended) = match reader.fill_buf().await {
                 Ok([]) | Err(_) => break,
@@ -244,15 +247,17 @@ fn forward(
             reader.consume(used);
             keep_tail(&tail, &line[line.len() - used..]);
             if ended {
-                let carry = emit(&mut line, &tag);
+                let cut = !line.ends_with(b"\n");
+                let carry = emit(&mut line, &tag, (goes_on, cut));
+                goes_on = cut;
                 line.clear();
                 line.extend_from_slice(&carry);
             }
         }
         if !line.is_empty() {
-            let carry = emit(&mut line, &tag);
+            let carry = emit(&mut line, &tag, (goes_on, false));
             if !carry.is_empty() {
-                log_line(&carry, &tag);
+                log_line(&carry, &tag, (false, false));
             }
         }
     })
@@ -260,12 +265,13 @@ fn forward(
 
 /// Logs `line`, except for an unfinished UTF-8 character at its end (a
 /// piece cut at the limit), which is returned to start the next piece.
-fn emit(line: &mut Vec<u8>, tag: &Tag) -> Vec<u8> {
+/// `cut` says whether its start and its end were cut from a longer line.
+fn emit(line: &mut Vec<u8>, tag: &Tag, cut: (bool, bool)) -> Vec<u8> {
     let carry = match std::str::from_utf8(line) {
         Err(e) if e.error_len().is_none() => line.split_off(e.valid_up_to()),
         _ => Vec::new(),
     };
-    log_line(line, tag);
+    log_line(line, tag, cut);
     carry
 }
 
@@ -290,20 +296,32 @@ impl Tag {
     }
 }
 
-fn log_line(line: &[u8], tag: &Tag) {
-    let text = tag.secrets.mask(&String::from_utf8_lossy(line));
+fn log_line(line: &[u8], tag: &Tag, (cut_before, cut_after): (bool, bool)) {
+    let text = tag
+        .secrets
+        .mask_cut(&String::from_utf8_lossy(line), cut_before, cut_after);
     // Control characters (a job's colours, a carriage return) are escaped:
     // a log line never moves the terminal's cursor or forges another line.
     let shown = crate::error::printable(text.trim_end());
     tracing::info!(target: "job", period_key = %tag.key, stream = tag.stream, "{shown}");
 }
 
-fn keep_tail(tail: &Mutex<Vec<u8>>, bytes: &[u8]) {
+/// The last [`OUTPUT_TAIL`] bytes of a job's output.
+#[derive(Debug, Clone, Default)]
+struct Tail {
+    bytes: Vec<u8>,
+    /// Whether output before them was dropped (a value may be cut at the
+    /// start).
+    cut: bool,
+}
+
+fn keep_tail(tail: &Mutex<Tail>, bytes: &[u8]) {
     if let Ok(mut tail) = tail.lock() {
-        tail.extend_from_slice(bytes);
-        if tail.len() > OUTPUT_TAIL {
-            let cut = tail.len() - OUTPUT_TAIL;
-            tail.drain(..cut);
+        tail.bytes.extend_from_slice(bytes);
+        if tail.bytes.len() > OUTPUT_TAIL {
+            let cut = tail.bytes.len() - OUTPUT_TAIL;
+            tail.bytes.drain(..cut);
+            tail.cut = true;
         }
     }
 }

@@ -35,6 +35,13 @@ pub fn spawn_job<T>(
     Ok(child)
 }
 
+/// Records a job supervisor that another process (the zygote) started: it
+/// is re-parented to this process if that one dies, and is no orphan to
+/// sweep then.
+pub fn adopt_job(pid: u32) {
+    jobs().insert(pid as i32);
+}
+
 /// Forgets a job whose runner has waited for it.
 pub fn forget_job(pid: u32) {
     jobs().remove(&(pid as i32));

@@ -239,6 +239,18 @@ fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
         .map_err(|e| format!("supervisor: signalfd: {e}"))?;
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| format!("supervisor: cannot become a subreaper: {e}"))?;
+    // A scheduler that is gone, or gave this job up before it started
+    // (its supervisor was slow to start), has closed the control pipe: the
+    // job must not start then.
+    let stdin = std::io::stdin();
+    let mut control = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+    if poll(&mut control, PollTimeout::ZERO).is_ok()
+        && control[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    {
+        return Err("supervisor: the scheduler gave the job up before it started".into());
+    }
     let mut command = Command::new(&spec.program);
     command
         .args(&spec.args)
@@ -252,11 +264,19 @@ fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
     // see the SIGTERM of a timeout or a shutdown). The standard library does
     // not reset the mask, so the child does before exec; this process is
     // small, so the fork that `pre_exec` implies costs little.
-    // SAFETY: sigprocmask is async-signal-safe and touches no memory of the
-    // parent.
+    // The job's own process also dies with this supervisor, should both
+    // the scheduler and this supervisor be killed at once (`pkill -9 -f
+    // scheduler`); the parent is checked after, in case it died first.
+    let supervisor = nix::unistd::getpid();
+    // SAFETY: sigprocmask, prctl and getppid are async-signal-safe and
+    // touch no memory of the parent.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if nix::unistd::getppid() != supervisor {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
             Ok(())
         });
     }
@@ -273,7 +293,6 @@ fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
     let job = Pid::from_raw(child.id() as i32);
     let mut deadline = Instant::now() + Duration::from_millis(spec.fence_ms);
     let mut pending = Vec::new();
-    let stdin = std::io::stdin();
     loop {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
             return Ok(end_tree(job, None));

@@ -51,6 +51,13 @@ use super::supervisor::{Launcher, Spec, ZYGOTE};
 /// KiB by default): a job with more is refused with a message saying so.
 const REQUEST_LIMIT: usize = 1 << 20;
 
+/// How long a sweep by the zygote may take before the zygote is killed.
+const SWEEP_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a job's supervisor may take to say it started before the
+/// zygote is taken for stuck (stopped, say), killed and started again.
+const START_WAIT: Duration = Duration::from_secs(5);
+
 /// A request that starts a job.
 const START: u8 = b'J';
 /// A request that kills the zygote's stray children and closes the pipe it
@@ -73,6 +80,7 @@ impl Drop for Zygote {
         // socket; this makes sure, and reaps it.
         let _ = self.child.kill();
         let _ = self.child.wait();
+        super::reaper::forget_job(self.child.id());
     }
 }
 
@@ -118,6 +126,22 @@ impl Status {
             if let Some(ended) = self.ended {
                 return ended;
             }
+            self.read_line().await;
+        }
+    }
+
+    /// Waits for the supervisor to say it started: whether it did (it may
+    /// have ended already). Cancel-safe.
+    async fn started(&mut self) -> bool {
+        while self.pid.is_none() && self.ended.is_none() {
+            self.read_line().await;
+        }
+        self.pid.is_some()
+    }
+
+    /// Reads one line of the status pipe, or its end.
+    async fn read_line(&mut self) {
+        {
             match self.reader.read_until(b'\n', &mut self.line).await {
                 Ok(0) | Err(_) => self.ended = Some(Ended::Vanished),
                 Ok(_) if self.line.ends_with(b"\n") => {
@@ -126,14 +150,25 @@ impl Status {
                     let mut words = line.split_whitespace();
                     let (word, number) = (words.next(), words.next().and_then(|n| n.parse().ok()));
                     match (word, number) {
-                        (Some("pid"), Some(pid)) => self.pid = Some(Pid::from_raw(pid)),
+                        (Some("pid"), Some(pid)) => {
+                            // Should the zygote die, this supervisor becomes
+                            // this process's child: not an orphan to sweep.
+                            super::reaper::adopt_job(pid as u32);
+                            self.pid = Some(Pid::from_raw(pid));
+                        }
                         (Some("exit"), Some(code)) => self.ended = Some(Ended::Exited(code)),
                         (Some("signal"), Some(n)) => self.ended = Some(Ended::Signaled(n)),
                         _ => tracing::warn!("job supervisor: {line}"),
                     }
+                    if let (Some(_), Some(pid)) = (self.ended, self.pid) {
+                        super::reaper::forget_job(pid.as_raw() as u32);
+                    }
                 }
                 // End of file in the middle of a line.
                 Ok(_) => self.ended = Some(Ended::Vanished),
+            }
+            if let (Some(Ended::Vanished), Some(pid)) = (self.ended, self.pid) {
+                super::reaper::forget_job(pid.as_raw() as u32);
             }
         }
     }
@@ -150,8 +185,29 @@ impl Status {
 impl Launcher {
     /// Starts `spec` under a supervisor of its own, forked by this
     /// process's zygote (started now if there is none, or again if it
-    /// died).
-    pub fn start(&self, spec: &Spec) -> std::io::Result<Started> {
+    /// died). A supervisor that does not say it started within
+    /// [`START_WAIT`] (the zygote is stopped, say) is given up: its control
+    /// pipe is closed, so that it never starts the job later, and the
+    /// zygote is killed (a new one serves the next job).
+    pub async fn start(&self, spec: &Spec) -> std::io::Result<Started> {
+        let mut started = self.send_start(spec)?;
+        match tokio::time::timeout(START_WAIT, started.status.started()).await {
+            Ok(true) => Ok(started),
+            Ok(false) => Err(std::io::Error::other(
+                "its supervisor ended before it started",
+            )),
+            Err(_) => {
+                drop(started);
+                self.forget_zygote();
+                Err(std::io::Error::other(format!(
+                    "its supervisor did not start within {}s; the zygote was killed",
+                    START_WAIT.as_secs()
+                )))
+            }
+        }
+    }
+
+    fn send_start(&self, spec: &Spec) -> std::io::Result<Started> {
         let (control, control_theirs) = pipe::pipe()?;
         let (stdout_theirs, stdout) = pipe::pipe()?;
         let (stderr_theirs, stderr) = pipe::pipe()?;
@@ -180,20 +236,40 @@ impl Launcher {
 
     /// Has the zygote kill its stray children (the trees of job
     /// supervisors that were killed) and waits until they are gone; then
-    /// sweeps this process's own (those of a zygote that died).
+    /// sweeps this process's own (those of a zygote that died). A zygote
+    /// that does not finish in time (stopped, say) is killed: its strays
+    /// come to this process, whose sweep kills them.
     pub async fn sweep(&self) {
         if let Ok((done_theirs, mut done)) = pipe::pipe()
             && let Ok(done_theirs) = done_theirs.into_blocking_fd()
             && self.send(&[SWEEP], &[done_theirs], false).is_ok()
         {
             let mut end = [0u8; 1];
-            let _ = tokio::time::timeout(
-                Duration::from_secs(10),
+            let swept = tokio::time::timeout(
+                SWEEP_WAIT,
                 tokio::io::AsyncReadExt::read(&mut done, &mut end),
             )
             .await;
+            if swept.is_err() {
+                tracing::warn!(
+                    "the job supervisors' zygote did not sweep in time; killing it (a new one starts with the next job)"
+                );
+                self.forget_zygote();
+            }
         }
         super::reaper::sweep().await;
+    }
+
+    /// Kills the zygote, if any; the next job starts a new one. Its job
+    /// supervisors carry on, re-parented to this process.
+    fn forget_zygote(&self) {
+        let zygote = self
+            .zygote
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(zygote);
     }
 
     /// Sends one request with `fds`; starts the zygote first if `start`

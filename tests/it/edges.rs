@@ -1135,3 +1135,30 @@ fn an_http_url_that_does_not_parse_after_expansion_is_refused_at_load_without_it
         assert!(!out.stderr().contains("Hunter2Secret"), "{}", out.stderr());
     }
 }
+
+#[test]
+fn a_secret_cut_by_the_line_limit_or_the_kept_tail_shows_in_neither_piece() {
+    // A line of 65,528 bytes and the value (cut at the 64 KiB limit), then
+    // the value and 4,090 bytes (the kept 4 KiB start inside it).
+    let ws = billing(
+        "command = [\"sh\", \"-c\", \"head -c 65528 /dev/zero | tr '\\\\0' x; printf '%s\\\\n%s' \\\"$1\\\" \\\"$1\\\"; head -c 4090 /dev/zero | tr '\\\\0' y\", \"sh\", \"${MYSEC}\"]",
+    );
+    let with_secret = |args: &[&str]| {
+        ws.command(args)
+            .env("MYSEC", "hunter2secretvalue")
+            .output()
+            .unwrap()
+    };
+    let out = with_secret(&["run", "billing", "--period", "2026-10"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let history = with_secret(&["history", "billing", "--output"]);
+    for said in [out.stderr(), history.stdout()] {
+        for piece in ["hunter2s", "ecretvalue", "tvalue"] {
+            assert!(
+                !said.contains(piece),
+                "{piece} in {}",
+                &said[said.len().saturating_sub(300)..]
+            );
+        }
+    }
+}

@@ -910,3 +910,72 @@ fn without_the_supervisor_binary_beside_it_the_scheduler_supervises_its_jobs_its
     let parent = std::fs::read_to_string(ws.path().join("parent.txt")).unwrap();
     assert!(parent.contains("__supervise"), "{parent}");
 }
+
+/// The child of `parent` started as the zygote.
+fn zygote_of(parent: u32) -> Option<i32> {
+    crate::support::children_of(parent).into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"--zygote"))
+    })
+}
+
+#[test]
+fn a_stopped_zygote_and_a_killed_supervisor_leave_nothing_of_the_tree() {
+    let db = TestDb::sqlite();
+    let base = 7300 + std::process::id() % 50 * 10;
+    let ws = Workspace::new(&format!(
+        "[scheduler]\nlease = \"60s\"\n\n[[job]]\nname = \"tree\"\nschedule = \"0 0 * * *\"\nperiod = \"day\"\n\
+         shell = 'echo $$ > shell.pid; setsid sleep {} & sleep {}'\n",
+        base + 1,
+        base + 2
+    ));
+    let runner = start(
+        &ws,
+        &[
+            "--database-url",
+            &db.url,
+            "run",
+            "tree",
+            "--period",
+            &today(),
+        ],
+    );
+    eventually("the job's tree", BOUND, || {
+        !sleeps(base + 1).is_empty() && !sleeps(base + 2).is_empty()
+    });
+    let shell: i32 = lines(ws.path().join("shell.pid"))[0].parse().unwrap();
+    let supervisor = parent(shell);
+    let zygote = parent(supervisor);
+    assert_eq!(Some(zygote), zygote_of(runner.id()));
+    kill(Pid::from_raw(zygote), Signal::SIGSTOP).unwrap();
+    kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+    // The zygote cannot sweep: the runner kills it and sweeps the tree
+    // itself before it reports.
+    let out = wait(runner, BOUND);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let left: Vec<i32> = [base + 1, base + 2].into_iter().flat_map(sleeps).collect();
+    for pid in &left {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    let _ = kill(Pid::from_raw(zygote), Signal::SIGKILL);
+    assert!(left.is_empty(), "left alive: {left:?}");
+}
+
+#[test]
+fn a_stopped_zygote_is_replaced_and_jobs_go_on_starting() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nscan_interval = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\nshell = 'echo $SCHEDULER_PERIOD >> ticks.txt'\n",
+    );
+    let server = serve(&ws, &db.url);
+    let ticks = || lines(ws.path().join("ticks.txt")).len();
+    eventually("ticks", BOUND, || ticks() >= 2);
+    let zygote = zygote_of(server.id()).expect("a zygote");
+    kill(Pid::from_raw(zygote), Signal::SIGSTOP).unwrap();
+    let before = ticks();
+    eventually("ticks from a new zygote", BOUND, || {
+        zygote_of(server.id()).is_some_and(|z| z != zygote) && ticks() >= before + 3
+    });
+    assert_eq!(stop(server), 0);
+    let _ = kill(Pid::from_raw(zygote), Signal::SIGKILL);
+}
