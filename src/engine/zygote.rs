@@ -291,13 +291,17 @@ impl Launcher {
                 alive.socket.as_raw_fd(),
                 &[IoSlice::new(request)],
                 &[ControlMessage::ScmRights(&raw)],
-                MsgFlags::MSG_NOSIGNAL,
+                // Never blocking a scheduler thread: a zygote whose queue is
+                // full has stopped taking requests.
+                MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
                 None,
             );
             match sent {
                 Ok(_) => return Ok(()),
-                // The zygote died: once more with a new one.
-                Err(Errno::EPIPE | Errno::ECONNRESET | Errno::ENOTCONN) if attempt == 0 => {
+                // The zygote died, or is stuck: once more with a new one.
+                Err(Errno::EPIPE | Errno::ECONNRESET | Errno::ENOTCONN | Errno::EAGAIN)
+                    if attempt == 0 =>
+                {
                     *zygote = None;
                 }
                 Err(Errno::EMSGSIZE) => {
