@@ -186,7 +186,7 @@ impl Launcher {
     /// Starts `spec` under a supervisor of its own, forked by this
     /// process's zygote (started now if there is none, or again if it
     /// died). A supervisor that does not say it started within
-    /// [`START_WAIT`] (the zygote is stopped, say) is given up: its control
+    /// five seconds (the zygote is stopped, say) is given up: its control
     /// pipe is closed, so that it never starts the job later, and the
     /// zygote is killed (a new one serves the next job).
     pub async fn start(&self, spec: &Spec) -> std::io::Result<Started> {
