@@ -16,7 +16,8 @@
 //! - [`engine`]: the one claim → run → record path every front end drives:
 //!   which periods are due ([`engine::due`]), claims in batches, each action run
 //!   with heartbeats and self-fencing ([`engine::heartbeat`]) under its own
-//!   supervisor ([`engine::supervisor`]), `sql` actions committed in groups,
+//!   supervisor ([`engine::supervisor`], forked by the process's one
+//!   [`engine::zygote`]), `sql` actions committed in groups,
 //!   outcomes reported as values; [`engine::reaper`] reaps orphans.
 //! - [`serve`]: `scheduler serve`, the timer loop and the scan beside it;
 //!   [`serve::server`]: `/healthz` and `/metrics`.
