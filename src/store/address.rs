@@ -58,6 +58,19 @@ impl DatabaseUrl {
                     "`{url}` is an in-memory database, lost when the command ends (every run would start afresh): name a file, e.g. sqlite://scheduler.db"
                 ));
             }
+            // The scheduler writes to its database whatever the command
+            // (claims, migrations, its WAL): read-only can never work.
+            let read_only = params.as_deref().is_some_and(|p| {
+                p.split('&').any(|kv| {
+                    let kv = kv.to_ascii_lowercase();
+                    kv == "mode=ro" || kv == "immutable=1" || kv == "immutable=true"
+                })
+            });
+            if read_only {
+                return Err(format!(
+                    "`{url}` opens the database read-only (`mode=ro` or `immutable`): the scheduler writes to its database whatever the command; expected sqlite://FILE, e.g. sqlite://scheduler.db"
+                ));
+            }
             if file.is_empty() {
                 return Err(format!(
                     "`{url}` names no file (is a variable in it empty?): expected sqlite://FILE, e.g. sqlite://scheduler.db"
@@ -176,7 +189,15 @@ mod tests {
     fn an_sqlite_url_with_a_parameter_the_driver_does_not_know_is_refused() {
         let err = DatabaseUrl::parse("sqlite://x.db?bogus=1", Path::new("/d")).unwrap_err();
         assert!(err.contains("bogus"), "{err}");
-        assert!(DatabaseUrl::parse("sqlite://x.db?mode=ro", Path::new("/d")).is_ok());
+        assert!(DatabaseUrl::parse("sqlite://x.db?mode=rwc", Path::new("/d")).is_ok());
+        for url in [
+            "sqlite://x.db?mode=ro",
+            "sqlite://x.db?immutable=1",
+            "sqlite://x.db?cache=shared&Immutable=true",
+        ] {
+            let err = DatabaseUrl::parse(url, Path::new("/d")).unwrap_err();
+            assert!(err.contains("read-only"), "{url}: {err}");
+        }
     }
 
     #[test]

@@ -1041,17 +1041,23 @@ fn an_sql_statement_of_nothing_but_comments_and_semicolons_is_refused_at_load() 
 #[test]
 fn a_sqlite_url_with_an_unknown_parameter_is_a_configuration_error_that_creates_nothing() {
     let ws = billing("command = [\"true\"]");
-    let out = ws.run(&[
-        "--database-url",
-        "sqlite://s.db?bogus=1",
-        "run",
-        "billing",
-        "--period",
-        "2026-10",
-    ]);
-    assert_eq!(out.code(), 2, "{}", out.stderr());
-    assert_says(&out.stderr(), &["--database-url", "bogus"]);
-    assert!(!ws.path().join("s.db").exists());
+    for (url, says) in [
+        ("sqlite://s.db?bogus=1", "bogus"),
+        ("sqlite://s.db?mode=ro", "read-only"),
+        ("sqlite://s.db?immutable=1", "read-only"),
+    ] {
+        let out = ws.run(&[
+            "--database-url",
+            url,
+            "run",
+            "billing",
+            "--period",
+            "2026-10",
+        ]);
+        assert_eq!(out.code(), 2, "{url}: {}", out.stderr());
+        assert_says(&out.stderr(), &["--database-url", says]);
+        assert!(!ws.path().join("s.db").exists(), "{url}");
+    }
 }
 
 #[test]
