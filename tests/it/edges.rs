@@ -459,13 +459,16 @@ fn values_that_cannot_work_are_refused_at_load_with_their_place() {
 
 /// Starts the binary with its stdout closed before it writes anything.
 fn with_stdout_closed(ws: &Workspace, args: &[&str]) -> std::process::Output {
-    let mut child = ws
+    // The read end is closed before the child starts: its first write
+    // fails, however quickly it writes.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = ws
         .command(args)
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    drop(child.stdout.take());
     wait(child, BOUND)
 }
 
