@@ -913,10 +913,13 @@ fn without_the_supervisor_binary_beside_it_the_scheduler_supervises_its_jobs_its
 
 /// The child of `parent` started as the zygote.
 fn zygote_of(parent: u32) -> Option<i32> {
-    crate::support::children_of(parent).into_iter().find(|pid| {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"--zygote"))
-    })
+    scheduler::engine::reaper::children_of(parent)
+        .into_iter()
+        .map(Pid::as_raw)
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"--zygote"))
+        })
 }
 
 #[test]

@@ -574,22 +574,29 @@ fn a_job_removed_by_sighup_has_its_gauges_zeroed() {
     assert_eq!(stop(replica), 0);
 }
 
-#[test]
-fn fires_that_wait_past_catch_up_for_a_slot_are_counted_as_dropped() {
-    let db = TestDb::sqlite();
-    // One slot, runs of 3 s, a fire every second, a window of 1 s: most
-    // fires wait longer than the window and are dropped.
-    let ws = Workspace::new(
-        &(settings("catch_up = \"1s\"")
-            + &every_second("slow", "period = \"fire\"\ncommand = [\"sleep\", \"3\"]")),
-    );
+/// Serves `jobs_toml` (job `slow`) until `/metrics` counts `at_least`
+/// dropped fires of `slow`.
+fn serve_until_dropped(db: &TestDb, jobs_toml: &str, at_least: f64) {
+    let ws = Workspace::new(jobs_toml);
     let addr = format!("127.0.0.1:{}", crate::support::free_port());
     let replica = serve_with(&ws, &db.url, &["--listen", &addr]);
     let dropped = "scheduler_periods_dropped_total{job=\"slow\"}";
     eventually("dropped fires in /metrics", BOUND, || {
-        metric(&crate::support::http_get(&addr, "/metrics"), dropped) >= Some(1.0)
+        metric(&crate::support::http_get(&addr, "/metrics"), dropped) >= Some(at_least)
     });
     assert_eq!(stop(replica), 0);
+}
+
+#[test]
+fn fires_that_wait_past_catch_up_for_a_slot_are_counted_as_dropped() {
+    // One slot, runs of 3 s, a fire every second, a window of 1 s: most
+    // fires wait longer than the window and are dropped.
+    serve_until_dropped(
+        &TestDb::sqlite(),
+        &(settings("catch_up = \"1s\"")
+            + &every_second("slow", "period = \"fire\"\ncommand = [\"sleep\", \"3\"]")),
+        1.0,
+    );
 }
 
 /// The binary with `args` against `db`, which must succeed.
@@ -642,20 +649,15 @@ fn fires_that_wait_past_catch_up_for_max_running_are_dropped_and_counted() {
     let db = TestDb::sqlite();
     // One run at a time in the process, runs of 3 s, a fire every second,
     // a window of 1 s: fires wait in the backlog longer than the window.
-    let ws = Workspace::new(
+    serve_until_dropped(
+        &db,
         &(settings("catch_up = \"1s\"\nmax_running = 1")
             + &every_second(
                 "slow",
                 "period = \"fire\"\nconcurrency = 5\nshell = 'echo $SCHEDULER_TRIGGER >> runs.txt; sleep 3'",
             )),
+        2.0,
     );
-    let addr = format!("127.0.0.1:{}", crate::support::free_port());
-    let replica = serve_with(&ws, &db.url, &["--listen", &addr]);
-    let dropped = "scheduler_periods_dropped_total{job=\"slow\"}";
-    eventually("dropped fires in /metrics", BOUND, || {
-        metric(&crate::support::http_get(&addr, "/metrics"), dropped) >= Some(2.0)
-    });
-    assert_eq!(stop(replica), 0);
     // Nothing ran long after its fire: what waited past the window was
     // dropped, not run late.
     let late = crate::support::count(

@@ -504,19 +504,3 @@ pub fn count(url: &str, sql: &str) -> i64 {
         }
     })
 }
-
-/// The children of process `parent`, from every `/proc/PID/stat`.
-pub fn children_of(parent: u32) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rfind(')').is_some_and(|at| {
-                    stat[at + 1..].split_whitespace().nth(1) == Some(&parent.to_string())
-                })
-            })
-        })
-        .collect()
-}
