@@ -3,7 +3,8 @@
 //! SQLite and PostgreSQL in the same run; `scheduler run --from --to` over
 //! 1,000 periods of /bin/true, next to the serial claim → spawn → complete
 //! limit (the raw statements around a bare `posix_spawn` of /bin/true,
-//! measured in the same run), and over 10,000 of a no-op `sql` job, next to
+//! and around /bin/true started under its supervisor as the scheduler starts
+//! a job, both measured in the same run), and over 10,000 of a no-op `sql` job, next to
 //! the batched-claim limit (a bare insert of 100 keys per commit). Run with `cargo bench --bench claims`
 //! (PostgreSQL from SCHEDULER_TEST_DATABASE_URL, default the local server).
 
@@ -60,21 +61,48 @@ async fn claim_and_complete(store: &Store) -> f64 {
 enum Between {
     Nothing,
     SpawnTrue,
+    /// `/bin/true` started as the scheduler starts a job: its supervisor
+    /// forked by the zygote, the job's tree watched and swept.
+    Supervised,
 }
 
 impl Between {
     fn runs(self) -> usize {
         match self {
             Between::Nothing => RUNS,
-            Between::SpawnTrue => 1_000,
+            Between::SpawnTrue | Between::Supervised => 1_000,
         }
     }
 
-    fn act(self) {
-        if self == Between::SpawnTrue {
-            use std::os::unix::process::CommandExt;
-            let status = Command::new("/bin/true").process_group(0).status().unwrap();
-            assert!(status.success());
+    async fn act(self) {
+        static ZYGOTE: std::sync::LazyLock<scheduler::engine::supervisor::Launcher> =
+            std::sync::LazyLock::new(|| {
+                scheduler::engine::supervisor::Launcher::new(
+                    env!("CARGO_BIN_EXE_scheduler-supervise").into(),
+                    Vec::new(),
+                )
+            });
+        match self {
+            Between::Nothing => {}
+            Between::SpawnTrue => {
+                use std::os::unix::process::CommandExt;
+                let status = Command::new("/bin/true").process_group(0).status().unwrap();
+                assert!(status.success());
+            }
+            Between::Supervised => {
+                let spec = scheduler::engine::supervisor::Spec {
+                    fence_ms: 60_000,
+                    program: "/bin/true".into(),
+                    args: Vec::new(),
+                    env: Vec::new(),
+                    workdir: None,
+                };
+                let mut job = ZYGOTE.start(&spec).await.unwrap();
+                assert_eq!(
+                    job.status.ended().await,
+                    scheduler::engine::zygote::Ended::Exited(0)
+                );
+            }
         }
     }
 
@@ -82,6 +110,7 @@ impl Between {
         match self {
             Between::Nothing => "raw",
             Between::SpawnTrue => "spawn",
+            Between::Supervised => "supervised",
         }
     }
 }
@@ -109,7 +138,7 @@ async fn raw_sqlite(url: &str, between: Between) -> f64 {
             .await
             .unwrap()
             .unwrap();
-        between.act();
+        between.act().await;
         sqlx::query("UPDATE raw SET state = 'succeeded' WHERE key = ?1 AND state = 'running'")
             .bind(&key)
             .execute(&mut conn)
@@ -134,7 +163,7 @@ async fn raw_postgres(url: &str, between: Between) -> f64 {
             .await
             .unwrap()
             .unwrap();
-        between.act();
+        between.act().await;
         sqlx::query("UPDATE raw SET state = 'succeeded' WHERE key = $1 AND state = 'running'")
             .bind(&key)
             .execute(&mut conn)
@@ -174,13 +203,19 @@ fn backfill(url: &str, toml: &str, job: &str, to: &str, periods: usize, what: &s
 }
 
 /// 1,000 periods of `/bin/true`, one at a time (`concurrency = 1`), next
-/// to `limit`, the serial claim → spawn → complete limit of the same run.
-fn backfill_true(url: &str, limit: f64) {
+/// to `limits`, the serial claim → spawn → complete limits of the same run:
+/// with a bare spawn, and with the job started as the scheduler starts it
+/// (under its supervisor).
+fn backfill_true(url: &str, (bare, supervised): (f64, f64)) {
     let toml = "[[job]]\nname = \"sync\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"/bin/true\"]\n";
     let rate = backfill(url, toml, "sync", "2026-01-01T16:39", 1_000, "/bin/true");
     println!(
-        "    serial limit (raw claim, posix_spawn /bin/true, raw complete): {limit:.0}/s; ratio {:.2}",
-        rate / limit
+        "    serial limit (raw claim, posix_spawn /bin/true, raw complete): {bare:.0}/s; ratio {:.2}",
+        rate / bare
+    );
+    println!(
+        "    serial limit with the job supervised (raw claim, /bin/true through the zygote, raw complete): {supervised:.0}/s; ratio {:.2}",
+        rate / supervised
     );
 }
 
@@ -312,7 +347,10 @@ async fn main() {
     );
     backfill_true(
         &format!("sqlite://{}", dir.path().join("backfill.db").display()),
-        raw_sqlite(&raw, Between::SpawnTrue).await,
+        (
+            raw_sqlite(&raw, Between::SpawnTrue).await,
+            raw_sqlite(&raw, Between::Supervised).await,
+        ),
     );
     backfill_sql(&format!(
         "sqlite://{}",
@@ -356,7 +394,10 @@ async fn main() {
     );
     backfill_true(
         &backfill_url,
-        raw_postgres(&raw_url, Between::SpawnTrue).await,
+        (
+            raw_postgres(&raw_url, Between::SpawnTrue).await,
+            raw_postgres(&raw_url, Between::Supervised).await,
+        ),
     );
     if let Some(url) = postgres_database("scheduler_bench_backfill_sql").await {
         backfill_sql(&url);

@@ -227,33 +227,34 @@ impl PgStore {
         let force: Vec<bool> = requests.iter().map(|r| r.force).collect();
         let manual: Vec<bool> = requests.iter().map(|r| r.manual).collect();
         let key_texts: Vec<&str> = keys.iter().map(PeriodKey::as_str).collect();
-        // How manual runs were asked for is written on the attempts won in
-        // the claim's own transaction: one commit, not two.
-        let noting = requests.iter().any(|r| r.asked.is_some());
-        let mut tx = match noting {
-            true => Some(self.pool.begin().await?),
-            false => None,
+        // How manual runs were asked for is written on the attempts won by
+        // the claiming statement itself: one round trip, one commit.
+        let how: Vec<Option<&str>> = requests.iter().map(|r| r.asked.map(|a| a.how)).collect();
+        let by: Vec<Option<&str>> = requests.iter().map(|r| r.asked.map(|a| a.by)).collect();
+        let noting = how.iter().any(Option::is_some);
+        let call = if noting {
+            "SELECT * FROM scheduler_claim_many_asked($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+        } else {
+            "SELECT * FROM scheduler_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
         };
-        let statement = sqlx::query(
-            "SELECT * FROM scheduler_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-        )
-        .bind(&key_texts)
-        .bind(&jobs)
-        .bind(&labels)
-        .bind(&starts)
-        .bind(&ends)
-        .bind(&scheduled)
-        .bind(&triggers)
-        .bind(&concurrency)
-        .bind(&force)
-        .bind(&manual)
-        .bind(requests[0].owner)
-        .bind(millis(requests[0].lease))
-        .bind(wait);
-        let rows = match tx.as_mut() {
-            Some(tx) => statement.fetch_all(&mut **tx).await?,
-            None => statement.fetch_all(&self.pool).await?,
-        };
+        let mut statement = sqlx::query(call)
+            .bind(&key_texts)
+            .bind(&jobs)
+            .bind(&labels)
+            .bind(&starts)
+            .bind(&ends)
+            .bind(&scheduled)
+            .bind(&triggers)
+            .bind(&concurrency)
+            .bind(&force)
+            .bind(&manual)
+            .bind(requests[0].owner)
+            .bind(millis(requests[0].lease))
+            .bind(wait);
+        if noting {
+            statement = statement.bind(&how).bind(&by);
+        }
+        let rows = statement.fetch_all(&self.pool).await?;
         let mut claims: Vec<Option<Claim>> = vec![None; requests.len()];
         for row in &rows {
             let ord: i32 = row.try_get("o_ord")?;
@@ -264,10 +265,6 @@ impl PgStore {
                 continue;
             };
             *slot = Some(claim_of(row, &keys[i], &requests[i].period.label)?);
-        }
-        if let Some(mut tx) = tx {
-            note_asked(&mut tx, requests, &claims).await?;
-            tx.commit().await?;
         }
         Ok(claims.into_iter().flatten().collect())
     }
@@ -750,41 +747,6 @@ async fn record_many(
 /// The backend a group's pass runs on, once it started one.
 fn running_backend(backend: &std::sync::atomic::AtomicI32) -> Option<i32> {
     Some(backend.load(std::sync::atomic::Ordering::SeqCst)).filter(|pid| *pid != 0)
-}
-
-/// Writes on each manual attempt won how and by whom it was asked for.
-async fn note_asked(
-    conn: &mut sqlx::PgConnection,
-    requests: &[ClaimRequest<'_>],
-    claims: &[Option<Claim>],
-) -> Result<(), sqlx::Error> {
-    let mut keys = Vec::new();
-    let mut attempts = Vec::new();
-    let mut how = Vec::new();
-    let mut by = Vec::new();
-    for (request, claim) in requests.iter().zip(claims) {
-        if let (Some(asked), Some(Claim::Won(lease))) = (&request.asked, claim) {
-            keys.push(lease.key.as_str());
-            attempts.push(lease.attempt);
-            how.push(asked.how);
-            by.push(asked.by);
-        }
-    }
-    if !keys.is_empty() {
-        sqlx::query(
-            "UPDATE scheduler_attempts a SET asked = h.how, requested_by = h.by
-               FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
-                    AS h(key, attempt, how, by)
-              WHERE a.period_key = h.key AND a.attempt = h.attempt",
-        )
-        .bind(&keys)
-        .bind(&attempts)
-        .bind(&how)
-        .bind(&by)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
 }
 
 /// Takes a key share lock on every claim of the group still at its

@@ -285,6 +285,38 @@ fn every_scheduler_command_line_of_the_deployment_files_parses_and_its_probes_ex
     assert_eq!(stop(server), 0);
 }
 
+/// The `Dockerfile` builds the dependencies first, in a layer of their own,
+/// from stand-in files for every target `Cargo.toml` names: cargo refuses a
+/// manifest whose bench or binary has no file, so a target missing there
+/// breaks the image build.
+#[test]
+fn the_dockerfile_stands_in_a_file_for_every_target_of_the_manifest() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let benches = dockerfile
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("&& for b in "))
+        .and_then(|l| l.split_once(';'))
+        .map(|(names, _)| names.split_whitespace().collect::<Vec<_>>())
+        .expect("the Dockerfile's loop over the bench names");
+    let targets = |kind: &str| manifest[kind].as_array().unwrap().clone();
+    for bench in targets("bench") {
+        let name = bench["name"].as_str().unwrap();
+        assert!(
+            benches.contains(&name),
+            "bench {name} has no stand-in in the Dockerfile: {benches:?}"
+        );
+    }
+    for bin in targets("bin") {
+        let path = bin["path"].as_str().unwrap();
+        assert!(
+            dockerfile.contains(&format!("echo 'fn main() {{}}' > {path}")),
+            "binary {path} has no stand-in in the Dockerfile"
+        );
+    }
+}
 #[test]
 fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
     for db in crate::support::databases() {
