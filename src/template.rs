@@ -129,6 +129,8 @@ impl Template {
             from = offset + name.len() + 2;
         }
         pieces.push(text(from, raw.len())?);
+        // Kept for the life of the job, once per template of 10,000 jobs.
+        pieces.shrink_to_fit();
         Ok(Template { pieces, expanded })
     }
 

@@ -137,7 +137,7 @@ impl Service {
             shutdown.clone(),
             events.0.clone(),
         );
-        let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
+        let jobs = shared(config.jobs);
         Service {
             path,
             running: 0,
@@ -649,7 +649,7 @@ impl Service {
         };
         #[cfg(feature = "server")]
         self.api.set_config(api_view(&config));
-        let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
+        let jobs = shared(config.jobs);
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         if let Err(e) = self.engine.store().see_jobs(&names).await {
             tracing::warn!("reload: cannot record new jobs yet: {e}");
@@ -722,6 +722,15 @@ fn api_view(config: &Config) -> Arc<Config> {
         api: None,
         jobs: Vec::new(),
     })
+}
+
+/// The jobs, each behind an `Arc`, in a list of their own size: collected
+/// in place, the list would keep the allocation of the jobs themselves
+/// (3.4 MB for 10,000 jobs) to hold their pointers (80 KB).
+fn shared(jobs: Vec<Job>) -> Vec<Arc<Job>> {
+    let mut shared: Vec<Arc<Job>> = jobs.into_iter().map(Arc::new).collect();
+    shared.shrink_to_fit();
+    shared
 }
 
 fn index(jobs: &[Arc<Job>]) -> HashMap<String, usize> {
