@@ -38,6 +38,35 @@ impl fmt::Display for DatabaseUrl {
     }
 }
 
+/// The parameters of a PostgreSQL URL that the driver (sqlx) reads; it
+/// ignores any other. Besides them, `options[NAME]=VALUE` sets a server
+/// setting.
+const POSTGRES_PARAMETERS: [&str; 17] = [
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+];
+
+fn known_postgres_parameter(name: &str) -> bool {
+    POSTGRES_PARAMETERS.contains(&name)
+        || name == "options"
+        || (name.starts_with("options[") && name.ends_with(']'))
+}
+
 impl DatabaseUrl {
     /// Reads `url`; a relative SQLite path is taken relative to `base`.
     /// The error says what is wrong, with any password masked.
@@ -103,6 +132,25 @@ impl DatabaseUrl {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return match url::Url::parse(url) {
                 Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => {
+                    // The driver ignores a parameter it does not know: a
+                    // misspelt `sslmode` would connect without TLS. Named
+                    // without its value (a misspelt `password`) and
+                    // without the query.
+                    if let Some(unknown) = parsed
+                        .query_pairs()
+                        .map(|(name, _)| name)
+                        .find(|name| !known_postgres_parameter(name))
+                    {
+                        let hint = crate::suggest::nearest(&unknown, POSTGRES_PARAMETERS)
+                            .map(|near| format!(" (did you mean `{near}`?)"))
+                            .unwrap_or_default();
+                        let base = url.split_once('?').map_or(url, |(base, _)| base);
+                        return Err(format!(
+                            "`{}?…` has the parameter `{unknown}`{hint}, which the PostgreSQL driver does not know and would ignore; it knows {}, options and options[SETTING]",
+                            mask_url(base),
+                            POSTGRES_PARAMETERS.join(", ")
+                        ));
+                    }
                     // The driver's own reading of its parameters (sslmode, …)
                     // is a configuration matter, found before connecting.
                     match url.parse::<sqlx::postgres::PgConnectOptions>() {
@@ -197,6 +245,26 @@ mod tests {
         ] {
             let err = DatabaseUrl::parse(url, Path::new("/d")).unwrap_err();
             assert!(err.contains("read-only"), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_postgres_url_with_a_parameter_the_driver_does_not_know_is_refused() {
+        let err = DatabaseUrl::parse(
+            "postgres://u:PW@h/db?sslmode=require&ssl_mode=x&password=PW2",
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("`ssl_mode` (did you mean `sslmode`?)"),
+            "{err}"
+        );
+        assert!(!err.contains("PW"), "{err}");
+        for url in [
+            "postgres://u@h/db?sslmode=disable&application_name=a",
+            "postgres://u@h/db?options[search_path]=s&options=-c%20x%3Dy",
+        ] {
+            assert!(DatabaseUrl::parse(url, Path::new("/")).is_ok(), "{url}");
         }
     }
 

@@ -1063,6 +1063,36 @@ fn a_sqlite_url_with_an_unknown_parameter_is_a_configuration_error_that_creates_
     }
 }
 
+/// A misspelt PostgreSQL parameter was ignored by the driver: `sslmod=require`
+/// connected without TLS, and the whole URL (the value of a misspelt
+/// `password` too) was printed in the next error.
+#[test]
+fn a_postgres_url_with_a_parameter_the_driver_does_not_know_is_refused_without_its_value() {
+    let ws = billing("command = [\"true\"]");
+    for (url, says) in [
+        (
+            "postgres://postgres@127.0.0.1:5432/test?sslmod=require",
+            "did you mean `sslmode`",
+        ),
+        (
+            "postgres://postgres@127.0.0.1:5432/test?passwrod=hunter2xyz",
+            "`passwrod`",
+        ),
+    ] {
+        let out = ws.run(&["--database-url", url, "status"]);
+        assert_eq!(out.code(), 2, "{url}: {}", out.stderr());
+        assert_says(&out.stderr(), &["--database-url", says]);
+        assert!(!out.stderr().contains("hunter2xyz"), "{}", out.stderr());
+    }
+    // The driver's own parameters pass.
+    let out = ws.run(&[
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/test?sslmode=disable&application_name=x&options[statement_timeout]=5s",
+        "status",
+    ]);
+    assert_ne!(out.code(), 2, "{}", out.stderr());
+}
+
 #[test]
 fn a_secret_in_a_command_never_reaches_the_log_or_the_kept_output() {
     let ws = Workspace::new(
