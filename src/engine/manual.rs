@@ -223,6 +223,10 @@ pub trait Sink: Send + Sync {
     /// One period ended; `Err` ends the run before its next claim (the
     /// reader went away).
     fn line(&mut self, line: &Line) -> Result<(), Stop>;
+
+    /// Shutdown ended the run before its last period: the periods after
+    /// the lines said so far were not run.
+    fn cut_short(&mut self) {}
 }
 
 /// Runs `request` to the end on `engine`, each period's line to `sink`.
@@ -331,7 +335,7 @@ impl Backfill<'_> {
                 let mut asks = Vec::new();
                 for (due, key) in chunk.into_iter().zip(keys) {
                     if *self.shutdown.borrow() {
-                        self.outcome = Outcome::RunFailed;
+                        self.cut_short();
                         return Ok(Ok(()));
                     }
                     let row = rows.get(key.as_str());
@@ -379,8 +383,7 @@ impl Backfill<'_> {
             return Ok(Ok(()));
         }
         if *self.shutdown.borrow() {
-            // Interrupted: nothing more is claimed.
-            self.outcome = Outcome::RunFailed;
+            self.cut_short();
             return Ok(Ok(()));
         }
         let taken = self.engine.claim(&asks).await?;
@@ -554,6 +557,13 @@ impl Backfill<'_> {
         }
         let report = Report::not_run(ask, taken);
         Line::new(&report.key, report.word(), report.detail(), None)
+    }
+
+    /// Shutdown ended the run before its last period: nothing more is
+    /// claimed, and the periods left are not run.
+    fn cut_short(&mut self) {
+        self.outcome = Outcome::RunFailed;
+        self.sink.cut_short();
     }
 
     /// Hands a line on and counts what it says; a sink that went away

@@ -832,7 +832,8 @@ struct Progress {
     lines: Vec<Line>,
     /// Why the run itself ended early, if it did.
     error: Option<String>,
-    /// This replica's shutdown ended it before its last period.
+    /// This replica's shutdown ended it before its last period: periods
+    /// were left unclaimed, or a running one was stopped and released.
     interrupted: bool,
     done: bool,
 }
@@ -893,6 +894,12 @@ impl Sink for Collect {
         }
         self.1.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    fn cut_short(&mut self) {
+        if let Ok(mut p) = self.0.lock() {
+            p.interrupted = true;
+        }
     }
 }
 
@@ -965,8 +972,14 @@ impl Api {
                 if let Err(e) = ended {
                     p.error = Some(e.to_string());
                 }
-                if *api.shutdown.borrow() {
-                    p.interrupted = true;
+                // Shutdown cut it short, or stopped a period past the
+                // grace (a `release` by an operator is no interruption); a
+                // run that ended within the grace is answered as it ended.
+                p.interrupted |= *api.shutdown.borrow()
+                    && p.lines
+                        .iter()
+                        .any(|l| matches!(l.status, "released" | "interrupted"));
+                if p.interrupted {
                     p.error.get_or_insert_with(|| {
                         "this replica shut down: the periods listed as released are recovered like any others, and the periods not listed were not run; POST again with a new Idempotency-Key".into()
                     });

@@ -776,6 +776,34 @@ fn sigterm_releases_a_run_asked_for_over_the_api_and_another_replica_takes_it() 
     }
 }
 
+/// A run that ended within the shutdown grace was answered `interrupted`,
+/// with "POST again with a new Idempotency-Key": doing so ran a forced
+/// period a second time.
+#[test]
+fn a_run_that_ends_within_the_shutdown_grace_is_answered_as_it_ended() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "1")));
+        let first = Server::start(&ws, &db.url);
+        let (status, _, location, body) = answer(first.post(
+            CI,
+            "/v1/jobs/billing/runs",
+            "graceful",
+            &json!({"period": "2026-07", "force": true}),
+        ));
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        assert_eq!(body["periods"][0]["status"], "running", "{body}");
+        assert_eq!(first.stop(), 0);
+        assert_eq!(runs(&ws), ["billing:2026-07"], "{}", db.url);
+        let second = Server::start(&ws, &db.url);
+        let (_, _, _, run) = answer(second.get(READER, &location.expect("Location")));
+        assert_eq!(run["state"], "done", "{run}");
+        assert_eq!(run["outcome"], "succeeded", "{run}");
+        assert_eq!(run["periods"][0]["status"], "succeeded", "{run}");
+        assert!(run.get("error").is_none(), "{run}");
+        second.kill();
+    }
+}
+
 #[test]
 fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
     let db = TestDb::sqlite();
