@@ -157,12 +157,7 @@ impl JobStatus<'_> {
     }
 
     fn last(&self) -> Option<&ClaimRow> {
-        self.recent
-            .iter()
-            .filter(|r| {
-                r.finished_at.is_some() && matches!(r.state.as_str(), "succeeded" | "failed")
-            })
-            .max_by_key(|r| r.finished_at)
+        ClaimRow::finished_last(&self.recent)
     }
 
     fn running(&self) -> impl Iterator<Item = &ClaimRow> {

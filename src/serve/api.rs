@@ -320,7 +320,8 @@ async fn jobs(State(api): State<Arc<Api>>, headers: HeaderMap) -> Reply {
         let now = Utc::now();
         let mut jobs = Vec::with_capacity(config.jobs.len());
         for job in &config.jobs {
-            let last = api.store().recent(&job.name, 1).await?.pop();
+            let recent = api.store().recent(&job.name, 1).await?;
+            let last = crate::store::ClaimRow::finished_last(&recent);
             let next = job.schedule.next_after(now);
             let next_key = next.map(|fire| {
                 PeriodKey::new(&job.name, &job.period.period_of(&job.schedule, fire).label)

@@ -235,6 +235,16 @@ pub struct ClaimRow {
 }
 
 impl ClaimRow {
+    /// Of `rows`, the one whose run finished last (succeeded or failed):
+    /// a job's "last" in `status` and the API alike.
+    pub fn finished_last(rows: &[ClaimRow]) -> Option<&ClaimRow> {
+        rows.iter()
+            .filter(|r| {
+                r.finished_at.is_some() && matches!(r.state.as_str(), "succeeded" | "failed")
+            })
+            .max_by_key(|r| r.finished_at)
+    }
+
     /// What a claim that did not win it is told: why not, or [`Claim::Busy`]
     /// for a claimable row (no concurrency slot was free).
     pub fn as_claim(&self) -> Claim {
@@ -312,6 +322,10 @@ macro_rules! dispatch {
 /// failed: a stalled connection (the server alive, the path to it not)
 /// would otherwise hold a claim, a scan or a release forever.
 pub const STATEMENT_BOUND: Duration = Duration::from_secs(10);
+
+/// How many running, released or failed periods of one job `status` shows
+/// at most, besides the newest ones.
+pub const UNSETTLED_SHOWN: u32 = 100;
 
 /// [`dispatch!`] within [`STATEMENT_BOUND`], errors mapped.
 macro_rules! bounded {
@@ -580,7 +594,10 @@ impl Store {
         bounded!(self.history("period_key", key, limit))
     }
 
-    /// The most recent claim rows of `job`, newest period first.
+    /// The claim rows of `job` that `status` shows, newest period first:
+    /// the `limit` newest periods, every running, released or failed one
+    /// however old (up to [`UNSETTLED_SHOWN`]: a stuck backfill period is
+    /// what on-call looks for), and the one that finished last.
     pub async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, Error> {
         bounded!(self.recent(job, limit))
     }

@@ -657,11 +657,23 @@ impl PgStore {
         let rows = sqlx::query(
             "SELECT c.*, scheduler_claimable(c.state, c.lease_until, c.retry_at, false, false) AS claimable,
                     now() AS now
-               FROM scheduler_claims c WHERE c.job = $1
-              ORDER BY c.period_start DESC LIMIT $2",
+               FROM scheduler_claims c
+              WHERE c.period_key IN (
+                    (SELECT period_key FROM scheduler_claims WHERE job = $1
+                      ORDER BY period_start DESC LIMIT $2)
+                    UNION
+                    (SELECT period_key FROM scheduler_claims
+                      WHERE job = $1 AND state IN ('running', 'released', 'failed')
+                      ORDER BY period_start DESC LIMIT $3)
+                    UNION
+                    (SELECT period_key FROM scheduler_claims
+                      WHERE job = $1 AND finished_at IS NOT NULL
+                      ORDER BY finished_at DESC LIMIT 1))
+              ORDER BY c.period_start DESC",
         )
         .bind(job)
         .bind(i64::from(limit))
+        .bind(i64::from(super::UNSETTLED_SHOWN))
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(claim_row).collect()

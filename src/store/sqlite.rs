@@ -641,12 +641,24 @@ impl SqliteStore {
 
     pub(super) async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, sqlx::Error> {
         let rows = sqlx::query(&format!(
-            "SELECT c.*, {} AS claimable, {NOW} AS now FROM scheduler_claims c WHERE c.job = ?1
-              ORDER BY c.period_start DESC LIMIT ?2",
+            "SELECT c.*, {} AS claimable, {NOW} AS now FROM scheduler_claims c
+              WHERE c.period_key IN (
+                    SELECT period_key FROM (SELECT period_key FROM scheduler_claims WHERE job = ?1
+                                             ORDER BY period_start DESC LIMIT ?2)
+                    UNION
+                    SELECT period_key FROM (SELECT period_key FROM scheduler_claims
+                                             WHERE job = ?1 AND state IN ('running', 'released', 'failed')
+                                             ORDER BY period_start DESC LIMIT ?3)
+                    UNION
+                    SELECT period_key FROM (SELECT period_key FROM scheduler_claims
+                                             WHERE job = ?1 AND finished_at IS NOT NULL
+                                             ORDER BY finished_at DESC LIMIT 1))
+              ORDER BY c.period_start DESC",
             claimable("0", "0")
         ))
         .bind(job)
         .bind(limit)
+        .bind(super::UNSETTLED_SHOWN)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(claim_row).collect()

@@ -317,6 +317,33 @@ fn the_dockerfile_stands_in_a_file_for_every_target_of_the_manifest() {
         );
     }
 }
+/// `status` read only the five newest periods of a job: a failed period of
+/// a backfill, older than those, showed FAILED `-`, and the period that
+/// finished last was not LAST.
+#[test]
+fn status_shows_a_failed_period_older_than_the_newest_ones_and_the_period_that_finished_last() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(
+            "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+             shell = \"test $SCHEDULER_PERIOD != 2025-01\"\nretry = { attempts = 3 }\n",
+        );
+        let run = |args: &[&str]| {
+            let mut all = vec!["--database-url", db.url.as_str()];
+            all.extend_from_slice(args);
+            ws.run(&all)
+        };
+        let range = run(&["run", "billing", "--from", "2025-01", "--to", "2025-08"]);
+        assert_eq!(range.code(), 1, "{}", range.stderr());
+        let again = run(&["run", "billing", "--period", "2025-02", "--force"]);
+        assert_eq!(again.code(), 0, "{}", again.stderr());
+        let status = run(&["status", "billing", "--json"]);
+        assert_eq!(status.code(), 0, "{}", status.stderr());
+        let job: serde_json::Value = serde_json::from_str(status.stdout().trim()).unwrap();
+        assert_eq!(job["failed"][0]["period_key"], "billing:2025-01", "{job}");
+        assert_eq!(job["last"]["period_key"], "billing:2025-02", "{job}");
+    }
+}
+
 #[test]
 fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
     for db in crate::support::databases() {
