@@ -387,6 +387,13 @@ impl Backfill<'_> {
             return Ok(Ok(()));
         }
         let taken = self.engine.claim(&asks).await?;
+        // Where each period's line goes among the batch's: lines are
+        // printed in period order, whichever ended first.
+        let place: std::collections::HashMap<PeriodKey, usize> = asks
+            .iter()
+            .enumerate()
+            .map(|(i, ask)| (ask.key(), i))
+            .collect();
         let mut won = Vec::new();
         let mut lines = Vec::new();
         for (ask, taken) in asks.into_iter().zip(taken) {
@@ -406,15 +413,7 @@ impl Backfill<'_> {
         }
         self.wait_for_released(&mut lines).await?;
         let reports = if won.iter().any(|(ask, _)| ask.is_sql()) {
-            // Groups end in any order; lines go in period order.
-            let order: std::collections::HashMap<PeriodKey, usize> = won
-                .iter()
-                .enumerate()
-                .map(|(i, (_, w))| (w.lease.key.clone(), i))
-                .collect();
-            let mut reports = self.engine.run_group(won, self.stop_now.clone()).await;
-            reports.sort_by_key(|report| order.get(&report.key).copied());
-            reports
+            self.engine.run_group(won, self.stop_now.clone()).await
         } else {
             let engine = self.engine;
             let runs = won.into_iter().map(|(ask, w)| {
@@ -423,16 +422,23 @@ impl Backfill<'_> {
             });
             futures_util::future::join_all(runs).await
         };
+        let mut ended: Vec<(usize, Line)> = Vec::with_capacity(place.len());
         for report in reports {
-            if let Err(stop) = self.emit(&Line::of(report)?) {
-                return Ok(Err(stop));
-            }
+            let at = place.get(&report.key).copied().unwrap_or(usize::MAX);
+            ended.push((at, Line::of(report)?));
         }
+        // A period run elsewhere is waited for after the batch's own runs
+        // ended (it may be waiting for one of them to free a slot).
         for (ask, line) in lines {
             let line = match line {
                 Some(line) => line,
                 None => self.wait_and_run(&ask).await?,
             };
+            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
+            ended.push((at, line));
+        }
+        ended.sort_by_key(|(at, _)| *at);
+        for (_, line) in ended {
             if let Err(stop) = self.emit(&line) {
                 return Ok(Err(stop));
             }

@@ -271,6 +271,47 @@ fn a_backfill_runs_as_many_periods_at_once_as_its_concurrency_allows_and_prints_
     }
 }
 
+/// A `--wait` range printed the periods it ran itself before an earlier
+/// one it waited for elsewhere.
+#[test]
+fn a_waiting_range_prints_a_period_it_waited_for_before_the_later_ones() {
+    for db in databases() {
+        let ws = workspace("concurrency = 2\nshell = \"sleep 2\"");
+        let elsewhere = start(&ws, &db, &["--period", "2026-01"]);
+        eventually("2026-01 claimed elsewhere", BOUND, || {
+            let status = ws.run(&[
+                "--database-url",
+                &db.url,
+                "status",
+                "billing",
+                "--from",
+                "2026-01",
+                "--to",
+                "2026-01",
+            ]);
+            status.stdout().contains("running")
+        });
+        let out = run(
+            &ws,
+            &db,
+            &["--from", "2026-01", "--to", "2026-02", "--wait"],
+        );
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        let printed: Vec<String> = out
+            .stdout()
+            .lines()
+            .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(
+            printed,
+            ["billing:2026-01", "billing:2026-02"],
+            "{}",
+            out.stdout()
+        );
+        assert_eq!(wait(elsewhere, BOUND).code(), 0);
+    }
+}
+
 #[test]
 fn the_job_sees_its_period_in_placeholders_and_environment() {
     let db = TestDb::sqlite();
