@@ -478,6 +478,8 @@ impl Backfill<'_> {
     /// concurrency slot, until it ends or can be claimed, and runs it then.
     async fn wait_and_run(&mut self, ask: &Ask) -> Result<Line, Error> {
         let key = ask.key();
+        // The wait for a slot is said once, not at every poll.
+        let mut said_busy = false;
         loop {
             let won = match self.engine.claim(std::slice::from_ref(ask)).await?.pop() {
                 Some(Taken::Won(won)) => won,
@@ -489,7 +491,9 @@ impl Backfill<'_> {
                     }
                 }
                 Some(Taken::Not(Claim::Busy)) => {
-                    tracing::info!(period_key = %key, "waiting for a free concurrency slot");
+                    if !std::mem::replace(&mut said_busy, true) {
+                        tracing::info!(period_key = %key, "waiting for a free concurrency slot");
+                    }
                     let mut shutdown = self.shutdown.clone();
                     tokio::select! {
                         () = tokio::time::sleep(WAIT_POLL) => continue,
