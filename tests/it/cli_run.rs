@@ -312,6 +312,36 @@ fn a_waiting_range_prints_a_period_it_waited_for_before_the_later_ones() {
     }
 }
 
+/// The wait for a free concurrency slot logged the same line every 500 ms.
+#[test]
+fn a_wait_for_a_concurrency_slot_is_said_once() {
+    let db = TestDb::sqlite();
+    let ws = workspace("shell = \"sleep 2\"");
+    let first = start(&ws, &db, &["--period", "2026-01"]);
+    eventually("2026-01 running", BOUND, || {
+        ws.run(&[
+            "--database-url",
+            &db.url,
+            "status",
+            "billing",
+            "--from",
+            "2026-01",
+            "--to",
+            "2026-01",
+        ])
+        .stdout()
+        .contains("running")
+    });
+    let out = run(&ws, &db, &["--period", "2026-02", "--wait"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let said = out
+        .stderr()
+        .matches("waiting for a free concurrency slot")
+        .count();
+    assert_eq!(said, 1, "{}", out.stderr());
+    assert_eq!(wait(first, BOUND).code(), 0);
+}
+
 #[test]
 fn the_job_sees_its_period_in_placeholders_and_environment() {
     let db = TestDb::sqlite();
