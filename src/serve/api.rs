@@ -1010,6 +1010,11 @@ impl Api {
         // Without `wait`, the answer comes once something happened (the
         // first claim or line) or after a second.
         let until = tokio::time::Instant::now() + wait.max(Duration::from_secs(1));
+        // Shutdown ends the wait at once: the connection is closed soon
+        // after, and a caller left without an answer would find its key
+        // still going until the key's own wait ran out. It gets the run so
+        // far, and where to follow it.
+        let mut shutdown = self.shutdown.clone();
         loop {
             let (done, anything) = {
                 let p = lock(&progress);
@@ -1021,10 +1026,11 @@ impl Api {
             if done || (wait.is_zero() && anything) {
                 break;
             }
-            if tokio::time::timeout_at(until, seen.changed())
-                .await
-                .is_err()
-            {
+            let ended = tokio::select! {
+                changed = tokio::time::timeout_at(until, seen.changed()) => changed.is_err(),
+                _ = shutdown.wait_for(|down| *down) => true,
+            };
+            if ended {
                 break;
             }
         }

@@ -804,6 +804,43 @@ fn a_run_that_ends_within_the_shutdown_grace_is_answered_as_it_ended() {
     }
 }
 
+/// A caller waiting (`?wait=`) when its replica shut down got no answer,
+/// and its key answered 409 "still going" until the key's own wait ran out.
+#[test]
+fn a_caller_waiting_at_shutdown_is_answered_with_the_run_so_far_and_its_key_replays_it() {
+    for db in databases() {
+        let ws = Workspace::new(&with_api(&monthly("billing", "30")));
+        let mut first = Server::start(&ws, &db.url);
+        let body = json!({"period": "2026-07"});
+        let pid = first.child.as_ref().expect("running").id();
+        let (status, _, location, run) = std::thread::scope(|s| {
+            let waiting = s.spawn(|| {
+                answer(first.post(CI, "/v1/jobs/billing/runs?wait=60", "at-shutdown", &body))
+            });
+            std::thread::sleep(Duration::from_secs(1));
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .expect("SIGTERM");
+            waiting.join().expect("an answer")
+        });
+        assert_eq!(status, StatusCode::ACCEPTED, "{run}");
+        assert_eq!(run["state"], "running", "{run}");
+        let location = location.expect("Location");
+        let exited = first.child.take().expect("running").wait().expect("exit");
+        assert!(exited.success(), "{exited:?}");
+        let second = Server::start(&ws, &db.url);
+        let (status, replayed, again, _) =
+            answer(second.post(CI, "/v1/jobs/billing/runs?wait=60", "at-shutdown", &body));
+        // The run, as it stands now: not a 409 "still going".
+        assert!(status.is_success(), "{status}");
+        assert!(replayed, "not replayed");
+        assert_eq!(again.as_deref(), Some(location.as_str()));
+        second.kill();
+    }
+}
+
 #[test]
 fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
     let db = TestDb::sqlite();
