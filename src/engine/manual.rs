@@ -53,6 +53,14 @@ struct RangeWalk {
 impl RangeWalk {
     fn step(&mut self, job: &Job) -> Option<Period> {
         let current = self.next.take()?;
+        // A last label a spring-forward makes empty ends the walk before
+        // the period that starts at its instant (the hour after it).
+        if is_empty(&self.last)
+            && current.label != self.last.label
+            && current.start >= self.last.start
+        {
+            return None;
+        }
         if current.label != self.last.label && current.start < self.last.start {
             let following = job.period.following(&job.schedule, &current);
             // A walk that does not move forward ends rather than loops.
@@ -706,6 +714,14 @@ fn manual_range(
         Selection::Due => Ok(None),
         Selection::Period(label) => {
             let period = parse_label(job, label, n.period)?;
+            if is_empty(&period) {
+                return Err(Error::Usage(format!(
+                    "{}: period {} does not exist in {}: a spring-forward skips it",
+                    n.period,
+                    period.label,
+                    job.schedule.zone().name()
+                )));
+            }
             refuse_future(&period, now, n.period)?;
             if !request.early {
                 refuse_not_due(job, &period, now, (n.period, n.early))?;
@@ -756,9 +772,27 @@ pub fn periods_between(
 }
 
 /// The first and last period of a range, in order.
+/// A label a spring-forward skips: a period that starts where it ends.
+fn is_empty(period: &Period) -> bool {
+    period.start >= period.end
+}
+
 fn bounds(job: &Job, (from, to): (&str, &str), names: Names) -> Result<(Period, Period), Error> {
-    let first = parse_label(job, from, names.from)?;
+    let mut first = parse_label(job, from, names.from)?;
     let last = parse_label(job, to, names.to)?;
+    // A first label a spring-forward skips starts the range at the period
+    // after it (an empty period's `following` starts at the same instant).
+    if is_empty(&first) {
+        let skipped = first.label.clone();
+        first = job.period.following(&job.schedule, &first);
+        if is_empty(&first) || (first.start >= last.start && is_empty(&last)) {
+            return Err(Error::Usage(format!(
+                "{}: the range holds no period: a spring-forward skips {skipped} in {}",
+                names.from,
+                job.schedule.zone().name()
+            )));
+        }
+    }
     if last.start < first.start {
         return Err(Error::Usage(format!(
             "{}: {} comes before {} {}",

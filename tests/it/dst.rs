@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::support::{at, job};
+use crate::support::{Said, Workspace, at, job};
 use scheduler::period::utc_text;
 
 fn fires(zone: &str, schedule: &str, dst: &str, from: &str, to: &str) -> Vec<String> {
@@ -233,4 +233,43 @@ fn a_fire_job_with_repeat_both_gets_two_keys() {
         .map(|f| job.period.period_of(&job.schedule, f).label)
         .collect();
     assert_eq!(labels, ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z"]);
+}
+
+/// The periods a hand run goes through when a spring-forward makes a label
+/// empty: a range from that label stopped after it (exit 0, nothing else
+/// run), one to it ran the hour after it, and `--period` of it ran a period
+/// that does not exist.
+#[test]
+fn a_hand_run_skips_a_label_a_spring_forward_makes_empty_at_either_end_and_refuses_it_alone() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"nyhour\"\nschedule = \"0 * * * *\"\ntimezone = \"America/New_York\"\n\
+         period = \"hour\"\ncommand = [\"true\"]\n",
+    );
+    let keys = |from: &str, to: &str| -> Vec<String> {
+        let out = ws.run(&["run", "nyhour", "--from", from, "--to", to, "--dry-run"]);
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        out.stdout()
+            .lines()
+            .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let hours = |hs: &[&str]| -> Vec<String> {
+        hs.iter()
+            .map(|h| format!("nyhour:2026-03-08T{h}"))
+            .collect()
+    };
+    assert_eq!(
+        keys("2026-03-08T01", "2026-03-08T04"),
+        hours(&["01", "03", "04"])
+    );
+    assert_eq!(
+        keys("2026-03-08T02", "2026-03-08T05"),
+        hours(&["03", "04", "05"])
+    );
+    assert_eq!(keys("2026-03-08T00", "2026-03-08T02"), hours(&["00", "01"]));
+    let alone = ws.run(&["run", "nyhour", "--period", "2026-03-08T02", "--dry-run"]);
+    assert_eq!(alone.code(), 2, "{}", alone.stdout());
+    for part in ["--period", "2026-03-08T02", "spring-forward"] {
+        assert!(alone.stderr().contains(part), "{part}: {}", alone.stderr());
+    }
 }
