@@ -483,6 +483,9 @@ fn run_body(run: &ApiRun) -> Value {
             }
         }
         body["outcome"] = json!("abandoned");
+        body["error"] = json!(
+            "its replica stopped: a period listed as abandoned is recovered by the scan like any expired claim; a period of the request not listed was never claimed: POST those periods again with a new Idempotency-Key"
+        );
     }
     body["id"] = json!(run.id);
     body["job"] = json!(run.job);
@@ -871,9 +874,15 @@ impl Progress {
         Some(if fine { "succeeded" } else { "failed" })
     }
 
-    /// Every period so far found no free concurrency slot.
+    /// Nothing ran here for want of a free concurrency slot: every period
+    /// so far found none, or was skipped (done or running elsewhere).
     fn all_busy(&self) -> bool {
-        !self.lines.is_empty() && self.lines.iter().all(|l| l.status == "busy")
+        self.claimed.is_empty()
+            && self.lines.iter().any(|l| l.status == "busy")
+            && self
+                .lines
+                .iter()
+                .all(|l| matches!(l.status, "busy" | "skipped"))
     }
 }
 

@@ -451,6 +451,13 @@ fn an_in_progress_key_left_by_a_killed_replica_is_taken_over_after_its_bound() {
     assert!(replayed);
     assert_eq!(body["state"], "abandoned", "{body}");
     assert_eq!(body["outcome"], "abandoned", "{body}");
+    // It says what becomes of the periods not listed.
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("never claimed")),
+        "{body}"
+    );
     assert_ne!(body["periods"][0]["status"], "running", "{body}");
     assert_eq!(
         count(&db.url, "SELECT count(*) FROM scheduler_api_runs"),
@@ -908,6 +915,43 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
         count(&db.url, "SELECT count(*) FROM scheduler_idempotency"),
         0
     );
+}
+
+/// A range that ran nothing here (its first period held by another run,
+/// the rest without a free slot) was answered 200 `failed` and stored: the
+/// same key replayed the failure and its periods were never run.
+#[test]
+fn a_range_that_runs_nothing_for_want_of_a_slot_is_429_and_its_key_stays_free() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "3")));
+    let server = Server::start(&ws, &db.url);
+    let (status, _, _, body) = answer(server.post(
+        CI,
+        "/v1/jobs/billing/runs",
+        "first",
+        &json!({"period": "2026-06"}),
+    ));
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let range = json!({"from": "2026-06", "to": "2026-08"});
+    let (status, _, _, body) =
+        answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "range", &range));
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let mut last = None;
+    eventually("the slot frees and the same key runs", BOUND, || {
+        let (status, replayed, _, body) =
+            answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "range", &range));
+        last = Some((status, replayed, body));
+        status != StatusCode::TOO_MANY_REQUESTS
+    });
+    let (status, replayed, body) = last.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!replayed, "the busy answer was stored");
+    assert_eq!(body["outcome"], "succeeded", "{body}");
+    assert_eq!(
+        runs(&ws),
+        ["billing:2026-06", "billing:2026-07", "billing:2026-08"]
+    );
+    assert_eq!(server.stop(), 0);
 }
 
 #[test]
