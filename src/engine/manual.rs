@@ -404,6 +404,10 @@ impl Backfill<'_> {
             .collect();
         let mut won = Vec::new();
         let mut lines = Vec::new();
+        // Periods that found no slot while this batch took one: the slot
+        // may be a batch mate's, freed when the batch ends.
+        let mut again = Vec::new();
+        let any_won = taken.iter().any(|t| matches!(t, Taken::Won(_)));
         for (ask, taken) in asks.into_iter().zip(taken) {
             match taken {
                 Taken::Won(w) => {
@@ -413,6 +417,7 @@ impl Backfill<'_> {
                 Taken::Not(Claim::Held { .. } | Claim::Busy) if self.request.wait => {
                     lines.push((ask, None));
                 }
+                Taken::Not(Claim::Busy) if any_won => again.push(ask),
                 not => {
                     let line = self.not_run_line(&ask, not);
                     lines.push((ask, Some(line)));
@@ -434,6 +439,20 @@ impl Backfill<'_> {
         for report in reports {
             let at = place.get(&report.key).copied().unwrap_or(usize::MAX);
             ended.push((at, Line::of(report)?));
+        }
+        // Asked again, one at a time, now that the batch's own runs ended;
+        // busy still, it is busy elsewhere.
+        for ask in again {
+            let line = match self.engine.claim(std::slice::from_ref(&ask)).await?.pop() {
+                Some(Taken::Won(w)) => {
+                    self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
+                    Line::of(self.engine.run(&ask, w, self.stop_now.clone()).await)?
+                }
+                Some(not) => self.not_run_line(&ask, not),
+                None => continue,
+            };
+            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
+            ended.push((at, line));
         }
         // A period run elsewhere is waited for after the batch's own runs
         // ended (it may be waiting for one of them to free a slot).

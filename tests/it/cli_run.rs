@@ -312,6 +312,45 @@ fn a_waiting_range_prints_a_period_it_waited_for_before_the_later_ones() {
     }
 }
 
+/// With one of two slots taken elsewhere, a range's batch of two claimed
+/// one period and answered the other busy (its own batch mate held the
+/// slot): every other period was skipped.
+#[test]
+fn a_range_with_a_slot_taken_elsewhere_runs_every_period_its_one_slot_allows() {
+    for db in databases() {
+        let ws = workspace(
+            "concurrency = 2\nshell = \"case $SCHEDULER_PERIOD in 2026-01) sleep 4;; *) sleep 0.3;; esac\"",
+        );
+        let elsewhere = start(&ws, &db, &["--period", "2026-01"]);
+        eventually("2026-01 claimed elsewhere", BOUND, || {
+            ws.run(&[
+                "--database-url",
+                &db.url,
+                "status",
+                "billing",
+                "--from",
+                "2026-01",
+                "--to",
+                "2026-01",
+            ])
+            .stdout()
+            .contains("running")
+        });
+        let out = run(&ws, &db, &["--from", "2026-02", "--to", "2026-05"]);
+        assert_eq!(out.code(), 0, "{}\n{}", out.stdout(), out.stderr());
+        let printed: Vec<String> = out
+            .stdout()
+            .lines()
+            .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        let months: Vec<String> = (2..=5)
+            .map(|m| format!("billing:2026-0{m} succeeded:"))
+            .collect();
+        assert_eq!(printed, months, "{}", out.stdout());
+        assert_eq!(wait(elsewhere, BOUND).code(), 0);
+    }
+}
+
 /// The wait for a free concurrency slot logged the same line every 500 ms.
 #[test]
 fn a_wait_for_a_concurrency_slot_is_said_once() {
