@@ -443,6 +443,10 @@ impl Backfill<'_> {
         // Asked again, one at a time, now that the batch's own runs ended;
         // busy still, it is busy elsewhere.
         for ask in again {
+            if *self.shutdown.borrow() {
+                self.cut_short();
+                break;
+            }
             let line = match self.engine.claim(std::slice::from_ref(&ask)).await?.pop() {
                 Some(Taken::Won(w)) => {
                     self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
@@ -790,12 +794,12 @@ pub fn periods_between(
     Ok(periods)
 }
 
-/// The first and last period of a range, in order.
 /// A label a spring-forward skips: a period that starts where it ends.
 fn is_empty(period: &Period) -> bool {
     period.start >= period.end
 }
 
+/// The first and last period of a range, in order.
 fn bounds(job: &Job, (from, to): (&str, &str), names: Names) -> Result<(Period, Period), Error> {
     let mut first = parse_label(job, from, names.from)?;
     let last = parse_label(job, to, names.to)?;
