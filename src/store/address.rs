@@ -145,8 +145,18 @@ impl DatabaseUrl {
                             .map(|near| format!(" (did you mean `{near}`?)"))
                             .unwrap_or_default();
                         let base = url.split_once('?').map_or(url, |(base, _)| base);
+                        // A name that is no parameter name at all (`?s3cr3t`
+                        // with no `=`) may be a value: not shown.
+                        let named = unknown.chars().all(|c| {
+                            c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '[' | ']' | '.')
+                        });
+                        let unknown = if named {
+                            format!("`{unknown}`")
+                        } else {
+                            "not named here".into()
+                        };
                         return Err(format!(
-                            "`{}?…` has the parameter `{unknown}`{hint}, which the PostgreSQL driver does not know and would ignore; it knows {}, options and options[SETTING]",
+                            "`{}?…` has the parameter {unknown}{hint}, which the PostgreSQL driver does not know and would ignore; it knows {}, options and options[SETTING]",
                             mask_url(base),
                             POSTGRES_PARAMETERS.join(", ")
                         ));
@@ -260,6 +270,8 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("PW"), "{err}");
+        let err = DatabaseUrl::parse("postgres://u@h/db?pass:S3CRET", Path::new("/")).unwrap_err();
+        assert!(!err.contains("S3CRET"), "{err}");
         for url in [
             "postgres://u@h/db?sslmode=disable&application_name=a",
             "postgres://u@h/db?options[search_path]=s&options=-c%20x%3Dy",
