@@ -1029,7 +1029,12 @@ impl Api {
                 let p = lock(&progress);
                 // A period that found no slot ends the run at once: its
                 // answer waits for that end, so it can say so.
-                let started = !p.claimed.is_empty() || (!p.lines.is_empty() && !p.all_busy());
+                // Nor is a period skipped (done or running elsewhere): the
+                // rest may all find no slot, and then nothing ran here.
+                let started = !p.claimed.is_empty()
+                    || p.lines
+                        .iter()
+                        .any(|l| !matches!(l.status, "busy" | "skipped"));
                 (p.done, started)
             };
             if done || (wait.is_zero() && anything) {

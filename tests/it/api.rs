@@ -936,6 +936,10 @@ fn a_range_that_runs_nothing_for_want_of_a_slot_is_429_and_its_key_stays_free() 
     let (status, _, _, body) =
         answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "range", &range));
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    // Without `wait` too: the first period's "skipped" is no start.
+    let (status, _, _, body) =
+        answer(server.post(CI, "/v1/jobs/billing/runs", "range-now", &range));
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     let mut last = None;
     eventually("the slot frees and the same key runs", BOUND, || {
         let (status, replayed, _, body) =
