@@ -816,7 +816,10 @@ fn bounds(job: &Job, (from, to): (&str, &str), names: Names) -> Result<(Period, 
             )));
         }
     }
-    if last.start < first.start {
+    // A last label a spring-forward makes empty comes before a first one
+    // that starts at its instant or later.
+    let reversed = is_empty(&last) && first.label != last.label && first.start >= last.start;
+    if last.start < first.start || reversed {
         return Err(Error::Usage(format!(
             "{}: {} comes before {} {}",
             names.to, last.label, names.from, first.label

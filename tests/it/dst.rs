@@ -267,6 +267,22 @@ fn a_hand_run_skips_a_label_a_spring_forward_makes_empty_at_either_end_and_refus
         hours(&["03", "04", "05"])
     );
     assert_eq!(keys("2026-03-08T00", "2026-03-08T02"), hours(&["00", "01"]));
+    // A last label in the gap before the first is a reversed range.
+    let reversed = ws.run(&[
+        "run",
+        "nyhour",
+        "--from",
+        "2026-03-08T03",
+        "--to",
+        "2026-03-08T02",
+        "--dry-run",
+    ]);
+    assert_eq!(reversed.code(), 2, "{}", reversed.stdout());
+    assert!(
+        reversed.stderr().contains("comes before"),
+        "{}",
+        reversed.stderr()
+    );
     let alone = ws.run(&["run", "nyhour", "--period", "2026-03-08T02", "--dry-run"]);
     assert_eq!(alone.code(), 2, "{}", alone.stdout());
     for part in ["--period", "2026-03-08T02", "spring-forward"] {
