@@ -917,6 +917,23 @@ fn metrics_have_help_and_type_and_keys_past_their_ttl_are_pruned() {
     );
 }
 
+/// Asks with `key` until the job's slot frees and the run is no longer
+/// answered 429: then it runs and succeeds, under the same key, nothing of
+/// the busy answers stored.
+fn ran_once_a_slot_frees(server: &Server, key: &str, body: &Value) {
+    let mut last = None;
+    eventually("the slot frees and the same key runs", BOUND, || {
+        let (status, replayed, _, body) =
+            answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", key, body));
+        last = Some((status, replayed, body));
+        status != StatusCode::TOO_MANY_REQUESTS
+    });
+    let (status, replayed, body) = last.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!replayed, "the busy answer was stored");
+    assert_eq!(body["outcome"], "succeeded", "{body}");
+}
+
 /// A range that ran nothing here (its first period held by another run,
 /// the rest without a free slot) was answered 200 `failed` and stored: the
 /// same key replayed the failure and its periods were never run.
@@ -940,17 +957,7 @@ fn a_range_that_runs_nothing_for_want_of_a_slot_is_429_and_its_key_stays_free() 
     let (status, _, _, body) =
         answer(server.post(CI, "/v1/jobs/billing/runs", "range-now", &range));
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    let mut last = None;
-    eventually("the slot frees and the same key runs", BOUND, || {
-        let (status, replayed, _, body) =
-            answer(server.post(CI, "/v1/jobs/billing/runs?wait=30", "range", &range));
-        last = Some((status, replayed, body));
-        status != StatusCode::TOO_MANY_REQUESTS
-    });
-    let (status, replayed, body) = last.unwrap();
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(!replayed, "the busy answer was stored");
-    assert_eq!(body["outcome"], "succeeded", "{body}");
+    ran_once_a_slot_frees(&server, "range", &range);
     assert_eq!(
         runs(&ws),
         ["billing:2026-06", "billing:2026-07", "billing:2026-08"]
@@ -978,21 +985,7 @@ fn a_run_that_finds_every_slot_taken_is_429_and_its_key_stays_free() {
     );
     assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(busy.headers().get("retry-after").is_some());
-    let mut last = None;
-    eventually("the slot frees and the same key runs", BOUND, || {
-        let (status, replayed, _, body) = answer(server.post(
-            CI,
-            "/v1/jobs/billing/runs?wait=30",
-            "later",
-            &json!({"period": "2026-07"}),
-        ));
-        last = Some((status, replayed, body));
-        status != StatusCode::TOO_MANY_REQUESTS
-    });
-    let (status, replayed, body) = last.unwrap();
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(!replayed, "the busy answer was stored");
-    assert_eq!(body["outcome"], "succeeded", "{body}");
+    ran_once_a_slot_frees(&server, "later", &json!({"period": "2026-07"}));
     assert_eq!(runs(&ws), ["billing:2026-06", "billing:2026-07"]);
     assert_eq!(server.stop(), 0);
 }

@@ -33,6 +33,35 @@ fn run(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Output {
     wait(start(ws, db, args), BOUND)
 }
 
+/// The period key each line of a run's output starts with.
+fn keys(out: &std::process::Output) -> Vec<String> {
+    out.stdout()
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// `run billing --period 2026-01` in the background, once its claim is
+/// running: the period (and a concurrency slot) held elsewhere.
+fn hold_january(ws: &Workspace, db: &TestDb) -> std::process::Child {
+    let holder = start(ws, db, &["--period", "2026-01"]);
+    eventually("2026-01 claimed elsewhere", BOUND, || {
+        ws.run(&[
+            "--database-url",
+            &db.url,
+            "status",
+            "billing",
+            "--from",
+            "2026-01",
+            "--to",
+            "2026-01",
+        ])
+        .stdout()
+        .contains("running")
+    });
+    holder
+}
+
 #[test]
 fn sixteen_concurrent_runs_of_one_period_execute_it_once() {
     for db in databases() {
@@ -261,11 +290,7 @@ fn a_backfill_runs_as_many_periods_at_once_as_its_concurrency_allows_and_prints_
             most = most.max(now);
         }
         assert_eq!(most, 3, "runs at once");
-        let printed: Vec<String> = out
-            .stdout()
-            .lines()
-            .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
-            .collect();
+        let printed = keys(&out);
         let months: Vec<String> = (1..=6).map(|m| format!("billing:2026-0{m}")).collect();
         assert_eq!(printed, months, "{}", out.stdout());
     }
@@ -277,31 +302,14 @@ fn a_backfill_runs_as_many_periods_at_once_as_its_concurrency_allows_and_prints_
 fn a_waiting_range_prints_a_period_it_waited_for_before_the_later_ones() {
     for db in databases() {
         let ws = workspace("concurrency = 2\nshell = \"sleep 2\"");
-        let elsewhere = start(&ws, &db, &["--period", "2026-01"]);
-        eventually("2026-01 claimed elsewhere", BOUND, || {
-            let status = ws.run(&[
-                "--database-url",
-                &db.url,
-                "status",
-                "billing",
-                "--from",
-                "2026-01",
-                "--to",
-                "2026-01",
-            ]);
-            status.stdout().contains("running")
-        });
+        let elsewhere = hold_january(&ws, &db);
         let out = run(
             &ws,
             &db,
             &["--from", "2026-01", "--to", "2026-02", "--wait"],
         );
         assert_eq!(out.code(), 0, "{}", out.stderr());
-        let printed: Vec<String> = out
-            .stdout()
-            .lines()
-            .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
-            .collect();
+        let printed = keys(&out);
         assert_eq!(
             printed,
             ["billing:2026-01", "billing:2026-02"],
@@ -321,21 +329,7 @@ fn a_range_with_a_slot_taken_elsewhere_runs_every_period_its_one_slot_allows() {
         let ws = workspace(
             "concurrency = 2\nshell = \"case $SCHEDULER_PERIOD in 2026-01) sleep 4;; *) sleep 0.3;; esac\"",
         );
-        let elsewhere = start(&ws, &db, &["--period", "2026-01"]);
-        eventually("2026-01 claimed elsewhere", BOUND, || {
-            ws.run(&[
-                "--database-url",
-                &db.url,
-                "status",
-                "billing",
-                "--from",
-                "2026-01",
-                "--to",
-                "2026-01",
-            ])
-            .stdout()
-            .contains("running")
-        });
+        let elsewhere = hold_january(&ws, &db);
         let out = run(&ws, &db, &["--from", "2026-02", "--to", "2026-05"]);
         assert_eq!(out.code(), 0, "{}\n{}", out.stdout(), out.stderr());
         let printed: Vec<String> = out
@@ -356,21 +350,7 @@ fn a_range_with_a_slot_taken_elsewhere_runs_every_period_its_one_slot_allows() {
 fn a_wait_for_a_concurrency_slot_is_said_once() {
     let db = TestDb::sqlite();
     let ws = workspace("shell = \"sleep 2\"");
-    let first = start(&ws, &db, &["--period", "2026-01"]);
-    eventually("2026-01 running", BOUND, || {
-        ws.run(&[
-            "--database-url",
-            &db.url,
-            "status",
-            "billing",
-            "--from",
-            "2026-01",
-            "--to",
-            "2026-01",
-        ])
-        .stdout()
-        .contains("running")
-    });
+    let first = hold_january(&ws, &db);
     let out = run(&ws, &db, &["--period", "2026-02", "--wait"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
     let said = out
