@@ -9,7 +9,7 @@
 //! minutes). `BURST=pg:1000:3,sqlite:1000:2` picks the runs (backend, jobs,
 //! replicas); `BURST_MINUTES` the minutes; `BURST_LISTEN=1` starts each
 //! replica with `--listen` (`/metrics` recorded, nobody scraping), as the
-//! `Dockerfile` does.
+//! `Dockerfile` does; `BURST_MAX_RUNNING=N` sets `max_running` (default 16).
 
 mod support;
 use support::postgres_database;
@@ -42,6 +42,9 @@ fn jobs_toml(jobs: usize, backend: &str) -> String {
         "INSERT INTO burst_runs VALUES ($1, $2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
     };
     let mut text = String::new();
+    if let Ok(n) = std::env::var("BURST_MAX_RUNNING") {
+        text.push_str(&format!("[scheduler]\nmax_running = {n}\n\n"));
+    }
     for i in 0..jobs {
         text.push_str(&format!(
             "[[job]]\nname = \"job-{i}\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\n\

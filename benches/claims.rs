@@ -5,7 +5,9 @@
 //! limit (the raw statements around a bare `posix_spawn` of /bin/true,
 //! and around /bin/true started under its supervisor as the scheduler starts
 //! a job, both measured in the same run), and over 10,000 of a no-op `sql` job, next to
-//! the batched-claim limit (a bare insert of 100 keys per commit). Run with `cargo bench --bench claims`
+//! the batched-claim limit (a bare insert of 100 keys per commit) and the
+//! batched claim → run → record limit (that claim, then the 100 keys'
+//! statements and their outcomes in one transaction). Run with `cargo bench --bench claims`
 //! (PostgreSQL from SCHEDULER_TEST_DATABASE_URL, default the local server).
 
 mod support;
@@ -220,16 +222,21 @@ fn backfill_true(url: &str, (bare, supervised): (f64, f64)) {
 }
 
 /// 10,000 periods of a no-op `sql` job that may run 100 at once: claimed
-/// 100 per statement, run as groups.
-fn backfill_sql(url: &str) {
+/// 100 per statement, run as groups; next to `limit`, the batched claim →
+/// run → record limit of the same run.
+fn backfill_sql(url: &str, limit: f64) {
     let toml = "[[job]]\nname = \"rollup\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\nconcurrency = 100\nsql = { statement = \"SELECT 1\" }\n";
-    let _ = backfill(
+    let rate = backfill(
         url,
         toml,
         "rollup",
         "2026-01-07T22:39",
         10_000,
         "a no-op sql job (concurrency 100)",
+    );
+    println!(
+        "    batched claim → run → record limit (100 keys claimed per statement, then their 100 `SELECT 1`s and one update of their outcomes in one transaction): {limit:.0}/s; ratio {:.2}",
+        rate / limit
     );
 }
 
@@ -296,6 +303,82 @@ async fn raw_batched_postgres(url: &str) -> f64 {
     10_000.0 / started.elapsed().as_secs_f64()
 }
 
+/// The floor under any batched `sql` backfill: 10,000 keys claimed 100 per
+/// statement (committed before anything runs), then each hundred's
+/// statements (`SELECT 1`, one round trip each) and an update of their
+/// outcomes, one transaction per hundred.
+async fn raw_sql_limit_postgres(url: &str) -> f64 {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS raw_run (k TEXT PRIMARY KEY, state TEXT, n INT)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for chunk in 0..100 {
+        let keys: Vec<String> = (0..100).map(|i| format!("k{chunk}-{i}")).collect();
+        let won: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO raw_run SELECT k, 'running', 1 FROM unnest($1::text[]) AS k
+             ON CONFLICT DO NOTHING RETURNING k",
+        )
+        .bind(&keys)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let mut tx = conn.begin().await.unwrap();
+        for _ in &won {
+            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        }
+        sqlx::query(
+            "UPDATE raw_run SET state = 'succeeded' WHERE k = ANY($1) AND state = 'running'",
+        )
+        .bind(&won)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    10_000.0 / started.elapsed().as_secs_f64()
+}
+
+/// The same on SQLite: 100 single-row upserts per transaction, then the
+/// hundred's statements and outcomes in one more.
+async fn raw_sql_limit_sqlite(url: &str) -> f64 {
+    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+    for pragma in ["PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL"] {
+        sqlx::query(pragma).execute(&mut conn).await.unwrap();
+    }
+    sqlx::query("CREATE TABLE IF NOT EXISTS raw_run (k TEXT PRIMARY KEY, state TEXT, n INT)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for chunk in 0..100 {
+        let keys: Vec<String> = (0..100).map(|i| format!("k{chunk}-{i}")).collect();
+        let mut tx = conn.begin().await.unwrap();
+        for key in &keys {
+            sqlx::query("INSERT INTO raw_run VALUES (?1, 'running', 1) ON CONFLICT DO NOTHING")
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+        let mut tx = conn.begin().await.unwrap();
+        for key in &keys {
+            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+            sqlx::query(
+                "UPDATE raw_run SET state = 'succeeded' WHERE k = ?1 AND state = 'running'",
+            )
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    10_000.0 / started.elapsed().as_secs_f64()
+}
+
 /// The same on SQLite: 100 single-row upserts per transaction.
 async fn raw_batched_sqlite(url: &str) -> f64 {
     let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
@@ -352,10 +435,14 @@ async fn main() {
             raw_sqlite(&raw, Between::Supervised).await,
         ),
     );
-    backfill_sql(&format!(
-        "sqlite://{}",
-        dir.path().join("backfill_sql.db").display()
-    ));
+    let raw_run = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("raw_run.db").display()
+    );
+    backfill_sql(
+        &format!("sqlite://{}", dir.path().join("backfill_sql.db").display()),
+        raw_sql_limit_sqlite(&raw_run).await,
+    );
     for (file, scoped) in [("code.db", false), ("code_tx.db", true)] {
         backfill_code(
             &format!("sqlite://{}", dir.path().join(file).display()),
@@ -400,7 +487,7 @@ async fn main() {
         ),
     );
     if let Some(url) = postgres_database("scheduler_bench_backfill_sql").await {
-        backfill_sql(&url);
+        backfill_sql(&url, raw_sql_limit_postgres(&raw_url).await);
     }
     for (name, scoped) in [
         ("scheduler_bench_code", false),
