@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use nix::sys::signal::{SigHandler, Signal};
 use scheduler::cli::{Cli, Command, LogFormat};
 use scheduler::engine::supervisor;
 use tracing_subscriber::EnvFilter;
@@ -14,7 +15,14 @@ fn main() -> ExitCode {
     if args.get(1).is_some_and(|a| a == supervisor::ARG) {
         supervisor::run(&args[2..]);
     }
+    // A SIGHUP tells `serve` to read jobs.toml again. Until `serve` listens
+    // for it, and until the command is known, one that comes must not end
+    // the process by the default action; the other commands keep it.
+    hangup(SigHandler::SigIgn);
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        hangup(SigHandler::SigDfl);
+    }
     init_logging(&cli);
     // `serve` runs many jobs at once on every core; the other commands do
     // one thing at a time, and a single thread spares them the hand-offs
@@ -39,6 +47,15 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// Sets what a SIGHUP does. `serve` installs its own handler before it
+/// starts anything, so no job inherits an ignored SIGHUP (one stays ignored
+/// across `exec`).
+fn hangup(action: SigHandler) {
+    // SAFETY: ignoring a signal or restoring its default installs no
+    // handler.
+    let _ = unsafe { nix::sys::signal::signal(Signal::SIGHUP, action) };
 }
 
 fn init_logging(cli: &Cli) {

@@ -26,6 +26,12 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Health { url } => return health(url).await,
         _ => {}
     }
+    // `serve` listens for SIGHUP before it reads jobs.toml: one sent once
+    // the file is written is never lost to a read that came before it.
+    let reload = match cli.command {
+        Command::Serve { .. } => Some(reload_signal()?),
+        _ => None,
+    };
     // Only the commands that run actions need every `${VAR}`; the others
     // read the file leniently and `check` reports what is unset.
     let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
@@ -104,17 +110,13 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Serve { listen: Some(addr) } => Some(crate::serve::server::bind(*addr).await?),
         _ => None,
     };
-    // Signals are taken over before the database is opened: a SIGHUP or
-    // SIGTERM that comes while it connects must not end the process by the
-    // default action.
+    // SIGTERM and SIGINT are taken over before the database is opened: one
+    // that comes while it connects must not end the process by the default
+    // action.
     let shutdown = if runs_actions {
         shutdown_signal()?
     } else {
         watch::channel(false).1
-    };
-    let reload = match cli.command {
-        Command::Serve { .. } => Some(reload_signal()?),
-        _ => None,
     };
     let url = database_url(cli.database_url.as_deref(), &config)?;
     let creates = matches!(

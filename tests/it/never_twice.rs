@@ -748,6 +748,38 @@ fn a_sighup_while_serve_connects_does_not_end_it() {
 }
 
 #[test]
+fn a_sighup_while_serve_reads_its_jobs_does_not_end_it() {
+    let db = TestDb::sqlite();
+    // A file that takes a while to read: 10,000 jobs.
+    let jobs: String = (0..10_000)
+        .map(|i| {
+            format!(
+                "[[job]]\nname = \"j{i}\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"true\"]\n\n"
+            )
+        })
+        .collect();
+    let ws = Workspace::new(&jobs);
+    let mut server = serve(&ws, &db.url);
+    // The signal comes once the program's own code runs, while it reads
+    // jobs.toml (the C library mapped, then a moment for its start).
+    let maps = format!("/proc/{}/maps", server.id());
+    eventually("the program loaded", BOUND, || {
+        std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc"))
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&server, Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        server.try_wait().unwrap().is_none(),
+        "serve ended on a SIGHUP while it read jobs.toml"
+    );
+    eventually("serve ready", BOUND, || {
+        std::fs::read_to_string(ws.path().join("serve.log")).is_ok_and(|l| l.contains("serving"))
+    });
+    assert_eq!(stop(server), 0);
+}
+
+#[test]
 fn run_job_retries_a_failed_period_whose_retry_is_due() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(
