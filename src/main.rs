@@ -28,7 +28,10 @@ fn main() -> ExitCode {
     // one thing at a time, and a single thread spares them the hand-offs
     // between threads (a backfill of /bin/true runs ~15 % faster).
     let runtime = match cli.command {
-        Command::Serve { .. } => tokio::runtime::Runtime::new(),
+        Command::Serve { .. } => {
+            tune_malloc();
+            tokio::runtime::Runtime::new()
+        }
         _ => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
@@ -45,6 +48,30 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// `serve`'s heap, set before its threads start: one malloc arena, and
+/// blocks of 128 KiB or more (a burst's backlog of 10,000 fires, a claim's
+/// bind buffer) mapped apart and handed back when freed. glibc's defaults (an
+/// arena per thread, a threshold that rises after each such block is freed)
+/// left a 10,000-job burst's periods spread over the worker threads' arenas:
+/// 34–36 MiB resident at its peak, 31–32 MiB so. A `MALLOC_…_` variable the
+/// operator set wins.
+fn tune_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    for (variable, parameter, value) in [
+        ("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, 1),
+        ("MALLOC_MMAP_THRESHOLD_", libc::M_MMAP_THRESHOLD, 128 * 1024),
+        ("MALLOC_TRIM_THRESHOLD_", libc::M_TRIM_THRESHOLD, 128 * 1024),
+    ] {
+        if std::env::var_os(variable).is_none() {
+            // SAFETY: mallopt changes how later allocations are served;
+            // nothing allocated moves.
+            unsafe {
+                libc::mallopt(parameter, value);
+            }
         }
     }
 }

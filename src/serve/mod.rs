@@ -529,6 +529,19 @@ impl Service {
         self.pending.push((job, due));
     }
 
+    /// Moves what was dispatched since the last flush behind the backlog
+    /// (older fires go first). Into an empty backlog (the common case: a
+    /// burst) the buffer itself moves, not its 10,000 fires one by one into
+    /// a second buffer of the same size.
+    fn take_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        if self.backlog.is_empty() {
+            self.backlog = VecDeque::from(pending);
+        } else {
+            self.backlog.extend(pending);
+        }
+    }
+
     /// Whether `due` waited past the catch-up window (for a free slot):
     /// then it is dropped, logged and counted. A recovery never is.
     fn too_old(&self, job: &Job, due: &Due, now: DateTime<Utc>) -> bool {
@@ -551,8 +564,8 @@ impl Service {
     /// `command` or `http` job takes a slot, a group of up to [`SQL_GROUP`]
     /// `sql` periods one slot together. The rest waits in the backlog.
     fn flush(&mut self) {
+        self.take_pending();
         if self.running >= self.settings.max_running {
-            self.backlog.extend(self.pending.drain(..));
             // Oldest first: what waited past the window goes, so that the
             // backlog of slots that never free stays within the window.
             let now = Utc::now();
@@ -563,19 +576,15 @@ impl Service {
             }
             return;
         }
-        if self.pending.is_empty() && self.backlog.is_empty() {
+        if self.backlog.is_empty() {
             return;
         }
         let mut units: Vec<Vec<Ask>> = Vec::new();
         // Up to SQL_GROUP `sql` periods share a slot; the engine runs them a
         // transaction per job, side by side.
         let mut sql = None;
-        // The backlog holds older fires: it goes first.
-        let mut backlog = std::mem::take(&mut self.backlog);
-        backlog.extend(self.pending.drain(..));
-        let mut pending = backlog.into_iter();
         let now = Utc::now();
-        for (job, due) in pending.by_ref() {
+        while let Some((job, due)) = self.backlog.pop_front() {
             // What waited for `max_running` past the window is dropped as
             // what waited for `concurrency` is.
             if self.paused.contains_key(&job.name) || self.too_old(&job, &due, now) {
@@ -587,7 +596,7 @@ impl Service {
                 continue;
             }
             if self.running + units.len() >= self.settings.max_running {
-                self.backlog.push_back((ask.job, ask.due));
+                self.backlog.push_front((ask.job, ask.due));
                 break;
             }
             if ask.is_sql() {
@@ -595,7 +604,10 @@ impl Service {
             }
             units.push(vec![ask]);
         }
-        self.backlog.extend(pending);
+        if self.backlog.is_empty() {
+            // A burst's backlog (10,000 fires) is not kept for the next.
+            self.backlog = VecDeque::new();
+        }
         if units.is_empty() {
             return;
         }
