@@ -16,11 +16,15 @@ fn main() -> ExitCode {
         supervisor::run(&args[2..]);
     }
     // A SIGHUP tells `serve` to read jobs.toml again. Until `serve` listens
-    // for it, and until the command is known, one that comes must not end
-    // the process by the default action; the other commands keep it.
-    hangup(SigHandler::SigIgn);
+    // for it, one that comes must not end the process by the default
+    // action; the other commands keep that action (a command line that
+    // merely holds the word `serve` ignores it until it is parsed).
+    let serving = args.iter().any(|a| a == "serve");
+    if serving {
+        hangup(SigHandler::SigIgn);
+    }
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve { .. }) {
+    if serving && !matches!(cli.command, Command::Serve { .. }) {
         hangup(SigHandler::SigDfl);
     }
     init_logging(&cli);

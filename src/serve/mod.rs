@@ -78,6 +78,10 @@ pub struct Service {
     /// here: caught up from there when they are resumed.
     paused: HashMap<String, DateTime<Utc>>,
     timer: Timer,
+    /// Every fire up to this instant has been dispatched: a timer built
+    /// anew (a reload) starts from here, so a fire that came due while
+    /// jobs.toml was read is dispatched, not lost.
+    fired_until: DateTime<Utc>,
     engine: Engine,
     /// Runs (an `sql` group counting as one) claiming or running now, at
     /// most `settings.max_running`.
@@ -138,13 +142,15 @@ impl Service {
             events.0.clone(),
         );
         let jobs = shared(config.jobs);
+        let now = Utc::now();
         Service {
             path,
             running: 0,
             scanning: false,
             stop_now: watch::Sender::new(false),
             settings: config.settings,
-            timer: Timer::new(&jobs, Utc::now()),
+            timer: Timer::new(&jobs, now),
+            fired_until: now,
             by_name: index(&jobs),
             jobs,
             paused: HashMap::new(),
@@ -273,6 +279,7 @@ impl Service {
                 let job = self.jobs[i].clone();
                 self.dispatch(job, due, now);
             }
+            self.fired_until = now;
             if Instant::now() >= next_scan {
                 self.scan();
                 next_scan = Instant::now() + self.settings.scan_interval;
@@ -669,12 +676,29 @@ impl Service {
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
-        for gone in self.jobs.iter().filter(|old| !names.contains(&old.name)) {
+        let by_name = index(&jobs);
+        for gone in self
+            .jobs
+            .iter()
+            .filter(|old| !by_name.contains_key(&old.name))
+        {
             retire_gauges(&gone.name);
         }
-        self.timer = Timer::new(&jobs, Utc::now());
-        self.by_name = index(&jobs);
+        self.timer = Timer::new(&jobs, self.fired_until);
+        self.by_name = by_name;
         self.jobs = jobs;
+        // Fires waiting for a slot run under the job as it is now; a
+        // removed job's start nothing more.
+        self.take_pending();
+        let (by_name, jobs) = (&self.by_name, &self.jobs);
+        self.backlog
+            .retain_mut(|(job, _)| match by_name.get(&job.name) {
+                Some(i) => {
+                    *job = jobs[*i].clone();
+                    true
+                }
+                None => false,
+            });
         self.publish_next_fires();
         // Leases granted from now on, and so the heartbeat interval and the
         // fence; claims already held keep the lease they were granted until

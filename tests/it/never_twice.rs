@@ -780,6 +780,84 @@ fn a_sighup_while_serve_reads_its_jobs_does_not_end_it() {
 }
 
 #[test]
+fn a_fire_that_comes_due_while_sighup_rereads_jobs_toml_still_runs() {
+    let db = TestDb::sqlite();
+    // 10,000 idle jobs beside the every-second one: reading them again
+    // takes long enough that a reload spans its fires.
+    let mut jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nshell = \"echo $SCHEDULER_PERIOD >> runs.txt\"\n\n".to_owned();
+    for i in 0..10_000 {
+        jobs.push_str(&format!(
+            "[[job]]\nname = \"j{i}\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"true\"]\n\n"
+        ));
+    }
+    let ws = Workspace::new(&jobs);
+    let server = serve(&ws, &db.url);
+    let runs = ws.path().join("runs.txt");
+    eventually("tick running", BOUND, || lines(&runs).len() >= 2);
+    let reloads = || {
+        std::fs::read_to_string(ws.path().join("serve.log"))
+            .unwrap_or_default()
+            .matches("reloaded")
+            .count()
+    };
+    for n in 1..=3 {
+        signal(&server, Signal::SIGHUP);
+        eventually("the reload", BOUND, || reloads() == n);
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let last = Utc::now();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(stop(server), 0);
+    let mut seconds: Vec<chrono::DateTime<Utc>> = lines(&runs)
+        .iter()
+        .map(|l| l.parse().unwrap_or_else(|_| panic!("a period label: {l}")))
+        .collect();
+    seconds.sort();
+    let ran = seconds.len();
+    seconds.dedup();
+    assert_eq!(seconds.len(), ran, "a period ran twice: {seconds:?}");
+    let mut at = seconds[0];
+    while at < last {
+        assert!(seconds.contains(&at), "{at} never ran: {seconds:?}");
+        at += chrono::TimeDelta::seconds(1);
+    }
+}
+
+#[test]
+fn fires_of_a_job_removed_by_sighup_that_wait_for_a_slot_start_nothing() {
+    let db = TestDb::sqlite();
+    let job = |name: &str| {
+        format!(
+            "[[job]]\nname = \"{name}\"\nschedule = \"* * * * * *\"\nshell = \"echo {name} >> runs.txt; sleep 0.5\"\n\n"
+        )
+    };
+    let kept = "[scheduler]\nmax_running = 1\n\n".to_owned() + &job("j0") + &job("j1");
+    let all = (2..6).fold(kept.clone(), |all, i| all + &job(&format!("j{i}")));
+    let ws = Workspace::new(&all);
+    let server = serve(&ws, &db.url);
+    let runs = ws.path().join("runs.txt");
+    // Six every-second jobs of half a second each through one slot: a
+    // backlog builds.
+    eventually("a backlog", BOUND, || lines(&runs).len() >= 8);
+    std::fs::write(ws.path().join("jobs.toml"), &kept).unwrap();
+    signal(&server, Signal::SIGHUP);
+    eventually("the reload", BOUND, || {
+        std::fs::read_to_string(ws.path().join("serve.log")).is_ok_and(|l| l.contains("reloaded"))
+    });
+    let before = lines(&runs).len();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(stop(server), 0);
+    let after = lines(&runs);
+    let removed: Vec<&String> = after[before..]
+        .iter()
+        .filter(|l| !matches!(l.as_str(), "j0" | "j1"))
+        .collect();
+    // The one run already handed to the engine may still start.
+    assert!(removed.len() <= 1, "removed jobs ran: {removed:?}");
+    assert!(after.len() > before + 2, "the kept jobs ran on: {after:?}");
+}
+
+#[test]
 fn run_job_retries_a_failed_period_whose_retry_is_due() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(
