@@ -281,130 +281,86 @@ async fn backfill_code(url: &str, scoped: bool) {
 }
 
 /// The batched-claim limit: 10,000 keys claimed 100 per statement by a
-/// bare `INSERT … SELECT … ON CONFLICT DO NOTHING`, one commit each.
-async fn raw_batched_postgres(url: &str) -> f64 {
+/// bare `INSERT … SELECT … ON CONFLICT DO NOTHING`, one commit each. With
+/// `run`, the limit under any batched `sql` backfill: each hundred's
+/// statements (`SELECT 1`, one round trip each) and one update of their
+/// outcomes follow its claim, in one transaction per hundred.
+async fn raw_batched_postgres(url: &str, run: bool) -> f64 {
+    let table = if run { "raw_run" } else { "raw_batch" };
     let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-    sqlx::query("CREATE TABLE IF NOT EXISTS raw_batch (k TEXT PRIMARY KEY, state TEXT, n INT)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY, state TEXT, n INT)"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let claim = format!(
+        "INSERT INTO {table} SELECT k, 'running', 1 FROM unnest($1::text[]) AS k
+         ON CONFLICT DO NOTHING RETURNING k"
+    );
+    let record =
+        format!("UPDATE {table} SET state = 'succeeded' WHERE k = ANY($1) AND state = 'running'");
     let started = Instant::now();
     for chunk in 0..100 {
         let keys: Vec<String> = (0..100).map(|i| format!("k{chunk}-{i}")).collect();
-        sqlx::query(
-            "INSERT INTO raw_batch SELECT k, 'running', 1 FROM unnest($1::text[]) AS k
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(&keys)
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    }
-    10_000.0 / started.elapsed().as_secs_f64()
-}
-
-/// The floor under any batched `sql` backfill: 10,000 keys claimed 100 per
-/// statement (committed before anything runs), then each hundred's
-/// statements (`SELECT 1`, one round trip each) and an update of their
-/// outcomes, one transaction per hundred.
-async fn raw_sql_limit_postgres(url: &str) -> f64 {
-    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-    sqlx::query("CREATE TABLE IF NOT EXISTS raw_run (k TEXT PRIMARY KEY, state TEXT, n INT)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let started = Instant::now();
-    for chunk in 0..100 {
-        let keys: Vec<String> = (0..100).map(|i| format!("k{chunk}-{i}")).collect();
-        let won: Vec<String> = sqlx::query_scalar(
-            "INSERT INTO raw_run SELECT k, 'running', 1 FROM unnest($1::text[]) AS k
-             ON CONFLICT DO NOTHING RETURNING k",
-        )
-        .bind(&keys)
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-        let mut tx = conn.begin().await.unwrap();
-        for _ in &won {
-            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        let won: Vec<String> = sqlx::query_scalar(&claim)
+            .bind(&keys)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        if run {
+            let mut tx = conn.begin().await.unwrap();
+            for _ in &won {
+                sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+            }
+            sqlx::query(&record)
+                .bind(&won)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
         }
-        sqlx::query(
-            "UPDATE raw_run SET state = 'succeeded' WHERE k = ANY($1) AND state = 'running'",
-        )
-        .bind(&won)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        tx.commit().await.unwrap();
     }
     10_000.0 / started.elapsed().as_secs_f64()
 }
 
-/// The same on SQLite: 100 single-row upserts per transaction, then the
-/// hundred's statements and outcomes in one more.
-async fn raw_sql_limit_sqlite(url: &str) -> f64 {
+/// The same on SQLite: 100 single-row upserts per transaction; with `run`,
+/// the hundred's statements and outcomes in one more.
+async fn raw_batched_sqlite(url: &str, run: bool) -> f64 {
     let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-    for pragma in ["PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL"] {
+    for pragma in [
+        "PRAGMA journal_mode = WAL",
+        "PRAGMA synchronous = FULL",
+        "CREATE TABLE IF NOT EXISTS raw (k TEXT PRIMARY KEY, state TEXT, n INT)",
+    ] {
         sqlx::query(pragma).execute(&mut conn).await.unwrap();
     }
-    sqlx::query("CREATE TABLE IF NOT EXISTS raw_run (k TEXT PRIMARY KEY, state TEXT, n INT)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
     let started = Instant::now();
     for chunk in 0..100 {
         let keys: Vec<String> = (0..100).map(|i| format!("k{chunk}-{i}")).collect();
         let mut tx = conn.begin().await.unwrap();
         for key in &keys {
-            sqlx::query("INSERT INTO raw_run VALUES (?1, 'running', 1) ON CONFLICT DO NOTHING")
+            sqlx::query("INSERT INTO raw VALUES (?1, 'running', 1) ON CONFLICT DO NOTHING")
                 .bind(key)
                 .execute(&mut *tx)
                 .await
                 .unwrap();
         }
         tx.commit().await.unwrap();
-        let mut tx = conn.begin().await.unwrap();
-        for key in &keys {
-            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
-            sqlx::query(
-                "UPDATE raw_run SET state = 'succeeded' WHERE k = ?1 AND state = 'running'",
-            )
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        }
-        tx.commit().await.unwrap();
-    }
-    10_000.0 / started.elapsed().as_secs_f64()
-}
-
-/// The same on SQLite: 100 single-row upserts per transaction.
-async fn raw_batched_sqlite(url: &str) -> f64 {
-    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-    sqlx::query("PRAGMA journal_mode = WAL")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("PRAGMA synchronous = FULL")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("CREATE TABLE IF NOT EXISTS raw_batch (k TEXT PRIMARY KEY, state TEXT, n INT)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let started = Instant::now();
-    for chunk in 0..100 {
-        let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
-        for i in 0..100 {
-            sqlx::query("INSERT INTO raw_batch VALUES (?1, 'running', 1) ON CONFLICT DO NOTHING")
-                .bind(format!("k{chunk}-{i}"))
+        if run {
+            let mut tx = conn.begin().await.unwrap();
+            for key in &keys {
+                sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+                sqlx::query(
+                    "UPDATE raw SET state = 'succeeded' WHERE k = ?1 AND state = 'running'",
+                )
+                .bind(key)
                 .execute(&mut *tx)
                 .await
                 .unwrap();
+            }
+            tx.commit().await.unwrap();
         }
-        tx.commit().await.unwrap();
     }
     10_000.0 / started.elapsed().as_secs_f64()
 }
@@ -441,7 +397,7 @@ async fn main() {
     );
     backfill_sql(
         &format!("sqlite://{}", dir.path().join("backfill_sql.db").display()),
-        raw_sql_limit_sqlite(&raw_run).await,
+        raw_batched_sqlite(&raw_run, true).await,
     );
     for (file, scoped) in [("code.db", false), ("code_tx.db", true)] {
         backfill_code(
@@ -456,7 +412,7 @@ async fn main() {
     );
     println!(
         "  batched-claim limit (100 keys per transaction): {:.0} claims/s",
-        raw_batched_sqlite(&raw_batch).await
+        raw_batched_sqlite(&raw_batch, false).await
     );
 
     let admin = admin_url();
@@ -487,7 +443,7 @@ async fn main() {
         ),
     );
     if let Some(url) = postgres_database("scheduler_bench_backfill_sql").await {
-        backfill_sql(&url, raw_sql_limit_postgres(&raw_url).await);
+        backfill_sql(&url, raw_batched_postgres(&raw_url, true).await);
     }
     for (name, scoped) in [
         ("scheduler_bench_code", false),
@@ -499,6 +455,6 @@ async fn main() {
     }
     println!(
         "  batched-claim limit (100 keys per statement): {:.0} claims/s",
-        raw_batched_postgres(&raw_url).await
+        raw_batched_postgres(&raw_url, false).await
     );
 }
