@@ -79,8 +79,8 @@ pub struct Service {
     paused: HashMap<String, DateTime<Utc>>,
     timer: Timer,
     /// Every fire up to this instant has been dispatched: a timer built
-    /// anew (a reload) starts from here, so a fire that came due while
-    /// jobs.toml was read is dispatched, not lost.
+    /// anew (a reload) goes on from here for the jobs it had, so a fire that
+    /// came due while jobs.toml was read is dispatched, not lost.
     fired_until: DateTime<Utc>,
     engine: Engine,
     /// Runs (an `sql` group counting as one) claiming or running now, at
@@ -684,7 +684,13 @@ impl Service {
         {
             retire_gauges(&gone.name);
         }
-        self.timer = Timer::new(&jobs, self.fired_until);
+        let old = &self.by_name;
+        self.timer = Timer::resumed(
+            &jobs,
+            |name| old.contains_key(name),
+            self.fired_until,
+            Utc::now(),
+        );
         self.by_name = by_name;
         self.jobs = jobs;
         // Fires waiting for a slot run under the job as it is now; a

@@ -28,6 +28,26 @@ impl Timer {
         Timer { heap }
     }
 
+    /// A timer for jobs.toml read again: a job it had before (`known`)
+    /// goes on from `fired_until`, so its fires since then are due; a new
+    /// one starts after `now`.
+    pub(super) fn resumed(
+        jobs: &[Arc<Job>],
+        known: impl Fn(&str) -> bool,
+        fired_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Timer {
+        let heap = jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, job)| {
+                let from = if known(&job.name) { fired_until } else { now };
+                job.schedule.next_after(from).map(|at| Reverse((at, i)))
+            })
+            .collect();
+        Timer { heap }
+    }
+
     pub(super) fn next(&self) -> Option<DateTime<Utc>> {
         self.heap.peek().map(|Reverse((at, _))| *at)
     }
@@ -171,6 +191,28 @@ mod tests {
             popped(&mut timer, &jobs, "2026-07-15T10:05:00Z"),
             [("a:2026-07-15T10:05:00Z".into(), "schedule")]
         );
+    }
+
+    #[test]
+    fn a_timer_resumed_after_a_reload_owes_the_known_jobs_their_fires_and_the_new_ones_none() {
+        let jobs = jobs(TWO_JOBS);
+        let mut timer = Timer::resumed(
+            &jobs,
+            |name| name == "a",
+            at("2026-07-15T10:00:30Z"),
+            at("2026-07-15T10:03:30Z"),
+        );
+        let mut due = popped(&mut timer, &jobs, "2026-07-15T10:03:30Z");
+        due.sort();
+        assert_eq!(
+            due,
+            [
+                ("a:2026-07-15T10:01".into(), "catch-up"),
+                ("a:2026-07-15T10:02".into(), "catch-up"),
+                ("a:2026-07-15T10:03".into(), "schedule"),
+            ]
+        );
+        assert_eq!(timer.next(), Some(at("2026-07-15T10:04:00Z")));
     }
 
     #[test]
