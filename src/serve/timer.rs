@@ -20,12 +20,7 @@ pub(super) struct Timer {
 impl Timer {
     /// A timer with each job's first fire after `now`.
     pub(super) fn new(jobs: &[Arc<Job>], now: DateTime<Utc>) -> Timer {
-        let heap = jobs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, job)| job.schedule.next_after(now).map(|at| Reverse((at, i))))
-            .collect();
-        Timer { heap }
+        Timer::resumed(jobs, |_| false, now, now)
     }
 
     /// A timer for jobs.toml read again: a job it had before (`known`)
