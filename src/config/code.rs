@@ -10,7 +10,7 @@ use super::raw::{
     SHORTEST_LEASE, SHORTEST_SCAN, count_problem, duration_problem, floor_problem,
     job_name_problem, keep_problem, namespace_problem, schedule,
 };
-use super::{Action, ConfigError, Job, Missed, Retry, Settings, short};
+use super::{Action, ConfigError, Fingerprint, Job, Missed, Retry, Settings, short};
 use crate::engine::code::{BoxFuture, Context, Handled, Handler, Transaction};
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::DstRule;
@@ -226,7 +226,7 @@ impl CodeJob {
             missed: self.missed,
             retry: self.retry,
             keep: self.keep,
-            definition: String::new(),
+            definition: Fingerprint::default(),
             secrets: Default::default(),
         };
         job.derive();

@@ -11,7 +11,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    Action, Allow, Api, ConfigError, Job, Locator, Missed, Program, Retry, Secret, Settings, Token,
+    Action, Allow, Api, ConfigError, Fingerprint, HttpAction, Job, Locator, Missed, ProcessAction,
+    Program, Retry, Secret, Settings, Token,
 };
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::{DstRule, Gap, Repeat, Schedule};
@@ -470,7 +471,7 @@ impl RawJob {
             missed: self.missed,
             retry,
             keep: self.keep(at, settings)?,
-            definition: String::new(),
+            definition: Fingerprint::default(),
             secrets: Default::default(),
         })
     }
@@ -553,7 +554,7 @@ impl RawJob {
             ));
         }
         let process = |program| -> Result<Action, ConfigError> {
-            Ok(Action::Process {
+            Ok(Action::Process(Box::new(ProcessAction {
                 program,
                 workdir: self
                     .workdir
@@ -564,7 +565,7 @@ impl RawJob {
                     Some(vars) => templates(at, vars.get_ref(), env)?,
                     None => Vec::new(),
                 },
-            })
+            })))
         };
         if let Some(command) = &self.command {
             if command.get_ref().is_empty() {
@@ -684,7 +685,7 @@ impl RawJob {
                     ));
                 }
             }
-            return Ok(Action::Http {
+            return Ok(Action::Http(Box::new(HttpAction {
                 url,
                 method,
                 headers,
@@ -694,7 +695,7 @@ impl RawJob {
                     .map(|b| template(at, b, env))
                     .transpose()?,
                 timeout: duration(at, http.timeout.as_ref(), "30s")?,
-            });
+            })));
         }
         let Some(sql) = self.sql.as_ref().map(Spanned::get_ref) else {
             return Err(at.error(name_span, "no action".into()));

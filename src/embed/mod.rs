@@ -608,7 +608,7 @@ fn launcher(config: &Config, given: Option<PathBuf>) -> Result<supervisor::Launc
     let needs = config
         .jobs
         .iter()
-        .find(|job| matches!(job.action, Action::Process { .. }));
+        .find(|job| matches!(job.action, Action::Process(_)));
     match (found, needs) {
         (Some(program), _) => Ok(supervisor::Launcher::new(program, Vec::new())),
         (None, None) => Ok(supervisor::Launcher::find()),

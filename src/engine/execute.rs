@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use super::code::{self, Handler};
 use super::heartbeat::{Loss, Watch};
 use super::{Engine, http, process};
-use crate::config::{Action, Job};
+use crate::config::{Action, HttpAction, Job, ProcessAction};
 use crate::error::Error;
 use crate::period::{Period, PeriodKey, utc_text};
 use crate::store::{Finish, Lease};
@@ -172,11 +172,12 @@ impl Engine {
             }
         };
         let result = match &run.job.action {
-            Action::Process {
-                program,
-                workdir,
-                env,
-            } => {
+            Action::Process(action) => {
+                let ProcessAction {
+                    program,
+                    workdir,
+                    env,
+                } = &**action;
                 let spawn = process::Spawn {
                     supervisor: &self.supervisor,
                     fence_at: watch.fence_at(),
@@ -184,13 +185,14 @@ impl Engine {
                 };
                 process::run(program, workdir.as_ref(), env, run, spawn, stop).await
             }
-            Action::Http {
-                url,
-                method,
-                headers,
-                body,
-                timeout,
-            } => {
+            Action::Http(action) => {
+                let HttpAction {
+                    url,
+                    method,
+                    headers,
+                    body,
+                    timeout,
+                } = &**action;
                 let request = http::Request {
                     url,
                     method,
@@ -266,7 +268,7 @@ impl Engine {
             let failures = u32::try_from(run.lease.failures).unwrap_or(0) + 1;
             finish.retry_after = run.job.retry.backoff_after(failures);
         }
-        finish.definition = Some(run.job.definition.clone());
+        finish.definition = Some(run.job.definition.to_string());
         finish.error = finish.error.map(|error| run.job.secrets.mask(&error));
         finish.output = finish.output.map(|output| run.job.secrets.mask(&output));
         // The lease is still renewed while the outcome is written; a claim

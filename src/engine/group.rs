@@ -253,7 +253,7 @@ impl Engine {
                     timeout: ask.job.timeout,
                     failure: Finish {
                         retry_after: retry_after(ask, won),
-                        definition: Some(ask.job.definition.clone()),
+                        definition: Some(ask.job.definition.to_string()),
                         ..Finish::default()
                     },
                     secrets: &ask.job.secrets,

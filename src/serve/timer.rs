@@ -47,12 +47,18 @@ impl Timer {
         self.heap.peek().map(|Reverse((at, _))| *at)
     }
 
-    /// Every fire at or before `now`, as (job index, fire). A job whose
-    /// fires were slept through (a suspend, a clock step) gets its latest
-    /// as `schedule` and, with `missed = "all"`, the older ones as
-    /// `catch-up`. Each job's next fire is computed from its last one.
-    pub(super) fn pop_due(&mut self, jobs: &[Arc<Job>], now: DateTime<Utc>) -> Vec<(usize, Due)> {
-        let mut fired = Vec::new();
+    /// Every fire at or before `now`, as (job, fire), added to `fired`
+    /// (a burst's 10,000 go straight where they wait, not through a list of
+    /// their own). A job whose fires were slept through (a suspend, a clock
+    /// step) gets its latest as `schedule` and, with `missed = "all"`, the
+    /// older ones as `catch-up`. Each job's next fire is computed from its
+    /// last one.
+    pub(super) fn pop_due(
+        &mut self,
+        jobs: &[Arc<Job>],
+        now: DateTime<Utc>,
+        fired: &mut Vec<(Arc<Job>, Due)>,
+    ) {
         while let Some(Reverse((at, i))) = self.heap.peek().copied() {
             if at > now {
                 break;
@@ -80,7 +86,7 @@ impl Timer {
                     let period = job.period.period_of(&job.schedule, fire);
                     if seen.insert(period.label.clone()) {
                         fired.push((
-                            i,
+                            job.clone(),
                             Due {
                                 period,
                                 fire,
@@ -91,7 +97,7 @@ impl Timer {
                 }
             }
             fired.push((
-                i,
+                job.clone(),
                 Due {
                     period,
                     fire: latest,
@@ -99,7 +105,6 @@ impl Timer {
                 },
             ));
         }
-        fired
     }
 }
 
@@ -120,12 +125,13 @@ mod tests {
     }
 
     fn popped(timer: &mut Timer, jobs: &[Arc<Job>], now: &str) -> Vec<(String, &'static str)> {
-        timer
-            .pop_due(jobs, at(now))
+        let mut fired = Vec::new();
+        timer.pop_due(jobs, at(now), &mut fired);
+        fired
             .into_iter()
-            .map(|(i, due)| {
+            .map(|(job, due)| {
                 (
-                    crate::period::PeriodKey::new(&jobs[i].name, &due.period.label).to_string(),
+                    crate::period::PeriodKey::new(&job.name, &due.period.label).to_string(),
                     due.trigger.as_str(),
                 )
             })

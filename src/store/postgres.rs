@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, Row};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
@@ -23,6 +23,19 @@ fn migrator() -> sqlx::migrate::Migrator {
     let mut migrator = sqlx::migrate!("migrations/postgres");
     migrator.set_ignore_missing(true);
     migrator
+}
+
+/// Has every connection give back, as it returns to its pool, what one
+/// large message grew its buffers to. sqlx keeps a connection's buffers at
+/// their largest for its life: a scan binding 10,000 job names leaves
+/// 240 KB behind in each connection it ever ran on. Free when nothing grew.
+fn shrinking_on_release(options: PgPoolOptions) -> PgPoolOptions {
+    options.after_release(|conn, _| {
+        Box::pin(async move {
+            conn.shrink_buffers();
+            Ok(true)
+        })
+    })
 }
 
 /// Connections to one PostgreSQL database, in two pools so that no action
@@ -163,7 +176,7 @@ impl PgStore {
         let control = options
             .clone()
             .options([("statement_timeout", "30s"), ("lock_timeout", "10s")]);
-        let pool = PgPoolOptions::new()
+        let pool = shrinking_on_release(PgPoolOptions::new())
             .max_connections(8)
             // A broken connection fails its query and is replaced; a ping
             // before every use would cost a round trip per statement.
@@ -171,7 +184,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(control)
             .await?;
-        let actions = PgPoolOptions::new()
+        let actions = shrinking_on_release(PgPoolOptions::new())
             .max_connections(ACTION_CONNECTIONS)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(3600))
