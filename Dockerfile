@@ -12,6 +12,7 @@ RUN mkdir -p src/bin benches \
  && for b in core claims serve spawn burst api embed; do echo 'fn main() {}' > "benches/$b.rs"; done \
  && cargo build --release --locked --bin scheduler --bin scheduler-supervise \
  && rm -rf src benches
+COPY build.rs ./
 COPY src ./src
 COPY migrations ./migrations
 COPY benches ./benches
