@@ -762,3 +762,58 @@ fn unknown_name(message: &str) -> Option<(&str, Vec<&str>)> {
     let expected = expected.split('`').skip(1).step_by(2).collect();
     Some((given, expected))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fingerprint of a job must not change with the code that holds
+    /// it: a new release would show every job's history as "definition
+    /// changed". Values recorded by the release of 2026-12-02.
+    #[test]
+    fn a_job_keeps_its_definition_fingerprint_across_releases() {
+        let text = r#"
+[[job]]
+name = "cmd"
+schedule = "0 3 * * *"
+period = "day"
+command = ["/bin/echo", "{period}"]
+workdir = "/tmp"
+env = { A = "x{period_key}" }
+
+[[job]]
+name = "sh"
+schedule = "@hourly"
+period = "hour"
+timezone = "Europe/Berlin"
+shell = "echo {period} > /dev/null"
+
+[[job]]
+name = "web"
+schedule = "*/5 * * * *"
+period = "minute"
+http = { url = "http://127.0.0.1:9/{period}", method = "POST", headers = { X-A = "b" }, body = "{period_key}", timeout = "5s" }
+
+[[job]]
+name = "q"
+schedule = "* * * * *"
+period = "minute"
+sql = { statement = "SELECT $1", params = ["{period_key}"] }
+"#;
+        let config = Config::parse(Path::new("jobs.toml"), text, &|_| None).unwrap();
+        let definitions: Vec<(&str, &str)> = config
+            .jobs
+            .iter()
+            .map(|job| (job.name.as_str(), job.definition.as_str()))
+            .collect();
+        assert_eq!(
+            definitions,
+            [
+                ("cmd", "29b433f4393b"),
+                ("sh", "95f2760c75bd"),
+                ("web", "7d98cb38714c"),
+                ("q", "942fb8873f31"),
+            ]
+        );
+    }
+}
