@@ -268,34 +268,26 @@ impl Action {
         };
         match self {
             Action::Process(process) => {
-                let ProcessAction {
-                    program,
-                    workdir,
-                    env,
-                } = &**process;
-                let program = match program {
+                let program = match &process.program {
                     Program::Command(args) => {
                         format!("command {:?}", args.iter().map(t).collect::<Vec<_>>())
                     }
                     Program::Shell(script) => format!("shell {:?}", t(script)),
                 };
-                format!("{program} {:?} {:?}", workdir.as_ref().map(t), pairs(env))
-            }
-            Action::Http(http) => {
-                let HttpAction {
-                    url,
-                    method,
-                    headers,
-                    body,
-                    timeout,
-                } = &**http;
                 format!(
-                    "http {method} {:?} {:?} {:?} {timeout:?}",
-                    t(url),
-                    pairs(headers),
-                    body.as_ref().map(t)
+                    "{program} {:?} {:?}",
+                    process.workdir.as_ref().map(t),
+                    pairs(&process.env)
                 )
             }
+            Action::Http(http) => format!(
+                "http {} {:?} {:?} {:?} {:?}",
+                http.method,
+                t(&http.url),
+                pairs(&http.headers),
+                http.body.as_ref().map(t),
+                http.timeout
+            ),
             Action::Sql { statement, params } => format!(
                 "sql {statement:?} {:?}",
                 params.iter().map(t).collect::<Vec<_>>()
@@ -308,20 +300,15 @@ impl Action {
     fn secrets(&self) -> Secrets {
         match self {
             Action::Process(process) => {
-                let ProcessAction {
-                    program,
-                    workdir,
-                    env,
-                } = &**process;
-                let program: Vec<&Template> = match program {
+                let program: Vec<&Template> = match &process.program {
                     Program::Command(args) => args.iter().collect(),
                     Program::Shell(script) => vec![script],
                 };
                 Secrets::of(
                     program
                         .into_iter()
-                        .chain(workdir)
-                        .chain(env.iter().map(|(_, v)| v)),
+                        .chain(&process.workdir)
+                        .chain(process.env.iter().map(|(_, v)| v)),
                 )
             }
             Action::Http(http) => Secrets::of(

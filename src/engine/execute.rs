@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use super::code::{self, Handler};
 use super::heartbeat::{Loss, Watch};
 use super::{Engine, http, process};
-use crate::config::{Action, HttpAction, Job, ProcessAction};
+use crate::config::{Action, Job};
 use crate::error::Error;
 use crate::period::{Period, PeriodKey, utc_text};
 use crate::store::{Finish, Lease};
@@ -173,34 +173,26 @@ impl Engine {
         };
         let result = match &run.job.action {
             Action::Process(action) => {
-                let ProcessAction {
-                    program,
-                    workdir,
-                    env,
-                } = &**action;
                 let spawn = process::Spawn {
                     supervisor: &self.supervisor,
                     fence_at: watch.fence_at(),
                     heartbeats: &self.heartbeats,
                 };
-                process::run(program, workdir.as_ref(), env, run, spawn, stop).await
+                let (program, workdir) = (&action.program, action.workdir.as_ref());
+                process::run(program, workdir, &action.env, run, spawn, stop).await
             }
             Action::Http(action) => {
-                let HttpAction {
-                    url,
-                    method,
-                    headers,
-                    body,
-                    timeout,
-                } = &**action;
                 let request = http::Request {
-                    url,
-                    method,
-                    headers,
-                    body: body.as_ref(),
+                    url: &action.url,
+                    method: &action.method,
+                    headers: &action.headers,
+                    body: action.body.as_ref(),
                     // The job's `timeout` bounds its whole run, whatever
                     // the action.
-                    timeout: run.job.timeout.map_or(*timeout, |job| job.min(*timeout)),
+                    timeout: run
+                        .job
+                        .timeout
+                        .map_or(action.timeout, |job| job.min(action.timeout)),
                 };
                 http::run(&self.http, request, run, stop).await
             }
