@@ -24,7 +24,8 @@ pub const PLACEHOLDERS: [&str; 7] = [
 #[derive(Clone, PartialEq, Eq)]
 pub struct Template {
     pieces: Vec<Piece>,
-    /// The values `${NAME}` was replaced by, for [`Secrets`].
+    /// The values `${NAME}` was replaced by (in a `shell` script: that
+    /// `/bin/sh` will put in), for [`Secrets`].
     expanded: Vec<String>,
 }
 
@@ -379,7 +380,12 @@ fn expand(
                     out.push_str(&value);
                     expanded.push(value);
                 }
-                Expansion::Keep => out.push_str(&tail[..close + 3]),
+                // /bin/sh puts the value in: the job's output may show it,
+                // so it is masked all the same.
+                Expansion::Keep => {
+                    out.push_str(&tail[..close + 3]);
+                    expanded.push(value);
+                }
             }
             rest = &open[close + 1..];
         } else {
@@ -468,8 +474,9 @@ mod tests {
             secrets.mask(r#"invalid input syntax: "2026-07-hunter2/hunter2SECRET?n=42""#),
             r#"invalid input syntax: "2026-07-***/***?n=42""#
         );
+        // Left for /bin/sh to put in, and masked all the same.
         let shell = Template::load_shell("echo ${LONG}", &env).unwrap();
-        assert_eq!(Secrets::of([&shell]), Secrets::default());
+        assert_eq!(Secrets::of([&shell]).mask("hunter2SECRET"), "***");
     }
 
     #[test]

@@ -1123,6 +1123,26 @@ fn a_secret_in_a_command_never_reaches_the_log_or_the_kept_output() {
     }
 }
 
+/// `/bin/sh` expands a `shell` job's `${NAME}` itself, from the environment
+/// the job inherits: the value is still the scheduler's to mask.
+#[test]
+fn a_secret_a_shell_job_expands_never_reaches_the_log_or_the_kept_output() {
+    let ws = billing("shell = \"echo token=${APP_TOKEN}\"");
+    let with_secret = |args: &[&str]| {
+        ws.command(args)
+            .env("APP_TOKEN", "s3cr3tTokenXYZ")
+            .output()
+            .unwrap()
+    };
+    let out = with_secret(&["run", "billing", "--period", "2026-10"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let said = out.stdout() + &out.stderr();
+    let history = with_secret(&["history", "billing", "--output"]);
+    let said = said + &history.stdout();
+    assert!(!said.contains("s3cr3tTokenXYZ"), "{said}");
+    assert_says(&said, &["token=***"]);
+}
+
 #[test]
 fn a_workdir_that_is_not_there_is_named_when_the_job_cannot_start() {
     let ws = billing("command = [\"true\"]\nworkdir = \"/nonexistent/dir\"");
