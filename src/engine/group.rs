@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::heartbeat::Loss;
 use super::{Ask, Engine, Report, Run, Status, Stop, Won};
-use crate::config::{Action, Job};
+use crate::config::{Action, Fingerprint, Job};
 use crate::error::Error;
 use crate::store::{Finish, GROUP_BUDGET, GroupedEnd, GroupedSql, SqlLimits, Work};
 use tokio_util::sync::CancellationToken;
@@ -341,7 +341,8 @@ pub(super) struct Quick(Mutex<Learned>);
 
 #[derive(Default)]
 struct Learned {
-    /// Job name → what its statements showed here.
+    /// Job name → what its statements showed here, under the definition
+    /// they ran under (a reload that changes the job starts it afresh).
     jobs: HashMap<String, Record>,
     /// Statement texts that proved quick here.
     statements: HashSet<String>,
@@ -349,8 +350,18 @@ struct Learned {
 
 #[derive(Default)]
 struct Record {
+    definition: Fingerprint,
     strikes: u32,
     quick_in_a_row: u32,
+}
+
+impl Learned {
+    /// What `job`, as it is defined now, showed here.
+    fn record(&self, job: &Job) -> Option<&Record> {
+        self.jobs
+            .get(&job.name)
+            .filter(|record| record.definition == job.definition)
+    }
 }
 
 impl Quick {
@@ -363,7 +374,7 @@ impl Quick {
         let Ok(learned) = self.0.lock() else {
             return false;
         };
-        match learned.jobs.get(&job.name) {
+        match learned.record(job) {
             Some(record) => record.quick_in_a_row >= 1 << record.strikes,
             None => statement(job).is_some_and(|s| learned.statements.contains(s)),
         }
@@ -379,7 +390,7 @@ impl Quick {
         let by_text = |job: &[(Ask, Won)]| {
             let job = &job[0].0.job;
             statement(job)
-                .filter(|_| !learned.jobs.contains_key(&job.name))
+                .filter(|_| learned.record(job).is_none())
                 .map(str::to_owned)
         };
         let mut shared: HashMap<String, usize> = HashMap::new();
@@ -402,6 +413,12 @@ impl Quick {
             return;
         };
         let record = learned.jobs.entry(job.name.clone()).or_default();
+        if record.definition != job.definition {
+            *record = Record {
+                definition: job.definition,
+                ..Record::default()
+            };
+        }
         if quick {
             record.quick_in_a_row = record.quick_in_a_row.saturating_add(1);
         } else {
@@ -440,6 +457,18 @@ mod tests {
         let mut config = Config::parse(std::path::Path::new("jobs.toml"), &text, &|_| None)
             .expect("a valid job");
         config.jobs.remove(0)
+    }
+
+    #[test]
+    fn a_job_redefined_by_a_reload_proves_itself_again() {
+        let quick = Quick::default();
+        quick.note(&job("report", "SELECT 1"), true, true);
+        assert!(quick.proven(&job("report", "SELECT 1")));
+        // jobs.toml read again: the same name, a slow statement.
+        let slow = job("report", "SELECT pg_sleep(3)");
+        assert!(!quick.proven(&slow), "shares on the old statement's proof");
+        quick.note(&slow, true, true);
+        assert!(quick.proven(&slow));
     }
 
     #[test]
