@@ -177,36 +177,52 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The first pause before a failed renewal is tried again; it doubles up
+/// to the heartbeat interval.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
 async fn renew_loop(inner: Weak<Inner>) {
+    let mut retry: Option<Duration> = None;
     loop {
         let Some(strong) = inner.upgrade() else {
             return;
         };
         let every = strong.lease() / 3;
         tokio::select! {
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(retry.map_or(every, |r| r.min(every))) => {}
             () = strong.changed.notified() => {}
         }
-        renew_once(&strong).await;
+        retry = if renew_once(&strong).await {
+            None
+        } else {
+            Some(retry.map_or(FIRST_RETRY, |r| r * 2))
+        };
     }
 }
 
-async fn renew_once(inner: &Inner) {
+/// One renewal of every watched lease; `false` when it failed or got no
+/// answer in time, to be tried again soon: a lease last renewed just before
+/// the database went away has one interval left after the renewal that
+/// found it gone, and a short outage must not use it up.
+async fn renew_once(inner: &Inner) -> bool {
     let snapshot: Vec<(Lease, Arc<Shared>)> = match inner.watched.lock() {
         Ok(watched) => watched.values().cloned().collect(),
-        Err(_) => return,
+        Err(_) => return true,
     };
     if snapshot.is_empty() {
-        return;
+        return true;
     }
     let lease = inner.lease();
     let every = lease / 3;
     let safe_for = lease.saturating_sub(every);
     let leases: Vec<&Lease> = snapshot.iter().map(|(lease, _)| lease).collect();
     let sent = Instant::now();
-    // A renewal that cannot finish within an interval is as good as failed;
-    // the next one tries again, and the fence stops runs meanwhile.
-    match tokio::time::timeout(every, inner.store.renew(&leases, lease)).await {
+    // A renewal that cannot finish within half an interval is as good as
+    // failed (sqlx would go on connecting to a database that is away until
+    // its acquire timeout); the next try follows soon, and the fence stops
+    // runs meanwhile.
+    let patience = every / 2;
+    match tokio::time::timeout(patience, inner.store.renew(&leases, lease)).await {
         Ok(Ok(renewed)) => {
             tracing::debug!(
                 claims = leases.len(),
@@ -225,11 +241,18 @@ async fn renew_once(inner: &Inner) {
                     shared.taken_over.send_replace(true);
                 }
             }
+            true
         }
-        Ok(Err(e)) => tracing::warn!("heartbeat failed, retrying: {e}"),
-        Err(_) => tracing::warn!(
-            "heartbeat got no answer within {}, retrying",
-            humantime::format_duration(every)
-        ),
+        Ok(Err(e)) => {
+            tracing::warn!("heartbeat failed, retrying: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                "heartbeat got no answer within {}, retrying",
+                humantime::format_duration(patience)
+            );
+            false
+        }
     }
 }

@@ -139,6 +139,37 @@ fn a_database_cut_longer_than_the_lease_stops_the_job_and_the_period_runs_once_m
     );
 }
 
+/// Outages of 1.5 s, each well within the lease (9 s; a runner stops its
+/// job 6 s after its last renewal): the renewal that finds the database
+/// gone must be tried again before the fence, not an interval later. Five
+/// of them, 3.7 s apart, so that some overlap a renewal whatever the phase.
+#[test]
+fn a_job_lives_through_database_outages_shorter_than_its_lease() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy, url) = proxied(&db);
+    let ws = Workspace::new(
+        &("[scheduler]\nlease = \"9s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
+            .to_owned()
+            + &overlap_job("long")),
+    );
+    let server = serve(&ws, &url);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    let (_, first) = starts(&ws, "long")[0];
+    for _ in 0..5 {
+        proxy.cut();
+        std::thread::sleep(Duration::from_millis(1500));
+        proxy.restore();
+        std::thread::sleep(Duration::from_millis(2200));
+    }
+    let log = log(&ws);
+    assert!(alive(first), "the job was stopped:\n{log}");
+    assert!(!log.contains("lease not renewed in time"), "{log}");
+    assert_eq!(starts(&ws, "long").len(), 1, "{log}");
+    assert_eq!(stop(server), 0);
+}
+
 #[test]
 fn long_sql_actions_never_let_another_process_take_a_live_shell_claim() {
     let Some(db) = TestDb::postgres_blocking() else {
