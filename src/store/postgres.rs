@@ -2,6 +2,7 @@
 //! the migration), every other write one statement, so a run costs two round
 //! trips and two commits besides heartbeats.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -23,6 +24,18 @@ fn migrator() -> sqlx::migrate::Migrator {
     let mut migrator = sqlx::migrate!("migrations/postgres");
     migrator.set_ignore_missing(true);
     migrator
+}
+
+/// `text` as PostgreSQL's `text` can hold it: a NUL byte (a job that
+/// prints binary, a response body) becomes `\x00`, as `history` shows one
+/// that SQLite kept. Refused, the outcome could never be recorded, and its
+/// period was taken over and run again at every lease.
+fn without_nul(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\\x00"))
+    } else {
+        Cow::Borrowed(text)
+    }
 }
 
 /// Has every connection give back, as it returns to its pool, what one
@@ -747,8 +760,14 @@ async fn record_many(
         .collect();
     let exit_codes: Vec<Option<i32>> = outcomes.iter().map(|(_, f)| f.exit_code).collect();
     let statuses: Vec<Option<i32>> = outcomes.iter().map(|(_, f)| f.http_status).collect();
-    let errors: Vec<Option<&str>> = outcomes.iter().map(|(_, f)| f.error.as_deref()).collect();
-    let output: Vec<Option<&str>> = outcomes.iter().map(|(_, f)| f.output.as_deref()).collect();
+    let errors: Vec<Option<Cow<'_, str>>> = outcomes
+        .iter()
+        .map(|(_, f)| f.error.as_deref().map(without_nul))
+        .collect();
+    let output: Vec<Option<Cow<'_, str>>> = outcomes
+        .iter()
+        .map(|(_, f)| f.output.as_deref().map(without_nul))
+        .collect();
     let definitions: Vec<Option<&str>> = outcomes
         .iter()
         .map(|(_, f)| f.definition.as_deref())

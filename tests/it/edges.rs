@@ -1123,6 +1123,38 @@ fn a_secret_in_a_command_never_reaches_the_log_or_the_kept_output() {
     }
 }
 
+/// PostgreSQL's `text` holds no NUL byte: a job that prints one is recorded
+/// (as `\x00`, as SQLite's is shown), not left running to be taken over and
+/// run again at every lease.
+#[test]
+fn a_nul_byte_in_a_jobs_output_is_recorded_and_the_period_runs_once() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = billing("shell = \"printf 'a\\\\000b\\\\n'; echo ran >> runs.txt\"");
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "billing",
+        "--period",
+        "2026-10",
+    ]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let history = ws.run(&["--database-url", &db.url, "history", "billing", "--output"]);
+    assert_says(&history.stdout(), &["succeeded", "a\\x00b"]);
+    let again = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "billing",
+        "--period",
+        "2026-10",
+    ]);
+    assert_eq!(again.code(), 0, "{}", again.stderr());
+    assert_eq!(lines(ws.path().join("runs.txt")), ["ran"]);
+}
+
 /// `/bin/sh` expands a `shell` job's `${NAME}` itself, from the environment
 /// the job inherits: the value is still the scheduler's to mask.
 #[test]
