@@ -385,7 +385,12 @@ impl Service {
     fn follow_pauses(&mut self, paused: HashSet<String>) {
         let now = Utc::now();
         for name in &paused {
-            self.paused.entry(name.clone()).or_insert(now);
+            if !self.paused.contains_key(name) {
+                // Its fires waiting for a slot are dropped while it is
+                // paused: skipped as the ones to come are.
+                let since = self.oldest_queued_fire(name).map_or(now, |f| f.min(now));
+                self.paused.insert(name.clone(), since);
+            }
         }
         let resumed: Vec<(String, DateTime<Utc>)> = self
             .paused
@@ -400,6 +405,18 @@ impl Service {
                 self.catch_up_job(job, since, now);
             }
         }
+    }
+
+    /// The oldest fire of job `name` that waits here for a slot.
+    fn oldest_queued_fire(&self, name: &str) -> Option<DateTime<Utc>> {
+        let queued = self.pending.iter().chain(&self.backlog);
+        let queued = queued.map(|(job, due)| (job.name.as_str(), due));
+        let waiting = self.waiting.values().map(|(job, due)| (job.as_str(), due));
+        queued
+            .chain(waiting)
+            .filter(|(job, _)| *job == name)
+            .map(|(_, due)| due.fire)
+            .min()
     }
 
     /// The regular scan: pauses, waiting periods, and claims to take over.

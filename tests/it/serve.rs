@@ -644,6 +644,37 @@ fn a_resumed_job_catches_up_the_fires_it_skipped_while_paused() {
     }
 }
 
+/// Fires waiting for a `concurrency` slot when the job is paused are
+/// skipped fires too: the resume runs them.
+#[test]
+fn fires_waiting_for_a_slot_when_a_job_is_paused_run_on_resume() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        &(settings("catch_up = \"1h\"")
+            + &every_second(
+                "tick",
+                "period = \"fire\"\nconcurrency = 1\nshell = 'if [ -e slow ]; then sleep 3; fi'",
+            )),
+    );
+    std::fs::write(ws.path().join("slow"), "").unwrap();
+    ok(&ws, &db, &["migrate"]);
+    let replica = serve(&ws, &db.url);
+    eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
+    let started = Utc::now();
+    // Runs of 3 s, a fire every second: fires wait for the slot.
+    std::thread::sleep(Duration::from_secs(4));
+    ok(&ws, &db, &["pause", "tick"]);
+    std::fs::remove_file(ws.path().join("slow")).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    ok(&ws, &db, &["resume", "tick"]);
+    let resumed_at = Utc::now();
+    let fires = resumed_at.timestamp() - started.timestamp() + 1;
+    eventually("every fire since the start claimed", BOUND, || {
+        tick_claims(&db, &second(started), &second(resumed_at)) == fires
+    });
+    assert_eq!(stop(replica), 0);
+}
+
 #[test]
 fn fires_that_wait_past_catch_up_for_max_running_are_dropped_and_counted() {
     let db = TestDb::sqlite();
