@@ -722,6 +722,15 @@ impl Locator<'_> {
                 );
             }
         }
+        if let Some(span) = e.span()
+            && message.starts_with("invalid type: map")
+            && message.contains("expected a sequence")
+            && self.text[span.start.min(self.text.len())..]
+                .trim_start()
+                .starts_with("[job]")
+        {
+            message = "`[job]` is one table, but jobs are an array of tables: write `[[job]]` above each job".into();
+        }
         let message = match unknown_name(&message) {
             Some((given, expected)) => match nearest(given, expected.iter().copied()) {
                 Some(n) => format!("{message}; did you mean `{n}`?"),

@@ -265,11 +265,15 @@ fn at_least(
     default: &str,
     floor: Duration,
 ) -> Result<Duration, ConfigError> {
-    let parsed = duration(at, value, default)?;
-    match value.and_then(|v| Some((v, floor_problem(key, v.get_ref(), parsed, floor)?))) {
-        Some((value, problem)) => Err(at.error(value.span(), problem)),
-        None => Ok(parsed),
+    // Under the floor, zero included, the message names the key and the
+    // floor.
+    if let Some(value) = value
+        && let Ok(d) = humantime::parse_duration(value.get_ref())
+        && let Some(problem) = floor_problem(key, value.get_ref(), d, floor)
+    {
+        return Err(at.error(value.span(), problem));
     }
+    duration(at, value, default)
 }
 
 /// A duration as a person writes it: `24h`, `90s`, `100ms`.

@@ -143,6 +143,17 @@ fn config_mistakes_name_their_place_and_the_expected_value() {
             &["jobs.toml:4:11", "longer than zero"],
         ),
         (
+            "[scheduler]\nlease = \"0s\"\n",
+            &[
+                "jobs.toml:2:9",
+                "lease = `0s` is too short: expected at least 1s",
+            ],
+        ),
+        (
+            "[job]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"x\"]\n",
+            &["jobs.toml:1:1", "`[job]` is one table", "write `[[job]]`"],
+        ),
+        (
             "[scheduler]\nlease = 60\n",
             &[
                 "jobs.toml:2:9",
