@@ -1102,12 +1102,7 @@ fn a_secret_in_a_command_never_reaches_the_log_or_the_kept_output() {
         "[[job]]\nname = \"echoes\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"echo\", \"token=${APP_TOKEN}\"]\n\
          \n[[job]]\nname = \"missing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncommand = [\"/nonexistent/${APP_TOKEN}\"]\n",
     );
-    let with_secret = |args: &[&str]| {
-        ws.command(args)
-            .env("APP_TOKEN", "s3cr3tTokenXYZ")
-            .output()
-            .unwrap()
-    };
+    let with_secret = |args: &[&str]| with_secret(&ws, args);
     for (job, code) in [("echoes", 0), ("missing", 1)] {
         let out = with_secret(&["run", job, "--period", "2026-10"]);
         assert_eq!(out.code(), code, "{job}: {}", out.stderr());
@@ -1155,17 +1150,20 @@ fn a_nul_byte_in_a_jobs_output_is_recorded_and_the_period_runs_once() {
     assert_eq!(lines(ws.path().join("runs.txt")), ["ran"]);
 }
 
+/// The binary with `args` and `APP_TOKEN` set to a secret.
+fn with_secret(ws: &Workspace, args: &[&str]) -> std::process::Output {
+    ws.command(args)
+        .env("APP_TOKEN", "s3cr3tTokenXYZ")
+        .output()
+        .unwrap()
+}
+
 /// `/bin/sh` expands a `shell` job's `${NAME}` itself, from the environment
 /// the job inherits: the value is still the scheduler's to mask.
 #[test]
 fn a_secret_a_shell_job_expands_never_reaches_the_log_or_the_kept_output() {
     let ws = billing("shell = \"echo token=${APP_TOKEN}\"");
-    let with_secret = |args: &[&str]| {
-        ws.command(args)
-            .env("APP_TOKEN", "s3cr3tTokenXYZ")
-            .output()
-            .unwrap()
-    };
+    let with_secret = |args: &[&str]| with_secret(&ws, args);
     let out = with_secret(&["run", "billing", "--period", "2026-10"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
     let said = out.stdout() + &out.stderr();
