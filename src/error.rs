@@ -116,8 +116,9 @@ pub fn mask_url(url: &str) -> String {
             let _ = parsed.set_password(Some("***"));
             parsed.to_string()
         }
-        Ok(_) => url.to_owned(),
-        Err(_) => match user_password(url) {
+        Ok(parsed) if parsed.has_host() => url.to_owned(),
+        // No host: `postgres:/user:pw@host/db` parses, as a path.
+        _ => match user_password(url, true) {
             Some(range) => format!("{}***{}", &url[..range.start], &url[range.end..]),
             None => url.to_owned(),
         },
@@ -128,8 +129,21 @@ pub fn mask_url(url: &str) -> String {
 /// `text` with every occurrence of `url`'s password (as written and
 /// decoded, and any `password=` parameter) masked.
 pub fn mask_password_in(text: &str, url: &str) -> String {
+    let mut secrets = url_passwords(url);
+    // Longest first, so a password that contains another is masked whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut text = text.replace(url, &mask_url(url));
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret.as_str(), "***");
+    }
+    text
+}
+
+/// The passwords a database URL holds, parsable or not: the user part's
+/// and any `password=` parameter's, as written and decoded.
+pub fn url_passwords(url: &str) -> Vec<String> {
     let mut secrets: Vec<String> = Vec::new();
-    if let Some(range) = user_password(url) {
+    if let Some(range) = user_password(url, false) {
         secrets.push(url[range].to_owned());
     }
     if let Some(password) = url::Url::parse(url)
@@ -148,26 +162,35 @@ pub fn mask_password_in(text: &str, url: &str) -> String {
         })
         .collect();
     secrets.extend(decoded);
-    // Longest first, so a password that contains another is masked whole.
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    let mut text = text.replace(url, &mask_url(url));
-    for secret in secrets.iter().filter(|s| !s.is_empty()) {
-        text = text.replace(secret.as_str(), "***");
-    }
-    text
+    secrets.retain(|s| !s.is_empty());
+    secrets.sort();
+    secrets.dedup();
+    secrets
 }
 
-/// Where the password of `scheme://user:password@host…` is, found by text:
-/// between the first `:` of the user part and the last `@` before the path.
-fn user_password(url: &str) -> Option<std::ops::Range<usize>> {
-    let start = url
-        .find("://")
-        .map(|i| i + 3)
-        .or_else(|| url.find("//").map(|i| i + 2))?;
+/// Where the password of `scheme://user:password@host…` is, found by text,
+/// also with one slash or none after the scheme: after the first `:` of the
+/// user part, up to the last `@`. With `lone`, a user part without a `:`
+/// is taken whole (`postgres:PASSWORD@host` may be a password).
+fn user_password(url: &str, lone: bool) -> Option<std::ops::Range<usize>> {
+    let scheme = url
+        .find(':')
+        .filter(|at| {
+            let scheme = &url[..*at];
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+        })
+        .map_or(0, |at| at + 1);
+    let start = scheme + url[scheme..].len() - url[scheme..].trim_start_matches('/').len();
     let rest = &url[start..];
     let at = rest.rfind('@')?;
-    let colon = rest[..at].find(':')?;
-    Some(start + colon + 1..start + at)
+    match rest[..at].find(':') {
+        Some(colon) => Some(start + colon + 1..start + at),
+        None if lone && at > 0 => Some(start..start + at),
+        None => None,
+    }
 }
 
 /// Where the values of `password=` parameters are.

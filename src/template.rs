@@ -3,6 +3,9 @@
 //! each run.
 
 use std::fmt;
+use std::sync::Arc;
+
+use aho_corasick::AhoCorasick;
 
 /// The placeholders a template may name.
 pub const PLACEHOLDERS: [&str; 7] = [
@@ -168,72 +171,127 @@ impl Template {
     }
 }
 
-/// The values `${NAME}` put into a job's strings, hidden from every message
-/// the scheduler writes about the job (an SQL error quoting a bound
-/// param, say): a secret taken from the environment never reaches a log
-/// line or an attempt's error. Values shorter than [`Secrets::SHORTEST`]
-/// are left alone: masking `1` would garble every number in a message, and
-/// no secret is that short.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secrets(Vec<String>);
+/// The values the scheduler holds as secret: every `${NAME}` of its
+/// configuration (any job's, an `[api]` token's, the database URL's) and
+/// the database password, hidden from every message the scheduler writes
+/// and from every job's kept output and log lines, whichever job printed
+/// them. Values shorter than [`Secrets::SHORTEST`] are left alone: masking
+/// `1` would garble every number in a message, and no secret is that short.
+///
+/// Cheap to clone: every job of a configuration shares one.
+#[derive(Clone, Default)]
+pub struct Secrets(Option<Arc<Finder>>);
+
+/// The forms to look for, and one automaton that finds them all in one
+/// pass over a text, in any ASCII case.
+struct Finder {
+    /// The values as given.
+    values: Vec<String>,
+    /// Each value in every form looked for, in ASCII lower case.
+    forms: Vec<String>,
+    automaton: AhoCorasick,
+}
 
 impl Secrets {
     /// The shortest value that is masked.
     pub const SHORTEST: usize = 4;
     /// No values.
-    pub const NONE: Secrets = Secrets(Vec::new());
+    pub const NONE: Secrets = Secrets(None);
 
-    /// The values of `templates`, each also as a URL would carry it
-    /// percent-encoded (a redirect's `Location`, an error quoting a URL)
-    /// and cut to the 63 bytes of a PostgreSQL name (an error quoting an
-    /// identifier), kept in ASCII lower case: they are found whatever the
-    /// case (PostgreSQL folds an unquoted name to lower case).
+    /// The values `${NAME}` put into `templates`.
     pub fn of<'a>(templates: impl IntoIterator<Item = &'a Template>) -> Secrets {
-        let mut values: Vec<String> = templates
+        Secrets::of_values(templates.into_iter().flat_map(|t| t.expanded().iter()))
+    }
+
+    /// `values`, each also in the forms a message may quote it in: as a
+    /// URL carries it percent-encoded (a redirect's `Location`, an error
+    /// quoting a URL), escaped in a JSON string (a service echoing a
+    /// header), and cut to the 63 bytes of a PostgreSQL name (an error
+    /// quoting an identifier). They are found whatever the ASCII case
+    /// (PostgreSQL folds an unquoted name to lower case).
+    pub fn of_values<S: AsRef<str>>(values: impl IntoIterator<Item = S>) -> Secrets {
+        let mut values: Vec<String> = values
             .into_iter()
-            .flat_map(|t| t.expanded().iter())
+            .map(|v| v.as_ref().to_owned())
             .filter(|v| v.chars().count() >= Secrets::SHORTEST)
+            .collect();
+        values.sort();
+        values.dedup();
+        let mut forms: Vec<String> = values
+            .iter()
             .flat_map(|v| {
                 let name = (0..=63.min(v.len()))
                     .rev()
                     .find(|at| v.is_char_boundary(*at))
                     .map(|at| v[..at].to_owned());
+                let json = serde_json::to_string(v)
+                    .ok()
+                    .map(|quoted| quoted[1..quoted.len() - 1].to_owned());
                 [
-                    Some(v.clone()),
+                    Some(v.to_owned()),
                     Some(percent_encoded(v, "")),
                     Some(percent_encoded(v, "!$&'()*+,;=:@/")),
                     Some(percent_encoded(v, "").replace("%20", "+")),
+                    json,
                     name,
                 ]
             })
             .flatten()
             .map(|v| v.to_ascii_lowercase())
             .collect();
-        values.sort();
-        values.dedup();
-        Secrets(values)
+        forms.sort();
+        forms.dedup();
+        if forms.is_empty() {
+            return Secrets::NONE;
+        }
+        match AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(&forms)
+        {
+            Ok(automaton) => Secrets(Some(Arc::new(Finder {
+                values,
+                forms,
+                automaton,
+            }))),
+            // Only a pattern set beyond the automaton's size limits fails;
+            // no configuration's secrets come near them.
+            Err(e) => unreachable!("secrets beyond the matcher's limits: {e}"),
+        }
     }
 
-    /// `text` with every value replaced by `***`, in any ASCII case.
+    /// These secrets and `more`.
+    pub fn with<S: AsRef<str>>(&self, more: impl IntoIterator<Item = S>) -> Secrets {
+        let more: Vec<String> = more.into_iter().map(|v| v.as_ref().to_owned()).collect();
+        if more.iter().all(|v| v.chars().count() < Secrets::SHORTEST) {
+            return self.clone();
+        }
+        Secrets::of_values(self.values().iter().chain(&more))
+    }
+
+    /// The values as given.
+    pub fn values(&self) -> &[String] {
+        self.0.as_ref().map_or(&[], |f| &f.values)
+    }
+
+    fn forms(&self) -> &[String] {
+        self.0.as_ref().map_or(&[], |f| &f.forms)
+    }
+
+    /// `text` with every value replaced by `***`, in any ASCII case;
+    /// overlapping values are masked as one.
     pub fn mask(&self, text: &str) -> String {
-        // ASCII lower case keeps every byte where it was.
-        let lower = text.to_ascii_lowercase();
-        let mut found: Vec<(usize, usize)> = self
-            .0
-            .iter()
-            .flat_map(|value| {
-                lower
-                    .match_indices(value.as_str())
-                    .map(|(at, v)| (at, at + v.len()))
-            })
-            .collect();
-        if found.is_empty() {
+        let Some(finder) = &self.0 else {
+            return text.to_owned();
+        };
+        let mut found = finder.automaton.find_overlapping_iter(text).peekable();
+        if found.peek().is_none() {
             return text.to_owned();
         }
-        found.sort_unstable();
+        let mut spans: Vec<(usize, usize)> = found.map(|m| (m.start(), m.end())).collect();
+        spans.sort_unstable();
         let mut masked = String::with_capacity(text.len());
         let mut from = 0;
-        for (start, end) in found {
+        for (start, end) in spans {
             if end <= from {
                 continue;
             }
@@ -246,9 +304,7 @@ impl Secrets {
         masked.push_str(&text[from..]);
         masked
     }
-}
 
-impl Secrets {
     /// [`Secrets::mask`] of a piece cut from a longer text: where its start
     /// (`cut_before`) or its end (`cut_after`) was cut, the part of a value
     /// found at that edge (at least [`Secrets::SHORTEST`] bytes) is masked
@@ -257,7 +313,7 @@ impl Secrets {
         let mut text = self.mask(text);
         let lower = text.to_ascii_lowercase();
         let edge = |fits: &dyn Fn(&str, usize) -> bool| {
-            self.0
+            self.forms()
                 .iter()
                 .flat_map(|v| (Secrets::SHORTEST..v.len()).map(move |k| (v, k)))
                 .filter(|(v, k)| fits(v, *k))
@@ -281,6 +337,14 @@ impl Secrets {
     }
 }
 
+impl PartialEq for Secrets {
+    fn eq(&self, other: &Secrets) -> bool {
+        self.forms() == other.forms()
+    }
+}
+
+impl Eq for Secrets {}
+
 /// `value` with every byte but letters, digits, `-._~` and those of `keep`
 /// written `%XX`.
 fn percent_encoded(value: &str, keep: &str) -> String {
@@ -300,7 +364,7 @@ fn percent_encoded(value: &str, keep: &str) -> String {
 
 impl fmt::Debug for Secrets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secrets({})", self.0.len())
+        write!(f, "Secrets({})", self.forms().len())
     }
 }
 

@@ -35,7 +35,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     // Only the commands that run actions need every `${VAR}`; the others
     // read the file leniently and `check` reports what is unset.
     let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
-    let (config, unset) = if runs_actions {
+    let (mut config, unset) = if runs_actions {
         (Config::load(&cli.config)?, Vec::new())
     } else {
         Config::load_lenient(&cli.config)?
@@ -119,6 +119,9 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         watch::channel(false).1
     };
     let url = database_url(cli.database_url.as_deref(), &config)?;
+    if let Some(flag) = &cli.database_url {
+        config.mask_also(&crate::error::url_passwords(flag));
+    }
     let creates = matches!(
         cli.command,
         Command::Run(_) | Command::Serve { .. } | Command::Migrate

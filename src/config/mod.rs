@@ -16,6 +16,7 @@ use crate::suggest::nearest;
 use crate::template::{Secrets, Template, TemplateError};
 
 pub mod code;
+pub mod environment;
 mod raw;
 pub(crate) use raw::short;
 
@@ -220,6 +221,8 @@ pub struct ProcessAction {
     pub workdir: Option<Template>,
     /// Extra environment variables.
     pub env: Vec<(String, Template)>,
+    /// What it inherits of the scheduler's environment.
+    pub inherit: environment::Inherit,
 }
 
 /// An HTTP request carrying `Idempotency-Key`.
@@ -274,11 +277,17 @@ impl Action {
                     }
                     Program::Shell(script) => format!("shell {:?}", t(script)),
                 };
-                format!(
+                let mut text = format!(
                     "{program} {:?} {:?}",
                     process.workdir.as_ref().map(t),
                     pairs(&process.env)
-                )
+                );
+                // Only where given, so that older definitions keep their
+                // fingerprints.
+                if let Some(only) = &process.inherit.only {
+                    text.push_str(&format!(" inherit {only:?}"));
+                }
+                text
             }
             Action::Http(http) => format!(
                 "http {} {:?} {:?} {:?} {:?}",
@@ -408,9 +417,29 @@ pub struct Config {
     pub api: Option<Api>,
     /// `[[job]]`s in file order.
     pub jobs: Vec<Job>,
+    /// Every secret it holds (each `${NAME}`'s value, the tokens, the
+    /// database password), masked in every message about any job.
+    pub secrets: Secrets,
+}
+
+/// The passwords in the scheduler's database variables (`DATABASE_URL`,
+/// `PGPASSWORD`), masked in every job's output whether or not the file
+/// names them.
+fn database_passwords(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let url = env("DATABASE_URL").map(|url| crate::error::url_passwords(&url));
+    url.into_iter().flatten().chain(env("PGPASSWORD")).collect()
 }
 
 impl Config {
+    /// Masks `more` too in every message about any job: the password of a
+    /// database URL given on the command line.
+    pub fn mask_also(&mut self, more: &[String]) {
+        self.secrets = self.secrets.with(more);
+        for job in &mut self.jobs {
+            job.secrets = self.secrets.clone();
+        }
+    }
+
     /// Reads and validates the file at `path`, expanding `${VAR}` from the
     /// process environment; an unset one is an error.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -535,7 +564,8 @@ impl Config {
                 }
             };
             let name_span = raw_job.name.span();
-            let job = match raw_job.validate(&at, &settings, &vars) {
+            let mark = vars.mark();
+            let mut job = match raw_job.validate(&at, &settings, &vars) {
                 Ok(job) => job,
                 Err(e) => {
                     errors.push(e);
@@ -554,13 +584,28 @@ impl Config {
                 continue;
             }
             seen.insert(job.name.clone(), name_span);
+            if let Action::Process(process) = &mut job.action {
+                process.inherit.named = vars.names_since(mark);
+            }
             jobs.push(job);
         }
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
+        let read = vars.read_all();
+        let hidden = environment::hidden(read.iter().map(|(name, _)| name.as_str()));
+        let secrets = Secrets::of_values(
+            read.iter()
+                .filter(|(name, _)| !environment::is_public(name))
+                .map(|(_, value)| value.clone())
+                .chain(database_passwords(env)),
+        );
         for job in &mut jobs {
             job.derive();
+            job.secrets = secrets.clone();
+            if let Action::Process(process) = &mut job.action {
+                process.inherit.hidden = hidden.clone();
+            }
         }
         // Names are unique within the file; the namespace makes them so in
         // the database.
@@ -590,6 +635,7 @@ impl Config {
                 settings,
                 api,
                 jobs,
+                secrets,
             },
             warnings,
         ))

@@ -10,6 +10,7 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::environment::Inherit;
 use super::{
     Action, Allow, Api, ConfigError, Fingerprint, HttpAction, Job, Locator, Missed, ProcessAction,
     Program, Retry, Secret, Settings, Token,
@@ -49,6 +50,7 @@ pub(super) struct RawJob {
     sql: Option<Spanned<RawSql>>,
     workdir: Option<Spanned<String>>,
     env: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    inherit: Option<Spanned<Vec<Spanned<String>>>>,
     timeout: Option<Spanned<String>>,
     concurrency: Option<Spanned<i64>>,
     #[serde(default)]
@@ -101,6 +103,9 @@ struct RawDst {
 pub(super) struct Vars<'a> {
     lookup: &'a dyn Fn(&str) -> Option<String>,
     unset: Option<RefCell<Vec<String>>>,
+    /// Every variable read and its value, in the order read: the
+    /// scheduler's secrets.
+    read: RefCell<Vec<(String, String)>>,
 }
 
 impl<'a> Vars<'a> {
@@ -108,12 +113,51 @@ impl<'a> Vars<'a> {
         Vars {
             lookup,
             unset: lenient.then(RefCell::default),
+            read: RefCell::default(),
         }
+    }
+
+    /// The value of `name`, noted as read.
+    fn read(&self, name: &str) -> Option<String> {
+        let value = (self.lookup)(name)?;
+        self.read
+            .borrow_mut()
+            .push((name.to_owned(), value.clone()));
+        Some(value)
+    }
+
+    /// How many reads so far: a mark for [`Vars::names_since`].
+    pub(super) fn mark(&self) -> usize {
+        self.read.borrow().len()
+    }
+
+    /// The names read since `mark`, each once.
+    pub(super) fn names_since(&self, mark: usize) -> Vec<String> {
+        let mut names: Vec<String> = self.read.borrow()[mark..]
+            .iter()
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Every variable read and its value.
+    pub(super) fn read_all(&self) -> Vec<(String, String)> {
+        self.read.borrow().clone()
+    }
+
+    /// Notes `value` as a secret read from the file itself (a token
+    /// written in it).
+    pub(super) fn note_secret(&self, value: &str) {
+        self.read
+            .borrow_mut()
+            .push((String::new(), value.to_owned()));
     }
 
     /// The value of `name`; in lenient mode, empty (and recorded) if unset.
     fn get(&self, name: &str) -> Option<String> {
-        match ((self.lookup)(name), &self.unset) {
+        match (self.read(name), &self.unset) {
             (Some(value), _) => Some(value),
             (None, Some(unset)) => {
                 let mut unset = unset.borrow_mut();
@@ -128,7 +172,7 @@ impl<'a> Vars<'a> {
 
     /// The value of `name`, unset being an error in either mode.
     fn strict(&self, name: &str) -> Option<String> {
-        (self.lookup)(name)
+        self.read(name)
     }
 
     fn is_lenient(&self) -> bool {
@@ -529,6 +573,7 @@ impl RawJob {
         let process_only = [
             ("workdir", self.workdir.as_ref().map(Spanned::span)),
             ("env", self.env.as_ref().map(Spanned::span)),
+            ("inherit", self.inherit.as_ref().map(Spanned::span)),
         ];
         if (self.http.is_some() || self.sql.is_some())
             && let Some((key, Some(span))) = process_only.into_iter().find(|(_, s)| s.is_some())
@@ -557,6 +602,20 @@ impl RawJob {
                 ),
             ));
         }
+        if let Some(bad) = self
+            .inherit
+            .iter()
+            .flat_map(|i| i.get_ref())
+            .find(|name| name.get_ref().is_empty() || name.get_ref().contains(['=', '\0']))
+        {
+            return Err(at.error(
+                bad.span(),
+                format!(
+                    "`{}` is not an environment variable name: expected a non-empty name without `=` or NUL, e.g. inherit = [\"PATH\", \"HOME\"]",
+                    bad.get_ref().escape_default()
+                ),
+            ));
+        }
         let process = |program| -> Result<Action, ConfigError> {
             Ok(Action::Process(Box::new(ProcessAction {
                 program,
@@ -568,6 +627,16 @@ impl RawJob {
                 env: match &self.env {
                     Some(vars) => templates(at, vars.get_ref(), env)?,
                     None => Vec::new(),
+                },
+                inherit: Inherit {
+                    only: self.inherit.as_ref().map(|names| {
+                        names
+                            .get_ref()
+                            .iter()
+                            .map(|n| n.get_ref().clone())
+                            .collect()
+                    }),
+                    ..Inherit::default()
                 },
             })))
         };
@@ -999,6 +1068,7 @@ impl RawApi {
                     ),
                 ));
             }
+            env.note_secret(&secret);
             let secret = Secret::new(&secret);
             if !secret.is_empty() && tokens.iter().any(|t| t.secret == secret) {
                 return Err(at.error(

@@ -522,6 +522,7 @@ impl Builder {
                     settings,
                     api: None,
                     jobs: Vec::new(),
+                    secrets: Default::default(),
                 }
             }
         };

@@ -178,8 +178,7 @@ impl Engine {
                     fence_at: watch.fence_at(),
                     heartbeats: &self.heartbeats,
                 };
-                let (program, workdir) = (&action.program, action.workdir.as_ref());
-                process::run(program, workdir, &action.env, run, spawn, stop).await
+                process::run(action, run, spawn, stop).await
             }
             Action::Http(action) => {
                 let request = http::Request {

@@ -18,10 +18,9 @@ use super::execute::ActionResult;
 use super::supervisor::{self, Spec};
 use super::zygote::{Ended, Status};
 use super::{OUTPUT_TAIL, Run, Stop};
-use crate::config::Program;
+use crate::config::{ProcessAction, Program};
 use crate::engine::heartbeat::Heartbeats;
 use crate::template::Secrets;
-use crate::template::Template;
 
 /// How long a group gets between SIGTERM and SIGKILL.
 const TERM_WAIT: Duration = Duration::from_secs(5);
@@ -45,9 +44,7 @@ pub(super) struct Spawn<'a> {
 /// Starts the job under its supervisor, waits for it, a timeout or `stop`,
 /// and reports.
 pub(super) async fn run(
-    program: &Program,
-    workdir: Option<&Template>,
-    env: &[(String, Template)],
+    action: &ProcessAction,
     run: &Run<'_>,
     spawn: Spawn<'_>,
     stop: impl Future<Output = Stop>,
@@ -57,7 +54,7 @@ pub(super) async fn run(
     let left_ms = move |at: Instant| {
         (at.saturating_duration_since(Instant::now()) + heartbeats.interval() / 2).as_millis()
     };
-    let (program, args): (OsString, Vec<OsString>) = match program {
+    let (program, args): (OsString, Vec<OsString>) = match &action.program {
         Program::Command(argv) => {
             let mut argv = argv.iter().map(|a| OsString::from(a.render(run)));
             (argv.next().unwrap_or_default(), argv.collect())
@@ -71,16 +68,25 @@ pub(super) async fn run(
         fence_ms: u64::try_from(left_ms(*fence_at.borrow_and_update())).unwrap_or(u64::MAX),
         program,
         args,
-        env: env
-            .iter()
-            .map(|(k, v)| (k.into(), v.render(run).into()))
+        // The whole environment: what it inherits of the scheduler's (never
+        // the scheduler's own secrets, unless it names them), its own, then
+        // the scheduler's variables.
+        env: action
+            .inherit
+            .variables()
+            .chain(
+                action
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.into(), v.render(run).into())),
+            )
             .chain(
                 run.environment()
                     .into_iter()
                     .map(|(k, v)| (k.into(), v.into())),
             )
             .collect(),
-        workdir: workdir.map(|dir| dir.render(run).into()),
+        workdir: action.workdir.as_ref().map(|dir| dir.render(run).into()),
     };
     let started = match spawn.supervisor.start(&spec).await {
         Ok(started) => started,

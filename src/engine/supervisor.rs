@@ -118,7 +118,8 @@ pub struct Spec {
     pub program: OsString,
     /// Its arguments.
     pub args: Vec<OsString>,
-    /// Variables added to the supervisor's own environment.
+    /// The job's whole environment (nothing else of the supervisor's own
+    /// is passed on).
     pub env: Vec<(OsString, OsString)>,
     /// Its working directory, if not the supervisor's own.
     pub workdir: Option<OsString>,
@@ -136,7 +137,7 @@ impl Spec {
                     .ok_or("supervisor: bad fence")?,
                 program: program.clone(),
                 args: rest.to_vec(),
-                env: Vec::new(),
+                env: std::env::vars_os().collect(),
                 workdir: None,
             }),
             _ => Err("supervisor: expected FENCE_MS -- PROGRAM [ARGS…]".into()),
@@ -254,6 +255,7 @@ fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
     let mut command = Command::new(&spec.program);
     command
         .args(&spec.args)
+        .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .process_group(0);

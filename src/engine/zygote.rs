@@ -330,6 +330,9 @@ impl Launcher {
             .arg0("scheduler-supervise")
             .args(&self.lead)
             .arg(ZYGOTE)
+            // It needs no variables, and so holds none of the scheduler's
+            // secrets: each job's environment comes with its request.
+            .env_clear()
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             // Its own group: a terminal's Ctrl-C reaches the scheduler,

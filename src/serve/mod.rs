@@ -17,6 +17,7 @@ use crate::engine::{Ask, CLAIM_BATCH, Engine, Report, SQL_GROUP, Status, Taken};
 use crate::error::{Error, Outcome};
 use crate::period::PeriodKey;
 use crate::store::{Claim, Reclaimable, Store, Trigger};
+use crate::template::Secrets;
 
 #[cfg(feature = "server")]
 pub mod api;
@@ -71,6 +72,9 @@ const CONTENDED_AGAIN: Duration = Duration::from_millis(100);
 pub struct Service {
     path: PathBuf,
     settings: Settings,
+    /// Every secret the configuration held, and the database password
+    /// given on the command line: a reload masks them still.
+    secrets: Secrets,
     jobs: Vec<Arc<Job>>,
     /// Finds a job of `jobs` by name.
     by_name: Index,
@@ -149,6 +153,7 @@ impl Service {
             scanning: false,
             stop_now: watch::Sender::new(false),
             settings: config.settings,
+            secrets: config.secrets,
             timer: Timer::new(&jobs, now),
             fired_until: now,
             by_name: Index::new(&jobs),
@@ -685,13 +690,16 @@ impl Service {
             }
             Ok(config)
         });
-        let config = match loaded {
+        let mut config = match loaded {
             Ok(config) => config,
             Err(e) => {
+                let e = self.secrets.mask(&e.to_string());
                 tracing::error!("reload: keeping the running configuration: {e}");
                 return;
             }
         };
+        config.mask_also(self.secrets.values());
+        self.secrets = config.secrets.clone();
         #[cfg(feature = "server")]
         self.api.set_config(api_view(&config));
         let jobs = shared(config.jobs);
@@ -789,6 +797,7 @@ fn api_view(config: &Config) -> Arc<Config> {
         settings: config.settings.clone(),
         api: None,
         jobs: Vec::new(),
+        secrets: config.secrets.clone(),
     })
 }
 

@@ -14,6 +14,7 @@ mod labels;
 mod never_twice;
 mod ops;
 mod properties;
+mod secrets;
 mod serve;
 mod store;
 mod support;
