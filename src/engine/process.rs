@@ -28,6 +28,11 @@ const TERM_WAIT: Duration = Duration::from_secs(5);
 /// How long a supervisor gets to end its tree before it is killed itself.
 const SUPERVISOR_WAIT: Duration = Duration::from_secs(5);
 
+/// The least a supervisor gets to end the tree of a job whose claim is
+/// lost, however little of the lease is left: it takes a millisecond or
+/// two when it runs.
+const LOST_WAIT_LEAST: Duration = Duration::from_millis(100);
+
 /// How a job's supervisor is started and kept informed.
 pub(super) struct Spawn<'a> {
     /// How to start the supervisor.
@@ -124,7 +129,16 @@ pub(super) async fn run(
         }
         why = stop => {
             match why {
-                Stop::Lost => end_tree(&mut control, &mut status).await,
+                Stop::Lost => {
+                    // The lease ends an interval after the fence: a
+                    // supervisor that has not ended the tree by a quarter of
+                    // it (it is stopped, say) is killed, and the job's
+                    // process with it, well before another runner may start.
+                    let lease_left = (*fence_at.borrow() + heartbeats.interval() / 4)
+                        .saturating_duration_since(Instant::now());
+                    let wait = lease_left.clamp(LOST_WAIT_LEAST, SUPERVISOR_WAIT);
+                    end_tree(&mut control, &mut status, wait).await;
+                }
                 Stop::Shutdown => terminate(&mut control, &mut status).await,
             }
             ActionResult::Stopped(why)
@@ -191,13 +205,11 @@ async fn say(control: &mut Option<pipe::Sender>, line: &str) {
 
 /// Has the supervisor kill the whole tree now; closes its control pipe
 /// (which does the same) and kills the supervisor itself if it has not
-/// ended within [`SUPERVISOR_WAIT`] (it was stopped, say).
-async fn end_tree(control: &mut Option<pipe::Sender>, status: &mut Status) {
+/// ended within `wait` (it was stopped, say): the job's own process dies
+/// with it, and what it started is swept by the zygote.
+async fn end_tree(control: &mut Option<pipe::Sender>, status: &mut Status, wait: Duration) {
     say(control, "kill").await;
-    if tokio::time::timeout(SUPERVISOR_WAIT, status.ended())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(wait, status.ended()).await.is_err() {
         *control = None;
         status.kill();
         let _ = tokio::time::timeout(SUPERVISOR_WAIT, status.ended()).await;
@@ -212,7 +224,7 @@ async fn terminate(control: &mut Option<pipe::Sender>, status: &mut Status) {
         .await
         .is_err()
     {
-        end_tree(control, status).await;
+        end_tree(control, status, SUPERVISOR_WAIT).await;
     }
 }
 

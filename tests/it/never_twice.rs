@@ -139,6 +139,39 @@ fn a_database_cut_longer_than_the_lease_stops_the_job_and_the_period_runs_once_m
     );
 }
 
+/// A runner cut off from its database whose job's supervisor is frozen:
+/// the runner must end the job's tree itself, within what is left of the
+/// lease, and not wait for the supervisor longer than that (issue 26, item
+/// 8: the old job lived on at +7 s beside the recovery of +6 s).
+#[test]
+fn a_fenced_job_whose_supervisor_is_frozen_is_dead_before_another_replica_takes_it_over() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy, url) = proxied(&db);
+    let ws = Workspace::new(
+        &("[scheduler]\nlease = \"6s\"\nscan_interval = \"500ms\"\nshutdown_grace = \"1s\"\n"
+            .to_owned()
+            + &overlap_job("long")),
+    );
+    let cut_off = serve(&ws, &url);
+    eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
+    let (_, first) = starts(&ws, "long")[0];
+    let supervisor = parent(first);
+    let other = serve(&ws, &db.url);
+    kill(Pid::from_raw(supervisor), Signal::SIGSTOP).unwrap();
+    proxy.cut();
+    eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
+    let old_alive = alive(first);
+    let _ = kill(Pid::from_raw(supervisor), Signal::SIGCONT);
+    proxy.restore();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!old_alive, "the old job was alive at the takeover");
+    assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
+    assert_eq!(stop(other), 0);
+    assert_eq!(stop(cut_off), 0);
+}
+
 /// Outages of 1.5 s, each well within the lease (9 s; a runner stops its
 /// job 6 s after its last renewal): the renewal that finds the database
 /// gone must be tried again before the fence, not an interval later. Five
