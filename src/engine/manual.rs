@@ -667,14 +667,13 @@ async fn plan<'a>(
             let mut listed = due(job, now, since, true);
             // Failed periods whose retry is due, and claims whose lease ran
             // out or that were released, run again as `serve`'s scan would
-            // take them: a platform cron container may be all there is.
+            // take them, however old: a platform cron container may be all
+            // there is, and `catch_up` bounds only periods never claimed.
             let again = store
                 .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
                 .await?;
             for r in again {
-                if r.scheduled_at >= window
-                    && !listed.iter().any(|d| d.period.label == r.period.label)
-                {
+                if !listed.iter().any(|d| d.period.label == r.period.label) {
                     listed.push(Due {
                         period: r.period,
                         fire: r.scheduled_at,

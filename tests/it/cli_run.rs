@@ -872,3 +872,49 @@ fn status_says_paused_lease_expired_and_retries_exhausted_in_words() {
     let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(value["paused"], true);
 }
+
+/// A platform cron container may be all there is: `run JOB` takes a failed
+/// period whose retry is due and a released claim however far back they
+/// lie, as `serve`'s scan would (issue 26, item 9: they were left for good
+/// once older than `catch_up`).
+#[test]
+fn run_job_takes_due_retries_and_released_claims_older_than_catch_up() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"2s\"\ncatch_up = \"2s\"\nshutdown_grace = \"1s\"\n\n\
+         [[job]]\nname = \"flaky\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\nmissed = \"latest\"\n\
+         retry = { attempts = 3, backoff = \"1s\" }\nshell = \"exit 1\"\n\n\
+         [[job]]\nname = \"long\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\nmissed = \"latest\"\n\
+         shell = \"echo $SCHEDULER_PERIOD >> long.txt; sleep 60\"\n",
+    );
+    let url = db.url.as_str();
+    let failed = ws.run(&["--database-url", url, "run", "flaky"]);
+    assert_eq!(failed.code(), 1, "{}", failed.stderr());
+    let long = ws
+        .command(&["--database-url", url, "run", "long"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("the long job to start", BOUND, || {
+        !lines(ws.path().join("long.txt")).is_empty()
+    });
+    kill(Pid::from_raw(long.id() as i32), Signal::SIGTERM).unwrap();
+    let released = wait(long, BOUND);
+    assert_ne!(released.code(), 0, "{}", released.stderr());
+    let first_long = lines(ws.path().join("long.txt"))[0].clone();
+    // Past the catch-up window of both periods.
+    std::thread::sleep(Duration::from_secs(4));
+    let flaky_key = keys(&failed)[0].clone();
+    for (job, key) in [("flaky", flaky_key), ("long", format!("long:{first_long}"))] {
+        let plan = ws.run(&["--database-url", url, "run", job, "--dry-run"]);
+        assert_eq!(plan.code(), 0, "{}", plan.stderr());
+        assert!(
+            plan.stdout()
+                .lines()
+                .any(|l| l.starts_with(&key) && l.contains("would claim")),
+            "{key} is not taken again:\n{}",
+            plan.stdout()
+        );
+    }
+}
