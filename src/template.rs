@@ -151,6 +151,18 @@ impl Template {
         })
     }
 
+    /// The placeholder it is made of, if it is just one.
+    pub fn only_placeholder(&self) -> Option<&'static str> {
+        let mut pieces = self
+            .pieces
+            .iter()
+            .filter(|piece| !matches!(piece, Piece::Text(text) if text.is_empty()));
+        match (pieces.next(), pieces.next()) {
+            (Some(Piece::Placeholder(name)), None) => Some(name),
+            _ => None,
+        }
+    }
+
     /// The text before the first placeholder.
     pub fn prefix(&self) -> &str {
         match self.pieces.first() {

@@ -776,6 +776,14 @@ impl RawJob {
         if sql.statement.get_ref().contains('\0') {
             no_nul(at, &sql.statement)?;
         }
+        if let Some(name) = variable_in(sql.statement.get_ref()) {
+            return Err(at.error(
+                sql.statement.span(),
+                format!(
+                    "`${{{name}}}` in an SQL statement is not expanded: a value is never spliced into SQL text; pass it as a param, e.g. statement = \"... $1\", params = [\"${{{name}}}\"]"
+                ),
+            ));
+        }
         if let Some(word) = ends_the_transaction(sql.statement.get_ref(), Dialect::POSTGRES) {
             return Err(at.error(
                 sql.statement.span(),
@@ -802,6 +810,17 @@ impl RawJob {
                 .collect::<Result<_, _>>()?,
         })
     }
+}
+
+/// The name of the first `${NAME}` in `text`, if any.
+fn variable_in(text: &str) -> Option<&str> {
+    text.match_indices("${").find_map(|(at, _)| {
+        let rest = &text[at + 2..];
+        let name = &rest[..rest.find('}')?];
+        let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        valid.then_some(name)
+    })
 }
 
 /// The variables every job process gets from the scheduler.

@@ -12,7 +12,8 @@ use super::heartbeat::Loss;
 use super::{Ask, Engine, Report, Run, Status, Stop, Won};
 use crate::config::{Action, Fingerprint, Job};
 use crate::error::Error;
-use crate::store::{Finish, GROUP_BUDGET, GroupedEnd, GroupedSql, SqlLimits, Work};
+use crate::store::{Finish, GROUP_BUDGET, GroupedEnd, GroupedSql, Param, SqlLimits, Work};
+use crate::template::Template;
 use tokio_util::sync::CancellationToken;
 
 use super::code::Context;
@@ -239,7 +240,7 @@ impl Engine {
                 let work = match &ask.job.action {
                     Action::Sql { statement, params } => Work::Statement {
                         statement,
-                        params: params.iter().map(|p| p.render(&run)).collect(),
+                        params: params.iter().map(|p| param(p, &run)).collect(),
                     },
                     Action::Code(handler) => Work::Code {
                         handler: handler.scoped_fn()?,
@@ -442,6 +443,17 @@ fn statement(job: &Job) -> Option<&str> {
     match &job.action {
         Action::Sql { statement, .. } => Some(statement),
         _ => None,
+    }
+}
+
+/// A param of `run`'s statement: an instant where it is just one, else
+/// its text.
+fn param(template: &Template, run: &Run<'_>) -> Param {
+    match template.only_placeholder() {
+        Some("period_start") => Param::Instant(run.period.start),
+        Some("period_end") => Param::Instant(run.period.end),
+        Some("scheduled_at") => Param::Instant(run.scheduled_at),
+        _ => Param::Text(template.render(run)),
     }
 }
 

@@ -677,7 +677,7 @@ pub enum Work<'a> {
         /// With `$1`, `$2`, … for the params.
         statement: &'a str,
         /// Its params, rendered.
-        params: Vec<String>,
+        params: Vec<Param>,
     },
     /// A code job's transaction-scoped handler: always in a savepoint of
     /// its own, and run once (a failure is rolled back alone, never run
@@ -688,6 +688,28 @@ pub enum Work<'a> {
         /// What it is told, its token cancelled when the group is stopped.
         context: crate::engine::code::Context,
     },
+}
+
+/// A bound param of an `sql` statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Param {
+    /// Text.
+    Text(String),
+    /// An instant (a param that is just `{period_start}`, `{period_end}` or
+    /// `{scheduled_at}`): a `timestamptz` on PostgreSQL, so that a
+    /// procedure taking one is called as written; RFC 3339 text on SQLite,
+    /// which has no such type.
+    Instant(DateTime<Utc>),
+}
+
+impl Param {
+    /// Its value as text, as SQLite is given it.
+    pub fn text(&self) -> String {
+        match self {
+            Param::Text(text) => text.clone(),
+            Param::Instant(at) => crate::period::utc_text(*at),
+        }
+    }
 }
 
 impl std::fmt::Debug for Work<'_> {

@@ -13,7 +13,7 @@ use sqlx::{Connection, Row};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Reclaimable, Released, SqlLimits, Trigger, Work,
+    Param, Reclaimable, Released, SqlLimits, Trigger, Work,
 };
 use crate::engine::code::{Failure, Handler, Transaction};
 use crate::period::{Period, PeriodKey};
@@ -911,7 +911,10 @@ async fn run_pass(
             Work::Statement { statement, params } => {
                 let mut query = sqlx::query(statement);
                 for param in params {
-                    query = query.bind(param.clone());
+                    query = match param {
+                        Param::Text(text) => query.bind(text.clone()),
+                        Param::Instant(at) => query.bind(*at),
+                    };
                 }
                 match query.execute(&mut *tx).await {
                     Ok(_) => None,

@@ -302,7 +302,7 @@ impl SqliteStore {
                         Work::Statement { statement, params } => {
                             let mut query = sqlx::query(statement);
                             for param in params {
-                                query = query.bind(param.clone());
+                                query = query.bind(param.text());
                             }
                             match query.execute(&mut *conn).await {
                                 Ok(_) => None,

@@ -244,3 +244,51 @@ fn a_jobs_timeout_bounds_its_http_request() {
         started.elapsed()
     );
 }
+
+/// The README's `CALL rollup($1, $2)` with `{period_start}` and
+/// `{period_end}` runs as written against a procedure that takes
+/// `timestamptz` (issue 26, item 13: the instants were bound as text).
+#[test]
+fn sql_instants_are_bound_as_timestamps_on_postgres() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    execute(
+        &db,
+        "CREATE TABLE rollups (starts timestamptz, ends timestamptz, label text)",
+    );
+    execute(
+        &db,
+        "CREATE PROCEDURE rollup(s timestamptz, e timestamptz, l text) LANGUAGE sql AS $$ INSERT INTO rollups VALUES (s, e, l) $$",
+    );
+    let ws = Workspace::new(
+        "[[job]]\nname = \"rollup\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+         sql = { statement = \"CALL rollup($1, $2, $3)\", params = [\"{period_start}\", \"{period_end}\", \"{period}\"] }\n",
+    );
+    let out = run_july(&ws, &db);
+    assert_eq!(out.code(), 0, "{}", out.stdout());
+    assert_eq!(
+        execute(
+            &db,
+            "SELECT count(*) FROM rollups WHERE starts = '2026-07-01T00:00:00Z' AND ends = '2026-08-01T00:00:00Z' AND label = '2026-07'"
+        ),
+        1
+    );
+}
+
+#[test]
+fn a_variable_in_an_sql_statement_is_refused_pointing_to_params() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"rollup\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+         sql = { statement = \"DELETE FROM t WHERE owner = '${OWNER}'\" }\n",
+    );
+    let out = ws.command(&["check"]).env("OWNER", "me").output().unwrap();
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    for part in [
+        "jobs.toml:5:",
+        "`${OWNER}` in an SQL statement is not expanded",
+        "params = [\"${OWNER}\"]",
+    ] {
+        assert!(out.stderr().contains(part), "{part}: {}", out.stderr());
+    }
+}

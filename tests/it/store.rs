@@ -851,7 +851,7 @@ fn grouped<'a>(lease: &'a Lease, statement: &'a str, name: &str) -> GroupedSql<'
         lease,
         work: Work::Statement {
             statement,
-            params: vec![name.to_owned()],
+            params: vec![scheduler::store::Param::Text(name.to_owned())],
         },
         timeout: None,
         failure: failed(Some(Duration::from_secs(3600))),
