@@ -7,6 +7,7 @@ mod api;
 mod burst;
 mod cli_config;
 mod cli_run;
+mod docs;
 mod dst;
 mod edges;
 mod embed;
