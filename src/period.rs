@@ -208,11 +208,12 @@ impl Unit {
             Unit::Day | Unit::Fire => start.format("%Y-%m-%d").to_string(),
             Unit::Week => {
                 let week = start.iso_week();
-                format!("{}-W{:02}", week.year(), week.week())
+                format!("{:04}-W{:02}", week.year(), week.week())
             }
             Unit::Month => start.format("%Y-%m").to_string(),
-            Unit::Quarter => format!("{}-Q{}", start.year(), start.month0() / 3 + 1),
-            Unit::Year => format!("{}", start.year()),
+            // Years in four digits, as `%Y` writes them for the other units.
+            Unit::Quarter => format!("{:04}-Q{}", start.year(), start.month0() / 3 + 1),
+            Unit::Year => format!("{:04}", start.year()),
         }
     }
 }

@@ -143,3 +143,29 @@ fn a_hand_given_fire_label_must_be_a_fire_time() {
         .unwrap();
     assert_eq!(utc_text(period.end), "2026-07-15T15:00:00Z");
 }
+
+/// A year is written in four digits in every label, as `%Y` writes the
+/// other units' (issue 26, item 15: `--period 1` was taken for the year 1
+/// and `0012` refused).
+#[test]
+fn a_year_label_has_four_digits_whatever_the_unit() {
+    for (rule, good, bad) in [
+        ("period = \"year\"", "0012", "12"),
+        ("period = \"year\"", "2026", "1"),
+        ("period = \"quarter\"", "0012-Q3", "12-Q3"),
+        ("period = \"week\"", "0012-W05", "12-W05"),
+        ("period = \"month\"", "0012-07", "12-07"),
+    ] {
+        let job = job(&format!("schedule = \"0 0 1 * *\"\n{rule}"));
+        let parsed = job.period.parse_label(&job.schedule, good);
+        assert_eq!(
+            parsed.map(|p| p.label).ok().as_deref(),
+            Some(good),
+            "{rule}"
+        );
+        assert!(
+            job.period.parse_label(&job.schedule, bad).is_err(),
+            "{rule}: {bad}"
+        );
+    }
+}
