@@ -35,7 +35,9 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     // Only the commands that run actions need every `${VAR}`; the others
     // read the file leniently and `check` reports what is unset.
     let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
-    let (mut config, unset) = if runs_actions {
+    let (mut config, unset) = if let Command::Run(_) = cli.command {
+        (Config::load_to_run(&cli.config)?, Vec::new())
+    } else if runs_actions {
         (Config::load(&cli.config)?, Vec::new())
     } else {
         Config::load_lenient(&cli.config)?

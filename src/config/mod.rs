@@ -422,6 +422,21 @@ pub struct Config {
     pub secrets: Secrets,
 }
 
+/// Which parts of a file take an unset `${VAR}` as empty (and a warning)
+/// rather than as a mistake.
+#[derive(Debug, Clone, Copy)]
+struct Lenient {
+    jobs: bool,
+    api: bool,
+}
+
+impl Lenient {
+    const NOTHING: Lenient = Lenient {
+        jobs: false,
+        api: false,
+    };
+}
+
 /// The passwords in the scheduler's database variables (`DATABASE_URL`,
 /// `PGPASSWORD`), masked in every job's output whether or not the file
 /// names them.
@@ -455,7 +470,20 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let text = read(path)?;
         let env = |name: &str| std::env::var(name).ok();
-        Config::parse_inner(path, &text, &env, false, adjust).map(|(config, _)| config)
+        Config::parse_inner(path, &text, &env, Lenient::NOTHING, adjust).map(|(config, _)| config)
+    }
+
+    /// Like [`Config::load`] for `run`, which serves no API: an unset
+    /// `${VAR}` of an `[api]` token leaves it empty rather than refusing
+    /// the file.
+    pub fn load_to_run(path: &Path) -> Result<Config, ConfigError> {
+        let text = read(path)?;
+        let env = |name: &str| std::env::var(name).ok();
+        let lenient = Lenient {
+            jobs: false,
+            api: true,
+        };
+        Config::parse_inner(path, &text, &env, lenient, &|_| {}).map(|(config, _)| config)
     }
 
     /// Like [`Config::load`], for commands that run no action: an unset
@@ -484,6 +512,10 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
         lenient: bool,
     ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
+        let lenient = Lenient {
+            jobs: lenient,
+            api: lenient,
+        };
         Config::parse_inner(path, text, env, lenient, &|_| {})
     }
 
@@ -491,12 +523,13 @@ impl Config {
         path: &Path,
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
-        lenient: bool,
+        lenient: Lenient,
         adjust: &dyn Fn(&mut Settings),
     ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
         use serde::de::IntoDeserializer;
         let at = Locator { path, text };
-        let vars = raw::Vars::new(env, lenient);
+        let vars = raw::Vars::new(env, lenient.jobs);
+        let api_vars = raw::Vars::new(env, lenient.api);
         let root = toml::de::DeTable::parse(text).map_err(|e| at.toml_error(&e))?;
         let mut errors: Vec<ConfigError> = Vec::new();
         let mut raw_settings = None;
@@ -545,7 +578,7 @@ impl Config {
             .map(|value| raw::RawApi::deserialize(value.into_deserializer()))
             .transpose()
             .map_err(|e| at.toml_error(&e))
-            .and_then(|raw| raw.map(|raw| raw.validate(&at, &vars)).transpose())
+            .and_then(|raw| raw.map(|raw| raw.validate(&at, &api_vars)).transpose())
         {
             Ok(api) => api,
             Err(e) => {
@@ -592,7 +625,8 @@ impl Config {
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
-        let read = vars.read_all();
+        let mut read = vars.read_all();
+        read.extend(api_vars.read_all());
         let hidden = environment::hidden(read.iter().map(|(name, _)| name.as_str()));
         let secrets = Secrets::of_values(
             read.iter()
@@ -614,8 +648,15 @@ impl Config {
                 job.name = format!("{namespace}/{}", job.name);
             }
         }
-        let warnings = vars
-            .unset()
+        let mut unset = vars.unset();
+        if lenient.jobs {
+            for name in api_vars.unset() {
+                if !unset.contains(&name) {
+                    unset.push(name);
+                }
+            }
+        }
+        let warnings = unset
             .into_iter()
             .map(|name| {
                 let written = format!("${{{name}}}");

@@ -272,3 +272,37 @@ fn a_secret_echoed_json_escaped_or_cut_at_the_body_limit_is_masked() {
         history.stdout()
     );
 }
+
+/// `run` serves no API: an unset variable behind an `[api]` token does not
+/// keep a platform cron container from running its job (issue 26, item
+/// 15); `serve` still refuses the file, naming it.
+#[test]
+fn run_starts_without_the_api_tokens_variables_and_serve_names_the_missing_one() {
+    let ws = with_secrets(&job("plain", "command = [\"true\"]"));
+    let db = TestDb::sqlite();
+    let args = [
+        "--database-url",
+        db.url.as_str(),
+        "run",
+        "plain",
+        "--period",
+        "2026-10",
+    ];
+    let out = ws
+        .command(&args)
+        .env("HTTP_SECRET", HTTP_SECRET)
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let serve = ws
+        .command(&["--database-url", &db.url, "serve"])
+        .env("HTTP_SECRET", HTTP_SECRET)
+        .output()
+        .unwrap();
+    assert_eq!(serve.code(), 2, "{}", serve.stderr());
+    assert!(
+        serve.stderr().contains("`CI_TOKEN` is not set"),
+        "{}",
+        serve.stderr()
+    );
+}
