@@ -34,7 +34,15 @@ pub(super) async fn run(
         builder = builder.header(name, value.render(run));
     }
     if let Some(body) = request.body {
-        builder = builder.body(body.render(run));
+        let body = body.render(run);
+        let typed = request
+            .headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+        if !typed {
+            builder = builder.header(reqwest::header::CONTENT_TYPE, content_type(&body));
+        }
+        builder = builder.body(body);
     }
     let response = tokio::select! {
         response = builder.send() => response,
@@ -76,6 +84,18 @@ pub(super) async fn run(
         // Connection errors and timeouts are retryable; the URL may carry a
         // secret, so it is left out of the message.
         Err(e) => ActionResult::failed(format!("HTTP request failed: {}", causes(e.without_url()))),
+    }
+}
+
+/// The type of a body whose job names none: JSON where it is a JSON object
+/// or array, else plain text.
+fn content_type(body: &str) -> &'static str {
+    let json = body.trim_start().starts_with(['{', '['])
+        && serde_json::from_str::<serde::de::IgnoredAny>(body).is_ok();
+    if json {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
     }
 }
 

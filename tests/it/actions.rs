@@ -292,3 +292,60 @@ fn a_variable_in_an_sql_statement_is_refused_pointing_to_params() {
         assert!(out.stderr().contains(part), "{part}: {}", out.stderr());
     }
 }
+
+/// A JSON body goes out as `application/json`, any other as plain text,
+/// unless the job names a `Content-Type` itself (issue 26, item 15: no
+/// type was sent).
+#[test]
+fn an_http_body_is_sent_with_its_content_type() {
+    let (port, seen) = http_server(vec![200, 200, 200]);
+    let job = |name: &str, extra: &str| {
+        format!(
+            "[[job]]\nname = \"{name}\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+             http = {{ url = \"http://127.0.0.1:{port}/{name}\"{extra} }}\n\n"
+        )
+    };
+    let ws = Workspace::new(
+        &(job("json", ", body = '{\"month\": \"{period}\"}'")
+            + &job("text", ", body = \"month {period}\"")
+            + &job(
+                "own",
+                ", body = '{\"a\": 1}', headers = { Content-Type = \"application/vnd.x+json\" }",
+            )),
+    );
+    let db = TestDb::sqlite();
+    for name in ["json", "text", "own"] {
+        let out = ws.run(&[
+            "--database-url",
+            &db.url,
+            "run",
+            name,
+            "--period",
+            "2026-07",
+        ]);
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+    }
+    let heads: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    let types: Vec<usize> = [
+        "application/json",
+        "text/plain; charset=utf-8",
+        "application/vnd.x+json",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, t)| {
+        assert!(
+            heads[i].contains(&format!("content-type: {t}")),
+            "{}",
+            heads[i]
+        );
+        heads[i].matches("content-type:").count()
+    })
+    .collect();
+    assert_eq!(types, [1, 1, 1]);
+}
