@@ -38,7 +38,9 @@ RUN apt-get update \
  && chown 10001:10001 /var/lib/scheduler
 COPY --from=build /src/target/release/scheduler /src/target/release/scheduler-supervise /usr/local/bin/
 WORKDIR /app
-COPY jobs.toml /app/jobs.toml
+# No jobs.toml in the image: mount yours at /app/jobs.toml (or point
+# SCHEDULER_CONFIG elsewhere). Without one the scheduler says it cannot read
+# /app/jobs.toml and exits 2, rather than running a demo file's jobs.
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
 ENV SCHEDULER_CONFIG=/app/jobs.toml

@@ -34,3 +34,47 @@ fn every_link_of_the_readme_resolves_and_it_names_no_file_the_repository_lacks()
         );
     }
 }
+
+#[test]
+fn the_systemd_unit_rates_ok_under_systemd_analyze_security() {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd/scheduler.service");
+    let analysed = std::process::Command::new("systemd-analyze")
+        .args(["security", "--offline=true"])
+        .arg(&unit)
+        .output();
+    let Ok(out) = analysed else {
+        eprintln!("systemd-analyze is not installed: the unit's rating is not checked");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let overall = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("no rating:\n{text}{}", String::from_utf8_lossy(&out.stderr)));
+    let level: f64 = overall
+        .rsplit(": ")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{overall}"));
+    assert!(level < 2.0 && overall.contains(" OK"), "{overall}");
+}
+
+#[test]
+fn the_image_ships_no_jobs_toml_and_its_context_leaves_out_build_output() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    assert!(
+        !dockerfile
+            .lines()
+            .any(|l| l.starts_with("COPY") && l.contains("jobs.toml")),
+        "the image would run the demo jobs.toml when none is mounted"
+    );
+    let ignored = std::fs::read_to_string(root.join(".dockerignore")).unwrap();
+    for entry in ["target", ".git"] {
+        assert!(
+            ignored.lines().any(|l| l == entry),
+            "{entry} in the build context"
+        );
+    }
+}
