@@ -503,7 +503,13 @@ pub async fn release(
             "{key}: released (was running on {owner}); its runner stops the job at its next heartbeat and the period can be claimed then, or at {} at the latest if that runner cannot be reached",
             lease_until.map_or_else(|| "once".to_owned(), utc_text)
         ))?,
-        None => say(format_args!("{key}: no running claim to release"))?,
+        // Nothing to end: the period named is not running (a wrong label,
+        // or it ended meanwhile), which a script must be told.
+        None => {
+            return Err(Stop::Failed(Error::Usage(format!(
+                "release: {key} has no running claim to release (`scheduler status {job} --from {label} --to {label}` shows how it stands)"
+            ))));
+        }
     }
     Ok(Outcome::Done)
 }

@@ -695,3 +695,38 @@ fn a_manual_attempt_says_how_and_by_whom_it_was_asked_for() {
         );
     }
 }
+
+/// Releasing a period that is not running tells the script so (issue 26,
+/// item 15: it exited 0 as if it had released something).
+#[test]
+fn release_of_a_period_that_is_not_running_exits_2_naming_it() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\ncommand = [\"true\"]\n",
+    );
+    let url = db.url.as_str();
+    for period in ["2026-07", "2026-08"] {
+        if period == "2026-08" {
+            let ran = ws.run(&["--database-url", url, "run", "billing", "--period", period]);
+            assert_eq!(ran.code(), 0, "{}", ran.stderr());
+        } else {
+            let migrated = ws.run(&["--database-url", url, "migrate"]);
+            assert_eq!(migrated.code(), 0, "{}", migrated.stderr());
+        }
+        let out = ws.run(&[
+            "--database-url",
+            url,
+            "release",
+            "billing",
+            "--period",
+            period,
+        ]);
+        assert_eq!(out.code(), 2, "{period}: {}", out.stderr());
+        assert!(
+            out.stderr()
+                .contains(&format!("billing:{period} has no running claim to release")),
+            "{}",
+            out.stderr()
+        );
+    }
+}
