@@ -367,6 +367,7 @@ impl Backfill<'_> {
                                 due,
                                 mode,
                                 by: plan.manual.then(|| self.request.by.clone()),
+                                timed: false,
                             });
                             if asks.len() >= batch
                                 && let Err(stop) = self.go(std::mem::take(&mut asks)).await?

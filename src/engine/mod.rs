@@ -61,6 +61,9 @@ pub struct Ask {
     /// Who asked for a manual run: an API token's name, or `cli:` and the
     /// user.
     pub by: Option<Arc<str>>,
+    /// Asked for by `serve`'s timer at its fire: how late its claim starts
+    /// is measured (`run JOB` takes a fire that may be days old).
+    pub timed: bool,
 }
 
 /// How a period is asked for.
@@ -95,6 +98,15 @@ impl Ask {
             due,
             mode: Mode::default(),
             by: None,
+            timed: false,
+        }
+    }
+
+    /// A scheduled ask of `due` by `serve`'s timer.
+    pub fn timed(job: Arc<Job>, due: Due) -> Ask {
+        Ask {
+            timed: true,
+            ..Ask::scheduled(job, due)
         }
     }
 
@@ -387,9 +399,10 @@ impl Engine {
             .num_microseconds()
             .unwrap_or(0) as f64
             / 1000.0;
-        // Lateness is the timer's and the claim's: scheduled fires only (a
-        // catch-up, retry or recovery is late by design).
-        if lease.trigger == Trigger::Schedule {
+        // Lateness is the timer's and the claim's: the timer's scheduled
+        // fires only (a catch-up, retry or recovery is late by design, and
+        // `run JOB` may take a fire days old).
+        if ask.timed && lease.trigger == Trigger::Schedule {
             metrics::histogram!("scheduler_fire_lateness_seconds", "job" => ask.job.name.clone())
                 .record(lateness / 1000.0);
             tracing::info!(

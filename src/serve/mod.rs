@@ -628,7 +628,7 @@ impl Service {
             if self.paused.contains_key(&job.name) || self.too_old(&job, &due, now) {
                 continue;
             }
-            let ask = Ask::scheduled(job, due);
+            let ask = Ask::timed(job, due);
             if let Some(i) = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP) {
                 units[i].push(ask);
                 continue;

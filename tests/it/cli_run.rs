@@ -918,3 +918,26 @@ fn run_job_takes_due_retries_and_released_claims_older_than_catch_up() {
         );
     }
 }
+
+/// Lateness is the timer's: `serve` logs it for the fires it claims on
+/// time, `run JOB` does not for a fire that may be days old (issue 26,
+/// item 15: a hand run logged a multi-day `lateness_ms`).
+#[test]
+fn only_serves_timer_logs_lateness() {
+    let db = TestDb::sqlite();
+    let ws = workspace("command = [\"true\"]");
+    let out = ws.run(&["--database-url", &db.url, "run", "billing"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert!(out.stderr().contains("claim won"), "{}", out.stderr());
+    assert!(!out.stderr().contains("lateness_ms"), "{}", out.stderr());
+    let ticking = Workspace::new(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\ncommand = [\"true\"]\n",
+    );
+    let server = crate::serve::serve(&ticking, &db.url);
+    eventually("a timed claim", BOUND, || {
+        std::fs::read_to_string(ticking.path().join("serve.log"))
+            .unwrap_or_default()
+            .contains("lateness_ms")
+    });
+    assert_eq!(crate::serve::stop(server), 0);
+}
