@@ -250,10 +250,7 @@ fn completions(shell: clap_complete::Shell) -> Result<Outcome, Error> {
 
 /// `scheduler man`: clap's own man page generator.
 fn man() -> Result<Outcome, Error> {
-    let mut out = Vec::new();
-    clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-        .render(&mut out)
-        .map_err(|e| Error::Environment(e.into()))?;
+    let out = crate::cli::man::page().map_err(|e| Error::Environment(e.into()))?;
     write_out(&out)
 }
 

@@ -4,6 +4,7 @@
 pub mod app;
 pub mod check;
 pub mod inspect;
+pub mod man;
 pub mod run;
 
 use std::net::SocketAddr;

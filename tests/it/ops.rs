@@ -41,6 +41,31 @@ fn completions_and_the_man_page_come_from_the_real_command_line() {
         man.stdout()
     );
     assert!(man.stdout().contains("serve"));
+    // One page: no pointers to per-command pages that nothing installs
+    // (issue 26, item 15), and the exit codes and variables in it.
+    for part in [
+        ".SH COMMANDS",
+        ".SH \"EXIT STATUS\"",
+        ".SH ENVIRONMENT",
+        "DATABASE_URL",
+        "\\-\\-listen",
+    ] {
+        assert!(
+            man.stdout().contains(part),
+            "no {part} in:\n{}",
+            man.stdout()
+        );
+    }
+    assert!(
+        !man.stdout().contains("scheduler\\-serve(1)"),
+        "{}",
+        man.stdout()
+    );
+    assert!(
+        !man.stdout().contains("scheduler-serve(1)"),
+        "{}",
+        man.stdout()
+    );
 }
 
 #[test]
