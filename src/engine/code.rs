@@ -325,7 +325,7 @@ pub(crate) async fn run_plain(
             token.cancel();
             task.abort();
             let _ = task.await;
-            return ActionResult::Stopped(why);
+            return ActionResult::Stopped(why, None);
         }
         () = limit => {
             token.cancel();

@@ -74,7 +74,8 @@ pub(crate) enum ActionResult {
     /// It ended; `retryable` says whether a failure may be retried.
     Done(Finish, bool),
     /// It was stopped.
-    Stopped(Stop),
+    /// It was stopped; a process's output tail, masked.
+    Stopped(Stop, Option<String>),
 }
 
 impl ActionResult {
@@ -204,7 +205,9 @@ impl Engine {
             }
         };
         match result {
-            ActionResult::Stopped(why) => self.stopped(run, watch, why).await,
+            ActionResult::Stopped(why, output) => {
+                self.stopped(run, watch, why, output.as_deref()).await
+            }
             // A failure seen after the fence may be the fence's own doing
             // (the supervisor stops a job whose lease it cannot vouch for):
             // it is not the job's failure, and the period is recovered.
@@ -219,21 +222,23 @@ impl Engine {
 
     /// After the job was stopped: a shutdown releases the claim; a takeover
     /// or a `release` is confirmed (the job is gone, so a released period
-    /// may be claimed at once); a fence leaves the claim to expire.
+    /// may be claimed at once); a fence leaves the claim to expire. A
+    /// released attempt keeps the job's `output` tail.
     pub(super) async fn stopped(
         &self,
         run: &Run<'_>,
         watch: &Watch,
         why: Stop,
+        output: Option<&str>,
     ) -> Result<Ending, Error> {
         match why {
-            Stop::Shutdown => Ok(if self.store.release(run.lease).await? {
+            Stop::Shutdown => Ok(if self.store.release(run.lease, output).await? {
                 Ending::Released
             } else {
                 Ending::Lost
             }),
             Stop::Lost if watch.fenced() => Ok(Ending::Fenced),
-            Stop::Lost => match self.store.confirm_stopped(run.lease).await {
+            Stop::Lost => match self.store.confirm_stopped(run.lease, output).await {
                 // Still this attempt, released: `scheduler release` did it.
                 Ok(true) => Ok(Ending::Withdrawn),
                 Ok(false) => Ok(Ending::Lost),

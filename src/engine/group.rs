@@ -198,7 +198,9 @@ impl Engine {
             // Stopped: nothing of the group committed.
             Ok(Err(why)) => {
                 for (ask, won) in sql {
-                    let ending = self.stopped(&run_of(&ask, &won), &won.watch, why).await;
+                    let ending = self
+                        .stopped(&run_of(&ask, &won), &won.watch, why, None)
+                        .await;
                     reports.push(Report::ran(&won.lease, ending, took));
                 }
             }

@@ -46,7 +46,7 @@ pub(super) async fn run(
     }
     let response = tokio::select! {
         response = builder.send() => response,
-        why = stop => return ActionResult::Stopped(why),
+        why = stop => return ActionResult::Stopped(why, None),
     };
     match response {
         Ok(mut response) => {

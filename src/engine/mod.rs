@@ -326,7 +326,7 @@ impl Engine {
         if let Some(e) = failure {
             for (claim, _) in answers.into_iter().flatten() {
                 if let Claim::Won(lease) = claim {
-                    let _ = self.store.release(&lease).await;
+                    let _ = self.store.release(&lease, None).await;
                 }
             }
             return Err(e);

@@ -141,7 +141,7 @@ pub(super) async fn run(
                 }
                 Stop::Shutdown => terminate(&mut control, &mut status).await,
             }
-            ActionResult::Stopped(why)
+            ActionResult::Stopped(why, None)
         }
         () = feed => unreachable!("feeding deadlines never ends"),
     };
@@ -156,10 +156,14 @@ pub(super) async fn run(
     for reader in readers {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
-    if let ActionResult::Done(finish, _) = &mut result {
+    let kept = || {
         let tail = tail.lock().map(|t| t.clone()).unwrap_or_default();
         let text = String::from_utf8_lossy(&tail.bytes);
-        finish.output = Some(run.job.secrets.mask_cut(&text, tail.cut, false));
+        run.job.secrets.mask_cut(&text, tail.cut, false)
+    };
+    match &mut result {
+        ActionResult::Done(finish, _) => finish.output = Some(kept()),
+        ActionResult::Stopped(_, output) => *output = Some(kept()),
     }
     result
 }

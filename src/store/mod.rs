@@ -513,9 +513,10 @@ impl Store {
     }
 
     /// Ends a running attempt without an outcome (shutdown), so the period
-    /// can be taken at once; spends no retry.
-    pub async fn release(&self, lease: &Lease) -> Result<bool, Error> {
-        bounded!(self.release(lease))
+    /// can be taken at once; spends no retry. The stopped job's `output`
+    /// tail, if any, is kept with the attempt.
+    pub async fn release(&self, lease: &Lease, output: Option<&str>) -> Result<bool, Error> {
+        bounded!(self.release(lease, output))
     }
 
     /// Ends whatever attempt is running for `key` (`scheduler release`).
@@ -527,9 +528,14 @@ impl Store {
     }
 
     /// A runner whose claim was released tells that its job has stopped, so
-    /// the period can be claimed at once; `false` if it moved on meanwhile.
-    pub async fn confirm_stopped(&self, lease: &Lease) -> Result<bool, Error> {
-        bounded!(self.confirm_stopped(lease))
+    /// the period can be claimed at once, keeping the job's `output` tail
+    /// with the attempt; `false` if it moved on meanwhile.
+    pub async fn confirm_stopped(
+        &self,
+        lease: &Lease,
+        output: Option<&str>,
+    ) -> Result<bool, Error> {
+        bounded!(self.confirm_stopped(lease, output))
     }
 
     /// The claim rows of `keys` that exist, by key, in one statement.

@@ -475,34 +475,51 @@ impl PgStore {
         }
     }
 
-    pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+    pub(super) async fn release(
+        &self,
+        lease: &Lease,
+        output: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
         let released = sqlx::query(
             "WITH c AS (
                 UPDATE scheduler_claims
                    SET state = 'released', lease_until = NULL, finished_at = now()
                  WHERE period_key = $1 AND attempt = $2 AND state = 'running'
              RETURNING period_key, attempt)
-             UPDATE scheduler_attempts a SET outcome = 'released', finished_at = now()
+             UPDATE scheduler_attempts a SET outcome = 'released', finished_at = now(),
+                    output = COALESCE($3::text, a.output)
                FROM c WHERE a.period_key = c.period_key AND a.attempt = c.attempt
              RETURNING 1",
         )
         .bind(lease.key.as_str())
         .bind(lease.attempt)
+        .bind(output.map(without_nul))
         .fetch_optional(&self.pool)
         .await?;
         Ok(released.is_some())
     }
 
-    pub(super) async fn confirm_stopped(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE scheduler_claims SET lease_until = NULL
-              WHERE period_key = $1 AND attempt = $2 AND state = 'released'",
+    pub(super) async fn confirm_stopped(
+        &self,
+        lease: &Lease,
+        output: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        let (confirmed,): (i64,) = sqlx::query_as(
+            "WITH c AS (
+                UPDATE scheduler_claims SET lease_until = NULL
+                 WHERE period_key = $1 AND attempt = $2 AND state = 'released'
+             RETURNING period_key, attempt),
+             a AS (
+                UPDATE scheduler_attempts a SET output = COALESCE($3::text, a.output)
+                  FROM c WHERE a.period_key = c.period_key AND a.attempt = c.attempt)
+             SELECT count(*) FROM c",
         )
         .bind(lease.key.as_str())
         .bind(lease.attempt)
-        .execute(&self.pool)
+        .bind(output.map(without_nul))
+        .fetch_one(&self.pool)
         .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(confirmed == 1)
     }
 
     pub(super) async fn release_key(&self, key: &str) -> Result<Option<Released>, sqlx::Error> {

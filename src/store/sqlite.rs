@@ -423,7 +423,11 @@ impl SqliteStore {
         result
     }
 
-    pub(super) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+    pub(super) async fn release(
+        &self,
+        lease: &Lease,
+        output: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
         let mut tx = self.begin().await?;
         let done = sqlx::query(&format!(
             "UPDATE scheduler_claims SET state = 'released', lease_until = NULL, finished_at = {NOW}
@@ -436,21 +440,32 @@ impl SqliteStore {
         let released = done.rows_affected() == 1;
         if released {
             mark_attempt(&mut tx, lease.key.as_str(), lease.attempt, "released").await?;
+            keep_output(&mut tx, lease, output).await?;
         }
         tx.commit().await?;
         Ok(released)
     }
 
-    pub(super) async fn confirm_stopped(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+    pub(super) async fn confirm_stopped(
+        &self,
+        lease: &Lease,
+        output: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.begin().await?;
         let done = sqlx::query(
             "UPDATE scheduler_claims SET lease_until = NULL
               WHERE period_key = ?1 AND attempt = ?2 AND state = 'released'",
         )
         .bind(lease.key.as_str())
         .bind(lease.attempt)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        let confirmed = done.rows_affected() == 1;
+        if confirmed {
+            keep_output(&mut tx, lease, output).await?;
+        }
+        tx.commit().await?;
+        Ok(confirmed)
     }
 
     pub(super) async fn release_key(&self, key: &str) -> Result<Option<Released>, sqlx::Error> {
@@ -860,6 +875,26 @@ async fn record_many(
     .fetch_all(conn)
     .await?;
     done.iter().map(|row| row.try_get(0)).collect()
+}
+
+/// Keeps the output tail of a job stopped by a release or a shutdown with
+/// its attempt.
+async fn keep_output(
+    tx: &mut Transaction<'static, Sqlite>,
+    lease: &Lease,
+    output: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    if let Some(output) = output {
+        sqlx::query(
+            "UPDATE scheduler_attempts SET output = ?3 WHERE period_key = ?1 AND attempt = ?2",
+        )
+        .bind(lease.key.as_str())
+        .bind(lease.attempt)
+        .bind(output)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 async fn mark_attempt(

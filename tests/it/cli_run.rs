@@ -941,3 +941,54 @@ fn only_serves_timer_logs_lateness() {
     });
     assert_eq!(crate::serve::stop(server), 0);
 }
+
+/// A job stopped by `release` or by a shutdown keeps what it printed with
+/// its attempt, on both backends (issue 26, item 15: the released attempt
+/// lost its output tail).
+#[test]
+fn a_released_or_shut_down_attempt_keeps_its_output_tail() {
+    for db in databases() {
+        let ws = Workspace::new(
+            "[scheduler]\nlease = \"3s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
+             shell = \"echo working on $SCHEDULER_PERIOD; echo x >> runs.txt; exec sleep 30\"\n",
+        );
+        let released = start(&ws, &db, &["--period", "2026-07"]);
+        eventually("the run", BOUND, || {
+            lines(ws.path().join("runs.txt")).len() == 1
+        });
+        let out = ws.run(&[
+            "--database-url",
+            &db.url,
+            "release",
+            "billing",
+            "--period",
+            "2026-07",
+        ]);
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        assert_eq!(wait(released, BOUND).code(), 1);
+        let shut = start(&ws, &db, &["--period", "2026-08"]);
+        eventually("the second run", BOUND, || {
+            lines(ws.path().join("runs.txt")).len() == 2
+        });
+        kill(Pid::from_raw(shut.id() as i32), Signal::SIGTERM).unwrap();
+        wait(shut, BOUND);
+        for period in ["2026-07", "2026-08"] {
+            let history = ws.run(&[
+                "--database-url",
+                &db.url,
+                "history",
+                "billing",
+                "--period",
+                period,
+                "--output",
+            ]);
+            assert!(
+                history.stdout().contains("released")
+                    && history.stdout().contains(&format!("working on {period}")),
+                "{}: {}",
+                db.url,
+                history.stdout()
+            );
+        }
+    }
+}

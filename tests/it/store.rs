@@ -174,7 +174,7 @@ async fn a_due_retry_is_claimed_with_trigger_retry(store: Store) {
 async fn a_released_claim_is_taken_at_once_and_spends_no_retry(store: Store) {
     let period = month("2026-07");
     let first = won(&store, &request(&period, "a")).await;
-    assert!(store.release(&first).await.unwrap());
+    assert!(store.release(&first, None).await.unwrap());
     let second = won(&store, &request(&period, "b")).await;
     assert_eq!(
         (second.attempt, second.failures, second.trigger),
@@ -211,7 +211,7 @@ async fn release_by_key_holds_the_period_until_its_runner_confirms_the_stop(stor
         store.claim(&request(&other, "b")).await.unwrap(),
         Claim::Busy
     ));
-    assert!(store.confirm_stopped(&first).await.unwrap());
+    assert!(store.confirm_stopped(&first, None).await.unwrap());
     let second = won(&store, &request(&period, "b")).await;
     assert_eq!((second.attempt, second.trigger), (2, Trigger::Recovery));
 }
@@ -355,7 +355,7 @@ async fn reclaimable_lists_expired_released_and_due_retries_only(store: Store) {
     };
     won(&store, &many(&expired)).await;
     let lease = won(&store, &many(&released)).await;
-    store.release(&lease).await.unwrap();
+    store.release(&lease, None).await.unwrap();
     let lease = won(&store, &many(&retry)).await;
     store
         .finish(&lease, &failed(Some(Duration::from_millis(50))))
@@ -464,7 +464,7 @@ async fn a_second_watch_of_one_key_leaves_the_first_one_informed(store: Store) {
     let heartbeats = Heartbeats::start(store.clone(), Duration::from_secs(60));
     let old = heartbeats.watch(&first, sent, Duration::from_secs(60));
     store.release_key(first.key.as_str()).await.unwrap();
-    store.confirm_stopped(&first).await.unwrap();
+    store.confirm_stopped(&first, None).await.unwrap();
     let second = won(&store, &request(&period, "a")).await;
     let new = heartbeats.watch(&second, Instant::now(), Duration::from_secs(60));
     heartbeats.renew_now().await;
@@ -790,7 +790,7 @@ async fn a_batch_takes_expired_released_and_due_retry_claims_like_a_one_key_clai
     }
     // 01 expires, 02 is released by its runner, 03 fails with a retry due
     // at once, 04 fails with a retry due in an hour, 05 is new.
-    assert!(store.release(&old[1]).await.unwrap());
+    assert!(store.release(&old[1], None).await.unwrap());
     assert!(
         store
             .finish(&old[2], &failed(Some(Duration::ZERO)))
