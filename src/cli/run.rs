@@ -131,6 +131,10 @@ impl Sink for Printer {
         self.bar.set_style(
             ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
+        // Log lines (the jobs' output among them) are drawn around it.
+        if let Ok(mut shown) = BAR.lock() {
+            *shown = Some(self.bar.clone());
+        }
     }
 
     fn line(&mut self, line: &Line) -> Result<(), Stop> {

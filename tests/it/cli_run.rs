@@ -992,3 +992,42 @@ fn a_released_or_shut_down_attempt_keeps_its_output_tail() {
         }
     }
 }
+
+/// On a terminal the backfill's progress bar is lifted off the screen for
+/// each log line, so no line carries a piece of it (issue 26, item 15:
+/// stale bar fragments were glued to log lines). `script` gives the run a
+/// terminal.
+#[test]
+fn log_lines_on_a_terminal_carry_no_piece_of_the_progress_bar() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"d\"\nschedule = \"0 0 * * *\"\nperiod = \"day\"\nshell = \"echo out $SCHEDULER_PERIOD; sleep 0.1\"\n",
+    );
+    let line = format!(
+        "{} --database-url {} run d --from 2026-01-01 --to 2026-01-06",
+        env!("CARGO_BIN_EXE_scheduler"),
+        db.url
+    );
+    let Ok(out) = std::process::Command::new("script")
+        .args(["-qfec", &line, "/dev/null"])
+        .current_dir(ws.path())
+        .env("NO_COLOR", "1")
+        .env_remove("SCHEDULER_LOG")
+        .env_remove("SCHEDULER_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+    else {
+        eprintln!("no `script` here: the terminal is not tested");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("periods,"), "no progress bar drawn:\n{text}");
+    assert!(text.contains("out 2026-01-06"), "{text}");
+    for line in text.split('\n') {
+        let shown = line.rsplit("\u{1b}[2K").next().unwrap_or_default();
+        assert!(
+            !(shown.contains("periods,") && shown.contains("INFO")),
+            "a log line glued to the bar: {shown:?}"
+        );
+    }
+}
