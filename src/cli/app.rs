@@ -227,10 +227,8 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             if let Some(listener) = listener {
                 crate::serve::server::start(listener, api.clone(), shutdown)?;
             }
-            let outcome = service.run(reload).await;
-            // Runs asked for over the API end within the same grace.
-            api.finish().await;
-            outcome
+            // It waits for the runs asked for over the API too.
+            service.run(reload).await
         }
         Command::Check { .. }
         | Command::Next { .. }

@@ -324,6 +324,10 @@ impl Service {
                 }
             }
         }
+        // Runs asked for over the API end within the same grace; only then
+        // has every job ended.
+        #[cfg(feature = "server")]
+        self.api.finish().await;
         tracing::info!("all jobs ended");
         Ok(Outcome::Done)
     }

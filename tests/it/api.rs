@@ -837,6 +837,15 @@ fn a_caller_waiting_at_shutdown_is_answered_with_the_run_so_far_and_its_key_repl
         let location = location.expect("Location");
         let exited = first.child.take().expect("running").wait().expect("exit");
         assert!(exited.success(), "{exited:?}");
+        // The shutdown's log says every job ended only once the API's runs
+        // have (issue 26, item 15: "all jobs ended" came first).
+        let log = std::fs::read_to_string(ws.path().join("serve.log")).unwrap();
+        let api_wait = log.find("waiting for the runs asked for over the API");
+        let ended = log.find("all jobs ended");
+        assert!(
+            matches!((api_wait, ended), (Some(a), Some(e)) if a < e),
+            "{log}"
+        );
         let second = Server::start(&ws, &db.url);
         let (status, replayed, again, _) =
             answer(second.post(CI, "/v1/jobs/billing/runs?wait=60", "at-shutdown", &body));
