@@ -479,29 +479,70 @@ impl RawJob {
         settings: &Settings,
         env: Env,
     ) -> Result<Job, ConfigError> {
+        // Every mistake of the job is reported at once, not one per `check`.
+        let mut errors: Vec<ConfigError> = Vec::new();
         let name = self.name.get_ref();
         if let Some(problem) = job_name_problem(name) {
-            return Err(at.error(self.name.span(), problem));
+            kept(
+                &mut errors,
+                Err::<(), _>(at.error(self.name.span(), problem)),
+            );
         }
         let zone = match &self.timezone {
-            Some(z) => zone(at, z)?,
-            None => settings.timezone,
+            Some(z) => kept(&mut errors, zone(at, z)),
+            None => Some(settings.timezone),
         };
         let dst = DstRule {
             gap: self.dst.gap,
             repeat: self.dst.repeat,
         };
-        let schedule = schedule(self.schedule.get_ref(), zone, dst)
-            .map_err(|problem| at.error(self.schedule.span(), problem))?;
-        let action = self.action(at, env)?;
+        // Checked in UTC where the zone is wrong, so that both are said.
+        let schedule = kept(
+            &mut errors,
+            schedule(self.schedule.get_ref(), zone.unwrap_or(Tz::UTC), dst)
+                .map_err(|problem| at.error(self.schedule.span(), problem)),
+        )
+        .filter(|_| zone.is_some());
+        let action = kept(&mut errors, self.action(at, env));
         let retry = match &self.retry {
-            None => Retry::default(),
-            Some(r) => Retry {
-                attempts: positive(at, r.attempts.as_ref(), 1)?,
-                backoff: duration(at, r.backoff.as_ref(), "1m")?,
-                max_backoff: duration(at, r.max_backoff.as_ref(), "1h")?,
-            },
+            None => Some(Retry::default()),
+            Some(r) => {
+                let attempts = kept(&mut errors, positive(at, r.attempts.as_ref(), 1));
+                let backoff = kept(&mut errors, duration(at, r.backoff.as_ref(), "1m"));
+                let max_backoff = kept(&mut errors, duration(at, r.max_backoff.as_ref(), "1h"));
+                match (attempts, backoff, max_backoff) {
+                    (Some(attempts), Some(backoff), Some(max_backoff)) => Some(Retry {
+                        attempts,
+                        backoff,
+                        max_backoff,
+                    }),
+                    _ => None,
+                }
+            }
         };
+        let timeout = kept(
+            &mut errors,
+            self.timeout
+                .as_ref()
+                .map(|t| duration(at, Some(t), ""))
+                .transpose(),
+        );
+        let concurrency = kept(&mut errors, positive(at, self.concurrency.as_ref(), 1));
+        let keep = kept(&mut errors, self.keep(at, settings));
+        let (
+            Some(schedule),
+            Some(action),
+            Some(retry),
+            Some(timeout),
+            Some(concurrency),
+            Some(keep),
+        ) = (schedule, action, retry, timeout, concurrency, keep)
+        else {
+            return Err(ConfigError::joined(errors));
+        };
+        if !errors.is_empty() {
+            return Err(ConfigError::joined(errors));
+        }
         Ok(Job {
             name: name.clone(),
             schedule,
@@ -510,15 +551,11 @@ impl RawJob {
                 covers: self.covers,
             },
             action,
-            timeout: self
-                .timeout
-                .as_ref()
-                .map(|t| duration(at, Some(t), ""))
-                .transpose()?,
-            concurrency: positive(at, self.concurrency.as_ref(), 1)?,
+            timeout,
+            concurrency,
             missed: self.missed,
             retry,
-            keep: self.keep(at, settings)?,
+            keep,
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })
@@ -821,6 +858,11 @@ fn variable_in(text: &str) -> Option<&str> {
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         valid.then_some(name)
     })
+}
+
+/// The value of `result`, or `None` with its error added to `errors`.
+fn kept<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>) -> Option<T> {
+    result.map_err(|e| errors.push(e)).ok()
 }
 
 /// The variables every job process gets from the scheduler.

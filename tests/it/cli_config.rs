@@ -456,3 +456,24 @@ fn a_text_that_ends_the_transaction_as_sqlite_reads_it_is_refused_before_sqlite_
         "the database was opened"
     );
 }
+
+/// One `check` says every mistake of a job, not one per round (issue 26,
+/// item 15: cron, then the zone, then a placeholder, one `check` each).
+#[test]
+fn check_reports_every_mistake_of_a_job_at_once() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"a\"\nschedule = \"61 * * * *\"\ntimezone = \"Europe/Berlim\"\n\
+         command = [\"x\", \"{perod}\"]\nretry = { attempts = 0 }\ntimeout = \"soon\"\n",
+    );
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    for place in [
+        "jobs.toml:3:12: `61 * * * *` is not a cron pattern",
+        "jobs.toml:4:12: `Europe/Berlim` is not a time zone",
+        "jobs.toml:5:18: unknown placeholder `{perod}`",
+        "jobs.toml:6:22: `0` is out of range",
+        "jobs.toml:7:11: `soon` is not a duration",
+    ] {
+        assert!(out.stderr().contains(place), "no {place} in:\n{}", out.stderr());
+    }
+}
