@@ -1,17 +1,19 @@
-//! What `/healthz` reports, kept by the serve loop whether or not anything
-//! listens.
+//! What `/healthz` (liveness) and `/readyz` (readiness) report, kept by the
+//! serve loop whether or not anything listens.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// What `/healthz` reports, shared by the serve loop and the listener.
+/// What the probes report, shared by the serve loop and the listener.
 ///
 /// The loop calls [`Health::loop_alive`] on every wake-up and
 /// [`Health::database_ok`] after every database call that succeeded (the
-/// regular scan at least); `/healthz` answers 200 while both happened
-/// recently (see [`Health::watch`]) and 503, saying which is stale, when not.
-/// Times are monotonic, so a step of the wall clock changes nothing.
+/// regular scan at least). `/healthz` answers 200 while the loop woke
+/// recently, whatever the database does; `/readyz` once start-up is over
+/// and while the database answered recently (see [`Health::watch`]); each
+/// 503 says what is stale. Times are monotonic, so a step of the wall clock
+/// changes nothing.
 #[derive(Debug)]
 pub struct Health {
     /// Monotonic milliseconds (plus one; 0 = never) of the last loop tick.
@@ -71,45 +73,54 @@ impl Health {
         self.database.store(monotonic_ms(), Ordering::Relaxed);
     }
 
-    /// `Ok` with a summary while healthy, else `Err` saying what is stale.
-    pub fn report(&self) -> Result<String, String> {
-        let now = monotonic_ms();
-        let age = |at: &AtomicU64| match at.load(Ordering::Relaxed) {
-            0 => None,
-            at => Some(Duration::from_millis(now.saturating_sub(at))),
-        };
-        let limit = |l: &AtomicU64| Duration::from_millis(l.load(Ordering::Relaxed));
-        let show = |d: Duration| format!("{:.1}s", d.as_secs_f64());
-        let (tick, db) = (age(&self.loop_tick), age(&self.database));
-        let (loop_limit, db_limit) = (limit(&self.loop_limit), limit(&self.database_limit));
-        let mut problems = Vec::new();
-        match tick {
-            None => problems.push("the serve loop has not started".to_owned()),
-            Some(a) if a > loop_limit => problems.push(format!(
-                "the serve loop has not run for {} (limit {})",
-                show(a),
-                show(loop_limit)
+    /// Liveness (`/healthz`): `Ok` while the serve loop wakes, whatever the
+    /// database does (restarting a process does not bring a database
+    /// back); else `Err` saying how long it has not run.
+    pub fn liveness(&self) -> Result<String, String> {
+        match self.age(&self.loop_tick) {
+            None => Err("unhealthy: the serve loop has not started\n".to_owned()),
+            Some(age) if age > self.limit(&self.loop_limit) => Err(format!(
+                "unhealthy: the serve loop has not run for {} (limit {})\n",
+                show(age),
+                show(self.limit(&self.loop_limit))
             )),
-            _ => {}
-        }
-        match db {
-            None => problems.push("the database has not answered yet".to_owned()),
-            Some(a) if a > db_limit => problems.push(format!(
-                "the database has not answered for {} (limit {})",
-                show(a),
-                show(db_limit)
-            )),
-            _ => {}
-        }
-        match (tick, db, problems.is_empty()) {
-            (Some(tick), Some(db), true) => Ok(format!(
-                "ok: the serve loop ran {} ago, the database answered {} ago\n",
-                show(tick),
-                show(db)
-            )),
-            _ => Err(format!("unhealthy: {}\n", problems.join("; "))),
+            Some(age) => Ok(format!("alive: the serve loop ran {} ago\n", show(age))),
         }
     }
+
+    /// Readiness (`/readyz`): `Ok` once migrations and the start-up
+    /// catch-up are done and while the database answered within the limit
+    /// (a lease); else `Err` saying which is not so.
+    pub fn readiness(&self) -> Result<String, String> {
+        if !self.is_ready() {
+            return Err("starting: migrations or the start-up catch-up are not done\n".to_owned());
+        }
+        match self.age(&self.database) {
+            None => Err("not ready: the database has not answered yet\n".to_owned()),
+            Some(age) if age > self.limit(&self.database_limit) => Err(format!(
+                "not ready: the database has not answered for {} (limit {})\n",
+                show(age),
+                show(self.limit(&self.database_limit))
+            )),
+            Some(age) => Ok(format!("ready: the database answered {} ago\n", show(age))),
+        }
+    }
+
+    /// How long ago `at` was stamped, if ever.
+    fn age(&self, at: &AtomicU64) -> Option<Duration> {
+        match at.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Duration::from_millis(monotonic_ms().saturating_sub(at))),
+        }
+    }
+
+    fn limit(&self, limit: &AtomicU64) -> Duration {
+        Duration::from_millis(limit.load(Ordering::Relaxed))
+    }
+}
+
+fn show(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
 }
 
 fn monotonic_ms() -> u64 {

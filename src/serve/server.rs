@@ -209,19 +209,18 @@ fn router(handle: PrometheusHandle, api: Arc<Api>) -> Router {
         })
 }
 
+/// Readiness: start-up is over and the database answers.
 async fn readyz() -> impl IntoResponse {
-    if HEALTH.is_ready() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "starting: migrations or the start-up catch-up are not done\n",
-        )
-    }
+    probe(HEALTH.readiness())
 }
 
+/// Liveness: the process and its loop are alive, whatever the database does.
 async fn healthz() -> impl IntoResponse {
-    match HEALTH.report() {
+    probe(HEALTH.liveness())
+}
+
+fn probe(report: Result<String, String>) -> (StatusCode, String) {
+    match report {
         Ok(body) => (StatusCode::OK, body),
         Err(body) => (StatusCode::SERVICE_UNAVAILABLE, body),
     }

@@ -474,6 +474,10 @@ fn check_reports_every_mistake_of_a_job_at_once() {
         "jobs.toml:6:22: `0` is out of range",
         "jobs.toml:7:11: `soon` is not a duration",
     ] {
-        assert!(out.stderr().contains(place), "no {place} in:\n{}", out.stderr());
+        assert!(
+            out.stderr().contains(place),
+            "no {place} in:\n{}",
+            out.stderr()
+        );
     }
 }

@@ -778,8 +778,11 @@ fn many_idle_connections_neither_stop_fires_nor_healthz() {
     assert!(!history.stdout().contains("failed"), "{}", history.stdout());
 }
 
+/// Kubernetes' convention: liveness says the process and its loop live,
+/// readiness that it can serve (issue 26, item 11: `/healthz` turned 503
+/// in an outage, so a Deployment would restart every replica).
 #[test]
-fn healthz_answers_503_naming_the_database_while_it_is_away() {
+fn while_the_database_is_away_healthz_stays_200_and_readyz_answers_503_naming_it() {
     let Some(db) = TestDb::postgres_blocking() else {
         return;
     };
@@ -797,20 +800,29 @@ fn healthz_answers_503_naming_the_database_while_it_is_away() {
     eventually("/healthz 200", BOUND, || {
         http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
+    eventually("/readyz 200", BOUND, || {
+        http_get(&addr, "/readyz").starts_with("HTTP/1.1 200")
+    });
     proxy.cut();
     let mut last = String::new();
+    let mut alive = Vec::new();
     let start = std::time::Instant::now();
     while start.elapsed() < BOUND {
-        last = http_get(&addr, "/healthz");
+        alive.push(http_get(&addr, "/healthz"));
+        last = http_get(&addr, "/readyz");
         if last.starts_with("HTTP/1.1 503") {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_says(&last, &["HTTP/1.1 503", "database"]);
+    alive.push(http_get(&addr, "/healthz"));
+    for answer in &alive {
+        assert_says(answer, &["HTTP/1.1 200", "serve loop"]);
+    }
     proxy.restore();
-    eventually("/healthz 200 again", BOUND, || {
-        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    eventually("/readyz 200 again", BOUND, || {
+        http_get(&addr, "/readyz").starts_with("HTTP/1.1 200")
     });
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(serve.id() as i32),

@@ -1010,6 +1010,7 @@ fn a_stalled_database_never_stops_the_serve_loop() {
     let mut answers = Vec::new();
     while Instant::now() < until {
         answers.push(http_get(&addr, "/healthz"));
+        answers.push(http_get(&addr, "/readyz"));
         std::thread::sleep(Duration::from_millis(250));
     }
     proxy.restore();
