@@ -125,6 +125,10 @@ pub struct Line {
     pub retry_at: Option<String>,
     /// How long it ran.
     pub duration_ms: Option<u64>,
+    /// Passed over because a live claim elsewhere holds it: how it ends is
+    /// not known here.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// Which periods a manual run asks for.
@@ -597,8 +601,12 @@ impl Backfill<'_> {
                 None,
             );
         }
+        let held = matches!(taken, Taken::Not(Claim::Held { .. }));
         let report = Report::not_run(ask, taken);
-        Line::new(&report.key, report.word(), report.detail(), None)
+        Line {
+            held,
+            ..Line::new(&report.key, report.word(), report.detail(), None)
+        }
     }
 
     /// Shutdown ended the run before its last period: nothing more is
@@ -889,7 +897,11 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
         // A released period asked for by hand is claimed once its runner
         // has stopped (`wait_for_released`).
         Claim::Held { owner, until } if !(request.wait || manual && row.state == "released") => {
-            format!("running on {owner} until {}", utc_text(until))
+            return Some(Line {
+                attempt: Some(row.attempt),
+                held: true,
+                ..Line::bare(key, format!("running on {owner} until {}", utc_text(until)))
+            });
         }
         Claim::Failed {
             retry_at: Some(at), ..
@@ -959,6 +971,7 @@ impl Line {
             error: None,
             retry_at: None,
             duration_ms: None,
+            held: false,
         }
     }
 

@@ -839,6 +839,9 @@ struct Progress {
     /// This replica's shutdown ended it before its last period: periods
     /// were left unclaimed, or a running one was stopped and released.
     interrupted: bool,
+    /// It ended on an error of the server's side (the database), not of
+    /// the request.
+    server_failure: bool,
     done: bool,
 }
 
@@ -855,10 +858,11 @@ impl Progress {
         body
     }
 
-    /// Once done: `succeeded` when every period succeeded or was done (or
-    /// is being done) elsewhere, `interrupted` by this replica's shutdown,
-    /// else `failed` (a failure, a period that found no concurrency slot,
-    /// one released or stopped).
+    /// Once done: `interrupted` by this replica's shutdown; `failed` for a
+    /// failure, a period that found no concurrency slot, one released or
+    /// stopped; `held` when a period is being run elsewhere (how it ends is
+    /// not known here: never called a success); else `succeeded` (every
+    /// period succeeded, here or before).
     fn outcome(&self) -> Option<&'static str> {
         if !self.done {
             return None;
@@ -871,7 +875,17 @@ impl Progress {
                 .lines
                 .iter()
                 .all(|l| matches!(l.status, "succeeded" | "skipped"));
-        Some(if fine { "succeeded" } else { "failed" })
+        Some(match (fine, self.lines.iter().any(|l| l.held)) {
+            (false, _) => "failed",
+            (true, true) => "held",
+            (true, false) => "succeeded",
+        })
+    }
+
+    /// The run ended on a server-side failure (the database) before it
+    /// claimed anything: nothing ran, so its request may be sent again.
+    fn failed_before_any_claim(&self) -> bool {
+        self.server_failure && self.lines.is_empty() && self.claimed.is_empty()
     }
 
     /// Nothing ran here for want of a free concurrency slot: every period
@@ -970,7 +984,7 @@ impl Api {
                         ended = &mut run => break ended,
                         () = tokio::time::sleep(RUN_TICK) => {
                             let body = lock(&shared).body().to_string();
-                            if let Err(e) = store.update_run(&run_id, &body, false, RUN_TICK * 3).await {
+                            if let Err(e) = store.update_run(&run_id, &body, None, RUN_TICK * 3).await {
                                 tracing::warn!(run = %run_id, error = %e, "cannot write a run's progress");
                             }
                         }
@@ -980,6 +994,7 @@ impl Api {
             let body = {
                 let mut p = lock(&shared);
                 if let Err(e) = ended {
+                    p.server_failure = matches!(e, Error::Database(_) | Error::Environment(_));
                     p.error = Some(e.to_string());
                 }
                 // Shutdown cut it short, or stopped a period past the
@@ -1001,17 +1016,11 @@ impl Api {
                 body
             };
             // The last word is written before anyone is told the run ended
-            // (a replay reads it), and tried until it lands or shutdown
-            // ends the process.
-            for _ in 0..10 {
-                match store.update_run(&run_id, &body, true, RUN_TICK * 3).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        tracing::warn!(run = %run_id, error = %e, "cannot write a run's end");
-                        tokio::time::sleep(RUN_TICK).await;
-                    }
-                }
-            }
+            // (a replay reads it). A run that failed on the database before
+            // it claimed anything ran nothing: its key is freed, so the
+            // request sent again executes.
+            let forget = lock(&shared).failed_before_any_claim();
+            write_end(&store, &run_id, &body, ttl, forget, api.shutdown.clone()).await;
             lock(&shared).done = true;
             sink.1.send_modify(|n| *n += 1);
         });
@@ -1052,6 +1061,10 @@ impl Api {
             let p = lock(&progress);
             (p.done, p.all_busy(), p.body())
         };
+        if done && lock(&progress).failed_before_any_claim() {
+            // Nothing ran and nothing is stored: a retry executes.
+            return Reply::ok(StatusCode::SERVICE_UNAVAILABLE, body).with(header::RETRY_AFTER, "5");
+        }
         if done && busy {
             // Nothing ran: the answer is not stored, so a retry runs it.
             body["error"] = json!(
@@ -1070,6 +1083,40 @@ impl Api {
             StatusCode::ACCEPTED
         };
         Reply::ok(status, body).with(header::LOCATION, format!("/v1/runs/{id}"))
+    }
+}
+
+/// Writes run `id`'s end, and with `forget` frees its Idempotency-Key;
+/// tried until it lands, a database that is away being waited for with a
+/// backoff up to half a minute, so a live replica records the end once the
+/// database is back. At shutdown a few more tries are all it gets: the run
+/// is then answered `abandoned`, as for a replica that went away.
+async fn write_end(
+    store: &Store,
+    id: &str,
+    body: &str,
+    ttl: Duration,
+    forget: bool,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut delay = RUN_TICK;
+    let mut left_at_shutdown = 5;
+    loop {
+        let written = match store.update_run(id, body, Some(ttl), RUN_TICK * 3).await {
+            Ok(()) if forget => store.forget_run_key(id).await,
+            other => other,
+        };
+        let Err(e) = written else { return };
+        tracing::warn!(run = %id, error = %e, "cannot write a run's end yet");
+        if *shutdown.borrow() {
+            left_at_shutdown -= 1;
+            if left_at_shutdown == 0 {
+                tracing::error!(run = %id, "giving up writing a run's end at shutdown: it is answered `abandoned`");
+                return;
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(30));
     }
 }
 

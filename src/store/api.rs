@@ -115,7 +115,8 @@ impl Store {
                         SET request = excluded.request, state = 'running', status = NULL,
                             body = NULL, location = NULL, run_id = NULL,
                             bound_at = excluded.bound_at, expires_at = excluded.expires_at
-                      WHERE scheduler_idempotency.expires_at <= {now}
+                      WHERE (scheduler_idempotency.expires_at <= {now}
+                             AND NOT EXISTS (SELECT 1 FROM scheduler_api_runs r WHERE r.id = scheduler_idempotency.run_id AND r.state = 'running' AND r.alive_until > {now}))
                          OR (scheduler_idempotency.state = 'running'
                              AND scheduler_idempotency.bound_at <= {now}
                              AND scheduler_idempotency.run_id IS NULL
@@ -240,28 +241,59 @@ impl Store {
         })
     }
 
-    /// Writes what run `id` did so far (`done`: all of it), keeping it
-    /// alive for `alive_for` more.
+    /// Writes what run `id` did so far, keeping it alive for `alive_for`
+    /// more. With `ended_ttl`, that is all of it: the run is done, and it
+    /// and its Idempotency-Key are kept `ended_ttl` from now (a key's TTL
+    /// counts from its run's end).
     pub async fn update_run(
         &self,
         id: &str,
         body: &str,
-        done: bool,
+        ended_ttl: Option<Duration>,
         alive_for: Duration,
     ) -> Result<(), Error> {
         on_pool!(self, |pool, now| {
-            sqlx::query(&format!(
+            let run = sqlx::query(&format!(
                 "UPDATE scheduler_api_runs
-                    SET body = $2, state = $3, alive_until = {now} + $4
+                    SET body = $2, state = $3, alive_until = {now} + $4,
+                        expires_at = CASE WHEN $5 >= 0 THEN {now} + $5 ELSE expires_at END
                   WHERE id = $1"
             ))
             .bind(id)
             .bind(body)
-            .bind(if done { "done" } else { "running" })
+            .bind(if ended_ttl.is_some() {
+                "done"
+            } else {
+                "running"
+            })
             .bind(ms(alive_for))
+            .bind(ended_ttl.map_or(-1, ms))
             .execute(pool)
-            .await
-            .map(|_| ())
+            .await;
+            match (run, ended_ttl) {
+                (Ok(_), Some(ttl)) => sqlx::query(&format!(
+                    "UPDATE scheduler_idempotency SET expires_at = {now} + $2 WHERE run_id = $1"
+                ))
+                .bind(id)
+                .bind(ms(ttl))
+                .execute(pool)
+                .await
+                .map(|_| ()),
+                (run, _) => run.map(|_| ()),
+            }
+        })
+    }
+
+    /// Frees the Idempotency-Key of run `id`, which ran nothing (the
+    /// database failed before its first claim), so that its request sent
+    /// again executes.
+    pub async fn forget_run_key(&self, id: &str) -> Result<(), Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query("DELETE FROM scheduler_idempotency WHERE run_id = $1")
+                .bind(id)
+                .execute(pool)
+                .await
+                .map(|_| ())
         })
     }
 
@@ -284,7 +316,7 @@ impl Store {
     pub async fn prune_api(&self, dry_run: bool) -> Result<u64, Error> {
         let verb = if dry_run { "SELECT count(*)" } else { "DELETE" };
         let expired = [
-            "scheduler_idempotency WHERE expires_at <= {now}",
+            "scheduler_idempotency WHERE expires_at <= {now} AND NOT EXISTS (SELECT 1 FROM scheduler_api_runs r WHERE r.id = scheduler_idempotency.run_id AND r.state = 'running' AND r.alive_until > {now})",
             "scheduler_api_runs WHERE expires_at <= {now} AND (state = 'done' OR alive_until <= {now})",
         ];
         on_pool!(self, |pool, now| {
