@@ -1,4 +1,4 @@
-//! The HTTP API under `/v1/` (SPEC §7): bearer tokens from `[api]`, the
+//! The HTTP API under `/v1/`: bearer tokens from `[api]`, the
 //! Idempotency-Key contract on every `POST`, and manual runs through the
 //! engine's one manual path ([`crate::engine::manual`]) on this replica,
 //! under its heartbeats and its shutdown.
@@ -131,7 +131,32 @@ pub fn routes(api: Arc<Api>) -> Router {
                 "this route takes another method: GET reads, POST triggers and operates",
             )
         })
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(api)
+}
+
+/// Every error under `/v1/` is JSON: what axum's extractors refuse (a
+/// query given twice, a path that is not UTF-8) comes as text, and is
+/// wrapped.
+async fn json_errors(response: Response) -> Response {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if is_json || !(response.status().is_client_error() || response.status().is_server_error()) {
+        return response;
+    }
+    let status = response.status();
+    let text = axum::body::to_bytes(response.into_body(), BODY_LIMIT)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    Reply::error(status, message).into_response()
 }
 
 /// The answer for a path under `/v1/` that names no route.
@@ -500,6 +525,17 @@ fn body_of(bytes: &[u8]) -> Result<Value, Reply> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
+    // A key given twice would be read as its last value: which one the
+    // client meant is not known, so neither is taken.
+    if let Err(e) = serde_json::from_slice::<unique::Unique>(bytes)
+        && let Some(key) = e.to_string().strip_prefix(unique::DUPLICATE)
+    {
+        let key = key.split('`').next().unwrap_or_default().to_owned();
+        return Err(Reply::bad(
+            &key,
+            format!("the body gives `{key}` twice: give each field once"),
+        ));
+    }
     match serde_json::from_slice::<Value>(bytes) {
         Ok(value @ Value::Object(_)) => Ok(value),
         Ok(_) => Err(Reply::bad("body", "the body must be a JSON object")),
@@ -557,6 +593,10 @@ struct Idempotent<'a> {
     path: String,
     /// How long the request may take to answer.
     bound: Duration,
+    /// The id of the run the request starts, if it starts one: made before
+    /// the key is claimed, so that a retry answered 409 while it is being
+    /// set up already gets its `Location`.
+    run_id: Option<String>,
 }
 
 impl Idempotent<'_> {
@@ -590,7 +630,16 @@ impl Idempotent<'_> {
         let store = self.api.store();
         let bound = self.bound + KEY_SLACK;
         let known = match store
-            .claim_key(&scope, &request, bound, settings.key_ttl)
+            .claim_key(
+                &scope,
+                &request,
+                bound,
+                settings.key_ttl,
+                self.run_id
+                    .as_ref()
+                    .map(|id| format!("/v1/runs/{id}"))
+                    .as_deref(),
+            )
             .await
         {
             Ok(KeyClaim::New) => None,
@@ -660,6 +709,7 @@ impl Idempotent<'_> {
         let reply = execute(Scope {
             store: store.clone(),
             scope: scope.clone(),
+            run_id: self.run_id.clone().unwrap_or_default(),
         })
         .await;
         // A server-side failure, or a run that found no free slot, ran
@@ -697,6 +747,8 @@ impl Idempotent<'_> {
 struct Scope {
     store: Store,
     scope: String,
+    /// The id a run it starts takes.
+    run_id: String,
 }
 
 impl Scope {
@@ -761,27 +813,34 @@ async fn start_run(
         Ok(value) => value,
         Err(reply) => return reply,
     };
+    let mut id = [0u8; 16];
+    if getrandom::fill(&mut id).is_err() {
+        return Reply::error(StatusCode::INTERNAL_SERVER_ERROR, "no random numbers");
+    }
+    let id = hex::encode(id);
     let idempotent = Idempotent {
         api: &api,
         token: &token,
         route: "POST /v1/jobs/{job}/runs",
         path: format!("/v1/jobs/{name}/runs"),
         bound: Duration::from_secs(wait) + BODY_TIMEOUT,
+        run_id: Some(id),
     };
     let api = api.clone();
     let caller = token.clone();
     idempotent
         .answer(&headers, &value.clone(), |scope| async move {
-            let asked: RunBody = match serde_json::from_value(value) {
+            let asked: RunBody = match serde_path_to_error::deserialize(value) {
                 Ok(asked) => asked,
                 Err(e) => {
-                    let message = e.to_string();
-                    let field = message
-                        .split('`')
-                        .nth(1)
-                        .unwrap_or("body")
-                        .to_owned();
-                    return Reply::bad(&field, format!("the body: {message}"));
+                    let message = e.inner().to_string();
+                    // The path names the field of a bad value; an unknown
+                    // or missing field is named in the message itself.
+                    let field = match e.path().to_string() {
+                        path if path != "." => path,
+                        _ => message.split('`').nth(1).unwrap_or("body").to_owned(),
+                    };
+                    return Reply::bad(&field, format!("the body: `{field}`: {message}"));
                 }
             };
             let job = match find_job(&config, &name) {
@@ -939,11 +998,7 @@ impl Api {
         scope: &Scope,
         wait: Duration,
     ) -> Reply {
-        let mut id = [0u8; 16];
-        if getrandom::fill(&mut id).is_err() {
-            return Reply::error(StatusCode::INTERNAL_SERVER_ERROR, "no random numbers");
-        }
-        let id = hex::encode(id);
+        let id = scope.run_id.clone();
         let Some(ttl) = config.api.as_ref().map(|a| a.key_ttl) else {
             return Reply::error(StatusCode::NOT_FOUND, "the API is off");
         };
@@ -1171,6 +1226,7 @@ async fn set_paused(
         route,
         path: format!("/v1/jobs/{name}/{verb}"),
         bound: BODY_TIMEOUT,
+        run_id: None,
     };
     let store = api.store().clone();
     let by = token.name.clone();
@@ -1213,6 +1269,7 @@ async fn release(
         route: "POST /v1/jobs/{job}/periods/{label}/release",
         path: format!("/v1/jobs/{name}/periods/{label}/release"),
         bound: BODY_TIMEOUT,
+        run_id: None,
     };
     let store = api.store().clone();
     let by = token.name.clone();
@@ -1248,4 +1305,72 @@ async fn release(
             }
         })
         .await
+}
+
+/// A JSON value read only to refuse a key given twice in one object, at
+/// any depth (serde_json keeps the last).
+mod unique {
+    use std::collections::HashSet;
+
+    use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+    /// How the error about a duplicate key starts; the key follows, then a
+    /// backtick.
+    pub(super) const DUPLICATE: &str = "duplicate key `";
+
+    pub(super) struct Unique;
+
+    impl<'de> Deserialize<'de> for Unique {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Unique, D::Error> {
+            deserializer.deserialize_any(Unique)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Unique {
+        type Value = Unique;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+            let mut seen = HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if !seen.insert(key.clone()) {
+                    return Err(de::Error::custom(format!("{DUPLICATE}{key}`")));
+                }
+                map.next_value::<Unique>()?;
+            }
+            Ok(Unique)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+            while seq.next_element::<Unique>()?.is_some() {}
+            Ok(Unique)
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+
+        fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+
+        fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+
+        fn visit_unit<E>(self) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+    }
 }

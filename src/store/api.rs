@@ -97,6 +97,8 @@ fn ms(d: Duration) -> i64 {
 impl Store {
     /// Claims the Idempotency-Key `scope` for a request hashed `request`,
     /// in one statement decided by the primary key: new, or what is known.
+    /// `location` is where the run the request may start will be, so that
+    /// a retry while it is answered is pointed there.
     /// A record in progress past its bound (its replica went away) is
     /// taken over by the same request; an expired one by any.
     pub async fn claim_key(
@@ -105,15 +107,16 @@ impl Store {
         request: &str,
         bound: Duration,
         ttl: Duration,
+        location: Option<&str>,
     ) -> Result<KeyClaim, Error> {
         loop {
             let claimed = on_pool!(self, |pool, now| {
                 sqlx::query(&format!(
-                    "INSERT INTO scheduler_idempotency (scope, request, state, bound_at, expires_at)
-                     VALUES ($1, $2, 'running', {now} + $3, {now} + $4)
+                    "INSERT INTO scheduler_idempotency (scope, request, state, bound_at, expires_at, location)
+                     VALUES ($1, $2, 'running', {now} + $3, {now} + $4, $5)
                      ON CONFLICT (scope) DO UPDATE
                         SET request = excluded.request, state = 'running', status = NULL,
-                            body = NULL, location = NULL, run_id = NULL,
+                            body = NULL, location = excluded.location, run_id = NULL,
                             bound_at = excluded.bound_at, expires_at = excluded.expires_at
                       WHERE (scheduler_idempotency.expires_at <= {now}
                              AND NOT EXISTS (SELECT 1 FROM scheduler_api_runs r WHERE r.id = scheduler_idempotency.run_id AND r.state = 'running' AND r.alive_until > {now}))
@@ -126,6 +129,7 @@ impl Store {
                 .bind(request)
                 .bind(ms(bound))
                 .bind(ms(ttl))
+                .bind(location)
                 .execute(pool)
                 .await
                 .map(|done| done.rows_affected() == 1)

@@ -1151,3 +1151,91 @@ fn a_live_replica_records_its_runs_end_once_the_database_is_back() {
     });
     assert_ne!(last["outcome"], "abandoned", "{last}");
 }
+
+/// Issue 26, item 7: a 400's `field` named the value; some 400s were plain
+/// text; a key given twice in a body was taken as its last value.
+#[test]
+fn every_bad_request_is_json_naming_the_field() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+    let server = Server::start(&ws, &db.url);
+    let (status, _, _, body) = answer(server.post(
+        CI,
+        "/v1/jobs/billing/runs",
+        "typed",
+        &json!({"period": 202611}),
+    ));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["field"], "period", "{body}");
+    let twice = client()
+        .post(server.url("/v1/jobs/billing/runs"))
+        .bearer_auth(CI)
+        .header("Idempotency-Key", "twice")
+        .header("content-type", "application/json")
+        .body(r#"{"period": "2026-07", "period": "2026-08"}"#)
+        .send()
+        .unwrap();
+    let (status, _, _, body) = answer(twice);
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["field"], "period", "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("twice")),
+        "{body}"
+    );
+    for path in [
+        "/v1/jobs/billing/runs?wait=1&wait=2",
+        "/v1/jobs/%ff%fe/runs",
+    ] {
+        let response = client()
+            .post(server.url(path))
+            .bearer_auth(CI)
+            .header("Idempotency-Key", "odd")
+            .json(&json!({"period": "2026-07"}))
+            .send()
+            .unwrap();
+        let status = response.status();
+        let text = response.text().unwrap();
+        assert!(status.is_client_error(), "{path}: {status} {text}");
+        let parsed: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"));
+        assert!(parsed["error"].is_string(), "{path}: {text}");
+    }
+    assert!(runs(&ws).is_empty());
+}
+
+/// Issue 26, item 7: a retry answered 409 while the first request was still
+/// setting its run up had no `Location`. The run's record is held up here
+/// by a lock on its table.
+#[test]
+fn a_409_while_the_run_is_set_up_already_carries_its_location() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = Workspace::new(&with_api(&monthly("billing", "0")));
+    let server = Server::start(&ws, &db.url);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut locker = runtime.block_on(async {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut c).await.unwrap();
+        sqlx::query("LOCK TABLE scheduler_api_runs IN EXCLUSIVE MODE")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        c
+    });
+    let body = json!({"period": "2026-07"});
+    let (first, retry) = std::thread::scope(|s| {
+        let first = s.spawn(|| answer(server.post(CI, "/v1/jobs/billing/runs", "early", &body)));
+        std::thread::sleep(Duration::from_secs(1));
+        let retry = answer(server.post(CI, "/v1/jobs/billing/runs", "early", &body));
+        runtime.block_on(async {
+            sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+        });
+        (first.join().unwrap(), retry)
+    });
+    assert_eq!(retry.0, StatusCode::CONFLICT, "{}", retry.3);
+    assert!(retry.2.is_some(), "no Location: {}", retry.3);
+    assert_eq!(first.0, StatusCode::ACCEPTED, "{}", first.3);
+    assert_eq!(retry.2, first.2);
+}
