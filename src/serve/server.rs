@@ -5,12 +5,14 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
@@ -237,8 +239,9 @@ fn connection_cap() -> usize {
 
 async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
     let cap = connection_cap();
-    let slots = std::sync::Arc::new(Semaphore::new(cap));
-    let spare = std::sync::Arc::new(Semaphore::new((cap / 4).max(2)));
+    let slots = Arc::new(Semaphore::new(cap));
+    let spare = Arc::new(Semaphore::new((cap / 4).max(2)));
+    let waiting = Arc::new(Waiting::default());
     let mut backoff = Duration::from_millis(10);
     loop {
         let accepted = tokio::select! {
@@ -262,23 +265,47 @@ async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver
                 continue;
             }
         };
-        // Over the cap, a connection gets one of a few spare slots with
-        // a second to send its head, so idle clients holding every slot do
-        // not keep a probe out for long; past those it is closed at once
-        // rather than queued.
-        let (permit, head_timeout) = match slots.clone().try_acquire_owned() {
-            Ok(permit) => (permit, HEADER_TIMEOUT),
+        // Over the cap, a connection gets one of a few spare slots with a
+        // second to send its head; past those, the oldest connection that
+        // has not sent its head yet gives its slot up, so clients that hold
+        // slots without asking anything never keep a probe out.
+        let taken = match slots.clone().try_acquire_owned() {
+            Ok(permit) => Some((permit, HEADER_TIMEOUT)),
             Err(_) => match spare.clone().try_acquire_owned() {
-                Ok(permit) => (permit, SPARE_HEADER_TIMEOUT),
-                Err(_) => {
-                    drop(stream);
-                    continue;
+                Ok(permit) => Some((permit, SPARE_HEADER_TIMEOUT)),
+                Err(_) if waiting.evict_oldest() => {
+                    let freed = tokio::time::timeout(EVICTION_WAIT, async {
+                        tokio::select! {
+                            Ok(permit) = slots.clone().acquire_owned() => Some(permit),
+                            Ok(permit) = spare.clone().acquire_owned() => Some(permit),
+                            else => None,
+                        }
+                    });
+                    freed
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|p| (p, SPARE_HEADER_TIMEOUT))
                 }
+                Err(_) => None,
             },
         };
-        let service = TowerToHyperService::new(app.clone());
+        let Some((permit, head_timeout)) = taken else {
+            drop(stream);
+            continue;
+        };
+        let headed = Arc::new(AtomicBool::new(false));
+        let inner = TowerToHyperService::new(app.clone());
+        let flag = headed.clone();
+        // hyper calls the service once a request head has come.
+        let service = hyper::service::service_fn(move |request| {
+            flag.store(true, Ordering::Relaxed);
+            inner.call(request)
+        });
         let mut shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        let id = waiting.next_id();
+        let registry = waiting.clone();
+        let task = tokio::spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(head_timeout)
@@ -297,7 +324,61 @@ async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver
                 connection.as_mut().graceful_shutdown();
                 let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
             }
+            registry.forget(id);
             drop(permit);
         });
+        waiting.add(id, task.abort_handle(), headed);
+    }
+}
+
+/// How long a new connection waits for the slot of the one evicted for it.
+const EVICTION_WAIT: Duration = Duration::from_millis(200);
+
+/// The open connections, oldest first, with whether each has sent its
+/// request head: the ones that have not may be evicted for a new one.
+#[derive(Default)]
+struct Waiting {
+    next: AtomicU64,
+    open: std::sync::Mutex<std::collections::VecDeque<Open>>,
+}
+
+struct Open {
+    id: u64,
+    abort: tokio::task::AbortHandle,
+    headed: Arc<AtomicBool>,
+}
+
+impl Waiting {
+    fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn add(&self, id: u64, abort: tokio::task::AbortHandle, headed: Arc<AtomicBool>) {
+        if let Ok(mut open) = self.open.lock() {
+            open.push_back(Open { id, abort, headed });
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        if let Ok(mut open) = self.open.lock() {
+            open.retain(|o| o.id != id);
+        }
+    }
+
+    /// Closes the oldest connection still waiting for its request head;
+    /// whether there was one.
+    fn evict_oldest(&self) -> bool {
+        let Ok(mut open) = self.open.lock() else {
+            return false;
+        };
+        match open.iter().position(|o| !o.headed.load(Ordering::Relaxed)) {
+            Some(at) => {
+                if let Some(oldest) = open.remove(at) {
+                    oldest.abort.abort();
+                }
+                true
+            }
+            None => false,
+        }
     }
 }

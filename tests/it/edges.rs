@@ -778,6 +778,89 @@ fn many_idle_connections_neither_stop_fires_nor_healthz() {
     assert!(!history.stdout().contains("failed"), "{}", history.stdout());
 }
 
+/// Probes answer whatever the API's clients do: 200 clients that open
+/// connections and never finish a request head, opening a new one as soon
+/// as one is closed, keep no `/healthz` out (issue 26, item 12: 11 of 12
+/// probes failed under 400 of them).
+#[test]
+fn slow_clients_that_never_send_a_head_keep_no_probe_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"0 0 1 1 *\"\ncommand = [\"true\"]\n",
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let binary = env!("CARGO_BIN_EXE_scheduler");
+    // 256 descriptors: 64 connections, 16 spare.
+    let serve = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 256 && exec {binary} --database-url {} serve --listen {addr}",
+            db.url
+        ))
+        .current_dir(ws.path())
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("/healthz", BOUND, || {
+        http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
+    });
+    let stop = AtomicBool::new(false);
+    let answers: Vec<String> = std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                // 50 slow clients each, every one reopened once closed.
+                let mut held: Vec<TcpStream> = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    held.retain(|c| {
+                        let mut byte = [0u8; 1];
+                        let _ = c.set_nonblocking(true);
+                        !matches!(std::io::Read::read(&mut &*c, &mut byte), Ok(0))
+                    });
+                    while held.len() < 50 {
+                        match TcpStream::connect(&addr) {
+                            Ok(mut c) => {
+                                let _ =
+                                    std::io::Write::write_all(&mut c, b"GET /v1/jobs HTTP/1.1\r\n");
+                                held.push(c);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let answers = (0..12)
+            .map(|_| {
+                let answer = http_get(&addr, "/healthz");
+                std::thread::sleep(Duration::from_millis(300));
+                answer
+            })
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        answers
+    });
+    let failed: Vec<&String> = answers
+        .iter()
+        .filter(|a| !a.starts_with("HTTP/1.1 200"))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 12 probes failed: {failed:?}",
+        failed.len()
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait(serve, BOUND).code(), 0);
+}
+
 /// Kubernetes' convention: liveness says the process and its loop live,
 /// readiness that it can serve (issue 26, item 11: `/healthz` turned 503
 /// in an outage, so a Deployment would restart every replica).
