@@ -934,6 +934,9 @@ impl Progress {
                 .lines
                 .iter()
                 .all(|l| matches!(l.status, "succeeded" | "skipped"));
+        if self.all_busy() {
+            return Some("busy");
+        }
         Some(match (fine, self.lines.iter().any(|l| l.held)) {
             (false, _) => "failed",
             (true, true) => "held",
@@ -1072,9 +1075,13 @@ impl Api {
             };
             // The last word is written before anyone is told the run ended
             // (a replay reads it). A run that failed on the database before
-            // it claimed anything ran nothing: its key is freed, so the
-            // request sent again executes.
-            let forget = lock(&shared).failed_before_any_claim();
+            // it claimed anything, or found no concurrency slot for any
+            // period, ran nothing: its key is freed, so the request sent
+            // again executes.
+            let forget = {
+                let p = lock(&shared);
+                p.failed_before_any_claim() || p.all_busy()
+            };
             write_end(&store, &run_id, &body, ttl, forget, api.shutdown.clone()).await;
             lock(&shared).done = true;
             sink.1.send_modify(|n| *n += 1);
@@ -1132,7 +1139,8 @@ impl Api {
         body["requested_by"] = json!(token.name);
         body["owner"] = json!(self.engine.owner());
         body["state"] = json!(if done { "done" } else { "running" });
-        let status = if done && !wait.is_zero() {
+        // A run that ended before the answer is answered as ended.
+        let status = if done {
             StatusCode::OK
         } else {
             StatusCode::ACCEPTED
@@ -1297,9 +1305,15 @@ async fn release(
                         }),
                     )
                 }
+                // As `scheduler release` exits 2: the period named is not
+                // running, which the caller must be told.
                 Ok(None) => Reply::ok(
-                    StatusCode::OK,
-                    json!({ "key": key, "released": false, "reason": "no running claim" }),
+                    StatusCode::CONFLICT,
+                    json!({
+                        "error": format!("{key} has no running claim to release"),
+                        "key": key,
+                        "released": false,
+                    }),
                 ),
                 Err(e) => Reply::of(&e),
             }

@@ -582,8 +582,11 @@ fn reading_periods_and_operating_jobs_over_the_api() {
             "release-1",
             &json!({}),
         ));
-        assert_eq!(status, StatusCode::OK);
+        // Nothing runs there: 409, as `scheduler release` exits 2 (issue
+        // 26, found by the new-user review: it answered 200).
+        assert_eq!(status, StatusCode::CONFLICT, "{released}");
         assert_eq!(released["released"], false, "{released}");
+        assert!(released["error"].is_string(), "{released}");
         assert_eq!(server.stop(), 0);
     }
 }
@@ -1238,4 +1241,61 @@ fn a_409_while_the_run_is_set_up_already_carries_its_location() {
     assert!(retry.2.is_some(), "no Location: {}", retry.3);
     assert_eq!(first.0, StatusCode::ACCEPTED, "{}", first.3);
     assert_eq!(retry.2, first.2);
+}
+
+/// A long range that finds its job's one slot taken answers 202 before it
+/// has gone through its periods; once it has, having run none, it frees
+/// its key as a 429 does (found by the new-user review: it was stored and
+/// replayed as `failed`).
+#[test]
+fn a_long_range_that_found_no_slot_frees_its_key_and_says_busy() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(
+        "\n[[job]]\nname = \"slow\"\nschedule = \"0 0 * * *\"\nperiod = \"day\"\nshell = \"sleep 60\"\n",
+    ));
+    let server = Server::start(&ws, &db.url);
+    let mut holder = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "slow",
+            "--period",
+            "2026-11-08",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the slot taken", BOUND, || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE state = 'running'",
+        ) == 1
+    });
+    let body = json!({"from": "2001-01-01", "to": "2026-11-01"});
+    let (status, _, location, first) =
+        answer(server.post(CI, "/v1/jobs/slow/runs", "long-range", &body));
+    assert!(
+        status == StatusCode::ACCEPTED || status == StatusCode::TOO_MANY_REQUESTS,
+        "{status}: {}",
+        first["outcome"]
+    );
+    if let Some(location) = location {
+        let mut last = Value::Null;
+        eventually("the range's end", BOUND, || {
+            last = answer(server.get(READER, &location)).3;
+            last["state"] == "done"
+        });
+        assert_eq!(last["outcome"], "busy", "{}", last["error"]);
+    }
+    let (status, replayed, _, again) =
+        answer(server.post(CI, "/v1/jobs/slow/runs", "long-range", &body));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        !replayed,
+        "{status}: the key was kept: {}",
+        again["outcome"]
+    );
 }
