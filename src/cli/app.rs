@@ -36,7 +36,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     // read the file leniently and `check` reports what is unset.
     let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
     let (mut config, unset) = if let Command::Run(_) = cli.command {
-        (Config::load_to_run(&cli.config)?, Vec::new())
+        Config::load_to_run(&cli.config)?
     } else if runs_actions {
         (Config::load(&cli.config)?, Vec::new())
     } else {
@@ -70,8 +70,14 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
             };
         }
         Command::Run(args) => {
-            if let Some(name) = &args.job {
-                config.job(name)?;
+            // Only the jobs it runs need every `${VAR}` of theirs.
+            match &args.job {
+                Some(name) => config.complete(&config.job(name)?.name, &unset)?,
+                None => {
+                    for job in &config.jobs {
+                        config.complete(&job.name, &unset)?;
+                    }
+                }
             }
             run::check_args(&config, args, now)?;
         }

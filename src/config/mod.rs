@@ -420,6 +420,9 @@ pub struct Config {
     /// Every secret it holds (each `${NAME}`'s value, the tokens, the
     /// database password), masked in every message about any job.
     pub secrets: Secrets,
+    /// Read leniently: each job with a `${NAME}` that was not set, and the
+    /// name (the job's action is incomplete: it must not run).
+    pub incomplete: Vec<(String, String)>,
 }
 
 /// Which parts of a file take an unset `${VAR}` as empty (and a warning)
@@ -473,17 +476,40 @@ impl Config {
         Config::parse_inner(path, &text, &env, Lenient::NOTHING, adjust).map(|(config, _)| config)
     }
 
-    /// Like [`Config::load`] for `run`, which serves no API: an unset
-    /// `${VAR}` of an `[api]` token leaves it empty rather than refusing
-    /// the file.
-    pub fn load_to_run(path: &Path) -> Result<Config, ConfigError> {
+    /// Like [`Config::load`] for `run`, which serves no API and runs the
+    /// jobs it names only: an unset `${VAR}` of an `[api]` token or of
+    /// another job leaves it empty rather than refusing the file. The jobs
+    /// it leaves incomplete are listed ([`Config::incomplete`]), with a
+    /// warning with its place for each name; [`Config::complete`] refuses
+    /// one that is to run.
+    pub fn load_to_run(path: &Path) -> Result<(Config, Vec<ConfigError>), ConfigError> {
         let text = read(path)?;
         let env = |name: &str| std::env::var(name).ok();
         let lenient = Lenient {
-            jobs: false,
+            jobs: true,
             api: true,
         };
-        Config::parse_inner(path, &text, &env, lenient, &|_| {}).map(|(config, _)| config)
+        Config::parse_inner(path, &text, &env, lenient, &|_| {})
+    }
+
+    /// Refuses to run `job` (its full name) while a `${VAR}` of it is
+    /// unset: the error of `unset` (the lenient load's warnings) that names
+    /// it.
+    pub fn complete(&self, job: &str, unset: &[ConfigError]) -> Result<(), ConfigError> {
+        let missing: Vec<ConfigError> = self
+            .incomplete
+            .iter()
+            .filter(|(name, _)| name == job)
+            .filter_map(|(_, var)| {
+                let named = format!("`{var}` is not set");
+                unset.iter().find(|e| e.message.contains(&named)).cloned()
+            })
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::joined(missing))
+        }
     }
 
     /// Like [`Config::load`], for commands that run no action: an unset
@@ -587,6 +613,7 @@ impl Config {
             }
         };
         let mut jobs: Vec<Job> = Vec::with_capacity(raw_jobs.len());
+        let mut incomplete: Vec<(String, String)> = Vec::new();
         let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
         for value in raw_jobs {
             let raw_job = match raw::RawJob::deserialize(value.into_deserializer()) {
@@ -619,6 +646,9 @@ impl Config {
             seen.insert(job.name.clone(), name_span);
             if let Action::Process(process) = &mut job.action {
                 process.inherit.named = vars.names_since(mark);
+            }
+            for name in vars.missed_since(mark) {
+                incomplete.push((job.name.clone(), name));
             }
             jobs.push(job);
         }
@@ -677,6 +707,7 @@ impl Config {
                 api,
                 jobs,
                 secrets,
+                incomplete,
             },
             warnings,
         ))

@@ -106,6 +106,8 @@ pub(super) struct Vars<'a> {
     /// Every variable read and its value, in the order read: the
     /// scheduler's secrets.
     read: RefCell<Vec<(String, String)>>,
+    /// Every unset variable read leniently, each time it was read.
+    missed: RefCell<Vec<String>>,
 }
 
 impl<'a> Vars<'a> {
@@ -114,6 +116,7 @@ impl<'a> Vars<'a> {
             lookup,
             unset: lenient.then(RefCell::default),
             read: RefCell::default(),
+            missed: RefCell::default(),
         }
     }
 
@@ -126,17 +129,26 @@ impl<'a> Vars<'a> {
         Some(value)
     }
 
-    /// How many reads so far: a mark for [`Vars::names_since`].
-    pub(super) fn mark(&self) -> usize {
-        self.read.borrow().len()
+    /// How many reads so far: a mark for [`Vars::names_since`] and
+    /// [`Vars::missed_since`].
+    pub(super) fn mark(&self) -> (usize, usize) {
+        (self.read.borrow().len(), self.missed.borrow().len())
     }
 
     /// The names read since `mark`, each once.
-    pub(super) fn names_since(&self, mark: usize) -> Vec<String> {
-        let mut names: Vec<String> = self.read.borrow()[mark..]
+    pub(super) fn names_since(&self, mark: (usize, usize)) -> Vec<String> {
+        let mut names: Vec<String> = self.read.borrow()[mark.0..]
             .iter()
             .map(|(name, _)| name.clone())
             .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The unset names read leniently since `mark`, each once.
+    pub(super) fn missed_since(&self, mark: (usize, usize)) -> Vec<String> {
+        let mut names: Vec<String> = self.missed.borrow()[mark.1..].to_vec();
         names.sort();
         names.dedup();
         names
@@ -160,6 +172,7 @@ impl<'a> Vars<'a> {
         match (self.read(name), &self.unset) {
             (Some(value), _) => Some(value),
             (None, Some(unset)) => {
+                self.missed.borrow_mut().push(name.to_owned());
                 let mut unset = unset.borrow_mut();
                 if !unset.iter().any(|n| n == name) {
                     unset.push(name.to_owned());

@@ -523,6 +523,7 @@ impl Builder {
                     api: None,
                     jobs: Vec::new(),
                     secrets: Default::default(),
+                    incomplete: Vec::new(),
                 }
             }
         };

@@ -802,6 +802,7 @@ fn api_view(config: &Config) -> Arc<Config> {
         api: None,
         jobs: Vec::new(),
         secrets: config.secrets.clone(),
+        incomplete: Vec::new(),
     })
 }
 

@@ -273,9 +273,10 @@ fn a_secret_echoed_json_escaped_or_cut_at_the_body_limit_is_masked() {
     );
 }
 
-/// `run` serves no API: an unset variable behind an `[api]` token does not
-/// keep a platform cron container from running its job (issue 26, item
-/// 15); `serve` still refuses the file, naming it.
+/// `run` serves no API and runs only the jobs it names: an unset variable
+/// behind an `[api]` token or another job does not keep a platform cron
+/// container from running its job (issue 26, item 15); `serve` still
+/// refuses the file, naming it.
 #[test]
 fn run_starts_without_the_api_tokens_variables_and_serve_names_the_missing_one() {
     let ws = with_secrets(&job("plain", "command = [\"true\"]"));
@@ -294,6 +295,39 @@ fn run_starts_without_the_api_tokens_variables_and_serve_names_the_missing_one()
         .output()
         .unwrap();
     assert_eq!(out.code(), 0, "{}", out.stderr());
+    // Nor another job's (found by the new-user review): only the job it
+    // runs needs its own.
+    let other = [
+        "--database-url",
+        db.url.as_str(),
+        "run",
+        "plain",
+        "--period",
+        "2026-11",
+    ];
+    let out = ws.command(&other).output().unwrap();
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let own = [
+        "--database-url",
+        db.url.as_str(),
+        "run",
+        "hook",
+        "--period",
+        "2026-11",
+    ];
+    let out = ws.command(&own).output().unwrap();
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert!(
+        out.stderr().contains("`HTTP_SECRET` is not set"),
+        "{}",
+        out.stderr()
+    );
+    let all = ws
+        .command(&["--database-url", &db.url, "run", "--all"])
+        .env("CI_TOKEN", API_TOKEN)
+        .output()
+        .unwrap();
+    assert_eq!(all.code(), 2, "{}", all.stderr());
     let serve = ws
         .command(&["--database-url", &db.url, "serve"])
         .env("HTTP_SECRET", HTTP_SECRET)
