@@ -460,25 +460,53 @@ impl RawSettings {
             Some(ns) => Some(ns.get_ref().clone()),
             None => None,
         };
-        Ok(Settings {
-            namespace,
-            timezone: self
-                .timezone
-                .as_ref()
-                .map_or(Ok(Tz::UTC), |z| zone(at, z))?,
-            // Heartbeats come every lease/3 and a runner stops its job a
-            // heartbeat before its lease runs out: below a second that
-            // leaves no time for a database round trip.
-            lease: at_least(at, ("lease", self.lease.as_ref()), "60s", SHORTEST_LEASE)?,
-            catch_up: duration(at, self.catch_up.as_ref(), "24h")?,
-            shutdown_grace: duration(at, self.shutdown_grace.as_ref(), "30s")?,
-            max_running: positive(at, self.max_running.as_ref(), 16)? as usize,
-            scan_interval: at_least(
+        // Every mistake of the section at once.
+        let mut errors = Vec::new();
+        let timezone = kept(
+            &mut errors,
+            self.timezone.as_ref().map_or(Ok(Tz::UTC), |z| zone(at, z)),
+        );
+        // Heartbeats come every lease/3 and a runner stops its job a
+        // heartbeat before its lease runs out: below a second that leaves
+        // no time for a database round trip.
+        let lease = kept(
+            &mut errors,
+            at_least(at, ("lease", self.lease.as_ref()), "60s", SHORTEST_LEASE),
+        );
+        let catch_up = kept(&mut errors, duration(at, self.catch_up.as_ref(), "24h"));
+        let grace = kept(
+            &mut errors,
+            duration(at, self.shutdown_grace.as_ref(), "30s"),
+        );
+        let max_running = kept(&mut errors, positive(at, self.max_running.as_ref(), 16));
+        let scan_interval = kept(
+            &mut errors,
+            at_least(
                 at,
                 ("scan_interval", self.scan_interval.as_ref()),
                 "5s",
                 SHORTEST_SCAN,
-            )?,
+            ),
+        );
+        let (
+            Some(timezone),
+            Some(lease),
+            Some(catch_up),
+            Some(shutdown_grace),
+            Some(max_running),
+            Some(scan_interval),
+        ) = (timezone, lease, catch_up, grace, max_running, scan_interval)
+        else {
+            return Err(ConfigError::joined(errors));
+        };
+        Ok(Settings {
+            namespace,
+            timezone,
+            lease,
+            catch_up,
+            shutdown_grace,
+            max_running: max_running as usize,
+            scan_interval,
             database_url,
             database_url_error,
         })
@@ -652,19 +680,32 @@ impl RawJob {
                 ),
             ));
         }
-        if let Some(bad) = self
+        // Every bad entry of `inherit` at once, each with its place.
+        let mut listed: Vec<&str> = Vec::new();
+        let bad: Vec<ConfigError> = self
             .inherit
             .iter()
             .flat_map(|i| i.get_ref())
-            .find(|name| name.get_ref().is_empty() || name.get_ref().contains(['=', '\0']))
-        {
-            return Err(at.error(
-                bad.span(),
-                format!(
-                    "`{}` is not an environment variable name: expected a non-empty name without `=` or NUL, e.g. inherit = [\"PATH\", \"HOME\"]",
-                    bad.get_ref().escape_default()
-                ),
-            ));
+            .filter_map(|name| {
+                let text = name.get_ref().as_str();
+                let valid = text.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                let problem = if !valid {
+                    format!(
+                        "`{}` is not an environment variable name: expected letters, digits and `_`, not starting with a digit, e.g. inherit = [\"PATH\", \"HOME\"]",
+                        text.escape_default()
+                    )
+                } else if listed.contains(&text) {
+                    format!("`{text}` is listed twice in `inherit`: list each variable once")
+                } else {
+                    listed.push(text);
+                    return None;
+                };
+                Some(at.error(name.span(), problem))
+            })
+            .collect();
+        if !bad.is_empty() {
+            return Err(ConfigError::joined(bad));
         }
         let process = |program| -> Result<Action, ConfigError> {
             Ok(Action::Process(Box::new(ProcessAction {

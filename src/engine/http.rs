@@ -43,6 +43,9 @@ pub(super) async fn run(
             builder = builder.header(reqwest::header::CONTENT_TYPE, content_type(&body));
         }
         builder = builder.body(body);
+    } else if matches!(request.method, "POST" | "PUT" | "PATCH") {
+        // `Content-Length: 0`, which some servers insist on (411 without).
+        builder = builder.header(reqwest::header::CONTENT_LENGTH, "0");
     }
     let response = tokio::select! {
         response = builder.send() => response,

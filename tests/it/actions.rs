@@ -298,7 +298,7 @@ fn a_variable_in_an_sql_statement_is_refused_pointing_to_params() {
 /// type was sent).
 #[test]
 fn an_http_body_is_sent_with_its_content_type() {
-    let (port, seen) = http_server(vec![200, 200, 200]);
+    let (port, seen) = http_server(vec![200, 200, 200, 200]);
     let job = |name: &str, extra: &str| {
         format!(
             "[[job]]\nname = \"{name}\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\n\
@@ -311,10 +311,11 @@ fn an_http_body_is_sent_with_its_content_type() {
             + &job(
                 "own",
                 ", body = '{\"a\": 1}', headers = { Content-Type = \"application/vnd.x+json\" }",
-            )),
+            )
+            + &job("empty", "")),
     );
     let db = TestDb::sqlite();
-    for name in ["json", "text", "own"] {
+    for name in ["json", "text", "own", "empty"] {
         let out = ws.run(&[
             "--database-url",
             &db.url,
@@ -348,4 +349,6 @@ fn an_http_body_is_sent_with_its_content_type() {
     })
     .collect();
     assert_eq!(types, [1, 1, 1]);
+    // A POST without a body says so (found by the new-user review).
+    assert!(heads[3].contains("content-length: 0"), "{}", heads[3]);
 }

@@ -481,3 +481,29 @@ fn check_reports_every_mistake_of_a_job_at_once() {
         );
     }
 }
+
+/// The settings' mistakes, and every bad `inherit` entry, come at once too
+/// (found by the new-user review: one per `check`).
+#[test]
+fn check_reports_every_bad_setting_and_inherit_entry_at_once() {
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"500ms\"\nscan_interval = \"10ms\"\n\n[[job]]\nname = \"a\"\nschedule = \"@daily\"\n\
+         command = [\"true\"]\ninherit = [\"bad name\", \"PATH\", \"PATH\", \"\", \"A=B\"]\n",
+    );
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    for part in [
+        "jobs.toml:2:9: lease",
+        "jobs.toml:3:17: scan_interval",
+        "`bad name` is not an environment variable name",
+        "`PATH` is listed twice",
+        "`` is not an environment variable name",
+        "`A=B` is not an environment variable name",
+    ] {
+        assert!(
+            out.stderr().contains(part),
+            "no {part} in:\n{}",
+            out.stderr()
+        );
+    }
+}
