@@ -213,7 +213,7 @@ fn health_asks_a_running_server_and_says_when_none_answers() {
     let healthy = ws.run(&["health", "--url", &url]);
     assert_eq!(healthy.code(), 0, "{}", healthy.stderr());
     assert!(
-        healthy.stdout().starts_with("200 ok"),
+        healthy.stdout().starts_with("200 alive"),
         "{}",
         healthy.stdout()
     );
