@@ -60,7 +60,7 @@ pub enum Command {
     /// Run the long-running scheduler.
     Serve {
         /// Serve the probes (/healthz, /readyz), Prometheus /metrics and the
-        /// HTTP API (/v1/, with [api] in jobs.toml) on this address, an IP
+        /// HTTP API (/v1/, with `[api]` in jobs.toml) on this address, an IP
         /// and a port: 127.0.0.1:9090, or 0.0.0.0:9090 for every interface.
         #[arg(long, value_name = "IP:PORT")]
         listen: Option<SocketAddr>,

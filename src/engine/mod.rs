@@ -352,7 +352,7 @@ impl Engine {
                 );
                 match claim {
                     Claim::Won(won) => Taken::Won(Won {
-                        watch: self.heartbeats.watch(&won, sent, lease),
+                        watch: self.heartbeats.watch(&won, sent, won.granted),
                         lease: won,
                         _here: here,
                         _counted: Counted::new(&ask.job.name),

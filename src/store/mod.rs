@@ -114,6 +114,10 @@ pub struct Lease {
     pub failures: i32,
     /// Why this attempt runs.
     pub trigger: Trigger,
+    /// How long the lease runs, counted from when the claiming statement
+    /// began: the lease asked for, plus any time the database held the
+    /// claim back for a row another transaction had locked.
+    pub granted: Duration,
 }
 
 /// The outcome of a claim: expected outcomes are values, not errors.

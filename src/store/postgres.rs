@@ -90,13 +90,26 @@ fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
 }
 
 /// One row of `scheduler_claim_many`: won, or the row as it stands.
-fn claim_of(row: &PgRow, key: &PeriodKey, label: &str) -> Result<Claim, sqlx::Error> {
+fn claim_of(
+    row: &PgRow,
+    request: &ClaimRequest<'_>,
+    key: &PeriodKey,
+) -> Result<Claim, sqlx::Error> {
+    let label = request.period.label.as_str();
     if row.try_get("o_won")? {
+        // The lease counts from the instant the row was won, which is after
+        // any wait for a lock; the statement began at `o_now`.
+        let until: Option<DateTime<Utc>> = row.try_get("o_lease_until")?;
+        let began: DateTime<Utc> = row.try_get("o_now")?;
+        let granted = until.map_or(request.lease, |until| {
+            (until - began).to_std().unwrap_or(Duration::ZERO)
+        });
         return Ok(Claim::Won(Lease {
             key: key.clone(),
             attempt: row.try_get("o_attempt")?,
             failures: row.try_get("o_failures")?,
             trigger: Trigger::parse(row.try_get("o_trigger")?),
+            granted,
         }));
     }
     if row.try_get("o_contended")? {
@@ -290,7 +303,7 @@ impl PgStore {
             let Some(slot) = claims.get_mut(i) else {
                 continue;
             };
-            *slot = Some(claim_of(row, &keys[i], &requests[i].period.label)?);
+            *slot = Some(claim_of(row, &requests[i], &keys[i])?);
         }
         Ok(claims.into_iter().flatten().collect())
     }

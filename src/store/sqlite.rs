@@ -807,6 +807,7 @@ async fn claim(
             attempt: row.try_get("attempt")?,
             failures: row.try_get("failures")?,
             trigger: Trigger::parse(row.try_get("trigger")?),
+            granted: r.lease,
         }));
     }
     let row = sqlx::query(&CURRENT)

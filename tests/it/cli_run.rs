@@ -1031,3 +1031,54 @@ fn log_lines_on_a_terminal_carry_no_piece_of_the_progress_bar() {
         );
     }
 }
+
+/// Issue 26, item 7: a forced claim that met its row locked by another
+/// transaction (a heartbeat, an outcome being written, an operator's
+/// `SELECT … FOR UPDATE`) skipped it and said `skipped: already succeeded`.
+/// It waits for the lock, then runs the period: one period and a range.
+#[test]
+fn a_forced_run_waits_for_a_row_another_transaction_holds_and_runs_it() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let ws = workspace("shell = \"echo {period} >> runs.txt\"");
+    let first = run(&ws, &db, &["--from", "2026-06", "--to", "2026-07"]);
+    assert_eq!(first.code(), 0, "{}", first.stderr());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for (args, periods) in [
+        (&["--period", "2026-07", "--force"][..], &["2026-07"][..]),
+        (
+            &["--from", "2026-06", "--to", "2026-07", "--force"][..],
+            &["2026-06", "2026-07"][..],
+        ),
+    ] {
+        let (holder, locked) = runtime.block_on(async {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            let locked = sqlx::query(
+                "SELECT period_key FROM scheduler_claims WHERE period_key = 'billing:2026-07' FOR UPDATE",
+            )
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap()
+            .len();
+            (tx, locked)
+        });
+        assert_eq!(locked, 1);
+        let before = lines(ws.path().join("runs.txt")).len();
+        let forced = start(&ws, &db, args);
+        std::thread::sleep(Duration::from_secs(2));
+        runtime.block_on(holder.commit()).unwrap();
+        let forced = wait(forced, BOUND);
+        assert_eq!(forced.code(), 0, "{}", forced.stderr());
+        assert!(
+            !forced.stdout().contains("skipped"),
+            "a forced run waits for the lock: {}",
+            forced.stdout()
+        );
+        let ran = lines(ws.path().join("runs.txt"));
+        let mut new = ran[before..].to_vec();
+        new.sort();
+        assert_eq!(new, periods, "{}", forced.stdout());
+    }
+}
