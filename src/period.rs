@@ -106,7 +106,9 @@ impl PartialEq<&str> for PeriodKey {
 
 /// A label given by hand that does not name a period of the job.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{label}` is not a {unit} period label: expected {expected}, e.g. `{example}`")]
+#[error(
+    "`{label}` is not a label of the job's {unit} periods: expected {expected}, e.g. `{example}`"
+)]
 pub struct LabelError {
     label: String,
     unit: Unit,

@@ -236,15 +236,25 @@ impl Secrets {
                     .rev()
                     .find(|at| v.is_char_boundary(*at))
                     .map(|at| v[..at].to_owned());
-                let json = serde_json::to_string(v)
-                    .ok()
-                    .map(|quoted| quoted[1..quoted.len() - 1].to_owned());
+                let json = json_escaped(v, false);
+                let ascii_json = json_escaped(v, true);
                 [
                     Some(v.to_owned()),
+                    // Every byte but the unreserved ones encoded; `/` kept
+                    // (Python's `quote`); what `encodeURIComponent` keeps;
+                    // what `encodeURI` keeps; a form's `+` for a space.
                     Some(percent_encoded(v, "")),
-                    Some(percent_encoded(v, "!$&'()*+,;=:@/")),
+                    Some(percent_encoded(v, "/")),
+                    Some(percent_encoded(v, "!*'()")),
+                    Some(percent_encoded(v, "!#$&'()*+,;=:?@/")),
                     Some(percent_encoded(v, "").replace("%20", "+")),
-                    json,
+                    // JSON as serde writes it, and as PHP and Python do:
+                    // `/` as `\/`, and every other character as `\uXXXX`.
+                    Some(json.replace('/', "\\/")),
+                    Some(ascii_json.replace('/', "\\/")),
+                    Some(json),
+                    Some(ascii_json),
+                    Some(html_escaped(v)),
                     name,
                 ]
             })
@@ -356,6 +366,40 @@ impl PartialEq for Secrets {
 }
 
 impl Eq for Secrets {}
+
+/// `value` inside a JSON string: quotes, backslashes and control
+/// characters escaped, and with `ascii` every character beyond ASCII
+/// written `\uXXXX` (a pair of them beyond the basic plane).
+fn json_escaped(value: &str, ascii: bool) -> String {
+    let quoted = serde_json::to_string(value).unwrap_or_default();
+    let inner = quoted
+        .get(1..quoted.len().saturating_sub(1))
+        .unwrap_or_default();
+    if !ascii {
+        return inner.to_owned();
+    }
+    let mut escaped = String::with_capacity(inner.len());
+    for c in inner.chars() {
+        if c.is_ascii() {
+            escaped.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                escaped.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    escaped
+}
+
+/// `value` as HTML text quotes it.
+fn html_escaped(value: &str) -> String {
+    value
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
 
 /// `value` with every byte but letters, digits, `-._~` and those of `keep`
 /// written `%XX`.
@@ -608,6 +652,27 @@ mod tests {
             "q=my+secret%2Ftok%22en%3C%3E%C3%A9",
         ] {
             assert!(!secrets.mask(shown).contains("secret"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn a_value_is_masked_as_services_echo_it() {
+        let env = |_: &str| Some("Ab/cd+ef=gh\"ij\\kl-ñé-0123".to_owned());
+        let t = Template::load("${A}", &env).unwrap();
+        let secrets = Secrets::of([&t]);
+        for shown in [
+            // Python's quote() and JavaScript's encodeURI leave `/` alone.
+            "Location: http://x/?t=Ab/cd%2Bef%3Dgh%22ij%5Ckl-%C3%B1%C3%A9-0123",
+            "Location: http://x/?t=Ab%2Fcd%2Bef%3Dgh%22ij%5Ckl-%C3%B1%C3%A9-0123",
+            "Location: http://x/?t=Ab/cd+ef=gh%22ij%5Ckl-%C3%B1%C3%A9-0123",
+            // PHP's json_encode writes `\/`; Python's json.dumps `\u00f1`.
+            r#"{"auth": "Ab\/cd+ef=gh\"ij\\kl-\u00f1\u00e9-0123"}"#,
+            r#"{"auth": "Ab/cd+ef=gh\"ij\\kl-\u00f1\u00e9-0123"}"#,
+            r#"{"auth": "Ab\/cd+ef=gh\"ij\\kl-ñé-0123"}"#,
+            r#"{"auth": "Ab/cd+ef=gh\"ij\\kl-ñé-0123"}"#,
+            "<td>Ab/cd+ef=gh&quot;ij\\kl-ñé-0123</td>",
+        ] {
+            assert!(!secrets.mask(shown).contains("0123"), "{shown}");
         }
     }
 

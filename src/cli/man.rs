@@ -91,7 +91,7 @@ pub fn page() -> std::io::Result<Vec<u8>> {
     }
     roff.control("SH", ["SEE ALSO"]);
     roff.text([roman(
-        "README.md of the source, for jobs.toml, the HTTP API and operations.",
+        "README.md and docs/ of the source, for jobs.toml, the HTTP API and operations.",
     )]);
     roff.to_writer(&mut out)?;
     Ok(out)

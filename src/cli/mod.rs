@@ -62,7 +62,7 @@ pub enum Command {
         /// Serve the probes (/healthz, /readyz), Prometheus /metrics and the
         /// HTTP API (/v1/, with `[api]` in jobs.toml) on this address, an IP
         /// and a port: 127.0.0.1:9090, or 0.0.0.0:9090 for every interface.
-        #[arg(long, value_name = "IP:PORT")]
+        #[arg(long, value_name = "IP:PORT", value_parser = listen_address)]
         listen: Option<SocketAddr>,
     },
     /// Claim and run due periods once, or backfill periods by hand.
@@ -237,4 +237,15 @@ fn parse_after(s: &str) -> Result<After, String> {
     Err(format!(
         "expected an RFC 3339 instant (2026-10-25T00:00:00Z, 2026-10-25T02:00:00+02:00), or a date (2026-10-25) or date-time (2026-10-25T02:30) in the job's zone; got `{s}`"
     ))
+}
+
+/// `--listen`'s address: an IP and a port, with what to write instead of
+/// the forms other servers take (`:9090`, `localhost:9090`).
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| {
+        let port = text.rsplit_once(':').map_or("9090", |(_, port)| port);
+        format!(
+            "`{text}` is not an IP address and a port; expected 127.0.0.1:{port} (this host only) or 0.0.0.0:{port} (every interface)"
+        )
+    })
 }

@@ -595,8 +595,11 @@ impl Config {
             Ok(settings) => settings,
             Err(e) => {
                 errors.push(e);
-                // The jobs are still checked, against the defaults.
-                raw::RawSettings::default().validate(&at, &vars)?
+                // The jobs are still checked, against the defaults; but not
+                // `keep` against a `catch_up` the file may set otherwise.
+                let mut defaults = raw::RawSettings::default().validate(&at, &vars)?;
+                defaults.catch_up = Duration::ZERO;
+                defaults
             }
         };
         adjust(&mut settings);

@@ -3,7 +3,7 @@
 //! `scheduler serve` and `scheduler run` (claims, leases, self-fencing,
 //! catch-up, retries, backfill, shutdown).
 //!
-//! The README's smallest program:
+//! The smallest program (docs/embedding.md):
 //!
 //! ```no_run
 //! use scheduler::{CodeJob, Scheduler, Unit};
@@ -489,7 +489,7 @@ impl Builder {
 
     /// Checks every job and setting by the rules of `jobs.toml`, opens the
     /// database and brings its tables up to date (beside the
-    /// application's own sqlx migrations, see the README).
+    /// application's own sqlx migrations, see docs/embedding.md).
     pub async fn build(self) -> Result<Scheduler, Error> {
         // Settings given in code apply before any job is checked, the
         // file's jobs included (their zone, `keep` against `catch_up`).

@@ -163,7 +163,7 @@ async fn json_errors(response: Response) -> Response {
 pub fn no_route() -> Response {
     Reply::error(
         StatusCode::NOT_FOUND,
-        "no such route under /v1/: see the README's API section for the routes",
+        "no such route under /v1/: see docs/http-api.md for the routes",
     )
     .into_response()
 }

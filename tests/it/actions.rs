@@ -245,7 +245,7 @@ fn a_jobs_timeout_bounds_its_http_request() {
     );
 }
 
-/// The README's `CALL rollup($1, $2)` with `{period_start}` and
+/// The docs' `CALL rollup($1, $2)` with `{period_start}` and
 /// `{period_end}` runs as written against a procedure that takes
 /// `timestamptz` (issue 26, item 13: the instants were bound as text).
 #[test]

@@ -351,7 +351,7 @@ fn bad_period_labels_exit_2_before_the_database_is_opened() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["run", "billing", "--period", "2026-7"],
-            "--period: `2026-7` is not a month period label: expected YYYY-MM, e.g. `2026-07`",
+            "--period: `2026-7` is not a label of the job's month periods: expected YYYY-MM, e.g. `2026-07`",
         ),
         (
             &["run", "billing", "--period", "2999-01"],
@@ -363,11 +363,11 @@ fn bad_period_labels_exit_2_before_the_database_is_opened() {
         ),
         (
             &["run", "billing", "--from", "2026-01", "--to", "2026-13"],
-            "--to: `2026-13` is not a month period label",
+            "--to: `2026-13` is not a label of the job's month periods",
         ),
         (
             &["release", "billing", "--period", "July"],
-            "--period: `July` is not a month period label",
+            "--period: `July` is not a label of the job's month periods",
         ),
         (
             &["run", "bililng", "--period", "2026-07"],
@@ -505,5 +505,39 @@ fn check_reports_every_bad_setting_and_inherit_entry_at_once() {
             "no {part} in:\n{}",
             out.stderr()
         );
+    }
+}
+
+#[test]
+fn a_bad_setting_does_not_turn_a_keep_the_file_allows_into_an_error() {
+    // catch_up is 1h and keep 3h: fine, whatever else `[scheduler]` gets
+    // wrong (a bad zone had keep checked against the default, 24h).
+    let ws = Workspace::new(
+        "[scheduler]\ntimezone = \"Mars/Olympus\"\ncatch_up = \"1h\"\n\n[[job]]\nname = \"a\"\nschedule = \"@daily\"\n\
+         command = [\"true\"]\nkeep = \"3h\"\n",
+    );
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert!(out.stderr().contains("Mars/Olympus"), "{}", out.stderr());
+    assert!(!out.stderr().contains("keep"), "{}", out.stderr());
+}
+
+#[test]
+fn a_listen_address_without_an_ip_says_what_to_write() {
+    let ws = Workspace::new("");
+    for (given, port) in [(":9400", "9400"), ("localhost:9400", "9400")] {
+        let out = ws.run(&["serve", "--listen", given]);
+        assert_eq!(out.code(), 2, "{}", out.stderr());
+        for part in [
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+            format!("0.0.0.0:{port}"),
+        ] {
+            assert!(
+                out.stderr().contains(&part),
+                "no {part} in {}",
+                out.stderr()
+            );
+        }
     }
 }
