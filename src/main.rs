@@ -47,14 +47,22 @@ fn main() -> ExitCode {
             return ExitCode::from(3);
         }
     };
-    match runtime.block_on(scheduler::cli::app::run(cli)) {
+    let code = match runtime.block_on(scheduler::cli::app::run(cli)) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())
         }
-    }
+    };
+    // Every job has ended and every claim is settled by now; what is left
+    // (a task stuck in a blocking call) must not keep the process from
+    // exiting: dropping the runtime would wait for it for ever.
+    runtime.shutdown_timeout(EXIT_WAIT);
+    code
 }
+
+/// How long the process waits at exit for tasks still in the runtime.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `serve`'s heap, set before its threads start: one malloc arena, and
 /// blocks of 128 KiB or more (a burst's backlog of 10,000 fires, a claim's

@@ -265,6 +265,7 @@ pub async fn run(
         sink,
         outcome: Outcome::Done,
         fenced: 0,
+        out_of_slots: false,
         changed: std::collections::HashMap::new(),
         max_running: config.settings.max_running,
     };
@@ -296,6 +297,10 @@ struct Backfill<'a> {
     changed: std::collections::HashMap<String, i32>,
     /// Runs at once in this process.
     max_running: usize,
+    /// A period of the job being gone through found no free slot: its
+    /// later periods are not claimed either (a slot freed meanwhile would
+    /// run them before it, out of order).
+    out_of_slots: bool,
 }
 
 impl Backfill<'_> {
@@ -305,6 +310,7 @@ impl Backfill<'_> {
         now: DateTime<Utc>,
     ) -> Result<Result<(), Stop>, Error> {
         for plan in plans {
+            self.out_of_slots = false;
             let job = Arc::new(plan.job.clone());
             let mode = Mode {
                 manual: plan.manual,
@@ -397,6 +403,15 @@ impl Backfill<'_> {
         }
         if *self.shutdown.borrow() {
             self.cut_short();
+            return Ok(Ok(()));
+        }
+        if self.out_of_slots && !self.request.wait {
+            for ask in asks {
+                let line = self.not_run_line(&ask, Taken::Not(Claim::Busy));
+                if let Err(stop) = self.emit(&line) {
+                    return Ok(Err(stop));
+                }
+            }
             return Ok(Ok(()));
         }
         let taken = self.engine.claim(&asks).await?;
@@ -624,6 +639,7 @@ impl Backfill<'_> {
         if matches!(line.status, "failed" | "released" | "busy" | "interrupted") {
             self.outcome = Outcome::RunFailed;
         }
+        self.out_of_slots |= line.status == "busy";
         self.fenced += usize::from(line.status == "fenced");
         match self.changed.remove(&line.key) {
             Some(attempt) if line.attempt.is_some_and(|a| a > attempt) => {
