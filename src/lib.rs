@@ -10,6 +10,8 @@
 //! - [`schedule`]: cron + zone + DST rule → fire instants (pure).
 //! - [`period`]: fire instant → period label, start and end; labels given by hand;
 //!   [`period::PeriodKey`], the one way a key is made (pure).
+//! - [`state`]: the typed words of a period's life ([`state::ClaimState`],
+//!   [`state::Trigger`]); text is made from them only where it is printed.
 //! - [`template`]: `${VAR}` and `{placeholder}` strings; [`suggest`]: "did you mean …?".
 //! - [`store`]: claims (one key or a batch), leases and attempts on SQLite or
 //!   PostgreSQL; all SQL lives here, the claimable rule once per backend.
@@ -35,6 +37,7 @@ pub mod error;
 pub mod period;
 pub mod schedule;
 pub mod serve;
+pub mod state;
 pub mod store;
 pub mod suggest;
 pub mod template;
@@ -46,5 +49,5 @@ pub use engine::code::{BoxFuture, Context, Failure, Handled, Transaction};
 pub use error::Error;
 pub use period::{Covers, Unit};
 pub use schedule::{DstRule, Gap, Repeat};
-pub use store::Trigger;
+pub use state::{ClaimState, Trigger};
 pub use tokio_util::sync::CancellationToken;

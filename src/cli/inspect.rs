@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::config::{Config, Job};
 use crate::error::{Error, Outcome, Stop, say};
 use crate::period::{PeriodKey, utc_text};
-use crate::store::{Claim, ClaimRow, Released, Store};
+use crate::store::{Claim, ClaimRow, ClaimState, PeriodState, Released, Store};
 
 /// How many recent periods `status` shows per job.
 const RECENT: u32 = 5;
@@ -161,13 +161,11 @@ impl JobStatus<'_> {
     }
 
     fn running(&self) -> impl Iterator<Item = &ClaimRow> {
-        self.recent
-            .iter()
-            .filter(|r| matches!(r.state.as_str(), "running" | "released"))
+        self.recent.iter().filter(|r| r.state.is_live())
     }
 
     fn failed(&self) -> impl Iterator<Item = &ClaimRow> {
-        self.recent.iter().filter(|r| r.state == "failed")
+        self.recent.iter().filter(|r| r.state == ClaimState::Failed)
     }
 
     /// How many retries a failed period has left.
@@ -199,24 +197,26 @@ impl JobStatus<'_> {
                     row.period_key,
                     time(row.finished_at)
                 ),
-                (row.state == "failed").then_some(Color::Red),
+                (row.state == ClaimState::Failed).then_some(Color::Red),
             ),
             None => look.cell("-".into(), None),
         };
         let running: Vec<String> = self
             .running()
-            .map(|row| match (row.as_claim(), row.state.as_str()) {
-                (Claim::Held { owner, until }, "released") => format!(
+            .map(|row| match (row.standing(), row.as_claim()) {
+                (PeriodState::Stopping, Claim::Held { owner, until }) => format!(
                     "{} released, stopping on {owner}, {}s left",
                     row.period_key,
                     (until - now).num_seconds().max(0)
                 ),
-                (Claim::Held { owner, until }, _) => format!(
+                (_, Claim::Held { owner, until }) => format!(
                     "{} on {owner}, {}s left",
                     row.period_key,
                     (until - now).num_seconds().max(0)
                 ),
-                (_, "released") => format!("{} released ({})", row.period_key, row.owner),
+                (PeriodState::Released, _) => {
+                    format!("{} released ({})", row.period_key, row.owner)
+                }
                 _ => format!("{} lease expired ({})", row.period_key, row.owner),
             })
             .collect();
@@ -291,7 +291,7 @@ impl JobStatus<'_> {
                     "state": row.state,
                     "lease_until": row.lease_until.map(utc_text),
                     "lease_left_s": row.lease_until.filter(|_| held).map(|u| (u - now).num_seconds().max(0)),
-                    "lease_expired": !held && row.state == "running",
+                    "lease_expired": !held && row.state == ClaimState::Running,
                 })
             })
             .collect();
@@ -355,7 +355,7 @@ pub async fn range(
             let row = rows.get(&key);
             let (state, fire) = crate::engine::due::standing(job, period, row, now);
             let detail = match row {
-                None if state == "not due" => format!("fires at {}", time(fire)),
+                None if state == PeriodState::NotDue => format!("fires at {}", time(fire)),
                 None => "due, never run".to_owned(),
                 Some(row) => format!("attempt {}  {}", row.attempt, describe(row)),
             };
@@ -381,32 +381,32 @@ pub async fn range(
 
 /// One claim row in words an operator acts on.
 fn describe(row: &ClaimRow) -> String {
-    match (row.as_claim(), row.state.as_str()) {
-        (Claim::Held { owner, until }, "released") => format!(
+    match (row.standing(), row.as_claim()) {
+        (PeriodState::Stopping, Claim::Held { owner, until }) => format!(
             "released by `scheduler release`; held until its runner {owner} confirms the job stopped, or {} at the latest",
             utc_text(until)
         ),
-        (Claim::Held { owner, until }, _) => {
+        (_, Claim::Held { owner, until }) => {
             format!("running on {owner} until {}", utc_text(until))
         }
-        (_, "running") => format!(
+        (PeriodState::LeaseExpired, _) => format!(
             "lease expired at {} (its runner {} stopped or died); the next run or serve recovers it",
             time(row.lease_until),
             row.owner
         ),
-        (_, "released") => format!(
+        (PeriodState::Released, _) => format!(
             "released at {} (by `scheduler release`, or by its runner {} stopping at shutdown) and let go; the next run or serve runs it again",
             time(row.finished_at),
             row.owner
         ),
-        (_, "failed") => match row.retry_at {
+        (PeriodState::Failed, _) => match row.retry_at {
             Some(at) => format!("failed {} time(s); retry at {}", row.failures, utc_text(at)),
             None => format!(
                 "failed {} time(s), retries exhausted; `run --period` runs it again",
                 row.failures
             ),
         },
-        (_, state) => format!("{state} at {}", time(row.finished_at)),
+        (state, _) => format!("{state} at {}", time(row.finished_at)),
     }
 }
 

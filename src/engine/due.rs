@@ -9,7 +9,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use crate::config::{Job, Missed};
 use crate::error::Error;
 use crate::period::{Period, PeriodKey};
-use crate::store::{Claim, ClaimRow, Store, Trigger};
+use crate::store::{Claim, ClaimRow, PeriodState, Store, Trigger};
 
 /// A period to claim, with the fire it stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,28 +57,19 @@ pub fn due(job: &Job, now: DateTime<Utc>, since: DateTime<Utc>, with_latest: boo
     due
 }
 
-/// How one period of `job` stands, in one word, with the fire that makes it
-/// due: `succeeded`, `failed`, `running`, `released`, `lease expired`,
-/// `missing` (due, never run) or `not due` (its fire is still ahead). One
+/// How one period of `job` stands, with the fire that makes it due. One
 /// answer for `status JOB --from --to` and the API's range.
 pub fn standing(
     job: &Job,
     period: &Period,
     row: Option<&ClaimRow>,
     now: DateTime<Utc>,
-) -> (&'static str, Option<DateTime<Utc>>) {
+) -> (PeriodState, Option<DateTime<Utc>>) {
     let fire = job.period.fire_for(&job.schedule, period);
     let state = match row {
-        None if fire.is_some_and(|f| f > now) => "not due",
-        None => "missing",
-        Some(row) => match (row.as_claim(), row.state.as_str()) {
-            (Claim::Held { .. }, "released") => "released",
-            (Claim::Held { .. }, _) => "running",
-            (_, "running") => "lease expired",
-            (_, "succeeded") => "succeeded",
-            (_, "released") => "released",
-            _ => "failed",
-        },
+        None if fire.is_some_and(|f| f > now) => PeriodState::NotDue,
+        None => PeriodState::Missing,
+        Some(row) => row.standing(),
     };
     (state, fire)
 }

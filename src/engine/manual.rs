@@ -15,7 +15,7 @@ use super::{Ask, Engine, Mode, Report, SQL_GROUP, Status, Taken, after_grace};
 use crate::config::{Config, Job};
 use crate::error::{Error, Outcome, Stop};
 use crate::period::{Period, PeriodKey, utc_text};
-use crate::store::{Claim, ClaimRow, Store, Trigger};
+use crate::store::{Claim, ClaimRow, ClaimState, Store, Trigger};
 
 /// How often `--wait` looks at a claim held elsewhere.
 const WAIT_POLL: Duration = Duration::from_millis(500);
@@ -517,7 +517,7 @@ impl Backfill<'_> {
         for (ask, line) in lines.iter_mut() {
             let released = rows
                 .get(ask.key().as_str())
-                .is_some_and(|row| row.state == "released");
+                .is_some_and(|row| row.state == ClaimState::Released);
             if released && line.as_ref().is_some_and(|l| l.status == "skipped") {
                 *line = None;
             }
@@ -912,7 +912,9 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
         }
         // A released period asked for by hand is claimed once its runner
         // has stopped (`wait_for_released`).
-        Claim::Held { owner, until } if !(request.wait || manual && row.state == "released") => {
+        Claim::Held { owner, until }
+            if !(request.wait || manual && row.state == ClaimState::Released) =>
+        {
             return Some(Line {
                 attempt: Some(row.attempt),
                 held: true,
@@ -950,10 +952,10 @@ fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
                     }
                     Claim::Failed { .. } => format!("retry of attempt {}", row.attempt),
                     Claim::Held { owner, .. } => format!("after waiting for {owner}"),
-                    _ if row.state == "running" => {
+                    _ if row.state == ClaimState::Running => {
                         format!("recovery: the lease of {} expired", row.owner)
                     }
-                    _ if row.state == "released" => "recovery: released".to_owned(),
+                    _ if row.state == ClaimState::Released => "recovery: released".to_owned(),
                     _ => format!("retry of attempt {}", row.attempt),
                 },
             ),

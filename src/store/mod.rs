@@ -21,45 +21,7 @@ use serde::Serialize;
 
 use crate::error::{Error, mask_password_in, mask_url};
 use crate::period::{Period, PeriodKey};
-
-/// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Trigger {
-    /// The latest fire.
-    Schedule,
-    /// An older fire, or one that waited for a concurrency slot.
-    CatchUp,
-    /// A failed period whose retry came due.
-    Retry,
-    /// Taking over an expired or released claim.
-    Recovery,
-    /// `run --period` or `--from/--to`.
-    Manual,
-}
-
-impl Trigger {
-    /// The name stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Schedule => "schedule",
-            Trigger::CatchUp => "catch-up",
-            Trigger::Retry => "retry",
-            Trigger::Recovery => "recovery",
-            Trigger::Manual => "manual",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Trigger {
-        match s {
-            "catch-up" => Trigger::CatchUp,
-            "retry" => Trigger::Retry,
-            "recovery" => Trigger::Recovery,
-            "manual" => Trigger::Manual,
-            _ => Trigger::Schedule,
-        }
-    }
-}
+pub use crate::state::{ClaimState, PeriodState, Trigger};
 
 /// What a claim asks for.
 #[derive(Debug, Clone)]
@@ -215,8 +177,8 @@ pub struct ClaimRow {
     pub period_key: String,
     /// The period label.
     pub period: String,
-    /// running | succeeded | failed | released
-    pub state: String,
+    /// Where its claim stands.
+    pub state: ClaimState,
     /// The latest attempt.
     pub attempt: i32,
     /// Reported failures.
@@ -243,10 +205,21 @@ impl ClaimRow {
     /// a job's "last" in `status` and the API alike.
     pub fn finished_last(rows: &[ClaimRow]) -> Option<&ClaimRow> {
         rows.iter()
-            .filter(|r| {
-                r.finished_at.is_some() && matches!(r.state.as_str(), "succeeded" | "failed")
-            })
+            .filter(|r| r.finished_at.is_some() && r.state.is_finished())
             .max_by_key(|r| r.finished_at)
+    }
+
+    /// Where its period stands now, as far as its claim tells (a row
+    /// exists: the period is due or was run by hand).
+    pub fn standing(&self) -> PeriodState {
+        match (self.as_claim(), self.state) {
+            (Claim::Held { .. }, ClaimState::Released) => PeriodState::Stopping,
+            (Claim::Held { .. }, _) => PeriodState::Running,
+            (_, ClaimState::Running) => PeriodState::LeaseExpired,
+            (_, ClaimState::Released) => PeriodState::Released,
+            (_, ClaimState::Succeeded) => PeriodState::Succeeded,
+            (_, ClaimState::Failed) => PeriodState::Failed,
+        }
     }
 
     /// What a claim that did not win it is told: why not, or [`Claim::Busy`]
@@ -255,17 +228,17 @@ impl ClaimRow {
         if self.claimable {
             return Claim::Busy;
         }
-        match self.state.as_str() {
-            "succeeded" => Claim::Succeeded {
+        match self.state {
+            ClaimState::Succeeded => Claim::Succeeded {
                 at: self.finished_at.unwrap_or(self.now),
             },
-            "failed" => Claim::Failed {
+            ClaimState::Failed => Claim::Failed {
                 retry_at: self.retry_at,
                 failures: self.failures,
             },
             // Running, or released by `scheduler release` and held until its
             // runner confirms the stop or its lease runs out.
-            _ => Claim::Held {
+            ClaimState::Running | ClaimState::Released => Claim::Held {
                 owner: self.owner.clone(),
                 until: self.lease_until.unwrap_or(self.now),
             },
@@ -925,4 +898,11 @@ pub fn tail(text: &str, limit: usize) -> &str {
         start += 1;
     }
     &text[start..]
+}
+
+/// The [`ClaimState`] a stored word names; a word no version writes is a
+/// decoding error, not a guess.
+pub(crate) fn claim_state(word: &str) -> Result<ClaimState, sqlx::Error> {
+    ClaimState::parse(word)
+        .ok_or_else(|| sqlx::Error::Decode(format!("`{word}` is not a state of a claim").into()))
 }

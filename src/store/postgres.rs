@@ -13,7 +13,7 @@ use sqlx::{Connection, Row};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Param, Reclaimable, Released, SqlLimits, Trigger, Work,
+    Param, Reclaimable, Released, SqlLimits, Trigger, Work, claim_state,
 };
 use crate::engine::code::{Failure, Handler, Transaction};
 use crate::period::{Period, PeriodKey};
@@ -74,7 +74,7 @@ fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
     Ok(ClaimRow {
         period_key: row.try_get("period_key")?,
         period: row.try_get("period")?,
-        state: row.try_get("state")?,
+        state: claim_state(row.try_get("state")?)?,
         attempt: row.try_get("attempt")?,
         failures: row.try_get("failures")?,
         owner: row.try_get("owner")?,
@@ -115,9 +115,10 @@ fn claim_of(
     if row.try_get("o_contended")? {
         return Ok(Claim::Contended);
     }
-    let Some(state) = row.try_get::<Option<String>, _>("o_state")? else {
+    let Some(state) = row.try_get::<Option<&str>, _>("o_state")? else {
         return Ok(Claim::Busy);
     };
+    let state = claim_state(state)?;
     let current = ClaimRow {
         period_key: key.to_string(),
         period: label.to_owned(),

@@ -18,7 +18,7 @@ use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Reclaimable, Released, SqlLimits, Trigger, Work,
+    Reclaimable, Released, SqlLimits, Trigger, Work, claim_state,
 };
 use crate::engine::code::{self, Failure, Handler};
 use crate::period::Period;
@@ -60,7 +60,7 @@ fn claim_row(row: &SqliteRow) -> Result<ClaimRow, sqlx::Error> {
     Ok(ClaimRow {
         period_key: row.try_get("period_key")?,
         period: row.try_get("period")?,
-        state: row.try_get("state")?,
+        state: claim_state(row.try_get("state")?)?,
         attempt: row.try_get("attempt")?,
         failures: row.try_get("failures")?,
         owner: row.try_get("owner")?,

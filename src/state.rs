@@ -1,0 +1,154 @@
+//! The words of a period's life, typed: the state its claim is in and why
+//! an attempt started. The store reads and writes them; every front end
+//! shows them; words are made from them only where text is printed.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// Where a period's claim stands in the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClaimState {
+    /// An attempt holds it under its lease (expired or not).
+    Running,
+    /// Its latest attempt succeeded.
+    Succeeded,
+    /// Its latest attempt failed; a retry may be due.
+    Failed,
+    /// Ended by `release` or a shutdown: held until its runner confirms the
+    /// stop or its lease runs out, then claimable again.
+    Released,
+}
+
+impl ClaimState {
+    /// The word stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimState::Running => "running",
+            ClaimState::Succeeded => "succeeded",
+            ClaimState::Failed => "failed",
+            ClaimState::Released => "released",
+        }
+    }
+
+    /// The state a stored word names; `None` for a word no version of the
+    /// scheduler writes.
+    pub fn parse(word: &str) -> Option<ClaimState> {
+        match word {
+            "running" => Some(ClaimState::Running),
+            "succeeded" => Some(ClaimState::Succeeded),
+            "failed" => Some(ClaimState::Failed),
+            "released" => Some(ClaimState::Released),
+            _ => None,
+        }
+    }
+
+    /// Whether an attempt may still be running under it: a running claim,
+    /// or a released one whose runner has not yet confirmed the stop.
+    pub fn is_live(self) -> bool {
+        matches!(self, ClaimState::Running | ClaimState::Released)
+    }
+
+    /// Whether its latest attempt ended with an outcome.
+    pub fn is_finished(self) -> bool {
+        matches!(self, ClaimState::Succeeded | ClaimState::Failed)
+    }
+}
+
+impl fmt::Display for ClaimState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// Where one period stands now: the one view of a period that `status`,
+/// the HTTP API and the library show, made from its claim (if any), its
+/// fire and the database's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeriodState {
+    /// Its fire is still ahead.
+    NotDue,
+    /// Due, and never claimed.
+    Missing,
+    /// An attempt runs it under a live lease.
+    Running,
+    /// Released while running: held until its runner confirms the stop or
+    /// its lease runs out.
+    Stopping,
+    /// Its runner's lease ran out: the next scan or `run` takes it over.
+    LeaseExpired,
+    /// Released and let go: the next scan or `run` runs it again.
+    Released,
+    /// Its latest attempt succeeded.
+    Succeeded,
+    /// Its latest attempt failed.
+    Failed,
+}
+
+impl PeriodState {
+    /// The word shown (a stopping period reads `released`, as its claim
+    /// does).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeriodState::NotDue => "not due",
+            PeriodState::Missing => "missing",
+            PeriodState::Running => "running",
+            PeriodState::Stopping | PeriodState::Released => "released",
+            PeriodState::LeaseExpired => "lease expired",
+            PeriodState::Succeeded => "succeeded",
+            PeriodState::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for PeriodState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl Serialize for PeriodState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trigger {
+    /// The latest fire.
+    Schedule,
+    /// An older fire, or one that waited for a concurrency slot.
+    CatchUp,
+    /// A failed period whose retry came due.
+    Retry,
+    /// Taking over an expired or released claim.
+    Recovery,
+    /// `run --period` or `--from/--to`.
+    Manual,
+}
+
+impl Trigger {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Schedule => "schedule",
+            Trigger::CatchUp => "catch-up",
+            Trigger::Retry => "retry",
+            Trigger::Recovery => "recovery",
+            Trigger::Manual => "manual",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Trigger {
+        match s {
+            "catch-up" => Trigger::CatchUp,
+            "retry" => Trigger::Retry,
+            "recovery" => Trigger::Recovery,
+            "manual" => Trigger::Manual,
+            _ => Trigger::Schedule,
+        }
+    }
+}
