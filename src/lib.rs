@@ -6,10 +6,14 @@
 //! per period.
 //!
 //! The map of the crate:
-//! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column.
+//! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column;
+//!   [`config::DatabaseUrl`], where the database is, its password never shown.
 //! - [`schedule`]: cron + zone + DST rule → fire instants (pure).
 //! - [`period`]: fire instant → period label, start and end; labels given by hand;
 //!   [`period::PeriodKey`], the one way a key is made (pure).
+//! - [`handler`]: the vocabulary of code jobs (async Rust functions): what a
+//!   handler is given ([`handler::Context`], [`handler::Transaction`]) and
+//!   answers ([`handler::Failure`]).
 //! - [`state`]: the typed words of a period's life ([`state::ClaimState`],
 //!   [`state::Trigger`]); text is made from them only where it is printed.
 //! - [`template`]: `${VAR}` and `{placeholder}` strings; [`suggest`]: "did you mean …?".
@@ -34,6 +38,7 @@ pub mod config;
 pub mod embed;
 pub mod engine;
 pub mod error;
+pub mod handler;
 pub mod period;
 pub mod schedule;
 pub mod serve;
@@ -45,8 +50,8 @@ pub mod template;
 pub use config::code::CodeJob;
 pub use config::{Missed, Retry};
 pub use embed::{Builder, Handle, PeriodRun, RunOptions, RunOutcome, Scheduler};
-pub use engine::code::{BoxFuture, Context, Failure, Handled, Transaction};
 pub use error::Error;
+pub use handler::{BoxFuture, Context, Failure, Handled, Transaction};
 pub use period::{Covers, Unit};
 pub use schedule::{DstRule, Gap, Repeat};
 pub use state::{ClaimState, Trigger};

@@ -128,7 +128,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     };
     let url = database_url(cli.database_url.as_deref(), &config)?;
     if let Some(flag) = &cli.database_url {
-        config.mask_also(&crate::error::url_passwords(flag));
+        config.mask_also(&crate::config::address::url_passwords(flag));
     }
     let creates = matches!(
         cli.command,

@@ -11,7 +11,7 @@ use super::raw::{
     job_name_problem, keep_problem, namespace_problem, schedule,
 };
 use super::{Action, ConfigError, Fingerprint, Job, Missed, Retry, Settings, short};
-use crate::engine::code::{BoxFuture, Context, Handled, Handler, Transaction};
+use crate::handler::{BoxFuture, Context, Handled, Handler, Transaction};
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::DstRule;
 

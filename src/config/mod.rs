@@ -11,10 +11,11 @@ use serde::Deserialize;
 
 use crate::period::PeriodRule;
 use crate::schedule::Schedule;
-use crate::store::DatabaseUrl;
 use crate::suggest::nearest;
 use crate::template::{Secrets, Template, TemplateError};
+pub use address::DatabaseUrl;
 
+pub mod address;
 pub mod code;
 pub mod environment;
 mod raw;
@@ -251,7 +252,7 @@ pub enum Action {
     Http(Box<HttpAction>),
     /// An async function of the embedding program (a code job of the
     /// library).
-    Code(crate::engine::code::Handler),
+    Code(crate::handler::Handler),
     /// A statement run in the transaction that marks the claim succeeded.
     Sql {
         /// With `$1`, `$2`, … for the params.
@@ -444,7 +445,7 @@ impl Lenient {
 /// `PGPASSWORD`), masked in every job's output whether or not the file
 /// names them.
 fn database_passwords(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
-    let url = env("DATABASE_URL").map(|url| crate::error::url_passwords(&url));
+    let url = env("DATABASE_URL").map(|url| address::url_passwords(&url));
     url.into_iter().flatten().chain(env("PGPASSWORD")).collect()
 }
 

@@ -10,6 +10,7 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::DatabaseUrl;
 use super::environment::Inherit;
 use super::{
     Action, Allow, Api, ConfigError, Fingerprint, HttpAction, Job, Locator, Missed, ProcessAction,
@@ -17,7 +18,6 @@ use super::{
 };
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::{DstRule, Gap, Repeat, Schedule};
-use crate::store::DatabaseUrl;
 use crate::suggest::nearest;
 use crate::template::Template;
 

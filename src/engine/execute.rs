@@ -6,11 +6,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
-use super::code::{self, Handler};
 use super::heartbeat::{Loss, Watch};
+use super::plain;
 use super::{Engine, http, process};
 use crate::config::{Action, Job};
 use crate::error::Error;
+use crate::handler::Handler;
 use crate::period::{Period, PeriodKey, utc_text};
 use crate::store::{Finish, Lease};
 use crate::template::Values;
@@ -197,7 +198,7 @@ impl Engine {
                 http::run(&self.http, request, run, stop).await
             }
             Action::Code(Handler::Plain(plain)) => {
-                code::run_plain(&**plain, run, run.job.timeout, stop).await
+                plain::run_plain(&**plain, run, run.job.timeout, stop).await
             }
             // Run by the group path (`Engine::run_group`), never here.
             Action::Sql { .. } | Action::Code(Handler::Transaction(_)) => {

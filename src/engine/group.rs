@@ -16,7 +16,7 @@ use crate::store::{Finish, GROUP_BUDGET, GroupedEnd, GroupedSql, Param, SqlLimit
 use crate::template::Template;
 use tokio_util::sync::CancellationToken;
 
-use super::code::Context;
+use super::plain::context_of;
 
 impl Engine {
     /// Runs won `sql` periods and reports each one's end: the jobs proven
@@ -246,7 +246,7 @@ impl Engine {
                     },
                     Action::Code(handler) => Work::Code {
                         handler: handler.scoped_fn()?,
-                        context: Context::of(&run, token.child_token()),
+                        context: context_of(&run, token.child_token()),
                     },
                     _ => return None,
                 };

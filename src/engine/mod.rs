@@ -5,7 +5,6 @@
 //! actions in groups of one transaction), records the outcome under the
 //! claim's attempt, and reports how each ended as a value ([`Report`]).
 
-pub mod code;
 pub mod due;
 mod execute;
 mod group;
@@ -13,6 +12,7 @@ pub mod heartbeat;
 mod http;
 pub mod manual;
 mod outcomes;
+mod plain;
 mod process;
 pub mod reaper;
 mod report;
@@ -120,7 +120,7 @@ impl Ask {
     pub fn is_sql(&self) -> bool {
         matches!(
             self.job.action,
-            Action::Sql { .. } | Action::Code(code::Handler::Transaction(_))
+            Action::Sql { .. } | Action::Code(crate::handler::Handler::Transaction(_))
         )
     }
 

@@ -5,12 +5,10 @@
 //! the claim has moved on (the attempt number is the fencing token). Lease
 //! expiry is measured on the database's clock.
 
-mod address;
 mod api;
 mod postgres;
 mod sqlite;
 
-pub use address::DatabaseUrl;
 pub use api::{ApiRun, KeyClaim, KeyRecord};
 
 use std::collections::HashMap;
@@ -19,7 +17,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::error::{Error, mask_password_in, mask_url};
+pub use crate::config::DatabaseUrl;
+use crate::config::address::{mask_password_in, mask_url};
+use crate::error::Error;
 use crate::period::{Period, PeriodKey};
 pub use crate::state::{ClaimState, PeriodState, Trigger};
 
@@ -667,9 +667,9 @@ pub enum Work<'a> {
     /// again in a second pass).
     Code {
         /// The handler.
-        handler: &'a crate::engine::code::Scoped,
+        handler: &'a crate::handler::Scoped,
         /// What it is told, its token cancelled when the group is stopped.
-        context: crate::engine::code::Context,
+        context: crate::handler::Context,
     },
 }
 

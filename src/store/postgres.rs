@@ -15,7 +15,7 @@ use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
     Param, Reclaimable, Released, SqlLimits, Trigger, Work, claim_state,
 };
-use crate::engine::code::{Failure, Handler, Transaction};
+use crate::handler::{Failure, Handler, Transaction};
 use crate::period::{Period, PeriodKey};
 
 /// The scheduler's migrations, beside whatever else `_sqlx_migrations`

@@ -20,7 +20,7 @@ use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
     Reclaimable, Released, SqlLimits, Trigger, Work, claim_state,
 };
-use crate::engine::code::{self, Failure, Handler};
+use crate::handler::{self, Failure, Handler};
 use crate::period::Period;
 
 /// The scheduler's migrations, beside whatever else `_sqlx_migrations`
@@ -315,7 +315,7 @@ impl SqliteStore {
                             }
                         }
                         Work::Code { handler, context } => {
-                            let tx = code::Transaction::sqlite_of(&mut *conn);
+                            let tx = handler::Transaction::sqlite_of(&mut *conn);
                             let handled =
                                 Handler::in_transaction(*handler, context.clone(), tx, None);
                             // Stopped, or past the writer bound, the handler

@@ -1,11 +1,10 @@
 //! Where the database is: a URL read once into a SQLite file path (resolved
 //! against the right directory) or a PostgreSQL URL that parses, so nothing
-//! later can open a throwaway in-memory database or print a password.
+//! later can open a throwaway in-memory database or print a password; and
+//! the masking of a database URL's password in any text, parsable or not.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-
-use crate::error::mask_url;
 
 /// A database location that can be opened.
 #[derive(Clone, PartialEq, Eq)]
@@ -166,7 +165,7 @@ impl DatabaseUrl {
                     match url.parse::<sqlx::postgres::PgConnectOptions>() {
                         Ok(_) => Ok(DatabaseUrl::Postgres(url.to_owned())),
                         Err(e) => {
-                            let mut text = crate::error::mask_password_in(&e.to_string(), url);
+                            let mut text = mask_password_in(&e.to_string(), url);
                             while let Some(rest) = text.strip_prefix("error with configuration: ") {
                                 text = rest.to_owned();
                             }
@@ -194,7 +193,7 @@ impl DatabaseUrl {
     }
 
     /// The URL handed to the driver.
-    pub(super) fn driver_url(&self) -> String {
+    pub(crate) fn driver_url(&self) -> String {
         match self {
             DatabaseUrl::Sqlite { path, params } => {
                 // sqlx percent-decodes the path, so `%`, `?` and `#` are encoded.
@@ -216,6 +215,119 @@ impl DatabaseUrl {
             DatabaseUrl::Postgres(url) => url.clone(),
         }
     }
+}
+
+/// A database URL with its password replaced by `***`: the one in the
+/// user part and any `password=` query parameter, also in a URL that does
+/// not parse.
+pub fn mask_url(url: &str) -> String {
+    let masked = match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(parsed) if parsed.has_host() => url.to_owned(),
+        // No host: `postgres:/user:pw@host/db` parses, as a path.
+        _ => match user_password(url, true) {
+            Some(range) => format!("{}***{}", &url[..range.start], &url[range.end..]),
+            None => url.to_owned(),
+        },
+    };
+    mask_query_passwords(&masked)
+}
+
+/// `text` with every occurrence of `url`'s password (as written and
+/// decoded, and any `password=` parameter) masked.
+pub fn mask_password_in(text: &str, url: &str) -> String {
+    let mut secrets = url_passwords(url);
+    // Longest first, so a password that contains another is masked whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut text = text.replace(url, &mask_url(url));
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret.as_str(), "***");
+    }
+    text
+}
+
+/// The passwords a database URL holds, parsable or not: the user part's
+/// and any `password=` parameter's, as written and decoded.
+pub fn url_passwords(url: &str) -> Vec<String> {
+    let mut secrets: Vec<String> = Vec::new();
+    if let Some(range) = user_password(url, false) {
+        secrets.push(url[range].to_owned());
+    }
+    if let Some(password) = url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.password().map(str::to_owned))
+    {
+        secrets.push(password);
+    }
+    secrets.extend(query_passwords(url).map(|r| url[r].to_owned()));
+    let decoded: Vec<String> = secrets
+        .iter()
+        .filter_map(|s| {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+        })
+        .collect();
+    secrets.extend(decoded);
+    secrets.retain(|s| !s.is_empty());
+    secrets.sort();
+    secrets.dedup();
+    secrets
+}
+
+/// Where the password of `scheme://user:password@host…` is, found by text,
+/// also with one slash or none after the scheme: after the first `:` of the
+/// user part, up to the last `@`. With `lone`, a user part without a `:`
+/// is taken whole (`postgres:PASSWORD@host` may be a password).
+fn user_password(url: &str, lone: bool) -> Option<std::ops::Range<usize>> {
+    let scheme = url
+        .find(':')
+        .filter(|at| {
+            let scheme = &url[..*at];
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+        })
+        .map_or(0, |at| at + 1);
+    let start = scheme + url[scheme..].len() - url[scheme..].trim_start_matches('/').len();
+    let rest = &url[start..];
+    let at = rest.rfind('@')?;
+    match rest[..at].find(':') {
+        Some(colon) => Some(start + colon + 1..start + at),
+        None if lone && at > 0 => Some(start..start + at),
+        None => None,
+    }
+}
+
+/// Where the values of `password=` parameters are.
+fn query_passwords(url: &str) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let lower = url.to_ascii_lowercase();
+    let starts: Vec<usize> = lower
+        .match_indices("password=")
+        .map(|(i, m)| i + m.len())
+        .collect();
+    starts.into_iter().map(move |start| {
+        let end = url[start..]
+            .find(['&', '#', ' '])
+            .map_or(url.len(), |i| start + i);
+        start..end
+    })
+}
+
+fn mask_query_passwords(url: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut from = 0;
+    for range in query_passwords(url) {
+        out.push_str(&url[from..range.start]);
+        out.push_str("***");
+        from = range.end;
+    }
+    out.push_str(&url[from..]);
+    out
 }
 
 #[cfg(test)]
@@ -285,5 +397,23 @@ mod tests {
         let err =
             DatabaseUrl::parse("postgres://u:PW@127.0.0.1:99999/db", Path::new("/")).unwrap_err();
         assert!(!err.contains("PW"), "{err}");
+    }
+
+    #[test]
+    fn passwords_are_masked_in_urls_that_do_not_parse() {
+        for url in [
+            "postgres://app:hunter2@127.0.0.1:notaport/x",
+            "postgres://u:hunter2@127.0.0.1:99999/db",
+            "postgres://u:hunter2@[::1/db",
+            "postgres//u:hunter2@h/db",
+            "postgres://u@h:1/db?password=hunter2",
+            "postgres://u@h:1/db?sslmode=require&PASSWORD=hunter2&x=1",
+            "postgres://u:hunter2@h/db",
+        ] {
+            let masked = mask_url(url);
+            assert!(!masked.contains("hunter2"), "{url} -> {masked}");
+            let text = mask_password_in(&format!("failed: {url} (hunter2)"), url);
+            assert!(!text.contains("hunter2"), "{url} -> {text}");
+        }
     }
 }

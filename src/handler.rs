@@ -1,8 +1,9 @@
 //! Jobs written as async Rust functions (the library's code jobs): what a
-//! handler is given, what it answers, and how the engine runs one. A plain
-//! handler runs like a `command`: beside its heartbeats, stopped when its
-//! claim is lost. A transaction-scoped one runs like an `sql` statement, in
-//! the transaction that records its outcome.
+//! handler is given and what it answers. A plain handler runs like a
+//! `command`: beside its heartbeats, stopped when its claim is lost. A
+//! transaction-scoped one runs like an `sql` statement, in the transaction
+//! that records its outcome. The vocabulary only: `config` declares jobs
+//! with it, the store and the engine run them.
 
 use std::fmt;
 use std::future::Future;
@@ -16,9 +17,8 @@ use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::execute::{ActionResult, Run, Stop};
-use crate::period::PeriodKey;
-use crate::store::Trigger;
+use crate::period::{Period, PeriodKey};
+use crate::state::Trigger;
 
 /// A boxed future, as a transaction-scoped handler returns it.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -97,23 +97,31 @@ pub struct Context {
 }
 
 impl Context {
-    pub(crate) fn of(run: &Run<'_>, token: CancellationToken) -> Context {
+    /// What a handler running `period` of `job` under `attempt` is given.
+    pub(crate) fn new(
+        job: &str,
+        key: PeriodKey,
+        period: &Period,
+        scheduled_at: DateTime<Utc>,
+        (attempt, trigger): (i32, Trigger),
+        token: CancellationToken,
+    ) -> Context {
         Context {
-            job: run.job.name.as_str().into(),
-            key: run.key.clone(),
-            label: run.period.label.clone(),
-            start: run.period.start,
-            end: run.period.end,
-            scheduled_at: run.scheduled_at,
-            attempt: run.lease.attempt,
-            trigger: run.lease.trigger,
+            job: job.into(),
+            key,
+            label: period.label.clone(),
+            start: period.start,
+            end: period.end,
+            scheduled_at,
+            attempt,
+            trigger,
             token,
         }
     }
 
     /// The span a handler runs in: what it logs carries its job, period
     /// key and attempt.
-    fn span(&self) -> tracing::Span {
+    pub(crate) fn span(&self) -> tracing::Span {
         tracing::info_span!(
             "run",
             job = &*self.job,
@@ -296,68 +304,8 @@ impl Handler {
     }
 }
 
-/// Runs a plain handler as a task of its own until it ends, `stop`
-/// resolves, or `timeout` passes. Stopped, its token is cancelled and its
-/// future dropped before this returns.
-pub(crate) async fn run_plain(
-    plain: &Plain,
-    run: &Run<'_>,
-    timeout: Option<Duration>,
-    stop: impl Future<Output = Stop>,
-) -> ActionResult {
-    let token = CancellationToken::new();
-    let context = Context::of(run, token.clone());
-    let span = context.span();
-    let task = tokio::spawn(plain(context).instrument(span));
-    let abort = task.abort_handle();
-    // Whatever ends this, the handler does not outlive it.
-    let _dropped = AbortOnDrop(abort, token.clone());
-    let limit = async {
-        match timeout {
-            Some(limit) => tokio::time::sleep(limit).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(task);
-    let ended = tokio::select! {
-        ended = &mut task => ended,
-        why = stop => {
-            token.cancel();
-            task.abort();
-            let _ = task.await;
-            return ActionResult::Stopped(why, None);
-        }
-        () = limit => {
-            token.cancel();
-            task.abort();
-            let _ = task.await;
-            let limit = timeout.unwrap_or_default();
-            return ActionResult::failed(format!(
-                "timed out after {}",
-                humantime::format_duration(limit)
-            ));
-        }
-    };
-    match ended {
-        Ok(Ok(())) => ActionResult::succeeded(),
-        Ok(Err(Failure::Permanent(why))) => ActionResult::permanent(why),
-        Ok(Err(failure)) => ActionResult::failed(failure.message().to_owned()),
-        Err(e) if e.is_panic() => ActionResult::failed(panicked(&*e.into_panic())),
-        Err(_) => ActionResult::failed("the handler's task was cancelled".into()),
-    }
-}
-
-/// Aborts a handler's task and cancels its token when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle, CancellationToken);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.1.cancel();
-        self.0.abort();
-    }
-}
-
-fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+/// What a handler that panicked is reported as.
+pub(crate) fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
     let said = panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
