@@ -77,9 +77,9 @@ impl Between {
     }
 
     async fn act(self) {
-        static ZYGOTE: std::sync::LazyLock<scheduler::engine::supervisor::Launcher> =
+        static ZYGOTE: std::sync::LazyLock<scheduler::engine::supervision::Launcher> =
             std::sync::LazyLock::new(|| {
-                scheduler::engine::supervisor::Launcher::new(
+                scheduler::engine::supervision::Launcher::new(
                     env!("CARGO_BIN_EXE_scheduler-supervise").into(),
                     Vec::new(),
                 )
@@ -92,7 +92,7 @@ impl Between {
                 assert!(status.success());
             }
             Between::Supervised => {
-                let spec = scheduler::engine::supervisor::Spec {
+                let spec = scheduler::engine::supervision::Spec {
                     fence_ms: 60_000,
                     program: "/bin/true".into(),
                     args: Vec::new(),
@@ -102,7 +102,7 @@ impl Between {
                 let mut job = ZYGOTE.start(&spec).await.unwrap();
                 assert_eq!(
                     job.status.ended().await,
-                    scheduler::engine::zygote::Ended::Exited(0)
+                    scheduler::engine::supervision::Ended::Exited(0)
                 );
             }
         }

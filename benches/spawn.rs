@@ -60,7 +60,7 @@ fn supervised_by_scheduler() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_scheduler"));
     command
         .args([
-            scheduler::engine::supervisor::ARG,
+            scheduler::engine::supervision::ARG,
             "60000",
             "--",
             "/bin/true",
@@ -70,9 +70,9 @@ fn supervised_by_scheduler() -> Command {
 }
 
 /// Jobs per second started through a zygote, each waited for.
-fn zygote_rate(launcher: &scheduler::engine::supervisor::Launcher) -> f64 {
-    use scheduler::engine::supervisor::Spec;
-    use scheduler::engine::zygote::Ended;
+fn zygote_rate(launcher: &scheduler::engine::supervision::Launcher) -> f64 {
+    use scheduler::engine::supervision::Ended;
+    use scheduler::engine::supervision::Spec;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -103,7 +103,7 @@ fn zygote_rate(launcher: &scheduler::engine::supervisor::Launcher) -> f64 {
 }
 
 fn report(parent: &str) {
-    let zygote = scheduler::engine::supervisor::Launcher::new(
+    let zygote = scheduler::engine::supervision::Launcher::new(
         env!("CARGO_BIN_EXE_scheduler-supervise").into(),
         Vec::new(),
     );

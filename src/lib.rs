@@ -22,9 +22,8 @@
 //! - [`engine`]: the one claim → run → record path every front end drives:
 //!   which periods are due ([`engine::due`]), claims in batches, each action run
 //!   with heartbeats and self-fencing ([`engine::heartbeat`]) under its own
-//!   supervisor ([`engine::supervisor`], forked by the process's one
-//!   [`engine::zygote`]), `sql` actions committed in groups,
-//!   outcomes reported as values; [`engine::reaper`] reaps orphans.
+//!   supervisor (forked by the process's one zygote: [`engine::supervision`]),
+//!   `sql` actions committed in groups, outcomes reported as values.
 //! - [`serve`]: `scheduler serve`, the timer loop and the scan beside it;
 //!   [`serve::server`]: `/healthz` and `/metrics`.
 //! - [`cli`]: the command line; [`cli::app`] runs a parsed command, [`cli::run`]

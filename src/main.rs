@@ -6,14 +6,14 @@ use std::process::ExitCode;
 use clap::Parser;
 use nix::sys::signal::{SigHandler, Signal};
 use scheduler::cli::{Cli, Command, LogFormat};
-use scheduler::engine::supervisor;
+use scheduler::engine::supervision;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     // A job's supervisor is this binary started by the scheduler.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == supervisor::ARG) {
-        supervisor::run(&args[2..]);
+    if args.get(1).is_some_and(|a| a == supervision::ARG) {
+        supervision::child_main(&args[2..]);
     }
     // A SIGHUP tells `serve` to read jobs.toml again. Until `serve` listens
     // for it, one that comes must not end the process by the default

@@ -148,7 +148,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     }
     let applied = store.migrate().await?;
     if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
-        crate::engine::reaper::start();
+        crate::engine::supervision::reaper::start();
     }
     match cli.command {
         Command::Run(args) => run::run(&config, &store, &args, &owner_id(), shutdown).await,

@@ -40,8 +40,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::code::CodeJob;
 use crate::config::{Action, Config, ConfigError, Settings};
+use crate::engine::Engine;
 use crate::engine::manual::{self, Line, Names, Selection, Sink};
-use crate::engine::{Engine, supervisor};
+use crate::engine::supervision as supervisor;
 use crate::error::{Error, Stop};
 use crate::serve::Service;
 use crate::store::{DatabaseUrl, Store, Trigger};
@@ -584,7 +585,7 @@ impl Builder {
         }
         store.migrate().await?;
         if self.reap_orphans {
-            crate::engine::reaper::start();
+            crate::engine::supervision::reaper::start();
         }
         let owner = self.owner.unwrap_or_else(unique_owner);
         let engine = Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);

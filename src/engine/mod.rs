@@ -14,10 +14,8 @@ pub mod manual;
 mod outcomes;
 mod plain;
 mod process;
-pub mod reaper;
 mod report;
-pub mod supervisor;
-pub mod zygote;
+pub mod supervision;
 
 pub use execute::{Ending, Run, Stop};
 pub use report::{Report, Status};
@@ -205,7 +203,7 @@ pub struct Engine {
     /// once its job has stopped).
     running_here: Arc<Mutex<HashSet<PeriodKey>>>,
     /// How each job's supervisor is started.
-    supervisor: Arc<supervisor::Launcher>,
+    supervisor: Arc<supervision::Launcher>,
     /// Which `sql` jobs share a transaction with other jobs.
     quick: Arc<group::Quick>,
     /// Writes the outcomes of runs that end together in one statement.
@@ -227,13 +225,13 @@ impl Engine {
             http,
             owner: owner.into(),
             running_here: Arc::default(),
-            supervisor: Arc::new(supervisor::Launcher::find()),
+            supervisor: Arc::new(supervision::Launcher::find()),
             quick: Arc::default(),
         })
     }
 
     /// Starts `command` and `shell` jobs through `launcher`.
-    pub fn supervised_by(mut self, launcher: supervisor::Launcher) -> Engine {
+    pub fn supervised_by(mut self, launcher: supervision::Launcher) -> Engine {
         self.supervisor = Arc::new(launcher);
         self
     }

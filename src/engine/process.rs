@@ -1,5 +1,5 @@
 //! `command` and `shell` actions: a job under its own supervisor (see
-//! [`supervisor`](super::supervisor)) so that no process of its tree
+//! [`supervisor`](super::supervision::supervisor)) so that no process of its tree
 //! outlives the scheduler or its claim, its output logged line by line and
 //! its tail kept.
 
@@ -15,8 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::execute::ActionResult;
-use super::supervisor::{self, Spec};
-use super::zygote::{Ended, Status};
+use super::supervision::{self, Ended, Spec, Status};
 use super::{OUTPUT_TAIL, Run, Stop};
 use crate::config::{ProcessAction, Program};
 use crate::engine::heartbeat::Heartbeats;
@@ -36,7 +35,7 @@ const LOST_WAIT_LEAST: Duration = Duration::from_millis(100);
 /// How a job's supervisor is started and kept informed.
 pub(super) struct Spawn<'a> {
     /// How to start the supervisor.
-    pub supervisor: &'a supervisor::Launcher,
+    pub supervisor: &'a supervision::Launcher,
     /// The claim's fence deadline, moved on by every renewal.
     pub fence_at: watch::Receiver<Instant>,
     /// The heartbeats: the supervisor stops the job by itself half an

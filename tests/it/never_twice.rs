@@ -1088,7 +1088,7 @@ fn without_the_supervisor_binary_beside_it_the_scheduler_supervises_its_jobs_its
 
 /// The child of `parent` started as the zygote.
 fn zygote_of(parent: u32) -> Option<i32> {
-    scheduler::engine::reaper::children_of(parent)
+    scheduler::engine::supervision::reaper::children_of(parent)
         .into_iter()
         .map(Pid::as_raw)
         .find(|pid| {

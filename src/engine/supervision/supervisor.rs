@@ -41,68 +41,9 @@ pub const ARG: &str = "__supervise";
 /// The supervisor's own binary, looked for beside the running one.
 pub const BINARY: &str = "scheduler-supervise";
 
-/// How this process starts supervisors: the program of its zygote (see
-/// [`zygote`](super::zygote)), and the zygote once started.
-#[derive(Debug, Clone)]
-pub struct Launcher {
-    /// The program.
-    pub program: std::path::PathBuf,
-    /// Arguments before the supervisor's own (the mode switch).
-    pub lead: Vec<&'static str>,
-    /// The zygote, started with the first job.
-    pub(super) zygote: super::zygote::Connection,
-}
-
-impl Launcher {
-    /// Supervisors started as `program` (with `lead` before their own
-    /// arguments).
-    pub fn new(program: std::path::PathBuf, lead: Vec<&'static str>) -> Launcher {
-        Launcher {
-            program,
-            lead,
-            zygote: Default::default(),
-        }
-    }
-
-    /// The small `scheduler-supervise` binary beside this one if it is
-    /// there (it starts in about a millisecond less than the whole
-    /// scheduler), else this binary in supervisor mode.
-    pub fn find() -> Launcher {
-        match Launcher::beside() {
-            Some(program) => Launcher::new(program, Vec::new()),
-            None => Launcher::new("/proc/self/exe".into(), vec![ARG]),
-        }
-    }
-
-    /// The `scheduler-supervise` binary beside this program.
-    fn beside() -> Option<std::path::PathBuf> {
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.join(BINARY)))
-            .filter(|path| path.is_file())
-    }
-
-    /// The `scheduler-supervise` binary beside this program, else on
-    /// `PATH`.
-    pub fn installed() -> Option<std::path::PathBuf> {
-        let beside = Launcher::beside();
-        let on_path: Vec<std::path::PathBuf> = std::env::var_os("PATH")
-            .map(|path| {
-                std::env::split_paths(&path)
-                    .map(|dir| dir.join(BINARY))
-                    .collect()
-            })
-            .unwrap_or_default();
-        beside
-            .into_iter()
-            .chain(on_path)
-            .find(|path| path.is_file())
-    }
-}
-
 /// Exit code when the job cannot be started at all (as a shell says for a
 /// command it cannot run).
-const CANNOT_START: i32 = 127;
+pub(super) const CANNOT_START: i32 = 127;
 
 /// The argument after [`ARG`] (or first, for `scheduler-supervise`) that
 /// starts the long-lived supervisor of a whole scheduler process (see
@@ -128,7 +69,7 @@ pub struct Spec {
 impl Spec {
     /// `FENCE_MS -- PROGRAM ARGS…`, the command line of a supervisor started
     /// for one job (its environment and directory are its own).
-    fn from_args(args: &[OsString]) -> Result<Spec, String> {
+    pub(super) fn from_args(args: &[OsString]) -> Result<Spec, String> {
         match args {
             [fence, dashdash, program, rest @ ..] if dashdash == "--" => Ok(Spec {
                 fence_ms: fence
@@ -191,23 +132,6 @@ impl Spec {
     }
 }
 
-/// Supervises the job `args` describe (`FENCE_MS -- PROGRAM ARGS…`) and
-/// exits as the job did; with [`ZYGOTE`] first, serves a whole scheduler
-/// process instead.
-pub fn run(args: &[OsString]) -> ! {
-    if args.first().is_some_and(|a| a == ZYGOTE) {
-        super::zygote::serve()
-    }
-    let status = match Spec::from_args(args).and_then(|spec| supervise(&spec)) {
-        Ok(status) => status,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(CANNOT_START);
-        }
-    };
-    exit_like(status)
-}
-
 /// A job started by a zygote's child from the request `bytes`, supervised
 /// to its end: how it ended, as one line for the scheduler (`exit N`,
 /// `signal N`).
@@ -223,7 +147,7 @@ pub(super) fn supervise_request(bytes: &[u8]) -> String {
     }
 }
 
-fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
+pub(super) fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
     let mut watched = SigSet::empty();
     for signal in [
         Signal::SIGCHLD,
@@ -402,12 +326,12 @@ pub(super) fn children() -> Vec<Pid> {
             .filter_map(|p| p.parse().ok())
             .map(Pid::from_raw)
             .collect(),
-        Err(_) => crate::engine::reaper::children_of(me),
+        Err(_) => super::reaper::children_of(me),
     }
 }
 
 /// Exits with the job's code, or dies of the job's signal.
-fn exit_like(status: Option<WaitStatus>) -> ! {
+pub(super) fn exit_like(status: Option<WaitStatus>) -> ! {
     match status {
         Some(WaitStatus::Exited(_, code)) => std::process::exit(code),
         Some(WaitStatus::Signaled(_, signal, _)) => {
@@ -423,5 +347,30 @@ fn exit_like(status: Option<WaitStatus>) -> ! {
             std::process::exit(128 + signal as i32)
         }
         _ => std::process::exit(CANNOT_START),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_survives_its_encoding() {
+        let spec = Spec {
+            fence_ms: 40_000,
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), "".into(), "echo {x} é".into()],
+            env: vec![("A".into(), "".into()), ("B".into(), "x=y".into())],
+            workdir: Some("/tmp/a b".into()),
+        };
+        assert_eq!(Spec::decode(&spec.encode()), Ok(spec));
+        let bare = Spec {
+            fence_ms: 1,
+            program: "true".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            workdir: None,
+        };
+        assert_eq!(Spec::decode(&bare.encode()), Ok(bare));
     }
 }
