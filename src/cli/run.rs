@@ -119,6 +119,10 @@ struct Printer {
 }
 
 impl Sink for Printer {
+    fn paused(&mut self, job: &str) {
+        eprintln!("{job}: paused; `scheduler resume {job}` to run it again");
+    }
+
     fn total(&mut self, total: Option<u64>) {
         if total.is_some_and(|t| t < 2) {
             return;

@@ -3,119 +3,16 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+use super::action::{ActionResult, Run, Stop};
 use super::heartbeat::{Loss, Watch};
 use super::plain;
 use super::{Engine, http, process};
-use crate::config::{Action, Job};
+use crate::config::Action;
 use crate::error::Error;
 use crate::handler::Handler;
-use crate::period::{Period, PeriodKey, utc_text};
-use crate::store::{Finish, Lease};
-use crate::template::Values;
-
-/// One claimed period about to run.
-pub struct Run<'a> {
-    /// The job.
-    pub job: &'a Job,
-    /// The period it covers.
-    pub period: &'a Period,
-    /// `<job>:<label>`.
-    pub key: &'a PeriodKey,
-    /// The won claim.
-    pub lease: &'a Lease,
-    /// The fire it stands for.
-    pub scheduled_at: DateTime<Utc>,
-}
-
-impl Values for Run<'_> {
-    fn value(&self, name: &str) -> String {
-        match name {
-            "job" => self.job.name.clone(),
-            "period" => self.period.label.clone(),
-            "period_key" => self.key.to_string(),
-            "period_start" => utc_text(self.period.start),
-            "period_end" => utc_text(self.period.end),
-            "scheduled_at" => utc_text(self.scheduled_at),
-            "attempt" => self.lease.attempt.to_string(),
-            _ => String::new(),
-        }
-    }
-}
-
-impl Run<'_> {
-    /// The `SCHEDULER_*` variables a child process sees.
-    pub fn environment(&self) -> [(&'static str, String); 8] {
-        [
-            ("SCHEDULER_JOB", self.value("job")),
-            ("SCHEDULER_PERIOD", self.value("period")),
-            ("SCHEDULER_PERIOD_KEY", self.value("period_key")),
-            ("SCHEDULER_PERIOD_START", self.value("period_start")),
-            ("SCHEDULER_PERIOD_END", self.value("period_end")),
-            ("SCHEDULER_SCHEDULED_AT", self.value("scheduled_at")),
-            ("SCHEDULER_ATTEMPT", self.value("attempt")),
-            ("SCHEDULER_TRIGGER", self.lease.trigger.as_str().to_owned()),
-        ]
-    }
-}
-
-/// Why a running action was stopped before it ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// The claim was taken over: stop now, record nothing.
-    Lost,
-    /// Shutdown and the grace ran out: stop, release the claim.
-    Shutdown,
-}
-
-/// What an action reports.
-pub(crate) enum ActionResult {
-    /// It ended; `retryable` says whether a failure may be retried.
-    Done(Finish, bool),
-    /// It was stopped.
-    /// It was stopped; a process's output tail, masked.
-    Stopped(Stop, Option<String>),
-}
-
-impl ActionResult {
-    pub(super) fn succeeded() -> ActionResult {
-        ActionResult::Done(
-            Finish {
-                succeeded: true,
-                ..Finish::default()
-            },
-            false,
-        )
-    }
-
-    pub(super) fn failed(error: String) -> ActionResult {
-        ActionResult::Done(
-            Finish {
-                error: Some(error),
-                ..Finish::default()
-            },
-            true,
-        )
-    }
-
-    pub(super) fn permanent(error: String) -> ActionResult {
-        ActionResult::Done(
-            Finish {
-                error: Some(error),
-                ..Finish::default()
-            },
-            false,
-        )
-    }
-
-    pub(super) fn set_exit_code(&mut self, code: i32) {
-        if let ActionResult::Done(finish, _) = self {
-            finish.exit_code = Some(code);
-        }
-    }
-}
+use crate::store::Finish;
 
 /// How a run ended, as far as the caller is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]

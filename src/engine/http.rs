@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 
-use super::execute::ActionResult;
+use super::action::ActionResult;
 use super::{OUTPUT_TAIL, Run, Stop};
 use crate::template::Template;
 

@@ -227,6 +227,11 @@ pub trait Sink: Send + Sync {
         let _ = total;
     }
 
+    /// `job` is paused: none of its due periods are run.
+    fn paused(&mut self, job: &str) {
+        tracing::info!(job, "paused: its due periods are not run");
+    }
+
     /// A period was claimed and starts to run.
     fn claimed(&mut self, key: &str, attempt: i32) {
         let _ = (key, attempt);
@@ -252,7 +257,7 @@ pub async fn run(
     sink: &mut dyn Sink,
 ) -> Result<Outcome, Error> {
     let now = Utc::now();
-    let mut plans = plan(config, engine.store(), request, now).await?;
+    let mut plans = plan(config, engine.store(), request, now, sink).await?;
     let total = plans
         .iter()
         .try_fold(0u64, |sum, p| Some(sum + p.periods.len(p.job)?));
@@ -664,6 +669,7 @@ async fn plan<'a>(
     store: &Store,
     request: &Request,
     now: DateTime<Utc>,
+    sink: &mut dyn Sink,
 ) -> Result<Vec<Plan<'a>>, Error> {
     let jobs: Vec<&Job> = match &request.job {
         Some(name) => vec![config.job(name)?],
@@ -680,10 +686,7 @@ async fn plan<'a>(
                 continue;
             };
             if seen.paused {
-                eprintln!(
-                    "{}: paused; `scheduler resume {}` to run it again",
-                    job.name, job.name
-                );
+                sink.paused(&job.name);
                 continue;
             }
             let window =

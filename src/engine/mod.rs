@@ -5,6 +5,7 @@
 //! actions in groups of one transaction), records the outcome under the
 //! claim's attempt, and reports how each ended as a value ([`Report`]).
 
+mod action;
 pub mod due;
 mod execute;
 mod group;
@@ -17,7 +18,8 @@ mod process;
 mod report;
 pub mod supervision;
 
-pub use execute::{Ending, Run, Stop};
+pub use action::{Run, Stop};
+pub use execute::Ending;
 pub use report::{Report, Status};
 
 use std::collections::HashSet;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::execute::{ActionResult, Run, Stop};
+use super::action::{ActionResult, Run, Stop};
 use crate::handler::{Context, Failure, Plain, panicked};
 
 /// Runs a plain handler as a task of its own until it ends, `stop`

@@ -14,7 +14,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::execute::ActionResult;
+use super::action::ActionResult;
 use super::supervision::{self, Ended, Spec, Status};
 use super::{OUTPUT_TAIL, Run, Stop};
 use crate::config::{ProcessAction, Program};

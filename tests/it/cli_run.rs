@@ -1082,3 +1082,23 @@ fn a_forced_run_waits_for_a_row_another_transaction_holds_and_runs_it() {
         assert_eq!(new, periods, "{}", forced.stdout());
     }
 }
+
+#[test]
+fn run_of_a_paused_job_runs_nothing_and_says_how_to_resume_it() {
+    let db = TestDb::sqlite();
+    let ws = workspace("shell = \"echo ran >> runs.txt\"");
+    // `run` first sees the job (a job never seen cannot be paused).
+    assert_eq!(run(&ws, &db, &[]).code(), 0);
+    let paused = ws.run(&["--database-url", &db.url, "pause", "billing"]);
+    assert_eq!(paused.code(), 0, "{}", paused.stderr());
+    let ran = lines(ws.path().join("runs.txt")).len();
+    let out = run(&ws, &db, &[]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    assert!(
+        out.stderr()
+            .contains("billing: paused; `scheduler resume billing` to run it again"),
+        "{}",
+        out.stderr()
+    );
+    assert_eq!(lines(ws.path().join("runs.txt")).len(), ran);
+}
