@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use crate::config::{Config, Job};
+use crate::engine::operate;
 use crate::error::{Error, Outcome, Stop, say};
 use crate::period::{PeriodKey, utc_text};
 use crate::store::{Claim, ClaimRow, ClaimState, PeriodState, Released, Store};
@@ -497,17 +498,22 @@ pub async fn release(
     job: &str,
     label: &str,
 ) -> Result<Outcome, Stop> {
-    let key = period_key_of(config.job(job)?, label)?;
-    match store.release_key(&key).await? {
-        Some(Released { owner, lease_until }) => say(format_args!(
+    let job = config.job(job)?;
+    let period = job
+        .period
+        .parse_label(&job.schedule, label)
+        .map_err(|e| Error::Usage(format!("--period: {e}")))?;
+    match operate::release(store, job, &period).await? {
+        (key, Some(Released { owner, lease_until })) => say(format_args!(
             "{key}: released (was running on {owner}); its runner stops the job at its next heartbeat and the period can be claimed then, or at {} at the latest if that runner cannot be reached",
             lease_until.map_or_else(|| "once".to_owned(), utc_text)
         ))?,
         // Nothing to end: the period named is not running (a wrong label,
         // or it ended meanwhile), which a script must be told.
-        None => {
+        (key, None) => {
             return Err(Stop::Failed(Error::Usage(format!(
-                "release: {key} has no running claim to release (`scheduler status {job} --from {label} --to {label}` shows how it stands)"
+                "release: {key} has no running claim to release (`scheduler status {} --from {label} --to {label}` shows how it stands)",
+                job.name
             ))));
         }
     }
@@ -525,7 +531,7 @@ pub fn period_key_of(job: &Job, label: &str) -> Result<String, Error> {
 
 /// `scheduler pause JOB` / `scheduler resume JOB`.
 pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, Stop> {
-    store.set_paused(job, paused).await?;
+    operate::pause(store, job, paused).await?;
     say(format_args!(
         "{job}: {}",
         if paused { "paused" } else { "resumed" }
@@ -537,29 +543,20 @@ pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, St
 /// nothing pruned included.
 pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outcome, Stop> {
     let verb = if dry_run { "would prune" } else { "pruned" };
-    let mut any = false;
-    for job in &config.jobs {
-        if let Some(keep) = job.keep {
-            any = true;
-            let pruned = store
-                .prune(&job.name, keep, config.settings.catch_up, dry_run)
-                .await?;
-            say(format_args!(
-                "{}: {verb} {pruned} finished claim(s) older than {} (keep; periods that fired inside the catch-up window are kept)",
-                job.name,
-                crate::config::short(keep)
-            ))?;
-        }
-    }
-    if let Some(api) = &config.api {
-        any = true;
-        let pruned = store.prune_api(dry_run).await?;
+    let pruned = operate::prune(config, store, dry_run).await?;
+    for (job, keep, n) in &pruned.jobs {
         say(format_args!(
-            "api: {verb} {pruned} Idempotency-Key(s) and run(s) older than {} (key_ttl)",
-            crate::config::short(api.key_ttl)
+            "{job}: {verb} {n} finished claim(s) older than {} (keep; periods that fired inside the catch-up window are kept)",
+            crate::config::short(*keep)
         ))?;
     }
-    if !any {
+    if let Some((key_ttl, n)) = pruned.api {
+        say(format_args!(
+            "api: {verb} {n} Idempotency-Key(s) and run(s) older than {} (key_ttl)",
+            crate::config::short(key_ttl)
+        ))?;
+    }
+    if pruned.jobs.is_empty() && pruned.api.is_none() {
         say(format_args!(
             "nothing to prune: no job has `keep` and there is no [api]; claims are kept for ever"
         ))?;

@@ -40,9 +40,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::code::CodeJob;
 use crate::config::{Action, Config, ConfigError, Settings};
-use crate::engine::Engine;
 use crate::engine::manual::{self, Line, Names, Selection, Sink};
 use crate::engine::supervision as supervisor;
+use crate::engine::{Engine, operate};
 use crate::error::{Error, Stop};
 use crate::serve::Service;
 use crate::store::{DatabaseUrl, Store, Trigger};
@@ -217,36 +217,23 @@ impl Scheduler {
             .period
             .parse_label(&job.schedule, label)
             .map_err(|e| Error::Usage(format!("label: {e}")))?;
-        let key = crate::period::PeriodKey::new(&job.name, &period.label);
-        Ok(self
-            .engine
-            .store()
-            .release_key(key.as_str())
-            .await?
-            .is_some())
+        let (_, released) = operate::release(self.engine.store(), job, &period).await?;
+        Ok(released.is_some())
     }
 
     /// Pauses `job` (`true`) or resumes it, for every replica, as `scheduler
     /// pause` and `resume` do.
     pub async fn pause(&self, job: &str, paused: bool) -> Result<(), Error> {
         let job = self.config.job(job)?;
-        self.engine.store().set_paused(&job.name, paused).await
+        operate::pause(self.engine.store(), &job.name, paused).await
     }
 
     /// Deletes the finished claims of every job with `keep` that are older
     /// than it (periods that fired inside the catch-up window are kept), as
     /// `scheduler prune` does; how many went.
     pub async fn prune(&self) -> Result<u64, Error> {
-        let mut pruned = 0;
-        for job in &self.config.jobs {
-            if let Some(keep) = job.keep {
-                let store = self.engine.store();
-                pruned += store
-                    .prune(&job.name, keep, self.config.settings.catch_up, false)
-                    .await?;
-            }
-        }
-        Ok(pruned)
+        let pruned = operate::prune(&self.config, self.engine.store(), false).await?;
+        Ok(pruned.jobs.iter().map(|(_, _, n)| n).sum())
     }
 }
 

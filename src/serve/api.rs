@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Job, Token};
-use crate::engine::Engine;
 use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
+use crate::engine::{Engine, operate};
 use crate::error::{Error, Stop};
 use crate::period::{PeriodKey, utc_text};
 use crate::store::{ApiRun, KeyClaim, Released, Store};
@@ -1245,7 +1245,7 @@ async fn set_paused(
                 Ok(job) => job,
                 Err(reply) => return reply,
             };
-            match store.set_paused(&job.name, paused).await {
+            match operate::pause(&store, &job.name, paused).await {
                 Ok(()) => {
                     let _ = events.send(super::Event::Paused(job.name.clone(), paused));
                     tracing::info!(job = %job.name, by = %by, paused, "paused over the API");
@@ -1291,9 +1291,8 @@ async fn release(
                 Ok(mut periods) => periods.remove(0),
                 Err(e) => return Reply::of(&e),
             };
-            let key = PeriodKey::new(&job.name, &period.label).to_string();
-            match store.release_key(&key).await {
-                Ok(Some(Released { owner, lease_until })) => {
+            match operate::release(&store, job, &period).await {
+                Ok((key, Some(Released { owner, lease_until }))) => {
                     tracing::info!(period_key = %key, by = %by, "released over the API");
                     Reply::ok(
                         StatusCode::OK,
@@ -1307,7 +1306,7 @@ async fn release(
                 }
                 // As `scheduler release` exits 2: the period named is not
                 // running, which the caller must be told.
-                Ok(None) => Reply::ok(
+                Ok((key, None)) => Reply::ok(
                     StatusCode::CONFLICT,
                     json!({
                         "error": format!("{key} has no running claim to release"),
