@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::config::{Config, Job};
 use crate::engine::operate;
+use crate::engine::view::{self, PeriodView};
 use crate::error::{Error, Outcome, Stop, say};
 use crate::period::{PeriodKey, utc_text};
 use crate::store::{Claim, ClaimRow, ClaimState, PeriodState, Released, Store};
@@ -346,15 +347,16 @@ pub async fn range(
         RANGE_LIMIT,
         crate::engine::manual::Names::FLAGS,
     )?;
-    for chunk in periods.chunks(1_000) {
-        let keys: Vec<String> = chunk
-            .iter()
-            .map(|p| PeriodKey::new(&job.name, &p.label).to_string())
-            .collect();
-        let rows = store.rows(&keys).await?;
-        for (period, key) in chunk.iter().zip(keys) {
-            let row = rows.get(&key);
-            let (state, fire) = crate::engine::due::standing(job, period, row, now);
+    for chunk in periods.chunks(view::VIEWS_PER_READ) {
+        for view in view::periods(store, job, chunk, now).await? {
+            let PeriodView {
+                key,
+                period,
+                state,
+                fire,
+                row,
+            } = view;
+            let row = row.as_ref();
             let detail = match row {
                 None if state == PeriodState::NotDue => format!("fires at {}", time(fire)),
                 None => "due, never run".to_owned(),

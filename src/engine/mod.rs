@@ -18,6 +18,7 @@ mod plain;
 mod process;
 mod report;
 pub mod supervision;
+pub mod view;
 
 pub use action::{Run, Stop};
 pub use execute::Ending;

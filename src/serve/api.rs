@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::config::{Config, Job, Token};
 use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
+use crate::engine::view::{self, PeriodView};
 use crate::engine::{Engine, operate};
 use crate::error::{Error, Stop};
 use crate::period::{PeriodKey, utc_text};
@@ -403,19 +404,20 @@ async fn periods(
         Err(e) => return Reply::of(&e),
     };
     let mut out = Vec::with_capacity(listed.len());
-    for chunk in listed.chunks(1_000) {
-        let keys: Vec<String> = chunk
-            .iter()
-            .map(|p| PeriodKey::new(&job.name, &p.label).to_string())
-            .collect();
-        let rows = match api.store().rows(&keys).await {
-            Ok(rows) => rows,
+    for chunk in listed.chunks(view::VIEWS_PER_READ) {
+        let views = match view::periods(api.store(), job, chunk, Utc::now()).await {
+            Ok(views) => views,
             Err(e) => return Reply::of(&e),
         };
-        let now = Utc::now();
-        for (period, key) in chunk.iter().zip(keys) {
-            let row = rows.get(&key);
-            let (state, fire) = crate::engine::due::standing(job, period, row, now);
+        for PeriodView {
+            key,
+            period,
+            state,
+            fire,
+            row,
+        } in views
+        {
+            let row = row.as_ref();
             out.push(json!({
                 "period_key": key,
                 "period": period.label,
@@ -453,29 +455,37 @@ async fn period(
         Ok(mut periods) => periods.remove(0),
         Err(e) => return Reply::of(&e),
     };
-    let key = PeriodKey::new(&job.name, &period.label).to_string();
     let result = async {
-        let row = api.store().rows(std::slice::from_ref(&key)).await?;
-        let attempts = api.store().attempts(&key, 1_000).await?;
-        Ok::<_, Error>((row.get(&key).cloned(), attempts))
+        let mut views =
+            view::periods(api.store(), job, std::slice::from_ref(&period), Utc::now()).await?;
+        let view = views
+            .pop()
+            .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
+        let attempts = api.store().attempts(view.key.as_str(), 1_000).await?;
+        Ok::<_, Error>((view, attempts))
     };
     match result.await {
-        Ok((row, attempts)) => {
-            let (state, fire) =
-                crate::engine::due::standing(job, &period, row.as_ref(), Utc::now());
-            Reply::ok(
-                StatusCode::OK,
-                json!({
-                    "job": job.name,
-                    "period": period.label,
-                    "period_key": key,
-                    "state": state,
-                    "fire": fire.map(utc_text),
-                    "claim": row,
-                    "attempts": attempts,
-                }),
-            )
-        }
+        Ok((
+            PeriodView {
+                key,
+                state,
+                fire,
+                row,
+                ..
+            },
+            attempts,
+        )) => Reply::ok(
+            StatusCode::OK,
+            json!({
+                "job": job.name,
+                "period": period.label,
+                "period_key": key,
+                "state": state,
+                "fire": fire.map(utc_text),
+                "claim": row,
+                "attempts": attempts,
+            }),
+        ),
         Err(e) => Reply::of(&e),
     }
 }

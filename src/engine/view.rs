@@ -1,0 +1,59 @@
+//! The one view of a period that every front end shows: its key, where it
+//! stands ([`PeriodState`]), the fire that makes it due and its claim row,
+//! read for many periods in one statement.
+
+use chrono::{DateTime, Utc};
+
+use crate::config::Job;
+use crate::error::Error;
+use crate::period::{Period, PeriodKey};
+use crate::store::{ClaimRow, PeriodState, Store};
+
+/// How many periods' rows one statement reads.
+pub const VIEWS_PER_READ: usize = 1_000;
+
+/// One period of a job, as it stands.
+#[derive(Debug, Clone)]
+pub struct PeriodView {
+    /// `<job>:<label>`.
+    pub key: PeriodKey,
+    /// The period.
+    pub period: Period,
+    /// Where it stands.
+    pub state: PeriodState,
+    /// The fire that makes it due, if the schedule has one.
+    pub fire: Option<DateTime<Utc>>,
+    /// Its claim, if it was ever claimed.
+    pub row: Option<ClaimRow>,
+}
+
+/// The views of `periods` of `job` (at most [`VIEWS_PER_READ`], read in one
+/// statement), in their order, as they stand at `now`.
+pub async fn periods(
+    store: &Store,
+    job: &Job,
+    periods: &[Period],
+    now: DateTime<Utc>,
+) -> Result<Vec<PeriodView>, Error> {
+    let keys: Vec<PeriodKey> = periods
+        .iter()
+        .map(|p| PeriodKey::new(&job.name, &p.label))
+        .collect();
+    let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
+    let mut rows = store.rows(&names).await?;
+    Ok(periods
+        .iter()
+        .zip(keys)
+        .map(|(period, key)| {
+            let row = rows.remove(key.as_str());
+            let (state, fire) = super::due::standing(job, period, row.as_ref(), now);
+            PeriodView {
+                key,
+                period: period.clone(),
+                state,
+                fire,
+                row,
+            }
+        })
+        .collect())
+}
