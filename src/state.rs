@@ -114,6 +114,62 @@ impl Serialize for PeriodState {
     }
 }
 
+/// What became of one period a run asked for: the word of its line in
+/// `run`, the API's `status` and the library's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeriodOutcome {
+    /// It ran and succeeded.
+    Succeeded,
+    /// It ran and failed.
+    Failed,
+    /// Its claim was taken over while it ran; nothing recorded here.
+    Lost,
+    /// Stopped by `release` or a shutdown; its claim let go.
+    Released,
+    /// Its lease could not be renewed in time; nothing recorded.
+    Fenced,
+    /// It ran, but its outcome could not be written.
+    Error,
+    /// Not run: done, running elsewhere, or not due for a retry.
+    Skipped,
+    /// Not run: every concurrency slot of its job was taken.
+    Busy,
+    /// Not run: a shutdown came while it waited.
+    Interrupted,
+    /// `--dry-run`: it would be claimed.
+    WouldClaim,
+}
+
+impl PeriodOutcome {
+    /// The word shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeriodOutcome::Succeeded => "succeeded",
+            PeriodOutcome::Failed => "failed",
+            PeriodOutcome::Lost => "lost",
+            PeriodOutcome::Released => "released",
+            PeriodOutcome::Fenced => "fenced",
+            PeriodOutcome::Error => "error",
+            PeriodOutcome::Skipped => "skipped",
+            PeriodOutcome::Busy => "busy",
+            PeriodOutcome::Interrupted => "interrupted",
+            PeriodOutcome::WouldClaim => "would claim",
+        }
+    }
+}
+
+impl fmt::Display for PeriodOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl Serialize for PeriodOutcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 /// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

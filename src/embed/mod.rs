@@ -45,6 +45,7 @@ use crate::engine::supervision as supervisor;
 use crate::engine::{Engine, operate};
 use crate::error::{Error, Stop};
 use crate::serve::Service;
+use crate::state::PeriodOutcome;
 use crate::store::{DatabaseUrl, Store, Trigger};
 
 /// Where the scheduler's tables are.
@@ -340,13 +341,18 @@ pub enum RunOutcome {
 impl PeriodRun {
     fn of(line: &Line) -> PeriodRun {
         let outcome = match line.status {
-            "succeeded" => RunOutcome::Succeeded,
-            "failed" => RunOutcome::Failed,
-            "lost" => RunOutcome::Lost,
-            "released" => RunOutcome::Released,
-            "fenced" => RunOutcome::Fenced,
-            "busy" => RunOutcome::Busy,
-            _ => RunOutcome::Skipped,
+            PeriodOutcome::Succeeded => RunOutcome::Succeeded,
+            PeriodOutcome::Failed => RunOutcome::Failed,
+            PeriodOutcome::Lost => RunOutcome::Lost,
+            PeriodOutcome::Released => RunOutcome::Released,
+            // An unrecorded outcome ends a manual run with its error; were
+            // it a line, it would read as a fence does: nothing recorded,
+            // the period recovered once its lease runs out.
+            PeriodOutcome::Fenced | PeriodOutcome::Error => RunOutcome::Fenced,
+            PeriodOutcome::Busy => RunOutcome::Busy,
+            PeriodOutcome::Skipped | PeriodOutcome::Interrupted | PeriodOutcome::WouldClaim => {
+                RunOutcome::Skipped
+            }
         };
         PeriodRun {
             period_key: line.key.clone(),

@@ -15,6 +15,7 @@ use super::{Ask, Engine, Mode, Report, SQL_GROUP, Status, Taken, after_grace};
 use crate::config::{Config, Job};
 use crate::error::{Error, Outcome, Stop};
 use crate::period::{Period, PeriodKey, utc_text};
+use crate::state::PeriodOutcome;
 use crate::store::{Claim, ClaimRow, ClaimState, Store, Trigger};
 
 /// How often `--wait` looks at a claim held elsewhere.
@@ -107,8 +108,8 @@ impl Periods {
 pub struct Line {
     /// The period key.
     pub key: String,
-    /// One word: `succeeded`, `failed`, `skipped`, `busy`, `would claim`…
-    pub status: &'static str,
+    /// What became of it.
+    pub status: PeriodOutcome,
     /// The rest, in words.
     pub detail: String,
     /// The attempt it names, if any.
@@ -512,7 +513,10 @@ impl Backfill<'_> {
         }
         let held: Vec<String> = lines
             .iter()
-            .filter(|(_, line)| line.as_ref().is_some_and(|l| l.status == "skipped"))
+            .filter(|(_, line)| {
+                line.as_ref()
+                    .is_some_and(|l| l.status == PeriodOutcome::Skipped)
+            })
             .map(|(ask, _)| ask.key().to_string())
             .collect();
         if held.is_empty() {
@@ -523,7 +527,11 @@ impl Backfill<'_> {
             let released = rows
                 .get(ask.key().as_str())
                 .is_some_and(|row| row.state == ClaimState::Released);
-            if released && line.as_ref().is_some_and(|l| l.status == "skipped") {
+            if released
+                && line
+                    .as_ref()
+                    .is_some_and(|l| l.status == PeriodOutcome::Skipped)
+            {
                 *line = None;
             }
         }
@@ -554,7 +562,7 @@ impl Backfill<'_> {
                     tokio::select! {
                         () = tokio::time::sleep(WAIT_POLL) => continue,
                         _ = shutdown.wait_for(|down| *down) => {
-                            return Ok(Line::new(&key, "interrupted", "while waiting for a concurrency slot; not run".into(), None));
+                            return Ok(Line::new(&key, PeriodOutcome::Interrupted, "while waiting for a concurrency slot; not run".into(), None));
                         }
                     }
                 }
@@ -575,7 +583,7 @@ impl Backfill<'_> {
             tokio::select! {
                 () = tokio::time::sleep(WAIT_POLL) => {}
                 _ = shutdown.wait_for(|down| *down) => {
-                    return Ok(Some(Line::new(key, "interrupted", "while waiting for the run elsewhere; not run here".into(), None)));
+                    return Ok(Some(Line::new(key, PeriodOutcome::Interrupted, "while waiting for the run elsewhere; not run here".into(), None)));
                 }
             }
             let rows = self.engine.store().rows(&[key.to_string()]).await?;
@@ -587,7 +595,7 @@ impl Backfill<'_> {
                 Claim::Held { .. } => continue,
                 Claim::Succeeded { at } => Some(Line::new(
                     key,
-                    "succeeded",
+                    PeriodOutcome::Succeeded,
                     format!(
                         "on {} at {} (attempt {})",
                         row.owner,
@@ -598,7 +606,7 @@ impl Backfill<'_> {
                 )),
                 Claim::Failed { .. } => Some(Line::new(
                     key,
-                    "failed",
+                    PeriodOutcome::Failed,
                     format!("on {} (attempt {})", row.owner, row.attempt),
                     attempt,
                 )),
@@ -613,7 +621,7 @@ impl Backfill<'_> {
         if ask.mode.manual && matches!(taken, Taken::Not(Claim::Busy)) {
             return Line::new(
                 &ask.key(),
-                "busy",
+                PeriodOutcome::Busy,
                 format!(
                     "not run: all {} concurrency slot(s) of `{}` are taken by running periods; --wait waits for one",
                     ask.job.concurrency, ask.job.name
@@ -625,7 +633,7 @@ impl Backfill<'_> {
         let report = Report::not_run(ask, taken);
         Line {
             held,
-            ..Line::new(&report.key, report.word(), report.detail(), None)
+            ..Line::new(&report.key, report.outcome(), report.detail(), None)
         }
     }
 
@@ -641,11 +649,17 @@ impl Backfill<'_> {
     fn emit(&mut self, line: &Line) -> Result<(), Stop> {
         // An interrupted run exits 1 whatever it was doing: the period may
         // be nobody's now (a released one it was waiting for).
-        if matches!(line.status, "failed" | "released" | "busy" | "interrupted") {
+        if matches!(
+            line.status,
+            PeriodOutcome::Failed
+                | PeriodOutcome::Released
+                | PeriodOutcome::Busy
+                | PeriodOutcome::Interrupted
+        ) {
             self.outcome = Outcome::RunFailed;
         }
-        self.out_of_slots |= line.status == "busy";
-        self.fenced += usize::from(line.status == "fenced");
+        self.out_of_slots |= line.status == PeriodOutcome::Busy;
+        self.fenced += usize::from(line.status == PeriodOutcome::Fenced);
         match self.changed.remove(&line.key) {
             Some(attempt) if line.attempt.is_some_and(|a| a > attempt) => {
                 let mut line = line.clone();
@@ -936,7 +950,7 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
         _ => return None,
     };
     Some(Line {
-        status: "skipped",
+        status: PeriodOutcome::Skipped,
         attempt: Some(row.attempt),
         ..Line::bare(key, detail)
     })
@@ -944,11 +958,11 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
 
 fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
     let (status, detail) = match row {
-        None => ("would claim", "new period".to_owned()),
+        None => (PeriodOutcome::WouldClaim, "new period".to_owned()),
         Some(row) => match skip_line(key, row, request) {
-            Some(skip) => ("skipped", skip.detail),
+            Some(skip) => (PeriodOutcome::Skipped, skip.detail),
             None => (
-                "would claim",
+                PeriodOutcome::WouldClaim,
                 match row.as_claim() {
                     Claim::Succeeded { .. } => {
                         "already succeeded; --force runs it again".to_owned()
@@ -972,7 +986,7 @@ fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
 }
 
 impl Line {
-    fn new(key: &PeriodKey, status: &'static str, detail: String, attempt: Option<i32>) -> Line {
+    fn new(key: &PeriodKey, status: PeriodOutcome, detail: String, attempt: Option<i32>) -> Line {
         Line {
             status,
             attempt,
@@ -983,7 +997,7 @@ impl Line {
     fn bare(key: &str, detail: String) -> Line {
         Line {
             key: key.to_owned(),
-            status: "skipped",
+            status: PeriodOutcome::Skipped,
             detail,
             attempt: None,
             trigger: None,
@@ -1022,7 +1036,12 @@ impl Line {
             error,
             retry_at,
             duration_ms: Some(u64::try_from(report.took.as_millis()).unwrap_or(u64::MAX)),
-            ..Line::new(&report.key, report.word(), report.detail(), report.attempt)
+            ..Line::new(
+                &report.key,
+                report.outcome(),
+                report.detail(),
+                report.attempt,
+            )
         })
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::{Ask, Ending, Taken};
 use crate::error::Error;
 use crate::period::{PeriodKey, utc_text};
+use crate::state::PeriodOutcome;
 use crate::store::{Claim, Lease, Trigger};
 
 /// How one period ended.
@@ -127,15 +128,15 @@ impl Report {
 
     /// One word for it: `succeeded`, `failed`, `lost`, `released`,
     /// `fenced`, `error` or `skipped`.
-    pub fn word(&self) -> &'static str {
+    pub fn outcome(&self) -> PeriodOutcome {
         match self.status {
-            Status::Succeeded => "succeeded",
-            Status::Failed { .. } => "failed",
-            Status::Lost => "lost",
-            Status::Withdrawn | Status::Released => "released",
-            Status::Fenced => "fenced",
-            Status::Unrecorded(_) => "error",
-            Status::RunningHere | Status::NotWon(_) => "skipped",
+            Status::Succeeded => PeriodOutcome::Succeeded,
+            Status::Failed { .. } => PeriodOutcome::Failed,
+            Status::Lost => PeriodOutcome::Lost,
+            Status::Withdrawn | Status::Released => PeriodOutcome::Released,
+            Status::Fenced => PeriodOutcome::Fenced,
+            Status::Unrecorded(_) => PeriodOutcome::Error,
+            Status::RunningHere | Status::NotWon(_) => PeriodOutcome::Skipped,
         }
     }
 

@@ -25,6 +25,7 @@ use crate::engine::view::{self, PeriodView};
 use crate::engine::{Engine, operate};
 use crate::error::{Error, Stop};
 use crate::period::{PeriodKey, utc_text};
+use crate::state::PeriodOutcome;
 use crate::store::{ApiRun, KeyClaim, Released, Store};
 
 /// The largest request body.
@@ -943,7 +944,7 @@ impl Progress {
             && self
                 .lines
                 .iter()
-                .all(|l| matches!(l.status, "succeeded" | "skipped"));
+                .all(|l| matches!(l.status, PeriodOutcome::Succeeded | PeriodOutcome::Skipped));
         if self.all_busy() {
             return Some("busy");
         }
@@ -964,11 +965,11 @@ impl Progress {
     /// so far found none, or was skipped (done or running elsewhere).
     fn all_busy(&self) -> bool {
         self.claimed.is_empty()
-            && self.lines.iter().any(|l| l.status == "busy")
+            && self.lines.iter().any(|l| l.status == PeriodOutcome::Busy)
             && self
                 .lines
                 .iter()
-                .all(|l| matches!(l.status, "busy" | "skipped"))
+                .all(|l| matches!(l.status, PeriodOutcome::Busy | PeriodOutcome::Skipped))
     }
 }
 
@@ -1071,7 +1072,7 @@ impl Api {
                 p.interrupted |= *api.shutdown.borrow()
                     && p.lines
                         .iter()
-                        .any(|l| matches!(l.status, "released" | "interrupted"));
+                        .any(|l| matches!(l.status, PeriodOutcome::Released | PeriodOutcome::Interrupted));
                 if p.interrupted {
                     p.error.get_or_insert_with(|| {
                         "this replica shut down: the periods listed as released are recovered like any others, and the periods not listed were not run; POST again with a new Idempotency-Key".into()
@@ -1115,7 +1116,7 @@ impl Api {
                 let started = !p.claimed.is_empty()
                     || p.lines
                         .iter()
-                        .any(|l| !matches!(l.status, "busy" | "skipped"));
+                        .any(|l| !matches!(l.status, PeriodOutcome::Busy | PeriodOutcome::Skipped));
                 (p.done, started)
             };
             if done || (wait.is_zero() && anything) {
