@@ -23,7 +23,9 @@
 //!   which periods are due ([`engine::due`]), claims in batches, each action run
 //!   with heartbeats and self-fencing ([`engine::heartbeat`]) under its own
 //!   supervisor (forked by the process's one zygote: [`engine::supervision`]),
-//!   `sql` actions committed in groups, outcomes reported as values.
+//!   `sql` actions committed in groups, outcomes reported as values; the
+//!   one view of a period ([`engine::view`]) and the operator's actions
+//!   ([`engine::operate`]) every front end shows and uses.
 //! - [`serve`]: `scheduler serve`, the timer loop and the scan beside it;
 //!   [`serve::server`]: `/healthz` and `/metrics`.
 //! - [`cli`]: the command line; [`cli::app`] runs a parsed command, [`cli::run`]
