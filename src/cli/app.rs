@@ -32,31 +32,157 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Serve { .. } => Some(reload_signal()?),
         _ => None,
     };
-    // Only the commands that run actions need every `${VAR}`; the others
-    // read the file leniently and `check` reports what is unset.
     let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
-    let (mut config, unset) = if let Command::Run(_) = cli.command {
-        Config::load_to_run(&cli.config)?
-    } else if runs_actions {
-        (Config::load(&cli.config)?, Vec::new())
-    } else {
-        Config::load_lenient(&cli.config)?
-    };
-    let io = |e: std::io::Error| Stop::from(e).into_result();
+    let (mut config, unset) = load(&cli)?;
     let now = Utc::now();
     // Everything that needs no database is answered before one is opened.
-    match &cli.command {
+    if let Some(done) = without_database(&cli.command, &mut config, &unset, now)? {
+        return Ok(done);
+    }
+    // A port that is taken is a usage error found before any database is
+    // created or migrated.
+    let listener = match &cli.command {
+        Command::Serve { listen: Some(addr) } => Some(crate::serve::server::bind(*addr).await?),
+        _ => None,
+    };
+    // SIGTERM and SIGINT are taken over before the database is opened: one
+    // that comes while it connects must not end the process by the default
+    // action.
+    let shutdown = if runs_actions {
+        shutdown_signal()?
+    } else {
+        watch::channel(false).1
+    };
+    let (store, applied) = open(
+        &cli.command,
+        cli.database_url.as_deref(),
+        &mut config,
+        runs_actions,
+    )
+    .await?;
+    match cli.command {
+        Command::Run(args) => run::run(&config, &store, &args, &owner_id(), shutdown).await,
+        Command::Serve { .. } => {
+            let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
+            serve(&cli.config, config, store, (reload, listener, shutdown)).await
+        }
+        command => inspect_database(command, &config, &store, &applied, now).await,
+    }
+}
+
+/// The commands that read or change the database without running jobs:
+/// `migrate`, `status`, `history`, `release`, `pause`, `resume`, `prune`.
+async fn inspect_database(
+    command: Command,
+    config: &Config,
+    store: &Store,
+    applied: &[String],
+    now: chrono::DateTime<Utc>,
+) -> Result<Outcome, Error> {
+    match command {
+        Command::Migrate => {
+            let said = if applied.is_empty() {
+                say(format_args!("up to date: no migration to apply"))
+            } else {
+                applied
+                    .iter()
+                    .try_for_each(|m| say(format_args!("applied {m}")))
+            };
+            match said {
+                Ok(()) => Ok(Outcome::Done),
+                Err(stop) => stop.into_result(),
+            }
+        }
+        Command::Status {
+            job: Some(job),
+            from: Some(from),
+            to: Some(to),
+            json,
+        } => inspect::range(config, store, &job, (&from, &to), json, now)
+            .await
+            .or_else(Stop::into_result),
+        Command::Status { job, json, .. } => {
+            inspect::status(config, store, job.as_deref(), json, now)
+                .await
+                .or_else(Stop::into_result)
+        }
+        Command::History {
+            job,
+            period,
+            limit,
+            output,
+            json,
+        } => {
+            let key = match &period {
+                Some(label) => Some(inspect::period_key_of(config.job(&job)?, label)?),
+                None => None,
+            };
+            let shown = inspect::Shown {
+                limit,
+                output,
+                json,
+            };
+            inspect::history(store, &config.full_name(&job), key.as_deref(), shown)
+                .await
+                .or_else(Stop::into_result)
+        }
+        Command::Release { job, period } => inspect::release(config, store, &job, &period)
+            .await
+            .or_else(Stop::into_result),
+        Command::Pause { job } => inspect::pause(store, &config.full_name(&job), true)
+            .await
+            .or_else(Stop::into_result),
+        Command::Resume { job } => inspect::pause(store, &config.full_name(&job), false)
+            .await
+            .or_else(Stop::into_result),
+        Command::Prune { dry_run } => inspect::prune(config, store, dry_run)
+            .await
+            .or_else(Stop::into_result),
+        Command::Run(_)
+        | Command::Serve { .. }
+        | Command::Check { .. }
+        | Command::Next { .. }
+        | Command::Completions { .. }
+        | Command::Man
+        | Command::Health { .. } => Ok(Outcome::Done),
+    }
+}
+
+/// The configuration `cli`'s command needs, and the `${VAR}`s it left
+/// unset: only the commands that run actions need every one; the others
+/// read the file leniently and `check` reports what is unset.
+fn load(cli: &Cli) -> Result<(Config, Vec<ConfigError>), Error> {
+    Ok(match cli.command {
+        Command::Run(_) => Config::load_to_run(&cli.config)?,
+        Command::Serve { .. } => (Config::load(&cli.config)?, Vec::new()),
+        _ => Config::load_lenient(&cli.config)?,
+    })
+}
+
+/// Answers `command` if it needs no database (`check`, `next`), and checks
+/// what the others were given against the configuration before one is
+/// opened.
+fn without_database(
+    command: &Command,
+    config: &mut Config,
+    unset: &[ConfigError],
+    now: chrono::DateTime<Utc>,
+) -> Result<Option<Outcome>, Error> {
+    let io = |e: std::io::Error| Stop::from(e).into_result();
+    match command {
         Command::Check { strict } => {
             if *strict && !unset.is_empty() {
-                return Err(Error::Config(ConfigError::joined(unset)));
+                return Err(Error::Config(ConfigError::joined(unset.to_vec())));
             }
-            for warning in &unset {
+            for warning in unset {
                 eprintln!("warning: {warning}; `run` and `serve` need it");
             }
-            return match check::check(&config, now, &mut std::io::stdout().lock()) {
-                Ok(()) => Ok(Outcome::Done),
-                Err(e) => io(e),
-            };
+            return Ok(Some(
+                match check::check(config, now, &mut std::io::stdout().lock()) {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => io(e)?,
+                },
+            ));
         }
         Command::Next { job, count, after } => {
             let job = config.job(job)?;
@@ -64,22 +190,24 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
                 Some(after) => after.resolve(job.schedule.zone()),
                 None => now,
             };
-            return match check::next(job, after, *count, &mut std::io::stdout().lock()) {
-                Ok(()) => Ok(Outcome::Done),
-                Err(e) => io(e),
-            };
+            return Ok(Some(
+                match check::next(job, after, *count, &mut std::io::stdout().lock()) {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => io(e)?,
+                },
+            ));
         }
         Command::Run(args) => {
             // Only the jobs it runs need every `${VAR}` of theirs.
             match &args.job {
-                Some(name) => config.complete(&config.job(name)?.name, &unset)?,
+                Some(name) => config.complete(&config.job(name)?.name, unset)?,
                 None => {
                     for job in &config.jobs {
-                        config.complete(&job.name, &unset)?;
+                        config.complete(&job.name, unset)?;
                     }
                 }
             }
-            run::check_args(&config, args, now)?;
+            run::check_args(config, args, now)?;
         }
         Command::Release { job, period } => {
             inspect::period_key_of(config.job(job)?, period)?;
@@ -112,28 +240,22 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         }
         _ => {}
     }
-    // A port that is taken is a usage error found before any database is
-    // created or migrated.
-    let listener = match &cli.command {
-        Command::Serve { listen: Some(addr) } => Some(crate::serve::server::bind(*addr).await?),
-        _ => None,
-    };
-    // SIGTERM and SIGINT are taken over before the database is opened: one
-    // that comes while it connects must not end the process by the default
-    // action.
-    let shutdown = if runs_actions {
-        shutdown_signal()?
-    } else {
-        watch::channel(false).1
-    };
-    let url = database_url(cli.database_url.as_deref(), &config)?;
-    if let Some(flag) = &cli.database_url {
+    Ok(None)
+}
+
+/// Opens (creating it for `run`, `serve` and `migrate`) and migrates the
+/// database; the migrations it applied.
+async fn open(
+    command: &Command,
+    flag: Option<&str>,
+    config: &mut Config,
+    runs_actions: bool,
+) -> Result<(Store, Vec<String>), Error> {
+    let url = database_url(flag, config)?;
+    if let Some(flag) = flag {
         config.mask_also(&crate::config::address::url_passwords(flag));
     }
-    let creates = matches!(
-        cli.command,
-        Command::Run(_) | Command::Serve { .. } | Command::Migrate
-    );
+    let creates = runs_actions || matches!(command, Command::Migrate);
     if matches!(url, DatabaseUrl::Sqlite { .. }) && runs_actions {
         config.check_for_sqlite()?;
     }
@@ -147,101 +269,47 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         )));
     }
     let applied = store.migrate().await?;
-    if matches!(cli.command, Command::Run(_) | Command::Serve { .. }) {
+    if runs_actions {
         crate::engine::supervision::reaper::start();
     }
-    match cli.command {
-        Command::Run(args) => run::run(&config, &store, &args, &owner_id(), shutdown).await,
-        Command::Migrate => {
-            let said = if applied.is_empty() {
-                say(format_args!("up to date: no migration to apply"))
-            } else {
-                applied
-                    .iter()
-                    .try_for_each(|m| say(format_args!("applied {m}")))
-            };
-            match said {
-                Ok(()) => Ok(Outcome::Done),
-                Err(stop) => stop.into_result(),
-            }
-        }
-        Command::Status {
-            job: Some(job),
-            from: Some(from),
-            to: Some(to),
-            json,
-        } => inspect::range(&config, &store, &job, (&from, &to), json, now)
-            .await
-            .or_else(Stop::into_result),
-        Command::Status { job, json, .. } => {
-            inspect::status(&config, &store, job.as_deref(), json, now)
-                .await
-                .or_else(Stop::into_result)
-        }
-        Command::History {
-            job,
-            period,
-            limit,
-            output,
-            json,
-        } => {
-            let key = match &period {
-                Some(label) => Some(inspect::period_key_of(config.job(&job)?, label)?),
-                None => None,
-            };
-            let shown = inspect::Shown {
-                limit,
-                output,
-                json,
-            };
-            inspect::history(&store, &config.full_name(&job), key.as_deref(), shown)
-                .await
-                .or_else(Stop::into_result)
-        }
-        Command::Release { job, period } => inspect::release(&config, &store, &job, &period)
-            .await
-            .or_else(Stop::into_result),
-        Command::Pause { job } => inspect::pause(&store, &config.full_name(&job), true)
-            .await
-            .or_else(Stop::into_result),
-        Command::Resume { job } => inspect::pause(&store, &config.full_name(&job), false)
-            .await
-            .or_else(Stop::into_result),
-        Command::Prune { dry_run } => inspect::prune(&config, &store, dry_run)
-            .await
-            .or_else(Stop::into_result),
-        Command::Serve { .. } => {
-            let health = &crate::serve::health::HEALTH;
-            health.watch(config.settings.lease, config.settings.scan_interval);
-            // Migrations just answered: the database is reachable. The loop
-            // counts as alive from its first wake-up, after the catch-up.
-            health.database_ok();
-            let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
-            let service = Service::new(
-                cli.config.clone(),
-                config,
-                store,
-                owner_id(),
-                shutdown.clone(),
-            )?;
-            let api = service.api();
-            let service = if listener.is_some() {
-                service.with_gauges()
-            } else {
-                service
-            };
-            if let Some(listener) = listener {
-                crate::serve::server::start(listener, api.clone(), shutdown)?;
-            }
-            // It waits for the runs asked for over the API too.
-            service.run(reload).await
-        }
-        Command::Check { .. }
-        | Command::Next { .. }
-        | Command::Completions { .. }
-        | Command::Man
-        | Command::Health { .. } => Ok(Outcome::Done),
+    Ok((store, applied))
+}
+
+/// `scheduler serve`, on an opened database: until shutdown, with the
+/// probes, metrics and API on `listener` if it listens.
+async fn serve(
+    path: &std::path::Path,
+    config: Config,
+    store: Store,
+    (reload, listener, shutdown): (
+        mpsc::UnboundedReceiver<()>,
+        Option<tokio::net::TcpListener>,
+        watch::Receiver<bool>,
+    ),
+) -> Result<Outcome, Error> {
+    let health = &crate::serve::health::HEALTH;
+    health.watch(config.settings.lease, config.settings.scan_interval);
+    // Migrations just answered: the database is reachable. The loop
+    // counts as alive from its first wake-up, after the catch-up.
+    health.database_ok();
+    let service = Service::new(
+        path.to_path_buf(),
+        config,
+        store,
+        owner_id(),
+        shutdown.clone(),
+    )?;
+    let api = service.api();
+    let service = if listener.is_some() {
+        service.with_gauges()
+    } else {
+        service
+    };
+    if let Some(listener) = listener {
+        crate::serve::server::start(listener, api.clone(), shutdown)?;
     }
+    // It waits for the runs asked for over the API too.
+    service.run(reload).await
 }
 
 /// `scheduler completions SHELL`: clap's own generator.
