@@ -358,7 +358,7 @@ impl PeriodRun {
             period_key: line.key.clone(),
             outcome,
             attempt: line.attempt,
-            trigger: line.trigger.map(Trigger::parse),
+            trigger: line.trigger,
             error: line.error.clone(),
             detail: line.detail.clone(),
             duration: line.duration_ms.map(Duration::from_millis),

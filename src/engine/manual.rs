@@ -115,7 +115,7 @@ pub struct Line {
     /// The attempt it names, if any.
     pub attempt: Option<i32>,
     /// Why the attempt ran, for a period that ran.
-    pub trigger: Option<&'static str>,
+    pub trigger: Option<Trigger>,
     /// The job's exit code.
     pub exit_code: Option<i32>,
     /// The HTTP status the job's request got.
@@ -1030,7 +1030,7 @@ impl Line {
             _ => (None, None),
         };
         Ok(Line {
-            trigger: Some(report.trigger.as_str()),
+            trigger: Some(report.trigger),
             exit_code: report.exit_code,
             http_status: report.http_status,
             error,
