@@ -1,6 +1,7 @@
 //! Figures for `serve`: fire lateness over 60 fires on SQLite and
-//! PostgreSQL; 10,000 idle jobs (startup, RSS, CPU per idle minute, timer
-//! wake-ups). Run with `cargo bench --bench serve` (about 4 minutes). Bursts
+//! PostgreSQL beside a bare croner + tokio loop, in one shared window;
+//! 10,000 idle jobs (startup, RSS, CPU per idle minute, timer wake-ups).
+//! Run with `cargo bench --bench serve` (about 3 minutes). Bursts
 //! of every-minute jobs on several replicas are `benches/burst.rs`.
 
 mod support;
@@ -35,37 +36,91 @@ fn stop(child: Child) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn lateness(logs: &[serde_json::Value]) -> Vec<f64> {
+/// A field of every scheduled "claim won" line, sorted.
+fn claim_field(logs: &[serde_json::Value], field: &str) -> Vec<f64> {
     let mut ms: Vec<f64> = logs
         .iter()
         .filter(|l| l["fields"]["message"] == "claim won" && l["fields"]["trigger"] == "schedule")
-        .filter_map(|l| l["fields"]["lateness_ms"].as_f64())
+        .filter_map(|l| l["fields"][field].as_f64())
         .collect();
     ms.sort_by(f64::total_cmp);
     ms
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
 }
 
-fn fire_lateness(name: &str, url: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("jobs.toml"),
-        "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
-    )
-    .unwrap();
-    let serve = scheduler(dir.path(), url, &["serve"]);
-    std::thread::sleep(Duration::from_secs(62));
-    let ms = lateness(&stop(serve));
+fn say(name: &str, what: &str, ms: &[f64]) {
     println!(
-        "{name}: fire lateness over {} fires: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "{name}: {what} over {} fires: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         ms.len(),
-        percentile(&ms, 0.5),
-        percentile(&ms, 0.99),
+        percentile(ms, 0.5),
+        percentile(ms, 0.99),
         ms.last().copied().unwrap_or_default()
     );
+}
+
+/// The floor: croner and a tokio sleep until each next fire of an
+/// every-second pattern, nothing else; how late each wake-up is, in ms.
+fn bare_loop(window: Duration) -> Vec<f64> {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let cron = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Required)
+            .build()
+            .parse("* * * * * *")
+            .unwrap();
+        let until = Instant::now() + window;
+        let mut ms = Vec::new();
+        while Instant::now() < until {
+            let now = chrono::Utc::now();
+            let fire = cron.find_next_occurrence(&now, false).unwrap();
+            tokio::time::sleep((fire - now).to_std().unwrap_or_default()).await;
+            let late = chrono::Utc::now() - fire;
+            ms.push(late.num_microseconds().unwrap_or(0) as f64 / 1000.0);
+        }
+        ms.sort_by(f64::total_cmp);
+        ms
+    })
+}
+
+/// `serve` on each database and the bare loop, side by side in one
+/// 60-second window: how late after each fire its claim starts, how long
+/// the claim takes, and the bare loop's wake-ups.
+fn fire_lateness(databases: &[(&str, String)]) {
+    let dirs: Vec<tempfile::TempDir> = databases
+        .iter()
+        .map(|_| tempfile::tempdir().unwrap())
+        .collect();
+    let serves: Vec<Child> = databases
+        .iter()
+        .zip(&dirs)
+        .map(|((_, url), dir)| {
+            std::fs::write(
+                dir.path().join("jobs.toml"),
+                "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
+            )
+            .unwrap();
+            scheduler(dir.path(), url, &["serve"])
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let bare = bare_loop(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(1));
+    for ((name, _), serve) in databases.iter().zip(serves) {
+        let logs = stop(serve);
+        say(
+            name,
+            "claim start after the fire",
+            &claim_field(&logs, "lateness_ms"),
+        );
+        say(name, "claim statement", &claim_field(&logs, "claim_ms"));
+    }
+    say("bare croner + tokio loop", "wake-up after the fire", &bare);
 }
 
 fn cpu_ticks(pid: u32) -> u64 {
@@ -146,13 +201,14 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let pg = |name: &str| runtime.block_on(postgres_database(name));
-    fire_lateness(
+    let mut databases = vec![(
         "SQLite",
-        &format!("sqlite://{}", dir.path().join("late.db").display()),
-    );
+        format!("sqlite://{}", dir.path().join("late.db").display()),
+    )];
     if let Some(url) = pg("scheduler_bench_late") {
-        fire_lateness("PostgreSQL", &url);
+        databases.push(("PostgreSQL", url));
     }
+    fire_lateness(&databases);
     ten_thousand_idle_jobs(&format!(
         "sqlite://{}",
         dir.path().join("idle.db").display()

@@ -9,6 +9,7 @@
 //! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column;
 //!   [`config::DatabaseUrl`], where the database is, its password never shown.
 //! - [`schedule`]: cron + zone + DST rule → fire instants (pure).
+//! - [`clock`]: the wall clock as the serve loop reads it, stopped in tests.
 //! - [`period`]: fire instant → period label, start and end; labels given by hand;
 //!   [`period::PeriodKey`], the one way a key is made (pure).
 //! - [`handler`]: the vocabulary of code jobs (async Rust functions): what a
@@ -35,6 +36,7 @@
 
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod embed;
 pub mod engine;

@@ -53,6 +53,26 @@ impl Run<'_> {
             ("SCHEDULER_TRIGGER", self.lease.trigger.as_str().to_owned()),
         ]
     }
+
+    /// What is recorded of this run's end, by every kind of action: a
+    /// retryable failure is retried after the job's backoff for one
+    /// failure more than its claim had, the job's definition is noted, and
+    /// secrets are masked.
+    pub fn finish(&self, mut finish: Finish, retryable: bool) -> Finish {
+        if !finish.succeeded && retryable {
+            finish.retry_after = self.retry_after();
+        }
+        finish.definition = Some(self.job.definition.to_string());
+        finish.error = finish.error.map(|error| self.job.secrets.mask(&error));
+        finish.output = finish.output.map(|output| self.job.secrets.mask(&output));
+        finish
+    }
+
+    /// When a failure of this run is retried, if it is.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        let failures = u32::try_from(self.lease.failures).unwrap_or(0) + 1;
+        self.job.retry.backoff_after(failures)
+    }
 }
 
 /// Why a running action was stopped before it ended.
@@ -68,7 +88,6 @@ pub enum Stop {
 pub(crate) enum ActionResult {
     /// It ended; `retryable` says whether a failure may be retried.
     Done(Finish, bool),
-    /// It was stopped.
     /// It was stopped; a process's output tail, masked.
     Stopped(Stop, Option<String>),
 }

@@ -343,7 +343,7 @@ mod tests {
                             .expect("a claim");
                         if let Some(Taken::Won(won)) = taken.into_iter().next() {
                             let (_stop, stop_now) = tokio::sync::watch::channel(false);
-                            engine.run(&ask, won, stop_now).await;
+                            engine.run(ask, won, stop_now).await;
                         }
                     }
                 }
@@ -381,7 +381,7 @@ mod tests {
             panic!("the forced rerun is not won");
         };
         let (_stop, stop_now) = tokio::sync::watch::channel(false);
-        engine.run(&ask, won, stop_now).await;
+        engine.run(ask, won, stop_now).await;
         let later = now + TimeDelta::minutes(61);
         let longer = std::time::Duration::from_secs(2 * 3600);
         let counted = kept

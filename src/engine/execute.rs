@@ -155,16 +155,10 @@ impl Engine {
         &self,
         run: &Run<'_>,
         watch: &Watch,
-        mut finish: Finish,
+        finish: Finish,
         retryable: bool,
     ) -> Result<Ending, Error> {
-        if !finish.succeeded && retryable {
-            let failures = u32::try_from(run.lease.failures).unwrap_or(0) + 1;
-            finish.retry_after = run.job.retry.backoff_after(failures);
-        }
-        finish.definition = Some(run.job.definition.to_string());
-        finish.error = finish.error.map(|error| run.job.secrets.mask(&error));
-        finish.output = finish.output.map(|output| run.job.secrets.mask(&output));
+        let finish = run.finish(finish, retryable);
         // The lease is still renewed while the outcome is written; a claim
         // that the write itself settles is not a takeover.
         watch.recording();

@@ -26,17 +26,13 @@ impl Engine {
     /// side by side. A group that cannot commit records nothing: its
     /// periods are recovered once their leases run out. `stop_now` (the end of
     /// shutdown's grace) stops the running statement and releases every
-    /// claim of the group. Other actions among `runs` run one by one.
-    pub async fn run_group(
+    /// claim of the group.
+    pub(super) async fn run_group(
         &self,
-        runs: Vec<(Ask, Won)>,
+        sql: Vec<(Ask, Won)>,
         stop_now: watch::Receiver<bool>,
     ) -> Vec<Report> {
-        let (sql, other): (Vec<_>, Vec<_>) = runs.into_iter().partition(|(ask, _)| ask.is_sql());
         let mut reports = Vec::new();
-        for (ask, won) in other {
-            reports.push(self.run_action(&ask, won, stop_now.clone()).await);
-        }
         // A transaction holds periods of one job only, unless the jobs have
         // proven quick: one job's statement (slow, failing, ending its
         // connection) never touches a job that has not earned the company.
@@ -115,7 +111,7 @@ impl Engine {
         stop_now: watch::Receiver<bool>,
     ) -> Vec<Report> {
         for (ask, won) in &sql {
-            self.log_won(ask, &won.lease);
+            self.log_won(ask, won);
         }
         let mut reports = Vec::new();
         let mut apart = tokio::task::JoinSet::new();
@@ -183,7 +179,7 @@ impl Engine {
                             };
                             Status::Failed {
                                 error,
-                                retry_after: retry_after(&ask, &won),
+                                retry_after: run_of(&ask, &won).retry_after(),
                             }
                         }
                         GroupedEnd::Permanent(error) => Status::Failed {
@@ -254,11 +250,7 @@ impl Engine {
                     lease: &won.lease,
                     work,
                     timeout: ask.job.timeout,
-                    failure: Finish {
-                        retry_after: retry_after(ask, won),
-                        definition: Some(ask.job.definition.to_string()),
-                        ..Finish::default()
-                    },
+                    failure: run.finish(Finish::default(), true),
                     secrets: &ask.job.secrets,
                 })
             })
@@ -307,11 +299,6 @@ fn run_of<'a>(ask: &'a Ask, won: &'a Won) -> Run<'a> {
         lease: &won.lease,
         scheduled_at: ask.due.fire,
     }
-}
-
-fn retry_after(ask: &Ask, won: &Won) -> Option<std::time::Duration> {
-    let failures = u32::try_from(won.lease.failures).unwrap_or(0) + 1;
-    ask.job.retry.backoff_after(failures)
 }
 
 /// The won periods of one job (or of several proven quick), as a group runs

@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::due::{Due, due};
-use super::{Ask, Engine, Mode, Report, SQL_GROUP, Status, Taken, after_grace};
+use super::{Ask, Claimed, Engine, Mode, Queue, Report, SQL_GROUP, Status, Taken, after_grace};
 use crate::config::{Config, Job};
 use crate::error::{Error, Outcome, Stop};
 use crate::period::{Period, PeriodKey, utc_text};
@@ -420,7 +420,6 @@ impl Backfill<'_> {
             }
             return Ok(Ok(()));
         }
-        let taken = self.engine.claim(&asks).await?;
         // Where each period's line goes among the batch's: lines are
         // printed in period order, whichever ended first.
         let place: std::collections::HashMap<PeriodKey, usize> = asks
@@ -428,22 +427,21 @@ impl Backfill<'_> {
             .enumerate()
             .map(|(i, ask)| (ask.key(), i))
             .collect();
-        let mut won = Vec::new();
+        let claimed = self.engine.take(vec![asks], Queue::Wait).await?;
+        let Claimed { won, not_won } = claimed.into_iter().next().unwrap_or_default();
         let mut lines = Vec::new();
         // Periods that found no slot while this batch took one: the slot
         // may be a batch mate's, freed when the batch ends.
         let mut again = Vec::new();
-        let any_won = taken.iter().any(|t| matches!(t, Taken::Won(_)));
-        for (ask, taken) in asks.into_iter().zip(taken) {
+        for (_, w) in &won {
+            self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
+        }
+        for (ask, taken) in not_won {
             match taken {
-                Taken::Won(w) => {
-                    self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
-                    won.push((ask, w));
-                }
                 Taken::Not(Claim::Held { .. } | Claim::Busy) if self.request.wait => {
                     lines.push((ask, None));
                 }
-                Taken::Not(Claim::Busy) if any_won => again.push(ask),
+                Taken::Not(Claim::Busy) if !won.is_empty() => again.push(ask),
                 not => {
                     let line = self.not_run_line(&ask, not);
                     lines.push((ask, Some(line)));
@@ -451,16 +449,7 @@ impl Backfill<'_> {
             }
         }
         self.wait_for_released(&mut lines).await?;
-        let reports = if won.iter().any(|(ask, _)| ask.is_sql()) {
-            self.engine.run_group(won, self.stop_now.clone()).await
-        } else {
-            let engine = self.engine;
-            let runs = won.into_iter().map(|(ask, w)| {
-                let stop_now = self.stop_now.clone();
-                async move { engine.run(&ask, w, stop_now).await }
-            });
-            futures_util::future::join_all(runs).await
-        };
+        let reports = self.engine.run_won(won, self.stop_now.clone()).await;
         let mut ended: Vec<(usize, Line)> = Vec::with_capacity(place.len());
         for report in reports {
             let at = place.get(&report.key).copied().unwrap_or(usize::MAX);
@@ -473,15 +462,15 @@ impl Backfill<'_> {
                 self.cut_short();
                 break;
             }
+            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
             let line = match self.engine.claim(std::slice::from_ref(&ask)).await?.pop() {
                 Some(Taken::Won(w)) => {
                     self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
-                    Line::of(self.engine.run(&ask, w, self.stop_now.clone()).await)?
+                    Line::of(self.engine.run(ask, w, self.stop_now.clone()).await)?
                 }
                 Some(not) => self.not_run_line(&ask, not),
                 None => continue,
             };
-            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
             ended.push((at, line));
         }
         // A period run elsewhere is waited for after the batch's own runs
@@ -570,7 +559,10 @@ impl Backfill<'_> {
                 None => return Ok(self.not_run_line(ask, Taken::RunningHere)),
             };
             self.sink.claimed(won.lease.key.as_str(), won.lease.attempt);
-            let report = self.engine.run(ask, won, self.stop_now.clone()).await;
+            let report = self
+                .engine
+                .run(ask.clone(), won, self.stop_now.clone())
+                .await;
             return Line::of(report);
         }
     }

@@ -145,6 +145,27 @@ impl Ask {
     }
 }
 
+/// How a claim meets a period that another claim of its job is deciding
+/// at the same moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queue {
+    /// Waits for it (within the database's lock timeout).
+    Wait,
+    /// Comes back [`Claim::Contended`], for the caller to ask again: a
+    /// scheduled burst that replicas claim at the same moment (see
+    /// [`Store::claim_many_unqueued`]).
+    Contend,
+}
+
+/// One unit's answers from [`Engine::take`].
+#[derive(Default)]
+pub struct Claimed {
+    /// Won here, to run.
+    pub won: Vec<(Ask, Won)>,
+    /// Not won, and why.
+    pub not_won: Vec<(Ask, Taken)>,
+}
+
 /// The answer to one [`Ask`] of [`Engine::claim`].
 pub enum Taken {
     /// This process won the claim and runs the period.
@@ -161,9 +182,18 @@ pub enum Taken {
 pub struct Won {
     /// The won claim.
     pub lease: Lease,
+    sent: Sent,
     watch: Watch,
     _here: RunningHere,
     _counted: Counted,
+}
+
+/// When the statement that won a claim was sent, and how long it took.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    at: Instant,
+    wall: chrono::DateTime<chrono::Utc>,
+    took: Duration,
 }
 
 /// A run counted in the `scheduler_running` gauge of its job while it lives.
@@ -261,18 +291,34 @@ impl Engine {
     /// already is not claimed again. An error leaves every ask unclaimed
     /// (what the chunks before it won is released for the next try).
     pub async fn claim(&self, asks: &[Ask]) -> Result<Vec<Taken>, Error> {
-        self.claim_with(asks, true).await
+        self.claim_with(asks, Queue::Wait).await
     }
 
-    /// [`Engine::claim`] for a scheduled burst: a key whose job another
-    /// replica is claiming at the same moment may come back
-    /// [`Claim::Contended`], for the caller to ask again, rather than wait
-    /// (see [`Store::claim_many_unqueued`]).
-    pub async fn claim_unqueued(&self, asks: &[Ask]) -> Result<Vec<Taken>, Error> {
-        self.claim_with(asks, false).await
+    /// Claims the asks of every unit together and sorts each unit's
+    /// answers into what was won (for [`Engine::run_won`]) and what was
+    /// not. A unit is one period, or `sql` periods that run as one group.
+    pub async fn take(&self, units: Vec<Vec<Ask>>, queue: Queue) -> Result<Vec<Claimed>, Error> {
+        let sizes: Vec<usize> = units.iter().map(Vec::len).collect();
+        let asks: Vec<Ask> = units.into_iter().flatten().collect();
+        let taken = self.claim_with(&asks, queue).await?;
+        let mut answers = asks.into_iter().zip(taken);
+        Ok(sizes
+            .into_iter()
+            .map(|size| {
+                let mut claimed = Claimed::default();
+                for (ask, taken) in answers.by_ref().take(size) {
+                    match taken {
+                        Taken::Won(won) => claimed.won.push((ask, won)),
+                        not => claimed.not_won.push((ask, not)),
+                    }
+                }
+                claimed
+            })
+            .collect())
     }
 
-    async fn claim_with(&self, asks: &[Ask], wait: bool) -> Result<Vec<Taken>, Error> {
+    async fn claim_with(&self, asks: &[Ask], queue: Queue) -> Result<Vec<Taken>, Error> {
+        let wait = queue == Queue::Wait;
         let mut here: Vec<Option<RunningHere>> = Vec::with_capacity(asks.len());
         {
             let Ok(mut set) = self.running_here.lock() else {
@@ -293,7 +339,7 @@ impl Engine {
         // claim different keys at first rather than queue on the same rows.
         let start = start_at(&self.owner, chunks.len());
         chunks.rotate_left(start);
-        let mut answers: Vec<Option<(Claim, Instant)>> = asks.iter().map(|_| None).collect();
+        let mut answers: Vec<Option<(Claim, Sent)>> = asks.iter().map(|_| None).collect();
         // Chunks are claimed side by side, a few at a time: they lock
         // disjoint jobs, and a burst is claimed in the time of its slowest
         // chunk rather than of all of them.
@@ -308,8 +354,17 @@ impl Engine {
                 running.spawn(async move {
                     let requests: Vec<ClaimRequest<'_>> =
                         mine.iter().map(|ask| ask.request(&owner, lease)).collect();
-                    let sent = Instant::now();
-                    (chunk, store.claim_batch(&requests, wait).await, sent)
+                    let sent = Sent {
+                        at: Instant::now(),
+                        wall: chrono::Utc::now(),
+                        took: Duration::ZERO,
+                    };
+                    let claims = store.claim_batch(&requests, wait).await;
+                    let sent = Sent {
+                        took: sent.at.elapsed(),
+                        ..sent
+                    };
+                    (chunk, claims, sent)
                 });
             }
             let Some(done) = running.join_next().await else {
@@ -354,7 +409,8 @@ impl Engine {
                 );
                 match claim {
                     Claim::Won(won) => Taken::Won(Won {
-                        watch: self.heartbeats.watch(&won, sent, won.granted),
+                        watch: self.heartbeats.watch(&won, sent.at, won.granted),
+                        sent,
                         lease: won,
                         _here: here,
                         _counted: Counted::new(&ask.job.name),
@@ -366,21 +422,36 @@ impl Engine {
     }
 
     /// Runs a won period to its end and reports how it ended.
-    pub async fn run(&self, ask: &Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
-        if ask.is_sql() {
-            // An `sql` action is a group of one.
-            let mut reports = self.run_group(vec![(ask.clone(), won)], stop_now).await;
-            if let Some(report) = reports.pop() {
-                return report;
-            }
-            return Report::not_run(ask, Taken::RunningHere);
+    pub async fn run(&self, ask: Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
+        let unreported = Report::not_run(&ask, Taken::RunningHere);
+        let mut reports = self.run_won(vec![(ask, won)], stop_now).await;
+        reports.pop().unwrap_or(unreported)
+    }
+
+    /// Runs what one unit won and reports how each period ended: `sql`
+    /// periods as groups ([`Engine::run_group`]), the others side by side.
+    /// The one place where a period's action chooses how it runs.
+    pub async fn run_won(
+        &self,
+        won: Vec<(Ask, Won)>,
+        stop_now: watch::Receiver<bool>,
+    ) -> Vec<Report> {
+        let (sql, other): (Vec<_>, Vec<_>) = won.into_iter().partition(|(ask, _)| ask.is_sql());
+        let apart = futures_util::future::join_all(other.into_iter().map(|(ask, won)| {
+            let stop_now = stop_now.clone();
+            async move { self.run_action(&ask, won, stop_now).await }
+        }));
+        if sql.is_empty() {
+            return apart.await;
         }
-        self.run_action(ask, won, stop_now).await
+        let (mut reports, grouped) = tokio::join!(apart, self.run_group(sql, stop_now));
+        reports.extend(grouped);
+        reports
     }
 
     /// Runs the action of a won `command`, `shell` or `http` period.
     async fn run_action(&self, ask: &Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
-        self.log_won(ask, &won.lease);
+        self.log_won(ask, &won);
         let started = std::time::Instant::now();
         let run = Run {
             job: &ask.job,
@@ -395,24 +466,24 @@ impl Engine {
         report
     }
 
-    /// Says a claim was won, with how late after its fire.
-    fn log_won(&self, ask: &Ask, lease: &Lease) {
-        let lateness = (chrono::Utc::now() - ask.due.fire)
-            .num_microseconds()
-            .unwrap_or(0) as f64
-            / 1000.0;
-        // Lateness is the timer's and the claim's: the timer's scheduled
-        // fires only (a catch-up, retry or recovery is late by design, and
-        // `run JOB` may take a fire days old).
+    /// Says a claim was won, with how late after its fire the claim
+    /// started and how long its statement took.
+    fn log_won(&self, ask: &Ask, won: &Won) {
+        let lease = &won.lease;
+        // Lateness is the timer's: the scheduled fires of `serve`'s timer
+        // only (a catch-up, retry or recovery is late by design, and `run
+        // JOB` may take a fire days old).
         if ask.timed && lease.trigger == Trigger::Schedule {
+            let late = (won.sent.wall - ask.due.fire).to_std().unwrap_or_default();
             metrics::histogram!("scheduler_fire_lateness_seconds", "job" => ask.job.name.clone())
-                .record(lateness / 1000.0);
+                .record(late.as_secs_f64());
             tracing::info!(
                 job = ask.job.name,
                 period_key = %lease.key,
                 trigger = lease.trigger.as_str(),
                 attempt = lease.attempt,
-                lateness_ms = lateness,
+                lateness_ms = late.as_secs_f64() * 1000.0,
+                claim_ms = won.sent.took.as_secs_f64() * 1000.0,
                 "claim won"
             );
         } else {

@@ -6,14 +6,17 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::{mpsc, watch};
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Job, Missed, Settings};
 use crate::engine::due::{Due, OverdueCount, due};
-use crate::engine::{Ask, CLAIM_BATCH, Engine, Report, SQL_GROUP, Status, Taken};
+use crate::engine::{Ask, CLAIM_BATCH, Engine, Queue, Report, SQL_GROUP, Status, Taken};
 use crate::error::{Error, Outcome};
 use crate::period::PeriodKey;
 use crate::store::{Claim, Reclaimable, Store, Trigger};
@@ -114,6 +117,8 @@ pub struct Service {
     overdue: Arc<tokio::sync::Mutex<OverdueCount>>,
     /// Whether freed heap is handed back after start-up.
     trim: bool,
+    /// What time it is: the system's clock but in tests.
+    clock: Arc<dyn Clock>,
 }
 
 impl Service {
@@ -146,7 +151,8 @@ impl Service {
             events.0.clone(),
         );
         let jobs = shared(config.jobs);
-        let now = Utc::now();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let now = clock.now();
         Service {
             path,
             running: 0,
@@ -170,7 +176,18 @@ impl Service {
             gauges: false,
             overdue: Arc::default(),
             trim: false,
+            clock,
         }
+    }
+
+    /// The service reading the time from `clock` (a test's), its timer
+    /// starting at that clock's now.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Service {
+        let now = clock.now();
+        self.timer = Timer::new(&self.jobs, now);
+        self.fired_until = now;
+        self.clock = clock;
+        self
     }
 
     /// Hands the heap that start-up freed back to the system once it is
@@ -183,7 +200,7 @@ impl Service {
     /// Sets every job's next-fire gauge (the timer moves each on as it
     /// fires).
     fn publish_next_fires(&self) {
-        let now = Utc::now();
+        let now = self.clock.now();
         for job in &self.jobs {
             // At zero from the start: `increase()` misses a series' first
             // sample.
@@ -214,8 +231,9 @@ impl Service {
         let paused: HashSet<String> = self.paused.keys().cloned().collect();
         let store = self.engine.store().clone();
         let catch_up = self.settings.catch_up;
+        let clock = self.clock.clone();
         tokio::spawn(async move {
-            let overdue = count.count(&store, &jobs, catch_up, Utc::now()).await;
+            let overdue = count.count(&store, &jobs, catch_up, clock.now()).await;
             let exhausted = store.exhausted().await;
             let (Ok(overdue), Ok(exhausted)) = (overdue, exhausted) else {
                 return;
@@ -264,12 +282,7 @@ impl Service {
         let mut next_scan = Instant::now();
         let mut next_gauges = Instant::now();
         loop {
-            let now = Utc::now();
-            let until_fire = self.timer.next().map_or(MAX_SLEEP, |at| {
-                (at - now).to_std().unwrap_or(Duration::ZERO)
-            });
-            let until_scan = next_scan.saturating_duration_since(Instant::now());
-            let sleep = until_fire.min(until_scan).min(MAX_SLEEP);
+            let sleep = self.sleep_for(next_scan.saturating_duration_since(Instant::now()));
             let mut shutdown = self.shutdown.clone();
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
@@ -279,24 +292,15 @@ impl Service {
             }
             metrics::counter!("scheduler_wakeups_total").increment(1);
             crate::serve::health::HEALTH.loop_alive();
-            let now = Utc::now();
-            let mut pending = std::mem::take(&mut self.pending);
-            let dispatched = pending.len();
-            self.timer.pop_due(&self.jobs, now, &mut pending);
-            let mut at = 0;
-            pending.retain(|(job, due)| {
-                at += 1;
-                at <= dispatched || self.admits(job, due, now)
-            });
-            self.pending = pending;
-            self.fired_until = now;
-            if Instant::now() >= next_scan {
+            self.fire();
+            let at = Instant::now();
+            if at >= next_scan {
                 self.scan();
-                next_scan = Instant::now() + self.settings.scan_interval;
+                next_scan = at + self.settings.scan_interval;
             }
-            if self.gauges && Instant::now() >= next_gauges {
+            if self.gauges && at >= next_gauges {
                 self.publish_gauges();
-                next_gauges = Instant::now() + GAUGES_EVERY;
+                next_gauges = at + GAUGES_EVERY;
             }
             self.flush();
         }
@@ -332,6 +336,32 @@ impl Service {
         Ok(Outcome::Done)
     }
 
+    /// How long the loop sleeps: until the earliest next fire or the next
+    /// scan (`until_scan`), at most [`MAX_SLEEP`].
+    fn sleep_for(&self, until_scan: Duration) -> Duration {
+        let now = self.clock.now();
+        let until_fire = self.timer.next().map_or(MAX_SLEEP, |at| {
+            (at - now).to_std().unwrap_or(Duration::ZERO)
+        });
+        until_fire.min(until_scan).min(MAX_SLEEP)
+    }
+
+    /// A wake-up: every fire due by now joins what waits for the next
+    /// flush, as far as [`Service::admits`] it.
+    fn fire(&mut self) {
+        let now = self.clock.now();
+        let mut pending = std::mem::take(&mut self.pending);
+        let dispatched = pending.len();
+        self.timer.pop_due(&self.jobs, now, &mut pending);
+        let mut at = 0;
+        pending.retain(|(job, due)| {
+            at += 1;
+            at <= dispatched || self.admits(job, due, now)
+        });
+        self.pending = pending;
+        self.fired_until = now;
+    }
+
     /// Claims what was missed while nothing ran: for each job, the periods
     /// whose fires fall after the newest one ever claimed, within the
     /// catch-up window and not before the job was first seen.
@@ -340,7 +370,7 @@ impl Service {
         let store = self.engine.store();
         let records = store.see_jobs(&names).await?;
         let last_fires = store.last_fires(&names).await?;
-        let now = Utc::now();
+        let now = self.clock.now();
         let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
         for job in self.jobs.clone() {
             let Some(record) = records.get(&job.name) else {
@@ -392,7 +422,7 @@ impl Service {
     /// does not drop them). Other replicas catch up the same fires: the
     /// claims make that once.
     fn follow_pauses(&mut self, paused: HashSet<String>) {
-        let now = Utc::now();
+        let now = self.clock.now();
         for name in &paused {
             if !self.paused.contains_key(name) {
                 // Its fires waiting for a slot are dropped while it is
@@ -465,7 +495,7 @@ impl Service {
             let slots = self.job(&name).map_or(1, |job| job.concurrency as usize);
             self.release_waiting(&name, slots);
         }
-        let now = Utc::now();
+        let now = self.clock.now();
         match scanned.found {
             Ok(found) => {
                 crate::serve::health::HEALTH.database_ok();
@@ -532,7 +562,7 @@ impl Service {
     /// What waited past the catch-up window is dropped on the way and
     /// takes no slot.
     fn release_waiting(&mut self, name: &str, n: usize) {
-        let now = Utc::now();
+        let now = self.clock.now();
         let mut released = 0;
         while released < n {
             let Some(key) = self
@@ -610,7 +640,7 @@ impl Service {
         if self.running >= self.settings.max_running {
             // Oldest first: what waited past the window goes, so that the
             // backlog of slots that never free stays within the window.
-            let now = Utc::now();
+            let now = self.clock.now();
             while let Some((job, due)) = self.backlog.front()
                 && self.too_old(job, due, now)
             {
@@ -625,7 +655,7 @@ impl Service {
         // Up to SQL_GROUP `sql` periods share a slot; the engine runs them a
         // transaction per job, side by side.
         let mut sql = None;
-        let now = Utc::now();
+        let now = self.clock.now();
         while let Some((job, due)) = self.backlog.pop_front() {
             // What waited for `max_running` past the window is dropped as
             // what waited for `concurrency` is.
@@ -727,7 +757,7 @@ impl Service {
             &jobs,
             |name| old.find(old_jobs, name).is_some(),
             self.fired_until,
-            Utc::now(),
+            self.clock.now(),
         );
         self.by_name = by_name;
         self.jobs = jobs;
@@ -870,37 +900,35 @@ impl Drop for FreeOnDrop {
 
 impl Batch {
     async fn go(mut self) {
-        let asks: Vec<Ask> = self.units.iter().flatten().cloned().collect();
-        let taken = match self.engine.claim_unqueued(&asks).await {
-            Ok(taken) => taken,
+        let units = std::mem::take(&mut self.units);
+        let periods: Vec<(String, Due)> = units
+            .iter()
+            .flatten()
+            .map(|ask| (ask.job.name.clone(), ask.due.clone()))
+            .collect();
+        let claimed = match self.engine.take(units, Queue::Contend).await {
+            Ok(claimed) => claimed,
             Err(e) => {
-                tracing::warn!(periods = asks.len(), "cannot claim, will try again: {e}");
-                for ask in asks {
-                    let _ = self
-                        .events
-                        .send(Event::Again(ask.job.name.clone(), ask.due));
+                tracing::warn!(periods = periods.len(), "cannot claim, will try again: {e}");
+                for (job, due) in periods {
+                    let _ = self.events.send(Event::Again(job, due));
                 }
                 return;
             }
         };
-        let mut taken = taken.into_iter();
-        let units = std::mem::take(&mut self.units);
+        drop(periods);
         let slots = std::mem::take(&mut self.slots);
         let mut contended = Vec::new();
-        for (unit, slot) in units.into_iter().zip(slots) {
-            let mut won = Vec::new();
-            for ask in unit {
-                match taken.next() {
-                    Some(Taken::Won(w)) => won.push((ask, w)),
-                    Some(Taken::Not(Claim::Contended)) => {
-                        Report::not_run(&ask, Taken::Not(Claim::Contended)).log();
-                        contended.push((ask.job.name.clone(), ask.due));
-                    }
-                    Some(not) => self.not_won(ask, not),
-                    None => {}
+        for (claimed, slot) in claimed.into_iter().zip(slots) {
+            for (ask, taken) in claimed.not_won {
+                if let Taken::Not(Claim::Contended) = taken {
+                    Report::not_run(&ask, taken).log();
+                    contended.push((ask.job.name.clone(), ask.due));
+                } else {
+                    self.not_won(ask, taken);
                 }
             }
-            if won.is_empty() {
+            if claimed.won.is_empty() {
                 continue;
             }
             let engine = self.engine.clone();
@@ -908,14 +936,12 @@ impl Batch {
             let events = self.events.clone();
             tokio::spawn(async move {
                 let _slot = slot;
-                let names: Vec<String> = won.iter().map(|(ask, _)| ask.job.name.clone()).collect();
-                let reports = if won.len() == 1 && !won[0].0.is_sql() {
-                    let (ask, w) = won.remove(0);
-                    vec![engine.run(&ask, w, stop_now).await]
-                } else {
-                    engine.run_group(won, stop_now).await
-                };
-                for report in &reports {
+                let names: Vec<String> = claimed
+                    .won
+                    .iter()
+                    .map(|(ask, _)| ask.job.name.clone())
+                    .collect();
+                for report in engine.run_won(claimed.won, stop_now).await {
                     report.log();
                 }
                 for name in names {
@@ -963,6 +989,70 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::StoppedClock;
+    use chrono::TimeZone;
+
+    /// The periods one job's loop dispatches between `from` and `to`, the
+    /// loop woken at each next fire by a stopped clock: no sleeping.
+    async fn drive(job: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<Due> {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let path = std::path::Path::new("jobs.toml");
+        let config = Config::parse(path, job, &|_| None).expect("a valid job");
+        let clock = Arc::new(StoppedClock::at(from));
+        let (_down, shutdown) = watch::channel(false);
+        let mut service =
+            Service::on(path.into(), config, engine, shutdown).with_clock(clock.clone());
+        let mut dispatched = Vec::new();
+        loop {
+            let sleep = service.sleep_for(Duration::MAX);
+            clock.advance(TimeDelta::from_std(sleep).expect("a short sleep"));
+            if clock.now() >= to {
+                return dispatched;
+            }
+            service.fire();
+            dispatched.extend(service.pending.drain(..).map(|(_, due)| due));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_day_of_fires_across_both_dst_changes_is_driven_without_sleeping() {
+        let job = "[[job]]\nname = \"hourly\"\nschedule = \"0 * * * *\"\ntimezone = \"Europe/Berlin\"\ncommand = [\"true\"]\n";
+        let second = TimeDelta::seconds(1);
+        // 29 March 2026 in Berlin, midnight to midnight: 23 hours.
+        let spring = Utc.with_ymd_and_hms(2026, 3, 28, 23, 0, 0).unwrap();
+        let fires = drive(job, spring - second, spring + TimeDelta::hours(23)).await;
+        let at: Vec<DateTime<Utc>> = fires.iter().map(|d| d.fire).collect();
+        let hourly: Vec<DateTime<Utc>> = (0..23).map(|h| spring + TimeDelta::hours(h)).collect();
+        assert_eq!(at, hourly);
+        let labels: HashSet<&str> = fires.iter().map(|d| d.period.label.as_str()).collect();
+        assert_eq!(labels.len(), 23, "{labels:?}");
+        assert!(fires.iter().all(|d| d.trigger == Trigger::Schedule));
+        // 25 October 2026: 25 hours, 02:00 to 03:00 twice. The repeated
+        // 02:00 fires once (`repeat = "first"`, the default) ...
+        let autumn = Utc.with_ymd_and_hms(2026, 10, 24, 22, 0, 0).unwrap();
+        let day = (autumn - second, autumn + TimeDelta::hours(25));
+        let fires = drive(job, day.0, day.1).await;
+        let at: Vec<DateTime<Utc>> = fires.iter().map(|d| d.fire).collect();
+        let second_pass = autumn + TimeDelta::hours(3);
+        let hourly: Vec<DateTime<Utc>> = (0..25)
+            .map(|h| autumn + TimeDelta::hours(h))
+            .filter(|at| *at != second_pass)
+            .collect();
+        assert_eq!(at, hourly);
+        // ... or twice with `repeat = "both"`, both fires in one `hour`
+        // period that spans both passes: one key, claimed once.
+        let both = job.replace(
+            "command",
+            "period = \"hour\"\ndst = { repeat = \"both\" }\ncommand",
+        );
+        let fires = drive(&both, day.0, day.1).await;
+        assert_eq!(fires.len(), 25);
+        let labels: HashSet<&str> = fires.iter().map(|d| d.period.label.as_str()).collect();
+        assert_eq!(labels.len(), 24, "{labels:?}");
+    }
 
     #[tokio::test]
     async fn a_recovery_that_finds_no_free_slot_waits_as_a_recovery() {
