@@ -1,0 +1,85 @@
+//! Who may call the API: the bearer token of a request and what it is
+//! allowed.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, StatusCode, header};
+use serde_json::json;
+
+use super::Api;
+use super::reply::Reply;
+use crate::config::{Config, Token};
+
+/// What a token must be allowed.
+#[derive(Clone, Copy)]
+pub(super) enum Need {
+    Read,
+    Trigger,
+    Operate,
+}
+
+impl Need {
+    pub(super) fn word(self) -> &'static str {
+        match self {
+            Need::Read => "read",
+            Need::Trigger => "trigger",
+            Need::Operate => "operate",
+        }
+    }
+}
+
+/// The configuration and the caller's token, or the answer that refuses
+/// the request: 404 without `[api]`, 401 without a known token, 403 for a
+/// token without `need`.
+pub(super) fn authorize(
+    api: &Api,
+    headers: &HeaderMap,
+    need: Need,
+) -> Result<(Arc<Config>, Token), Reply> {
+    let config = api.config();
+    let Some(settings) = &config.api else {
+        return Err(Reply::error(
+            StatusCode::NOT_FOUND,
+            "the API is off: jobs.toml has no [api] section",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, secret)| secret.trim());
+    let unauthorized = |message: &str| {
+        Reply::error(StatusCode::UNAUTHORIZED, message).with(header::WWW_AUTHENTICATE, "Bearer")
+    };
+    let Some(given) = given else {
+        return Err(unauthorized(
+            "missing bearer token: send `Authorization: Bearer <secret>`",
+        ));
+    };
+    // Every secret is compared, each in constant time.
+    let mut found = None;
+    for token in &settings.tokens {
+        if token.secret.matches(given) {
+            found = Some(token.clone());
+        }
+    }
+    let Some(token) = found else {
+        return Err(unauthorized("unknown bearer token"));
+    };
+    let allowed = match need {
+        Need::Read => token.allow.read,
+        Need::Trigger => token.allow.trigger,
+        Need::Operate => token.allow.operate,
+    };
+    if !allowed {
+        return Err(Reply::ok(
+            StatusCode::FORBIDDEN,
+            json!({
+                "error": format!("token `{}` may not {}", token.name, need.word()),
+                "needs": need.word(),
+            }),
+        ));
+    }
+    Ok((config, token))
+}

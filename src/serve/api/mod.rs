@@ -1,0 +1,512 @@
+//! The HTTP API under `/v1/`: bearer tokens from `[api]` ([`auth`]), the
+//! Idempotency-Key contract on every `POST` ([`idempotent`]), and manual
+//! runs through the engine's one driver ([`crate::engine::manual`]) on this
+//! replica, under its heartbeats and its shutdown ([`runs`]). This file
+//! holds the routes and what each answers.
+
+mod auth;
+mod idempotent;
+mod reply;
+mod runs;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::routing::{get, post};
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, Job};
+use crate::engine::manual::{self, Names, Request, Selection};
+use crate::engine::view::{self, PeriodView};
+use crate::engine::{Engine, operate};
+use crate::error::Error;
+use crate::period::{PeriodKey, utc_text};
+use crate::store::{Released, Store};
+use auth::{Need, authorize};
+use idempotent::Idempotent;
+pub use reply::no_route;
+use reply::{Answer, Reply, body_of, empty_body, json_errors, read_body};
+use runs::run_body;
+
+/// The largest request body.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// How long a client may take to send its body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest `?wait=`.
+pub const MAX_WAIT: u64 = 300;
+
+/// The longest range one request reads or runs.
+const RANGE_LIMIT: usize = 10_000;
+
+/// How often a running run writes what it did so far, and so how far
+/// ahead it keeps itself alive (three times this).
+const RUN_TICK: Duration = Duration::from_secs(1);
+
+/// How long an Idempotency-Key may stay in progress past its request's own
+/// bound before another request may take it over (its replica went away).
+const KEY_SLACK: Duration = Duration::from_secs(30);
+
+/// What the API serves from: the current configuration (replaced on
+/// SIGHUP), the engine that runs its periods, and the runs it started.
+pub struct Api {
+    config: RwLock<Arc<Config>>,
+    engine: Engine,
+    shutdown: watch::Receiver<bool>,
+    runs: tokio::sync::Mutex<JoinSet<()>>,
+    /// Tells this replica's serve loop of a pause or resume at once.
+    events: tokio::sync::mpsc::UnboundedSender<super::Event>,
+}
+
+impl Api {
+    /// The API of a replica that runs on `engine`.
+    pub(super) fn new(
+        config: Arc<Config>,
+        engine: Engine,
+        shutdown: watch::Receiver<bool>,
+        events: tokio::sync::mpsc::UnboundedSender<super::Event>,
+    ) -> Arc<Api> {
+        Arc::new(Api {
+            config: RwLock::new(config),
+            engine,
+            shutdown,
+            runs: tokio::sync::Mutex::new(JoinSet::new()),
+            events,
+        })
+    }
+
+    /// A reload: requests from now on see `config`.
+    pub fn set_config(&self, config: Arc<Config>) {
+        if let Ok(mut current) = self.config.write() {
+            *current = config;
+        }
+    }
+
+    fn config(&self) -> Arc<Config> {
+        match self.config.read() {
+            Ok(config) => config.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn store(&self) -> &Store {
+        self.engine.store()
+    }
+
+    /// Deletes Idempotency-Keys and runs past `key_ttl`, with `[api]` on.
+    pub async fn prune(&self) -> Result<u64, Error> {
+        if self.config().api.is_none() {
+            return Ok(0);
+        }
+        self.store().prune_api(false).await
+    }
+
+    /// Waits for the runs this replica started (at shutdown, they stop
+    /// claiming and their running periods get the grace).
+    pub async fn finish(&self) {
+        let mut runs = self.runs.lock().await;
+        if !runs.is_empty() {
+            tracing::info!(
+                runs = runs.len(),
+                "waiting for the runs asked for over the API; past the grace they are stopped and their claims released"
+            );
+        }
+        while runs.join_next().await.is_some() {}
+    }
+}
+
+/// The `/v1/` routes.
+pub fn routes(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/v1/jobs", get(jobs))
+        .route("/v1/jobs/{job}/periods", get(periods))
+        .route("/v1/jobs/{job}/periods/{label}", get(period))
+        .route("/v1/jobs/{job}/runs", post(start_run))
+        .route("/v1/runs/{id}", get(run))
+        .route("/v1/jobs/{job}/pause", post(pause))
+        .route("/v1/jobs/{job}/resume", post(resume))
+        .route("/v1/jobs/{job}/periods/{label}/release", post(release))
+        .method_not_allowed_fallback(|| async {
+            Reply::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route takes another method: GET reads, POST triggers and operates",
+            )
+        })
+        .layer(axum::middleware::map_response(json_errors))
+        .with_state(api)
+}
+
+/// The job named `name`, or a 404 naming the nearest one.
+fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a Job, Reply> {
+    config.find(name).map_err(|near| {
+        let mut body = json!({
+            "error": format!("no job named `{name}`"),
+            "field": "job",
+        });
+        if let Some(near) = near {
+            body["nearest"] = json!(near);
+            body["error"] = json!(format!("no job named `{name}`; did you mean `{near}`?"));
+        }
+        Reply::ok(StatusCode::NOT_FOUND, body)
+    })
+}
+
+async fn jobs(State(api): State<Arc<Api>>, headers: HeaderMap) -> Answer {
+    let (config, _) = authorize(&api, &headers, Need::Read)?;
+    let paused = api.store().paused_jobs().await?;
+    let now = Utc::now();
+    let mut jobs = Vec::with_capacity(config.jobs.len());
+    for job in &config.jobs {
+        let recent = api.store().recent(&job.name, 1).await?;
+        let last = crate::store::ClaimRow::finished_last(&recent);
+        let next = job.schedule.next_after(now);
+        let next_key = next.map(|fire| {
+            PeriodKey::new(&job.name, &job.period.period_of(&job.schedule, fire).label).to_string()
+        });
+        jobs.push(json!({
+            "job": job.name,
+            "schedule": job.schedule.source(),
+            "timezone": job.schedule.zone().name(),
+            "period": job.period.unit.to_string(),
+            "next_fire": next.map(utc_text),
+            "next_key": next_key,
+            "paused": paused.contains(&job.name),
+            "last": last,
+        }));
+    }
+    Ok(Reply::ok(StatusCode::OK, json!({ "jobs": jobs })))
+}
+
+#[derive(Deserialize)]
+struct Range {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+async fn periods(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(range): Query<Range>,
+) -> Answer {
+    let (config, _) = authorize(&api, &headers, Need::Read)?;
+    let job = find_job(&config, &name)?;
+    let (Some(from), Some(to)) = (&range.from, &range.to) else {
+        let field = if range.from.is_none() { "from" } else { "to" };
+        return Err(Reply::bad(
+            field,
+            format!("`{field}` is missing: ask for ?from=LABEL&to=LABEL"),
+        ));
+    };
+    let listed = manual::periods_between(job, (from, to), RANGE_LIMIT, Names::JSON)?;
+    let mut out = Vec::with_capacity(listed.len());
+    for chunk in listed.chunks(view::VIEWS_PER_READ) {
+        for view in view::periods(api.store(), job, chunk, Utc::now()).await? {
+            let PeriodView {
+                key,
+                period,
+                state,
+                fire,
+                row,
+            } = view;
+            let row = row.as_ref();
+            out.push(json!({
+                "period_key": key,
+                "period": period.label,
+                "state": state,
+                "fire": fire.map(utc_text),
+                "attempt": row.map(|r| r.attempt),
+                "failures": row.map(|r| r.failures),
+                "owner": row.map(|r| &r.owner),
+                "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
+                "retry_at": row.and_then(|r| r.retry_at).map(utc_text),
+                "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
+            }));
+        }
+    }
+    Ok(Reply::ok(
+        StatusCode::OK,
+        json!({ "job": job.name, "from": from, "to": to, "periods": out }),
+    ))
+}
+
+async fn period(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path((name, label)): Path<(String, String)>,
+) -> Answer {
+    let (config, _) = authorize(&api, &headers, Need::Read)?;
+    let job = find_job(&config, &name)?;
+    let period = manual::periods_between(job, (&label, &label), 1, Names::PATH)?.remove(0);
+    let mut views =
+        view::periods(api.store(), job, std::slice::from_ref(&period), Utc::now()).await?;
+    let PeriodView {
+        key,
+        state,
+        fire,
+        row,
+        ..
+    } = views
+        .pop()
+        .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
+    let attempts = api.store().attempts(key.as_str(), 1_000).await?;
+    Ok(Reply::ok(
+        StatusCode::OK,
+        json!({
+            "job": job.name,
+            "period": period.label,
+            "period_key": key,
+            "state": state,
+            "fire": fire.map(utc_text),
+            "claim": row,
+            "attempts": attempts,
+        }),
+    ))
+}
+
+async fn run(State(api): State<Arc<Api>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
+    authorize(&api, &headers, Need::Read)?;
+    match api.store().api_run(&id).await? {
+        Some(run) => Ok(Reply::ok(StatusCode::OK, run_body(&run))),
+        None => Err(Reply::error(
+            StatusCode::NOT_FOUND,
+            format!("no run `{id}`"),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    period: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    early: bool,
+}
+
+#[derive(Deserialize)]
+struct Wait {
+    wait: Option<String>,
+}
+
+async fn start_run(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(wait): Query<Wait>,
+    body: Body,
+) -> Answer {
+    let (config, token) = authorize(&api, &headers, Need::Trigger)?;
+    if *api.shutdown.borrow() {
+        // Another replica takes it: nothing is stored under the key.
+        return Err(Reply::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this replica is shutting down; retry (another replica answers)",
+        )
+        .with(header::RETRY_AFTER, "1"));
+    }
+    let wait = match wait.wait.as_deref().map(str::parse::<u64>) {
+        None => 0,
+        Some(Ok(secs)) if secs <= MAX_WAIT => secs,
+        Some(_) => {
+            let why = format!("?wait= takes whole seconds from 0 to {MAX_WAIT}");
+            return Err(Reply::bad("wait", why));
+        }
+    };
+    let value = body_of(&read_body(body).await?)?;
+    let mut id = [0u8; 16];
+    if getrandom::fill(&mut id).is_err() {
+        return Err(Reply::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no random numbers",
+        ));
+    }
+    let idempotent = Idempotent {
+        api: &api,
+        token: &token,
+        route: "POST /v1/jobs/{job}/runs",
+        path: format!("/v1/jobs/{name}/runs"),
+        bound: Duration::from_secs(wait) + BODY_TIMEOUT,
+        run_id: Some(hex::encode(id)),
+    };
+    let api = api.clone();
+    let caller = token.clone();
+    let asked = value.clone();
+    let answer = idempotent.answer(&headers, &value, |scope| async move {
+        let request = run_request(&config, &name, asked, &caller)?;
+        Ok(api
+            .start(config, request, &caller, &scope, Duration::from_secs(wait))
+            .await)
+    });
+    Ok(answer.await)
+}
+
+/// The run a `POST /v1/jobs/{job}/runs` body asks for, checked as the
+/// command line checks its flags.
+fn run_request(
+    config: &Config,
+    name: &str,
+    body: serde_json::Value,
+    caller: &crate::config::Token,
+) -> Result<Request, Reply> {
+    let asked: RunBody = serde_path_to_error::deserialize(body).map_err(|e| {
+        let message = e.inner().to_string();
+        // The path names the field of a bad value; an unknown or missing
+        // field is named in the message itself.
+        let field = match e.path().to_string() {
+            path if path != "." => path,
+            _ => message.split('`').nth(1).unwrap_or("body").to_owned(),
+        };
+        Reply::bad(&field, format!("the body: `{field}`: {message}"))
+    })?;
+    let job = find_job(config, name)?;
+    let periods = match (asked.period, asked.from, asked.to) {
+        (Some(period), None, None) => Selection::Period(period),
+        (None, Some(from), Some(to)) => Selection::Range(from, to),
+        (Some(_), _, _) => {
+            return Err(Reply::bad(
+                "period",
+                "give `period`, or `from` and `to`, not both",
+            ));
+        }
+        (None, None, _) => {
+            return Err(Reply::bad(
+                "period",
+                "`period` is missing: give {\"period\": LABEL} or {\"from\": LABEL, \"to\": LABEL}",
+            ));
+        }
+        (None, Some(_), None) => return Err(Reply::bad("to", "`to` is missing")),
+    };
+    let request = Request {
+        job: Some(job.name.clone()),
+        periods,
+        force: asked.force,
+        early: asked.early,
+        wait: false,
+        dry_run: false,
+        names: Names::JSON,
+        by: caller.name.as_str().into(),
+    };
+    manual::check(config, &request, Utc::now())?;
+    if let Selection::Range(from, to) = &request.periods {
+        manual::periods_between(job, (from, to), RANGE_LIMIT, Names::JSON)?;
+    }
+    Ok(request)
+}
+
+async fn pause(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Answer {
+    set_paused(api, headers, name, body, true).await
+}
+
+async fn resume(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Answer {
+    set_paused(api, headers, name, body, false).await
+}
+
+async fn set_paused(
+    api: Arc<Api>,
+    headers: HeaderMap,
+    name: String,
+    body: Body,
+    paused: bool,
+) -> Answer {
+    let (config, token) = authorize(&api, &headers, Need::Operate)?;
+    let value = empty_body(&read_body(body).await?)?;
+    let (route, verb) = if paused {
+        ("POST /v1/jobs/{job}/pause", "pause")
+    } else {
+        ("POST /v1/jobs/{job}/resume", "resume")
+    };
+    let idempotent = Idempotent {
+        api: &api,
+        token: &token,
+        route,
+        path: format!("/v1/jobs/{name}/{verb}"),
+        bound: BODY_TIMEOUT,
+        run_id: None,
+    };
+    let store = api.store().clone();
+    let by = token.name.clone();
+    let events = api.events.clone();
+    let answer = idempotent.answer(&headers, &value, |_| async move {
+        let job = find_job(&config, &name)?;
+        operate::pause(&store, &job.name, paused).await?;
+        let _ = events.send(super::Event::Paused(job.name.clone(), paused));
+        tracing::info!(job = %job.name, by = %by, paused, "paused over the API");
+        Ok(Reply::ok(
+            StatusCode::OK,
+            json!({ "job": job.name, "paused": paused }),
+        ))
+    });
+    Ok(answer.await)
+}
+
+async fn release(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path((name, label)): Path<(String, String)>,
+    body: Body,
+) -> Answer {
+    let (config, token) = authorize(&api, &headers, Need::Operate)?;
+    let value = empty_body(&read_body(body).await?)?;
+    let idempotent = Idempotent {
+        api: &api,
+        token: &token,
+        route: "POST /v1/jobs/{job}/periods/{label}/release",
+        path: format!("/v1/jobs/{name}/periods/{label}/release"),
+        bound: BODY_TIMEOUT,
+        run_id: None,
+    };
+    let store = api.store().clone();
+    let by = token.name.clone();
+    let answer = idempotent.answer(&headers, &value, |_| async move {
+        let job = find_job(&config, &name)?;
+        let period = manual::periods_between(job, (&label, &label), 1, Names::PATH)?.remove(0);
+        Ok(match operate::release(&store, job, &period).await? {
+            (key, Some(Released { owner, lease_until })) => {
+                tracing::info!(period_key = %key, by = %by, "released over the API");
+                Reply::ok(
+                    StatusCode::OK,
+                    json!({
+                        "key": key,
+                        "released": true,
+                        "owner": owner,
+                        "claimable_by": lease_until.map(utc_text),
+                    }),
+                )
+            }
+            // As `scheduler release` exits 2: the period named is not
+            // running, which the caller must be told.
+            (key, None) => Reply::ok(
+                StatusCode::CONFLICT,
+                json!({
+                    "error": format!("{key} has no running claim to release"),
+                    "key": key,
+                    "released": false,
+                }),
+            ),
+        })
+    });
+    Ok(answer.await)
+}
