@@ -71,125 +71,134 @@ impl DatabaseUrl {
     /// The error says what is wrong, with any password masked.
     pub fn parse(url: &str, base: &Path) -> Result<DatabaseUrl, String> {
         if let Some(rest) = url.strip_prefix("sqlite:") {
-            let rest = rest.strip_prefix("//").unwrap_or(rest);
-            let (file, params) = match rest.split_once('?') {
-                Some((file, params)) => (file, Some(params.to_owned())),
-                None => (rest, None),
-            };
-            let in_memory = file == ":memory:"
-                || params.as_deref().is_some_and(|p| {
-                    p.split('&')
-                        .any(|kv| kv.eq_ignore_ascii_case("mode=memory"))
-                });
-            if in_memory {
-                return Err(format!(
-                    "`{url}` is an in-memory database, lost when the command ends (every run would start afresh): name a file, e.g. sqlite://scheduler.db"
-                ));
-            }
-            // The scheduler writes to its database whatever the command
-            // (claims, migrations, its WAL): read-only can never work.
-            let read_only = params.as_deref().is_some_and(|p| {
-                p.split('&').any(|kv| {
-                    let kv = kv.to_ascii_lowercase();
-                    kv == "mode=ro" || kv == "immutable=1" || kv == "immutable=true"
-                })
-            });
-            if read_only {
-                return Err(format!(
-                    "`{url}` opens the database read-only (`mode=ro` or `immutable`): the scheduler writes to its database whatever the command; expected sqlite://FILE, e.g. sqlite://scheduler.db"
-                ));
-            }
-            if file.is_empty() {
-                return Err(format!(
-                    "`{url}` names no file (is a variable in it empty?): expected sqlite://FILE, e.g. sqlite://scheduler.db"
-                ));
-            }
-            if file.contains('\0') {
-                return Err("the SQLite path contains a NUL byte".into());
-            }
-            let path = Path::new(file);
-            let path = if path.is_absolute() {
-                path.to_owned()
-            } else {
-                base.join(path)
-            };
-            let url = DatabaseUrl::Sqlite { path, params };
-            // The driver's reading of the parameters (`mode`, `cache`, …),
-            // before anything creates the file.
-            return match url
-                .driver_url()
-                .parse::<sqlx::sqlite::SqliteConnectOptions>()
-            {
-                Ok(_) => Ok(url),
-                Err(e) => Err(format!(
-                    "`{url}`: {}; expected sqlite://FILE, optionally with ?mode=ro|rw|rwc, cache=shared|private, immutable=true|false or vfs=NAME",
-                    e.to_string()
-                        .trim_start_matches("error with configuration: ")
-                )),
-            };
+            return DatabaseUrl::sqlite(url, rest.strip_prefix("//").unwrap_or(rest), base);
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return match url::Url::parse(url) {
-                Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => {
-                    // The driver ignores a parameter it does not know: a
-                    // misspelt `sslmode` would connect without TLS. Named
-                    // without its value (a misspelt `password`) and
-                    // without the query.
-                    if let Some(unknown) = parsed
-                        .query_pairs()
-                        .map(|(name, _)| name)
-                        .find(|name| !known_postgres_parameter(name))
-                    {
-                        let hint = crate::suggest::nearest(&unknown, POSTGRES_PARAMETERS)
-                            .map(|near| format!(" (did you mean `{near}`?)"))
-                            .unwrap_or_default();
-                        let base = url.split_once('?').map_or(url, |(base, _)| base);
-                        // A name that is no parameter name at all (`?s3cr3t`
-                        // with no `=`) may be a value: not shown.
-                        let named = unknown.chars().all(|c| {
-                            c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '[' | ']' | '.')
-                        });
-                        let unknown = if named {
-                            format!("`{unknown}`")
-                        } else {
-                            "not named here".into()
-                        };
-                        return Err(format!(
-                            "`{}?…` has the parameter {unknown}{hint}, which the PostgreSQL driver does not know and would ignore; it knows {}, options and options[SETTING]",
-                            mask_url(base),
-                            POSTGRES_PARAMETERS.join(", ")
-                        ));
-                    }
-                    // The driver's own reading of its parameters (sslmode, …)
-                    // is a configuration matter, found before connecting.
-                    match url.parse::<sqlx::postgres::PgConnectOptions>() {
-                        Ok(_) => Ok(DatabaseUrl::Postgres(url.to_owned())),
-                        Err(e) => {
-                            let mut text = mask_password_in(&e.to_string(), url);
-                            while let Some(rest) = text.strip_prefix("error with configuration: ") {
-                                text = rest.to_owned();
-                            }
-                            Err(format!(
-                                "`{}`: {text}; sslmode is one of disable, allow, prefer, require, verify-ca, verify-full",
-                                mask_url(url)
-                            ))
-                        }
-                    }
-                }
-                Ok(_) => Err(format!(
-                    "`{}` names no host: expected postgres://USER:PASSWORD@HOST:PORT/DB",
-                    mask_url(url)
-                )),
-                Err(e) => Err(format!(
-                    "`{}` is not a valid URL ({e}): expected postgres://USER:PASSWORD@HOST:PORT/DB, with special characters in the password percent-encoded",
-                    mask_url(url)
-                )),
-            };
+            return DatabaseUrl::postgres(url);
         }
         Err(format!(
             "`{}` is not a database URL: expected sqlite://FILE or postgres://USER@HOST/DB",
             mask_url(url)
         ))
+    }
+
+    /// A `sqlite:` URL whose file and parameters are `rest`.
+    fn sqlite(url: &str, rest: &str, base: &Path) -> Result<DatabaseUrl, String> {
+        let (file, params) = match rest.split_once('?') {
+            Some((file, params)) => (file, Some(params.to_owned())),
+            None => (rest, None),
+        };
+        let in_memory = file == ":memory:"
+            || params.as_deref().is_some_and(|p| {
+                p.split('&')
+                    .any(|kv| kv.eq_ignore_ascii_case("mode=memory"))
+            });
+        if in_memory {
+            return Err(format!(
+                "`{url}` is an in-memory database, lost when the command ends (every run would start afresh): name a file, e.g. sqlite://scheduler.db"
+            ));
+        }
+        // The scheduler writes to its database whatever the command
+        // (claims, migrations, its WAL): read-only can never work.
+        let read_only = params.as_deref().is_some_and(|p| {
+            p.split('&').any(|kv| {
+                let kv = kv.to_ascii_lowercase();
+                kv == "mode=ro" || kv == "immutable=1" || kv == "immutable=true"
+            })
+        });
+        if read_only {
+            return Err(format!(
+                "`{url}` opens the database read-only (`mode=ro` or `immutable`): the scheduler writes to its database whatever the command; expected sqlite://FILE, e.g. sqlite://scheduler.db"
+            ));
+        }
+        if file.is_empty() {
+            return Err(format!(
+                "`{url}` names no file (is a variable in it empty?): expected sqlite://FILE, e.g. sqlite://scheduler.db"
+            ));
+        }
+        if file.contains('\0') {
+            return Err("the SQLite path contains a NUL byte".into());
+        }
+        let path = Path::new(file);
+        let path = if path.is_absolute() {
+            path.to_owned()
+        } else {
+            base.join(path)
+        };
+        let url = DatabaseUrl::Sqlite { path, params };
+        // The driver's reading of the parameters (`mode`, `cache`, …),
+        // before anything creates the file.
+        match url
+            .driver_url()
+            .parse::<sqlx::sqlite::SqliteConnectOptions>()
+        {
+            Ok(_) => Ok(url),
+            Err(e) => Err(format!(
+                "`{url}`: {}; expected sqlite://FILE, optionally with ?mode=ro|rw|rwc, cache=shared|private, immutable=true|false or vfs=NAME",
+                e.to_string()
+                    .trim_start_matches("error with configuration: ")
+            )),
+        }
+    }
+
+    /// A `postgres:` URL.
+    fn postgres(url: &str) -> Result<DatabaseUrl, String> {
+        match url::Url::parse(url) {
+            Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => {
+                // The driver ignores a parameter it does not know: a
+                // misspelt `sslmode` would connect without TLS. Named
+                // without its value (a misspelt `password`) and
+                // without the query.
+                if let Some(unknown) = parsed
+                    .query_pairs()
+                    .map(|(name, _)| name)
+                    .find(|name| !known_postgres_parameter(name))
+                {
+                    let hint = crate::suggest::nearest(&unknown, POSTGRES_PARAMETERS)
+                        .map(|near| format!(" (did you mean `{near}`?)"))
+                        .unwrap_or_default();
+                    let base = url.split_once('?').map_or(url, |(base, _)| base);
+                    // A name that is no parameter name at all (`?s3cr3t`
+                    // with no `=`) may be a value: not shown.
+                    let named = unknown.chars().all(|c| {
+                        c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '[' | ']' | '.')
+                    });
+                    let unknown = if named {
+                        format!("`{unknown}`")
+                    } else {
+                        "not named here".into()
+                    };
+                    return Err(format!(
+                        "`{}?…` has the parameter {unknown}{hint}, which the PostgreSQL driver does not know and would ignore; it knows {}, options and options[SETTING]",
+                        mask_url(base),
+                        POSTGRES_PARAMETERS.join(", ")
+                    ));
+                }
+                // The driver's own reading of its parameters (sslmode, …)
+                // is a configuration matter, found before connecting.
+                match url.parse::<sqlx::postgres::PgConnectOptions>() {
+                    Ok(_) => Ok(DatabaseUrl::Postgres(url.to_owned())),
+                    Err(e) => {
+                        let mut text = mask_password_in(&e.to_string(), url);
+                        while let Some(rest) = text.strip_prefix("error with configuration: ") {
+                            text = rest.to_owned();
+                        }
+                        Err(format!(
+                            "`{}`: {text}; sslmode is one of disable, allow, prefer, require, verify-ca, verify-full",
+                            mask_url(url)
+                        ))
+                    }
+                }
+            }
+            Ok(_) => Err(format!(
+                "`{}` names no host: expected postgres://USER:PASSWORD@HOST:PORT/DB",
+                mask_url(url)
+            )),
+            Err(e) => Err(format!(
+                "`{}` is not a valid URL ({e}): expected postgres://USER:PASSWORD@HOST:PORT/DB, with special characters in the password percent-encoded",
+                mask_url(url)
+            )),
+        }
     }
 
     /// The URL handed to the driver.

@@ -553,128 +553,20 @@ impl Config {
         lenient: Lenient,
         adjust: &dyn Fn(&mut Settings),
     ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
-        use serde::de::IntoDeserializer;
         let at = Locator { path, text };
         let vars = raw::Vars::new(env, lenient.jobs);
         let api_vars = raw::Vars::new(env, lenient.api);
         let root = toml::de::DeTable::parse(text).map_err(|e| at.toml_error(&e))?;
         let mut errors: Vec<ConfigError> = Vec::new();
-        let mut raw_settings = None;
-        let mut raw_api = None;
-        let mut raw_jobs = Vec::new();
-        for (key, value) in root.into_inner() {
-            match key.get_ref().as_ref() {
-                "scheduler" => raw_settings = Some(value),
-                "api" => raw_api = Some(value),
-                "job" => match value.get_ref().as_array() {
-                    Some(jobs) => raw_jobs.extend(jobs.iter().cloned()),
-                    None => {
-                        if let Err(e) = Vec::<raw::RawJob>::deserialize(value.into_deserializer()) {
-                            errors.push(at.toml_error(&e));
-                        }
-                    }
-                },
-                other => {
-                    let hint = nearest(other, ["scheduler", "api", "job"])
-                        .map(|n| format!("; did you mean `{n}`?"))
-                        .unwrap_or_default();
-                    errors.push(at.error(
-                        key.span(),
-                        format!(
-                            "unknown field `{other}`, expected `scheduler`, `api` or `job`{hint}"
-                        ),
-                    ));
-                }
-            }
-        }
-        let settings = raw_settings
-            .map(|value| raw::RawSettings::deserialize(value.into_deserializer()))
-            .transpose()
-            .map_err(|e| at.toml_error(&e))
-            .and_then(|raw| raw.unwrap_or_default().validate(&at, &vars));
-        let mut settings = match settings {
-            Ok(settings) => settings,
-            Err(e) => {
-                errors.push(e);
-                // The jobs are still checked, against the defaults; but not
-                // `keep` against a `catch_up` the file may set otherwise.
-                let mut defaults = raw::RawSettings::default().validate(&at, &vars)?;
-                defaults.catch_up = Duration::ZERO;
-                defaults
-            }
-        };
+        let sections = Sections::of(root, &at, &mut errors);
+        let mut settings = sections.settings(&at, &vars, &mut errors)?;
         adjust(&mut settings);
-        let api = match raw_api
-            .map(|value| raw::RawApi::deserialize(value.into_deserializer()))
-            .transpose()
-            .map_err(|e| at.toml_error(&e))
-            .and_then(|raw| raw.map(|raw| raw.validate(&at, &api_vars)).transpose())
-        {
-            Ok(api) => api,
-            Err(e) => {
-                errors.push(e);
-                None
-            }
-        };
-        let mut jobs: Vec<Job> = Vec::with_capacity(raw_jobs.len());
-        let mut incomplete: Vec<(String, String)> = Vec::new();
-        let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
-        for value in raw_jobs {
-            let raw_job = match raw::RawJob::deserialize(value.into_deserializer()) {
-                Ok(raw_job) => raw_job,
-                Err(e) => {
-                    errors.push(at.toml_error(&e));
-                    continue;
-                }
-            };
-            let name_span = raw_job.name.span();
-            let mark = vars.mark();
-            let mut job = match raw_job.validate(&at, &settings, &vars) {
-                Ok(job) => job,
-                Err(e) => {
-                    errors.push(e);
-                    continue;
-                }
-            };
-            if let Some(first) = seen.get(&job.name) {
-                errors.push(at.error(
-                    name_span,
-                    format!(
-                        "job name `{}` is already used at line {}; job names must be unique",
-                        job.name,
-                        at.line_col(first.start).0
-                    ),
-                ));
-                continue;
-            }
-            seen.insert(job.name.clone(), name_span);
-            if let Action::Process(process) = &mut job.action {
-                process.inherit.named = vars.names_since(mark);
-            }
-            for name in vars.missed_since(mark) {
-                incomplete.push((job.name.clone(), name));
-            }
-            jobs.push(job);
-        }
+        let api = sections.api(&at, &api_vars, &mut errors);
+        let (mut jobs, incomplete) = sections.jobs(&at, &settings, &vars, &mut errors);
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
-        let mut read = vars.read_all();
-        read.extend(api_vars.read_all());
-        let hidden = environment::hidden(read.iter().map(|(name, _)| name.as_str()));
-        let secrets = Secrets::of_values(
-            read.iter()
-                .filter(|(name, _)| !environment::is_public(name))
-                .map(|(_, value)| value.clone())
-                .chain(database_passwords(env)),
-        );
-        for job in &mut jobs {
-            job.derive();
-            job.secrets = secrets.clone();
-            if let Action::Process(process) = &mut job.action {
-                process.inherit.hidden = hidden.clone();
-            }
-        }
+        let secrets = seal(&mut jobs, &vars, &api_vars, env);
         // Names are unique within the file; the namespace makes them so in
         // the database.
         if let Some(namespace) = &settings.namespace {
@@ -690,31 +582,16 @@ impl Config {
                 }
             }
         }
-        let warnings = unset
-            .into_iter()
-            .map(|name| {
-                let written = format!("${{{name}}}");
-                let offset = text
-                    .match_indices(&written)
-                    .find(|(i, _)| !text[..*i].ends_with('$'))
-                    .map_or(0, |(i, _)| i);
-                at.error(
-                    offset..offset + written.len(),
-                    format!("environment variable `{name}` is not set (named by `{written}`)"),
-                )
-            })
-            .collect();
-        Ok((
-            Config {
-                path: path.to_owned(),
-                settings,
-                api,
-                jobs,
-                secrets,
-                incomplete,
-            },
-            warnings,
-        ))
+        let warnings = unset.into_iter().map(|name| at.unset(&name)).collect();
+        let config = Config {
+            path: path.to_owned(),
+            settings,
+            api,
+            jobs,
+            secrets,
+            incomplete,
+        };
+        Ok((config, warnings))
     }
 
     /// Checks the `sql` statements as SQLite reads them, which runs every
@@ -810,6 +687,20 @@ impl Locator<'_> {
         (line, column)
     }
 
+    /// The warning for `${name}`, not set: at its first place in the file.
+    fn unset(&self, name: &str) -> ConfigError {
+        let written = format!("${{{name}}}");
+        let offset = self
+            .text
+            .match_indices(&written)
+            .find(|(i, _)| !self.text[..*i].ends_with('$'))
+            .map_or(0, |(i, _)| i);
+        self.error(
+            offset..offset + written.len(),
+            format!("environment variable `{name}` is not set (named by `{written}`)"),
+        )
+    }
+
     pub(crate) fn error(&self, span: Range<usize>, message: String) -> ConfigError {
         let (line, column) = self.line_col(span.start);
         ConfigError {
@@ -879,6 +770,183 @@ fn unknown_name(message: &str) -> Option<(&str, Vec<&str>)> {
     let (given, expected) = rest.split_once('`')?;
     let expected = expected.split('`').skip(1).step_by(2).collect();
     Some((given, expected))
+}
+
+/// The top-level tables of jobs.toml, as written: `[scheduler]`, `[api]`
+/// and every `[[job]]`.
+#[derive(Default)]
+struct Sections<'t> {
+    settings: Option<toml::Spanned<toml::de::DeValue<'t>>>,
+    api: Option<toml::Spanned<toml::de::DeValue<'t>>>,
+    jobs: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
+}
+
+impl<'t> Sections<'t> {
+    /// Sorts the file's tables; an unknown one is an error.
+    fn of(
+        root: toml::Spanned<toml::de::DeTable<'t>>,
+        at: &Locator<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> Self {
+        use serde::de::IntoDeserializer;
+        let mut sections = Sections::default();
+        for (key, value) in root.into_inner() {
+            match key.get_ref().as_ref() {
+                "scheduler" => sections.settings = Some(value),
+                "api" => sections.api = Some(value),
+                "job" => match value.get_ref().as_array() {
+                    Some(jobs) => sections.jobs.extend(jobs.iter().cloned()),
+                    None => {
+                        if let Err(e) = Vec::<raw::RawJob>::deserialize(value.into_deserializer()) {
+                            errors.push(at.toml_error(&e));
+                        }
+                    }
+                },
+                other => {
+                    let hint = nearest(other, ["scheduler", "api", "job"])
+                        .map(|n| format!("; did you mean `{n}`?"))
+                        .unwrap_or_default();
+                    errors.push(at.error(
+                        key.span(),
+                        format!(
+                            "unknown field `{other}`, expected `scheduler`, `api` or `job`{hint}"
+                        ),
+                    ));
+                }
+            }
+        }
+        sections
+    }
+
+    /// `[scheduler]`, validated; a bad one is an error, and the jobs are
+    /// still checked against the defaults (but not `keep` against a
+    /// `catch_up` the file may set otherwise).
+    fn settings(
+        &self,
+        at: &Locator<'_>,
+        vars: &raw::Vars<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> Result<Settings, ConfigError> {
+        use serde::de::IntoDeserializer;
+        let settings = self
+            .settings
+            .clone()
+            .map(|value| raw::RawSettings::deserialize(value.into_deserializer()))
+            .transpose()
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.unwrap_or_default().validate(at, vars));
+        match settings {
+            Ok(settings) => Ok(settings),
+            Err(e) => {
+                errors.push(e);
+                let mut defaults = raw::RawSettings::default().validate(at, vars)?;
+                defaults.catch_up = Duration::ZERO;
+                Ok(defaults)
+            }
+        }
+    }
+
+    /// `[api]`, validated, if the file has one.
+    fn api(
+        &self,
+        at: &Locator<'_>,
+        vars: &raw::Vars<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> Option<Api> {
+        use serde::de::IntoDeserializer;
+        let api = self
+            .api
+            .clone()
+            .map(|value| raw::RawApi::deserialize(value.into_deserializer()))
+            .transpose()
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.map(|raw| raw.validate(at, vars)).transpose());
+        api.unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        })
+    }
+
+    /// Every `[[job]]`, validated, names unique; with the `${VAR}`s each
+    /// one names that are not set (job, variable).
+    fn jobs(
+        self,
+        at: &Locator<'_>,
+        settings: &Settings,
+        vars: &raw::Vars<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> (Vec<Job>, Vec<(String, String)>) {
+        use serde::de::IntoDeserializer;
+        let mut jobs: Vec<Job> = Vec::with_capacity(self.jobs.len());
+        let mut incomplete: Vec<(String, String)> = Vec::new();
+        let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
+        for value in self.jobs {
+            let raw_job = match raw::RawJob::deserialize(value.into_deserializer()) {
+                Ok(raw_job) => raw_job,
+                Err(e) => {
+                    errors.push(at.toml_error(&e));
+                    continue;
+                }
+            };
+            let name_span = raw_job.name.span();
+            let mark = vars.mark();
+            let mut job = match raw_job.validate(at, settings, vars) {
+                Ok(job) => job,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            if let Some(first) = seen.get(&job.name) {
+                let line = at.line_col(first.start).0;
+                errors.push(at.error(
+                    name_span,
+                    format!(
+                        "job name `{}` is already used at line {line}; job names must be unique",
+                        job.name
+                    ),
+                ));
+                continue;
+            }
+            seen.insert(job.name.clone(), name_span);
+            if let Action::Process(process) = &mut job.action {
+                process.inherit.named = vars.names_since(mark);
+            }
+            for name in vars.missed_since(mark) {
+                incomplete.push((job.name.clone(), name));
+            }
+            jobs.push(job);
+        }
+        (jobs, incomplete)
+    }
+}
+
+/// Every value the file read from the environment that is not public is
+/// a secret, and so is the database password: each job masks them, and a
+/// job's process never inherits a variable that holds one.
+fn seal(
+    jobs: &mut [Job],
+    vars: &raw::Vars<'_>,
+    api_vars: &raw::Vars<'_>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Secrets {
+    let mut read = vars.read_all();
+    read.extend(api_vars.read_all());
+    let hidden = environment::hidden(read.iter().map(|(name, _)| name.as_str()));
+    let secrets = Secrets::of_values(
+        read.iter()
+            .filter(|(name, _)| !environment::is_public(name))
+            .map(|(_, value)| value.clone())
+            .chain(database_passwords(env)),
+    );
+    for job in jobs {
+        job.derive();
+        job.secrets = secrets.clone();
+        if let Action::Process(process) = &mut job.action {
+            process.inherit.hidden = hidden.clone();
+        }
+    }
+    secrets
 }
 
 #[cfg(test)]
