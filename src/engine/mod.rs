@@ -318,20 +318,67 @@ impl Engine {
     }
 
     async fn claim_with(&self, asks: &[Ask], queue: Queue) -> Result<Vec<Taken>, Error> {
-        let wait = queue == Queue::Wait;
-        let mut here: Vec<Option<RunningHere>> = Vec::with_capacity(asks.len());
-        {
-            let Ok(mut set) = self.running_here.lock() else {
-                return Ok(asks.iter().map(|_| Taken::RunningHere).collect());
-            };
-            for ask in asks {
+        let here = self.mark_running_here(asks);
+        let answers = self.claim_chunks(asks, &here, queue == Queue::Wait).await?;
+        Ok(asks
+            .iter()
+            .zip(answers)
+            .zip(here)
+            .map(|((ask, answer), here)| {
+                let (Some((claim, sent)), Some(here)) = (answer, here) else {
+                    return Taken::RunningHere;
+                };
+                let result = metric_result(&claim);
+                metrics::counter!("scheduler_claims_total", "job" => ask.job.name.clone(), "result" => result).increment(1);
+                if result == "recovered" {
+                    metrics::counter!("scheduler_claims_taken_over_total").increment(1);
+                }
+                tracing::debug!(
+                    job = ask.job.name,
+                    period_key = %ask.key(),
+                    result,
+                    "claim answered"
+                );
+                match claim {
+                    Claim::Won(won) => Taken::Won(Won {
+                        watch: self.heartbeats.watch(&won, sent.at, won.granted),
+                        sent,
+                        lease: won,
+                        _here: here,
+                        _counted: Counted::new(&ask.job.name),
+                    }),
+                    other => Taken::Not(other),
+                }
+            })
+            .collect())
+    }
+
+    /// Marks each ask's period as running here; `None` for one that is
+    /// already (it is not claimed again).
+    fn mark_running_here(&self, asks: &[Ask]) -> Vec<Option<RunningHere>> {
+        let Ok(mut set) = self.running_here.lock() else {
+            return asks.iter().map(|_| None).collect();
+        };
+        asks.iter()
+            .map(|ask| {
                 let key = ask.key();
-                here.push(set.insert(key.clone()).then(|| RunningHere {
+                set.insert(key.clone()).then(|| RunningHere {
                     key,
                     set: self.running_here.clone(),
-                }));
-            }
-        }
+                })
+            })
+            .collect()
+    }
+
+    /// Claims the asks marked `here`, [`CLAIM_BATCH`] per statement, a few
+    /// statements side by side; each answer with when its statement was
+    /// sent. An error releases what the other statements won.
+    async fn claim_chunks(
+        &self,
+        asks: &[Ask],
+        here: &[Option<RunningHere>],
+        wait: bool,
+    ) -> Result<Vec<Option<(Claim, Sent)>>, Error> {
         let todo: Vec<usize> = (0..asks.len()).filter(|i| here[*i].is_some()).collect();
         let lease = self.heartbeats.lease();
         let mut chunks: Vec<Vec<usize>> = todo.chunks(CLAIM_BATCH).map(<[usize]>::to_vec).collect();
@@ -388,37 +435,7 @@ impl Engine {
             }
             return Err(e);
         }
-        Ok(asks
-            .iter()
-            .zip(answers)
-            .zip(here)
-            .map(|((ask, answer), here)| {
-                let (Some((claim, sent)), Some(here)) = (answer, here) else {
-                    return Taken::RunningHere;
-                };
-                let result = metric_result(&claim);
-                metrics::counter!("scheduler_claims_total", "job" => ask.job.name.clone(), "result" => result).increment(1);
-                if result == "recovered" {
-                    metrics::counter!("scheduler_claims_taken_over_total").increment(1);
-                }
-                tracing::debug!(
-                    job = ask.job.name,
-                    period_key = %ask.key(),
-                    result,
-                    "claim answered"
-                );
-                match claim {
-                    Claim::Won(won) => Taken::Won(Won {
-                        watch: self.heartbeats.watch(&won, sent.at, won.granted),
-                        sent,
-                        lease: won,
-                        _here: here,
-                        _counted: Counted::new(&ask.job.name),
-                    }),
-                    other => Taken::Not(other),
-                }
-            })
-            .collect())
+        Ok(answers)
     }
 
     /// Runs a won period to its end and reports how it ended.

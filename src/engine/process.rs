@@ -58,40 +58,8 @@ pub(super) async fn run(
     let left_ms = move |at: Instant| {
         (at.saturating_duration_since(Instant::now()) + heartbeats.interval() / 2).as_millis()
     };
-    let (program, args): (OsString, Vec<OsString>) = match &action.program {
-        Program::Command(argv) => {
-            let mut argv = argv.iter().map(|a| OsString::from(a.render(run)));
-            (argv.next().unwrap_or_default(), argv.collect())
-        }
-        Program::Shell(script) => (
-            "/bin/sh".into(),
-            vec!["-c".into(), script.render(run).into()],
-        ),
-    };
-    let spec = Spec {
-        fence_ms: u64::try_from(left_ms(*fence_at.borrow_and_update())).unwrap_or(u64::MAX),
-        program,
-        args,
-        // The whole environment: what it inherits of the scheduler's (never
-        // the scheduler's own secrets, unless it names them), its own, then
-        // the scheduler's variables.
-        env: action
-            .inherit
-            .variables()
-            .chain(
-                action
-                    .env
-                    .iter()
-                    .map(|(k, v)| (k.into(), v.render(run).into())),
-            )
-            .chain(
-                run.environment()
-                    .into_iter()
-                    .map(|(k, v)| (k.into(), v.into())),
-            )
-            .collect(),
-        workdir: action.workdir.as_ref().map(|dir| dir.render(run).into()),
-    };
+    let fence_ms = u64::try_from(left_ms(*fence_at.borrow_and_update())).unwrap_or(u64::MAX);
+    let spec = spec_of(action, run, fence_ms);
     let started = match spawn.supervisor.start(&spec).await {
         Ok(started) => started,
         Err(e) => return ActionResult::failed(format!("cannot start the job: {e}")),
@@ -144,27 +112,77 @@ pub(super) async fn run(
         }
         () = feed => unreachable!("feeding deadlines never ends"),
     };
+    let output = finish(&mut status, spawn.supervisor, readers, &tail, run).await;
+    match &mut result {
+        ActionResult::Done(finish, _) => finish.output = Some(output),
+        ActionResult::Stopped(_, kept) => *kept = Some(output),
+    }
+    result
+}
+
+/// After the job ended or was stopped: sweeps a tree its vanished
+/// supervisor may have left, waits for the output to close and gives its
+/// tail, secrets masked.
+async fn finish(
+    status: &mut Status,
+    supervisor: &super::supervision::Launcher,
+    readers: [tokio::task::JoinHandle<()>; 2],
+    tail: &Mutex<Tail>,
+    run: &Run<'_>,
+) -> String {
     // A supervisor that ended without saying how may have been killed
     // itself, with its job's tree still running: swept before the period
     // can run again.
     let ended = tokio::time::timeout(SUPERVISOR_WAIT, status.ended()).await;
     if ended.unwrap_or(Ended::Vanished) == Ended::Vanished {
-        spawn.supervisor.sweep().await;
+        supervisor.sweep().await;
     }
     // The supervisor has ended the whole tree, so the pipes close.
     for reader in readers {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
-    let kept = || {
-        let tail = tail.lock().map(|t| t.clone()).unwrap_or_default();
-        let text = String::from_utf8_lossy(&tail.bytes);
-        run.job.secrets.mask_cut(&text, tail.cut, false)
+    let tail = tail.lock().map(|t| t.clone()).unwrap_or_default();
+    let text = String::from_utf8_lossy(&tail.bytes);
+    run.job.secrets.mask_cut(&text, tail.cut, false)
+}
+
+/// What the supervisor is told to start: the program and its arguments,
+/// its whole environment and its directory, rendered for `run`.
+fn spec_of(action: &ProcessAction, run: &Run<'_>, fence_ms: u64) -> Spec {
+    let (program, args): (OsString, Vec<OsString>) = match &action.program {
+        Program::Command(argv) => {
+            let mut argv = argv.iter().map(|a| OsString::from(a.render(run)));
+            (argv.next().unwrap_or_default(), argv.collect())
+        }
+        Program::Shell(script) => (
+            "/bin/sh".into(),
+            vec!["-c".into(), script.render(run).into()],
+        ),
     };
-    match &mut result {
-        ActionResult::Done(finish, _) => finish.output = Some(kept()),
-        ActionResult::Stopped(_, output) => *output = Some(kept()),
+    Spec {
+        fence_ms,
+        program,
+        args,
+        // The whole environment: what it inherits of the scheduler's (never
+        // the scheduler's own secrets, unless it names them), its own, then
+        // the scheduler's variables.
+        env: action
+            .inherit
+            .variables()
+            .chain(
+                action
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.into(), v.render(run).into())),
+            )
+            .chain(
+                run.environment()
+                    .into_iter()
+                    .map(|(k, v)| (k.into(), v.into())),
+            )
+            .collect(),
+        workdir: action.workdir.as_ref().map(|dir| dir.render(run).into()),
     }
-    result
 }
 
 fn ended_result(ended: Ended) -> ActionResult {

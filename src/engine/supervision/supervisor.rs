@@ -148,6 +148,26 @@ pub(super) fn supervise_request(bytes: &[u8]) -> String {
 }
 
 pub(super) fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
+    let signals = watch_signals()?;
+    // A scheduler that is gone, or gave this job up before it started
+    // (its supervisor was slow to start), has closed the control pipe: the
+    // job must not start then.
+    let stdin = std::io::stdin();
+    let mut control = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+    if poll(&mut control, PollTimeout::ZERO).is_ok()
+        && control[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    {
+        return Err("supervisor: the scheduler gave the job up before it started".into());
+    }
+    let job = start(spec)?;
+    Ok(follow(job, &signals, spec.fence_ms))
+}
+
+/// Blocks the signals the supervisor follows and reads them from a
+/// descriptor; makes it the subreaper of the job's tree.
+fn watch_signals() -> Result<SignalFd, String> {
     let mut watched = SigSet::empty();
     for signal in [
         Signal::SIGCHLD,
@@ -164,18 +184,11 @@ pub(super) fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
         .map_err(|e| format!("supervisor: signalfd: {e}"))?;
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| format!("supervisor: cannot become a subreaper: {e}"))?;
-    // A scheduler that is gone, or gave this job up before it started
-    // (its supervisor was slow to start), has closed the control pipe: the
-    // job must not start then.
-    let stdin = std::io::stdin();
-    let mut control = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
-    if poll(&mut control, PollTimeout::ZERO).is_ok()
-        && control[0]
-            .revents()
-            .is_some_and(|r| r.contains(PollFlags::POLLHUP))
-    {
-        return Err("supervisor: the scheduler gave the job up before it started".into());
-    }
+    Ok(signals)
+}
+
+/// Starts the job in a process group of its own.
+fn start(spec: &Spec) -> Result<Pid, String> {
     let mut command = Command::new(&spec.program);
     command
         .args(&spec.args)
@@ -216,12 +229,19 @@ pub(super) fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
             _ => format!("cannot start `{program}`: {e}"),
         }
     })?;
-    let job = Pid::from_raw(child.id() as i32);
-    let mut deadline = Instant::now() + Duration::from_millis(spec.fence_ms);
+    Ok(Pid::from_raw(child.id() as i32))
+}
+
+/// Follows the job to its end: its exit, a stop asked for on the control
+/// pipe (`term`, `kill`, the pipe closed) or by signal, or the fence
+/// (the claim no longer vouched for in time). Ends the whole tree.
+fn follow(job: Pid, signals: &SignalFd, fence_ms: u64) -> Option<WaitStatus> {
+    let stdin = std::io::stdin();
+    let mut deadline = Instant::now() + Duration::from_millis(fence_ms);
     let mut pending = Vec::new();
     loop {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            return Ok(end_tree(job, None));
+            return end_tree(job, None);
         };
         let millis = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
         let mut fds = [
@@ -233,30 +253,30 @@ pub(super) fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
             PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX),
         ) {
             Ok(_) | Err(Errno::EINTR) => {}
-            Err(_) => return Ok(end_tree(job, None)),
+            Err(_) => return end_tree(job, None),
         }
         let stdin_ready = fds[1].any().unwrap_or(true);
         while let Ok(Some(info)) = signals.read_signal() {
             match Signal::try_from(info.ssi_signo as i32) {
                 Ok(Signal::SIGCHLD) => {
                     if let Some(status) = reap_ready(job) {
-                        return Ok(end_tree(job, Some(status)));
+                        return end_tree(job, Some(status));
                     }
                 }
                 Ok(Signal::SIGTERM) => {
                     let _ = killpg(job, Signal::SIGTERM);
                 }
-                Ok(Signal::SIGUSR1) => return Ok(end_tree(job, None)),
+                Ok(Signal::SIGUSR1) => return end_tree(job, None),
                 _ => {}
             }
         }
         if stdin_ready {
             let mut buf = [0u8; 256];
             match nix::unistd::read(stdin.as_fd(), &mut buf) {
-                Ok(0) => return Ok(end_tree(job, None)),
+                Ok(0) => return end_tree(job, None),
                 Ok(n) => pending.extend_from_slice(&buf[..n]),
                 Err(Errno::EAGAIN | Errno::EINTR) => {}
-                Err(_) => return Ok(end_tree(job, None)),
+                Err(_) => return end_tree(job, None),
             }
             // Each line: the milliseconds the claim stays safe from now,
             // `term` (SIGTERM to the job's group) or `kill` (the whole tree).
@@ -266,7 +286,7 @@ pub(super) fn supervise(spec: &Spec) -> Result<Option<WaitStatus>, String> {
                     Ok("term") => {
                         let _ = killpg(job, Signal::SIGTERM);
                     }
-                    Ok("kill") => return Ok(end_tree(job, None)),
+                    Ok("kill") => return end_tree(job, None),
                     Ok(ms) => {
                         if let Ok(ms) = ms.parse::<u64>() {
                             deadline = Instant::now() + Duration::from_millis(ms);
