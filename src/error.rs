@@ -54,55 +54,55 @@ impl Outcome {
     }
 }
 
-/// Writes one line to standard output; `Err(Stop::Closed)` when
+/// Writes one line to standard output; `Err(Unread::Closed)` when
 /// the reader has gone (`| head`), any other failure as an error.
-pub fn say(line: std::fmt::Arguments<'_>) -> Result<(), Stop> {
+pub fn say(line: std::fmt::Arguments<'_>) -> Result<(), Unread> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     out.write_fmt(line)
         .and_then(|()| out.write_all(b"\n"))
-        .map_err(Stop::from)
+        .map_err(Unread::from)
 }
 
 /// Why writing to standard output stopped a command.
 #[derive(Debug)]
-pub enum Stop {
+pub enum Unread {
     /// The reader closed the pipe: end quietly with [`Outcome::StdoutClosed`].
     Closed,
     /// Another failure, reported.
     Failed(Error),
 }
 
-impl From<std::io::Error> for Stop {
-    fn from(e: std::io::Error) -> Stop {
+impl From<std::io::Error> for Unread {
+    fn from(e: std::io::Error) -> Unread {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            Stop::Closed
+            Unread::Closed
         } else {
-            Stop::Failed(Error::Environment(anyhow::anyhow!(
+            Unread::Failed(Error::Environment(anyhow::anyhow!(
                 "cannot write to stdout: {e}"
             )))
         }
     }
 }
 
-impl From<ConfigError> for Stop {
-    fn from(e: ConfigError) -> Stop {
-        Stop::Failed(Error::Config(e))
+impl From<ConfigError> for Unread {
+    fn from(e: ConfigError) -> Unread {
+        Unread::Failed(Error::Config(e))
     }
 }
 
-impl From<Error> for Stop {
-    fn from(e: Error) -> Stop {
-        Stop::Failed(e)
+impl From<Error> for Unread {
+    fn from(e: Error) -> Unread {
+        Unread::Failed(e)
     }
 }
 
-impl Stop {
+impl Unread {
     /// The command's result once it stopped.
     pub fn into_result(self) -> Result<Outcome, Error> {
         match self {
-            Stop::Closed => Ok(Outcome::StdoutClosed),
-            Stop::Failed(e) => Err(e),
+            Unread::Closed => Ok(Outcome::StdoutClosed),
+            Unread::Failed(e) => Err(e),
         }
     }
 }

@@ -47,7 +47,7 @@ fn main() -> ExitCode {
             return ExitCode::from(3);
         }
     };
-    let code = match runtime.block_on(scheduler::cli::app::run(cli)) {
+    let code = match runtime.block_on(scheduler::cli::app::execute(cli)) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             eprintln!("error: {e}");

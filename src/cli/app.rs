@@ -10,7 +10,7 @@ use crate::cli::run;
 use crate::cli::{Cli, Command};
 use crate::config::{Config, ConfigError};
 use crate::engine::owner_id;
-use crate::error::{Error, Outcome, Stop, say};
+use crate::error::{Error, Outcome, Unread, say};
 use crate::serve::Service;
 use crate::store::{DatabaseUrl, Store};
 
@@ -18,7 +18,7 @@ use crate::store::{DatabaseUrl, Store};
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://scheduler.db";
 
 /// Runs `cli`'s command to completion.
-pub async fn run(cli: Cli) -> Result<Outcome, Error> {
+pub async fn execute(cli: Cli) -> Result<Outcome, Error> {
     // Completions, the man page and the health probe need no jobs.toml.
     match &cli.command {
         Command::Completions { shell } => return completions(*shell),
@@ -61,7 +61,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
     )
     .await?;
     match cli.command {
-        Command::Run(args) => run::run(&config, &store, &args, &owner_id(), shutdown).await,
+        Command::Run(args) => run::command(&config, &store, &args, &owner_id(), shutdown).await,
         Command::Serve { .. } => {
             let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
             serve(&cli.config, config, store, (reload, listener, shutdown)).await
@@ -100,11 +100,11 @@ async fn inspect_database(
             json,
         } => inspect::range(config, store, &job, (&from, &to), json, now)
             .await
-            .or_else(Stop::into_result),
+            .or_else(Unread::into_result),
         Command::Status { job, json, .. } => {
             inspect::status(config, store, job.as_deref(), json, now)
                 .await
-                .or_else(Stop::into_result)
+                .or_else(Unread::into_result)
         }
         Command::History {
             job,
@@ -124,20 +124,20 @@ async fn inspect_database(
             };
             inspect::history(store, &config.full_name(&job), key.as_deref(), shown)
                 .await
-                .or_else(Stop::into_result)
+                .or_else(Unread::into_result)
         }
         Command::Release { job, period } => inspect::release(config, store, &job, &period)
             .await
-            .or_else(Stop::into_result),
+            .or_else(Unread::into_result),
         Command::Pause { job } => inspect::pause(store, &config.full_name(&job), true)
             .await
-            .or_else(Stop::into_result),
+            .or_else(Unread::into_result),
         Command::Resume { job } => inspect::pause(store, &config.full_name(&job), false)
             .await
-            .or_else(Stop::into_result),
+            .or_else(Unread::into_result),
         Command::Prune { dry_run } => inspect::prune(config, store, dry_run)
             .await
-            .or_else(Stop::into_result),
+            .or_else(Unread::into_result),
         Command::Run(_)
         | Command::Serve { .. }
         | Command::Check { .. }
@@ -168,7 +168,7 @@ fn without_database(
     unset: &[ConfigError],
     now: chrono::DateTime<Utc>,
 ) -> Result<Option<Outcome>, Error> {
-    let io = |e: std::io::Error| Stop::from(e).into_result();
+    let io = |e: std::io::Error| Unread::from(e).into_result();
     match command {
         Command::Check { strict } => {
             if *strict && !unset.is_empty() {
@@ -309,7 +309,7 @@ async fn serve(
         crate::serve::server::start(listener, api.clone(), shutdown)?;
     }
     // It waits for the runs asked for over the API too.
-    service.run(reload).await
+    service.serve(reload).await
 }
 
 /// `scheduler completions SHELL`: clap's own generator.
@@ -367,7 +367,7 @@ fn write_out(bytes: &[u8]) -> Result<Outcome, Error> {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         Ok(()) => Ok(Outcome::Done),
-        Err(e) => Stop::from(e).into_result(),
+        Err(e) => Unread::from(e).into_result(),
     }
 }
 

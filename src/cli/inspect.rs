@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::config::{Config, Job};
 use crate::engine::operate;
 use crate::engine::view::{self, PeriodView};
-use crate::error::{Error, Outcome, Stop, say};
+use crate::error::{Error, Outcome, Unread, say};
 use crate::period::{PeriodKey, utc_text};
 use crate::store::{Claim, ClaimRow, ClaimState, PeriodState, Released, Store};
 
@@ -26,7 +26,7 @@ pub async fn status(
     only: Option<&str>,
     as_json: bool,
     now: DateTime<Utc>,
-) -> Result<Outcome, Stop> {
+) -> Result<Outcome, Unread> {
     let paused_jobs = store.paused_jobs().await?;
     let jobs: Vec<&Job> = config
         .jobs
@@ -179,6 +179,44 @@ impl JobStatus<'_> {
         }
     }
 
+    /// A failed period's line: its retries left and when the next is, or
+    /// why there is none.
+    fn failed_line(&self, row: &ClaimRow) -> String {
+        let left = self.retries_left(row);
+        match row.retry_at {
+            Some(at) => format!(
+                "{}: {left} retr{} left, next at {}",
+                row.period_key,
+                if left == 1 { "y" } else { "ies" },
+                utc_text(at)
+            ),
+            None if self.job.retry.attempts <= 1 => {
+                format!("{}: failed, no retry configured", row.period_key)
+            }
+            None => format!("{}: retries exhausted", row.period_key),
+        }
+    }
+
+    /// How many periods are overdue, and the newest three.
+    fn overdue_text(&self) -> String {
+        let n = self.overdue.len();
+        if n == 0 {
+            return "-".to_owned();
+        }
+        let newest: Vec<&str> = self
+            .overdue
+            .iter()
+            .rev()
+            .take(3)
+            .map(String::as_str)
+            .collect();
+        format!(
+            "{n}: {}{}",
+            newest.join(", "),
+            if n > 3 { ", …" } else { "" }
+        )
+    }
+
     fn cells(&self, look: &Look, now: DateTime<Utc>) -> Vec<comfy_table::Cell> {
         use comfy_table::Color;
         let schedule = format!(
@@ -203,62 +241,9 @@ impl JobStatus<'_> {
             ),
             None => look.cell("-".into(), None),
         };
-        let running: Vec<String> = self
-            .running()
-            .map(|row| match (row.standing(), row.as_claim()) {
-                (PeriodState::Stopping, Claim::Held { owner, until }) => format!(
-                    "{} released, stopping on {owner}, {}s left",
-                    row.period_key,
-                    (until - now).num_seconds().max(0)
-                ),
-                (_, Claim::Held { owner, until }) => format!(
-                    "{} on {owner}, {}s left",
-                    row.period_key,
-                    (until - now).num_seconds().max(0)
-                ),
-                (PeriodState::Released, _) => {
-                    format!("{} released ({})", row.period_key, row.owner)
-                }
-                _ => format!("{} lease expired ({})", row.period_key, row.owner),
-            })
-            .collect();
-        let failed: Vec<String> = self
-            .failed()
-            .map(|row| match row.retry_at {
-                Some(at) => format!(
-                    "{}: {} retr{} left, next at {}",
-                    row.period_key,
-                    self.retries_left(row),
-                    if self.retries_left(row) == 1 {
-                        "y"
-                    } else {
-                        "ies"
-                    },
-                    utc_text(at)
-                ),
-                None if self.job.retry.attempts <= 1 => {
-                    format!("{}: failed, no retry configured", row.period_key)
-                }
-                None => format!("{}: retries exhausted", row.period_key),
-            })
-            .collect();
-        let overdue = match self.overdue.len() {
-            0 => "-".to_owned(),
-            n => {
-                let newest: Vec<&str> = self
-                    .overdue
-                    .iter()
-                    .rev()
-                    .take(3)
-                    .map(String::as_str)
-                    .collect();
-                format!(
-                    "{n}: {}{}",
-                    newest.join(", "),
-                    if n > 3 { ", …" } else { "" }
-                )
-            }
-        };
+        let running: Vec<String> = self.running().map(|row| running_line(row, now)).collect();
+        let failed: Vec<String> = self.failed().map(|row| self.failed_line(row)).collect();
+        let overdue = self.overdue_text();
         // A piped row stays one line, for grep and awk.
         let separator = if look.terminal { "\n" } else { "; " };
         let or_dash = |lines: Vec<String>| {
@@ -339,7 +324,7 @@ pub async fn range(
     (from, to): (&str, &str),
     as_json: bool,
     now: DateTime<Utc>,
-) -> Result<Outcome, Stop> {
+) -> Result<Outcome, Unread> {
     let job = config.job(job)?;
     let periods = crate::engine::manual::periods_between(
         job,
@@ -429,7 +414,7 @@ pub async fn history(
     job: &str,
     key: Option<&str>,
     shown: Shown,
-) -> Result<Outcome, Stop> {
+) -> Result<Outcome, Unread> {
     let attempts = match key {
         Some(key) => store.attempts(key, shown.limit).await?,
         None => store.history(job, shown.limit).await?,
@@ -499,7 +484,7 @@ pub async fn release(
     store: &Store,
     job: &str,
     label: &str,
-) -> Result<Outcome, Stop> {
+) -> Result<Outcome, Unread> {
     let job = config.job(job)?;
     let period = job
         .period
@@ -513,7 +498,7 @@ pub async fn release(
         // Nothing to end: the period named is not running (a wrong label,
         // or it ended meanwhile), which a script must be told.
         (key, None) => {
-            return Err(Stop::Failed(Error::Usage(format!(
+            return Err(Unread::Failed(Error::Usage(format!(
                 "release: {key} has no running claim to release (`scheduler status {} --from {label} --to {label}` shows how it stands)",
                 job.name
             ))));
@@ -532,7 +517,7 @@ pub fn period_key_of(job: &Job, label: &str) -> Result<String, Error> {
 }
 
 /// `scheduler pause JOB` / `scheduler resume JOB`.
-pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, Stop> {
+pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, Unread> {
     operate::pause(store, job, paused).await?;
     say(format_args!(
         "{job}: {}",
@@ -543,7 +528,7 @@ pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<Outcome, St
 
 /// `scheduler prune [--dry-run]`: a line for every job with a `keep`,
 /// nothing pruned included.
-pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outcome, Stop> {
+pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outcome, Unread> {
     let verb = if dry_run { "would prune" } else { "pruned" };
     let pruned = operate::prune(config, store, dry_run).await?;
     for (job, keep, n) in &pruned.jobs {
@@ -564,4 +549,22 @@ pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outc
         ))?;
     }
     Ok(Outcome::Done)
+}
+
+/// A running (or released, or expired) period's line.
+fn running_line(row: &ClaimRow, now: DateTime<Utc>) -> String {
+    match (row.standing(), row.as_claim()) {
+        (PeriodState::Stopping, Claim::Held { owner, until }) => format!(
+            "{} released, stopping on {owner}, {}s left",
+            row.period_key,
+            (until - now).num_seconds().max(0)
+        ),
+        (_, Claim::Held { owner, until }) => format!(
+            "{} on {owner}, {}s left",
+            row.period_key,
+            (until - now).num_seconds().max(0)
+        ),
+        (PeriodState::Released, _) => format!("{} released ({})", row.period_key, row.owner),
+        _ => format!("{} lease expired ({})", row.period_key, row.owner),
+    }
 }

@@ -12,7 +12,7 @@ use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
-use crate::error::{Error, Outcome, Stop, say};
+use crate::error::{Error, Outcome, Unread, say};
 use crate::store::Store;
 
 /// The request the flags of `run` make.
@@ -48,7 +48,7 @@ pub fn check_args(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result
 }
 
 /// Runs `scheduler run` to the end.
-pub async fn run(
+pub async fn command(
     config: &Config,
     store: &Store,
     args: &RunArgs,
@@ -60,7 +60,7 @@ pub async fn run(
         bar: ProgressBar::hidden(),
         json: args.json,
     };
-    let result = manual::run(config, &engine, &request(args), shutdown, &mut printer).await;
+    let result = manual::drive(config, &engine, &request(args), shutdown, &mut printer).await;
     if let Ok(mut shown) = BAR.lock() {
         *shown = None;
     }
@@ -141,14 +141,14 @@ impl Sink for Printer {
         }
     }
 
-    fn line(&mut self, line: &Line) -> Result<(), Stop> {
+    fn line(&mut self, line: &Line) -> Result<(), Unread> {
         self.bar.suspend(|| print_line(line, self.json))?;
         self.bar.inc(1);
         Ok(())
     }
 }
 
-fn print_line(line: &Line, as_json: bool) -> Result<(), Stop> {
+fn print_line(line: &Line, as_json: bool) -> Result<(), Unread> {
     if as_json {
         let (job, period) = line.key.split_once(':').unwrap_or((&line.key, ""));
         let value = json!({

@@ -76,7 +76,7 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 
 /// The HTTP API's settings, from `[api]`.
 #[derive(Debug, Clone)]
-pub struct Api {
+pub struct ApiSettings {
     /// How long an Idempotency-Key is remembered.
     pub key_ttl: Duration,
     /// Who may call it.
@@ -415,7 +415,7 @@ pub struct Config {
     /// `[scheduler]`.
     pub settings: Settings,
     /// `[api]`; `None` without it (`/v1/` answers 404).
-    pub api: Option<Api>,
+    pub api: Option<ApiSettings>,
     /// `[[job]]`s in file order.
     pub jobs: Vec<Job>,
     /// Every secret it holds (each `${NAME}`'s value, the tokens, the
@@ -852,7 +852,7 @@ impl<'t> Sections<'t> {
         at: &Locator<'_>,
         vars: &raw::Vars<'_>,
         errors: &mut Vec<ConfigError>,
-    ) -> Option<Api> {
+    ) -> Option<ApiSettings> {
         use serde::de::IntoDeserializer;
         let api = self
             .api

@@ -13,8 +13,8 @@ use toml::Spanned;
 use super::DatabaseUrl;
 use super::environment::Inherit;
 use super::{
-    Action, Allow, Api, ConfigError, Fingerprint, HttpAction, Job, Locator, Missed, ProcessAction,
-    Program, Retry, Secret, Settings, Token,
+    Action, Allow, ApiSettings, ConfigError, Fingerprint, HttpAction, Job, Locator, Missed,
+    ProcessAction, Program, Retry, Secret, Settings, Token,
 };
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::{DstRule, Gap, Repeat, Schedule};
@@ -425,33 +425,7 @@ pub(super) fn default_settings() -> Settings {
 
 impl RawSettings {
     pub(super) fn validate(self, at: &Locator, env: Env) -> Result<Settings, ConfigError> {
-        let mut database_url_error = None;
-        let database_url = match &self.database_url {
-            Some(url) => {
-                let expanded = crate::template::expand_env(url.get_ref(), &|name| env.strict(name))
-                    .map_err(|e| at.template_error(url.span(), e));
-                match expanded {
-                    Ok(expanded) => Some(
-                        DatabaseUrl::parse(&expanded, &at.directory())
-                            .map_err(|e| at.error(url.span(), format!("`database_url`: {e}")))?,
-                    ),
-                    // Read leniently (`check`), an unset variable in the URL
-                    // is a warning; a command that opens the database says
-                    // it is missing. The URL is never guessed without it.
-                    Err(e) if env.is_lenient() => {
-                        let before = env.unset_count();
-                        let _ = crate::template::expand_env(url.get_ref(), &|name| env.get(name));
-                        if env.unset_count() == before {
-                            return Err(e);
-                        }
-                        database_url_error = Some(e);
-                        None
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            None => None,
-        };
+        let (database_url, database_url_error) = self.database_url(at, env)?;
         let namespace = match &self.namespace {
             Some(ns) if ns.get_ref().is_empty() => None,
             Some(ns) if let Some(problem) = namespace_problem(ns.get_ref()) => {
@@ -511,6 +485,44 @@ impl RawSettings {
             database_url_error,
         })
     }
+
+    /// `database_url`, its `${VAR}`s expanded; read leniently (`check`),
+    /// the error of a URL whose variable is unset, kept for the command
+    /// that opens the database.
+    fn database_url(
+        &self,
+        at: &Locator,
+        env: Env,
+    ) -> Result<(Option<DatabaseUrl>, Option<ConfigError>), ConfigError> {
+        let mut database_url_error = None;
+        let database_url = match &self.database_url {
+            Some(url) => {
+                let expanded = crate::template::expand_env(url.get_ref(), &|name| env.strict(name))
+                    .map_err(|e| at.template_error(url.span(), e));
+                match expanded {
+                    Ok(expanded) => Some(
+                        DatabaseUrl::parse(&expanded, &at.directory())
+                            .map_err(|e| at.error(url.span(), format!("`database_url`: {e}")))?,
+                    ),
+                    // Read leniently (`check`), an unset variable in the URL
+                    // is a warning; a command that opens the database says
+                    // it is missing. The URL is never guessed without it.
+                    Err(e) if env.is_lenient() => {
+                        let before = env.unset_count();
+                        let _ = crate::template::expand_env(url.get_ref(), &|name| env.get(name));
+                        if env.unset_count() == before {
+                            return Err(e);
+                        }
+                        database_url_error = Some(e);
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            None => None,
+        };
+        Ok((database_url, database_url_error))
+    }
 }
 
 impl RawJob {
@@ -545,22 +557,7 @@ impl RawJob {
         )
         .filter(|_| zone.is_some());
         let action = kept(&mut errors, self.action(at, env));
-        let retry = match &self.retry {
-            None => Some(Retry::default()),
-            Some(r) => {
-                let attempts = kept(&mut errors, positive(at, r.attempts.as_ref(), 1));
-                let backoff = kept(&mut errors, duration(at, r.backoff.as_ref(), "1m"));
-                let max_backoff = kept(&mut errors, duration(at, r.max_backoff.as_ref(), "1h"));
-                match (attempts, backoff, max_backoff) {
-                    (Some(attempts), Some(backoff), Some(max_backoff)) => Some(Retry {
-                        attempts,
-                        backoff,
-                        max_backoff,
-                    }),
-                    _ => None,
-                }
-            }
-        };
+        let retry = self.retry(at, &mut errors);
         let timeout = kept(
             &mut errors,
             self.timeout
@@ -599,6 +596,21 @@ impl RawJob {
             keep,
             definition: Fingerprint::default(),
             secrets: Default::default(),
+        })
+    }
+
+    /// `retry`, its mistakes added to `errors`.
+    fn retry(&self, at: &Locator, errors: &mut Vec<ConfigError>) -> Option<Retry> {
+        let Some(r) = &self.retry else {
+            return Some(Retry::default());
+        };
+        let attempts = kept(errors, positive(at, r.attempts.as_ref(), 1));
+        let backoff = kept(errors, duration(at, r.backoff.as_ref(), "1m"));
+        let max_backoff = kept(errors, duration(at, r.max_backoff.as_ref(), "1h"));
+        Some(Retry {
+            attempts: attempts?,
+            backoff: backoff?,
+            max_backoff: max_backoff?,
         })
     }
 
@@ -1172,7 +1184,7 @@ struct RawToken {
 const SHORTEST_SECRET: usize = 16;
 
 impl RawApi {
-    pub(super) fn validate(self, at: &Locator, env: Env) -> Result<Api, ConfigError> {
+    pub(super) fn validate(self, at: &Locator, env: Env) -> Result<ApiSettings, ConfigError> {
         let key_ttl = at_least(
             at,
             ("key_ttl", self.key_ttl.as_ref()),
@@ -1228,35 +1240,47 @@ impl RawApi {
                     format!("the secret of token `{name}` is another token's too; each token needs its own"),
                 ));
             }
-            let mut allow = Allow::default();
-            for word in raw.allow.get_ref() {
-                match word.get_ref().as_str() {
-                    "read" => allow.read = true,
-                    "trigger" => allow.trigger = true,
-                    "operate" => allow.operate = true,
-                    other => {
-                        let hint = nearest(other, ["read", "trigger", "operate"])
-                            .map(|n| format!("; did you mean `{n}`?"))
-                            .unwrap_or_default();
-                        return Err(at.error(
-                            word.span(),
-                            format!("unknown permission `{other}`, expected `read`, `trigger` or `operate`{hint}"),
-                        ));
-                    }
-                }
-            }
-            if allow == Allow::default() {
-                return Err(at.error(
-                    raw.allow.span(),
-                    format!("token `{name}` allows nothing: expected some of \"read\", \"trigger\", \"operate\""),
-                ));
-            }
+            let allow = allowed(at, &raw.allow, name)?;
             tokens.push(Token {
                 name: name.clone(),
                 secret,
                 allow,
             });
         }
-        Ok(Api { key_ttl, tokens })
+        Ok(ApiSettings { key_ttl, tokens })
     }
+}
+
+/// What a token's `allow` list allows; it must allow something.
+fn allowed(
+    at: &Locator,
+    words: &toml::Spanned<Vec<toml::Spanned<String>>>,
+    name: &str,
+) -> Result<Allow, ConfigError> {
+    let mut allow = Allow::default();
+    for word in words.get_ref() {
+        match word.get_ref().as_str() {
+            "read" => allow.read = true,
+            "trigger" => allow.trigger = true,
+            "operate" => allow.operate = true,
+            other => {
+                let hint = nearest(other, ["read", "trigger", "operate"])
+                    .map(|n| format!("; did you mean `{n}`?"))
+                    .unwrap_or_default();
+                return Err(at.error(
+                    word.span(),
+                    format!("unknown permission `{other}`, expected `read`, `trigger` or `operate`{hint}"),
+                ));
+            }
+        }
+    }
+    if allow == Allow::default() {
+        return Err(at.error(
+            words.span(),
+            format!(
+                "token `{name}` allows nothing: expected some of \"read\", \"trigger\", \"operate\""
+            ),
+        ));
+    }
+    Ok(allow)
 }

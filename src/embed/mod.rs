@@ -43,7 +43,7 @@ use crate::config::{Action, Config, ConfigError, Settings};
 use crate::engine::manual::{self, Line, Names, Selection, Sink};
 use crate::engine::supervision as supervisor;
 use crate::engine::{Engine, operate};
-use crate::error::{Error, Stop};
+use crate::error::{Error, Unread};
 use crate::serve::Service;
 use crate::state::PeriodOutcome;
 use crate::store::{DatabaseUrl, Store, Trigger};
@@ -136,14 +136,14 @@ impl Scheduler {
         );
         // No reload: the jobs are the program's.
         let (_, no_reload) = mpsc::unbounded_channel();
-        let task = tokio::spawn(service.run(no_reload));
+        let task = tokio::spawn(service.serve(no_reload));
         Handle { stop, task }
     }
 
     /// Runs what is due of `job` (every job with `None`), as `scheduler run
     /// [JOB]` does: the periods `serve` would take now.
     pub async fn run_due(&self, job: Option<&str>) -> Result<Vec<PeriodRun>, Error> {
-        self.run(job, Selection::Due, RunOptions::default()).await
+        self.ask(job, Selection::Due, RunOptions::default()).await
     }
 
     /// Runs one period of `job` by its label (`2026-07`), as `scheduler run
@@ -154,7 +154,7 @@ impl Scheduler {
         label: &str,
         options: RunOptions,
     ) -> Result<Vec<PeriodRun>, Error> {
-        self.run(Some(job), Selection::Period(label.into()), options)
+        self.ask(Some(job), Selection::Period(label.into()), options)
             .await
     }
 
@@ -167,11 +167,11 @@ impl Scheduler {
         to: &str,
         options: RunOptions,
     ) -> Result<Vec<PeriodRun>, Error> {
-        self.run(Some(job), Selection::Range(from.into(), to.into()), options)
+        self.ask(Some(job), Selection::Range(from.into(), to.into()), options)
             .await
     }
 
-    async fn run(
+    async fn ask(
         &self,
         job: Option<&str>,
         periods: Selection,
@@ -191,11 +191,11 @@ impl Scheduler {
             by: options.by.unwrap_or_else(|| "library".into()),
         };
         manual::check(&self.config, &request, Utc::now())?;
-        let mut collected = Collect(Vec::new());
+        let mut collected = Gathered(Vec::new());
         // Dropping this future stops its runs; their periods are recovered
         // once their leases run out.
         let (_never, shutdown) = watch::channel(false);
-        manual::run(
+        manual::drive(
             &self.config,
             &self.engine,
             &request,
@@ -367,10 +367,10 @@ impl PeriodRun {
 }
 
 /// Keeps a manual run's lines as values.
-struct Collect(Vec<PeriodRun>);
+struct Gathered(Vec<PeriodRun>);
 
-impl Sink for Collect {
-    fn line(&mut self, line: &Line) -> Result<(), Stop> {
+impl Sink for Gathered {
+    fn line(&mut self, line: &Line) -> Result<(), Unread> {
         self.0.push(PeriodRun::of(line));
         Ok(())
     }
@@ -485,6 +485,42 @@ impl Builder {
     /// database and brings its tables up to date (beside the
     /// application's own sqlx migrations, see docs/embedding.md).
     pub async fn build(self) -> Result<Scheduler, Error> {
+        let mut config = self.config()?;
+        config.settings.check()?;
+        for job in self.jobs {
+            let mut job = job.validate(&config.settings)?;
+            job.name = config.full_name(&job.name).into_owned();
+            if config.jobs.iter().any(|j| j.name == job.name) {
+                return Err(Error::Config(ConfigError {
+                    place: format!("code job `{}`", job.name),
+                    message: format!(
+                        "job name `{}` is used twice; job names must be unique",
+                        job.name
+                    ),
+                }));
+            }
+            config.jobs.push(job);
+        }
+        let launcher = launcher(&config, self.supervisor)?;
+        let store = open(self.database, &config).await?;
+        if matches!(store, Store::Sqlite(_)) {
+            config.check_for_sqlite()?;
+        }
+        store.migrate().await?;
+        if self.reap_orphans {
+            crate::engine::supervision::reaper::start();
+        }
+        let owner = self.owner.unwrap_or_else(unique_owner);
+        let engine = Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
+        Ok(Scheduler {
+            config: Arc::new(config),
+            engine,
+        })
+    }
+
+    /// The configuration: the file's (if any) with the settings given in
+    /// code, and the namespace given once.
+    fn config(&self) -> Result<Config, Error> {
         // Settings given in code apply before any job is checked, the
         // file's jobs included (their zone, `keep` against `catch_up`).
         let adjust = |settings: &mut Settings| {
@@ -522,8 +558,8 @@ impl Builder {
             }
         };
         let settings = &mut config.settings;
-        match (&settings.namespace, self.namespace) {
-            (Some(file), Some(code)) if *file != code => {
+        match (&settings.namespace, &self.namespace) {
+            (Some(file), Some(code)) if file != code => {
                 return Err(Error::Config(ConfigError {
                     place: config.path.display().to_string(),
                     message: format!(
@@ -539,54 +575,31 @@ impl Builder {
             }
             _ => {}
         }
-        config.settings.check()?;
-        for job in self.jobs {
-            let mut job = job.validate(&config.settings)?;
-            job.name = config.full_name(&job.name).into_owned();
-            if config.jobs.iter().any(|j| j.name == job.name) {
-                return Err(Error::Config(ConfigError {
-                    place: format!("code job `{}`", job.name),
-                    message: format!(
-                        "job name `{}` is used twice; job names must be unique",
-                        job.name
-                    ),
-                }));
-            }
-            config.jobs.push(job);
+        Ok(config)
+    }
+}
+
+/// The database the builder was given, opened and ready for migrating:
+/// a pool, a URL, or the configuration file's `database_url`.
+async fn open(database: Option<Database>, config: &Config) -> Result<Store, Error> {
+    Ok(match database {
+        Some(Database::Postgres(pool)) => Store::from_postgres_pool(pool),
+        Some(Database::Sqlite(pool)) => Store::from_sqlite_pool(pool),
+        Some(Database::Url(url)) => {
+            let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;
+            let url = DatabaseUrl::parse(&url, &cwd)
+                .map_err(|e| Error::Usage(format!("database URL: {e}")))?;
+            Store::open(&url, true).await?
         }
-        let launcher = launcher(&config, self.supervisor)?;
-        let store = match self.database {
-            Some(Database::Postgres(pool)) => Store::from_postgres_pool(pool),
-            Some(Database::Sqlite(pool)) => Store::from_sqlite_pool(pool),
-            Some(Database::Url(url)) => {
-                let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;
-                let url = DatabaseUrl::parse(&url, &cwd)
-                    .map_err(|e| Error::Usage(format!("database URL: {e}")))?;
-                Store::open(&url, true).await?
-            }
-            None => match &config.settings.database_url {
-                Some(url) => Store::open(url, true).await?,
-                None => {
-                    return Err(Error::Usage(
+        None => match &config.settings.database_url {
+            Some(url) => Store::open(url, true).await?,
+            None => {
+                return Err(Error::Usage(
                         "no database: give one with `.database_url(…)`, `.postgres_pool(…)` or `.sqlite_pool(…)`, or a `database_url` in the configuration file".into(),
                     ));
-                }
-            },
-        };
-        if matches!(store, Store::Sqlite(_)) {
-            config.check_for_sqlite()?;
-        }
-        store.migrate().await?;
-        if self.reap_orphans {
-            crate::engine::supervision::reaper::start();
-        }
-        let owner = self.owner.unwrap_or_else(unique_owner);
-        let engine = Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
-        Ok(Scheduler {
-            config: Arc::new(config),
-            engine,
-        })
-    }
+            }
+        },
+    })
 }
 
 /// [`crate::engine::owner_id`], told apart from the other schedulers of

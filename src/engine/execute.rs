@@ -77,7 +77,7 @@ impl Engine {
                     fence_at: watch.fence_at(),
                     heartbeats: &self.heartbeats,
                 };
-                process::run(action, run, spawn, stop).await
+                process::run_supervised(action, run, spawn, stop).await
             }
             Action::Http(action) => {
                 let request = http::Request {
@@ -92,7 +92,7 @@ impl Engine {
                         .timeout
                         .map_or(action.timeout, |job| job.min(action.timeout)),
                 };
-                http::run(&self.http, request, run, stop).await
+                http::send(&self.http, request, run, stop).await
             }
             Action::Code(Handler::Plain(plain)) => {
                 plain::run_plain(&**plain, run, run.job.timeout, stop).await

@@ -19,7 +19,7 @@ pub(super) struct Request<'a> {
 }
 
 /// Sends the request, unless `stop` comes first, and classifies the answer.
-pub(super) async fn run(
+pub(super) async fn send(
     client: &reqwest::Client,
     request: Request<'_>,
     run: &Run<'_>,

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use super::due::{Due, due};
 use super::{Ask, Claimed, Engine, Mode, Queue, Report, SQL_GROUP, Status, Taken, after_grace};
 use crate::config::{Config, Job};
-use crate::error::{Error, Outcome, Stop};
+use crate::error::{Error, Outcome, Unread};
 use crate::period::{Period, PeriodKey, utc_text};
 use crate::state::PeriodOutcome;
 use crate::store::{Claim, ClaimRow, ClaimState, Store, Trigger};
@@ -240,7 +240,7 @@ pub trait Sink: Send + Sync {
 
     /// One period ended; `Err` ends the run before its next claim (the
     /// reader went away).
-    fn line(&mut self, line: &Line) -> Result<(), Stop>;
+    fn line(&mut self, line: &Line) -> Result<(), Unread>;
 
     /// Shutdown ended the run before its last period: the periods after
     /// the lines said so far were not run.
@@ -250,7 +250,7 @@ pub trait Sink: Send + Sync {
 /// Runs `request` to the end on `engine`, each period's line to `sink`.
 /// `shutdown` claims nothing more; the settings' grace after it stops the
 /// running periods and releases their claims.
-pub async fn run(
+pub async fn drive(
     config: &Config,
     engine: &Engine,
     request: &Request,
@@ -314,7 +314,7 @@ impl Backfill<'_> {
         &mut self,
         plans: &mut [Plan<'_>],
         now: DateTime<Utc>,
-    ) -> Result<Result<(), Stop>, Error> {
+    ) -> Result<Result<(), Unread>, Error> {
         for plan in plans {
             self.out_of_slots = false;
             let job = Arc::new(plan.job.clone());
@@ -339,23 +339,7 @@ impl Backfill<'_> {
                     .iter()
                     .map(|d| PeriodKey::new(&job.name, &d.period.label))
                     .collect();
-                // One statement per chunk tells which periods are finished,
-                // so a repeated backfill claims nothing.
-                let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
-                let rows = self.engine.store().rows(&names).await?;
-                if self.request.force && !self.request.dry_run {
-                    // A rerun under a changed definition says so: the last
-                    // attempts of the chunk's periods that ran tell, in one
-                    // statement.
-                    let ran: Vec<String> = rows.keys().cloned().collect();
-                    for (key, (attempt, definition)) in
-                        self.engine.store().last_definitions(&ran).await?
-                    {
-                        if definition.is_some_and(|d| d != job.definition.as_str()) {
-                            self.changed.insert(key, attempt);
-                        }
-                    }
-                }
+                let rows = self.look_up(&job, &keys).await?;
                 let mut asks = Vec::new();
                 for (due, key) in chunk.into_iter().zip(keys) {
                     if *self.shutdown.borrow() {
@@ -401,9 +385,33 @@ impl Backfill<'_> {
         Ok(Ok(()))
     }
 
+    /// The claims of a chunk's periods, in one statement, so a repeated
+    /// backfill claims nothing; a forced rerun also notes which of them
+    /// last ran under another definition of the job.
+    async fn look_up(
+        &mut self,
+        job: &Job,
+        keys: &[PeriodKey],
+    ) -> Result<std::collections::HashMap<String, ClaimRow>, Error> {
+        let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        let rows = self.engine.store().rows(&names).await?;
+        if self.request.force && !self.request.dry_run {
+            // A rerun under a changed definition says so: the last
+            // attempts of the chunk's periods that ran tell, in one
+            // statement.
+            let ran: Vec<String> = rows.keys().cloned().collect();
+            for (key, (attempt, definition)) in self.engine.store().last_definitions(&ran).await? {
+                if definition.is_some_and(|d| d != job.definition.as_str()) {
+                    self.changed.insert(key, attempt);
+                }
+            }
+        }
+        Ok(rows)
+    }
+
     /// Claims `asks` in one statement, runs what was won side by side
     /// (`sql` periods as one group) and prints a line for each, in order.
-    async fn go(&mut self, asks: Vec<Ask>) -> Result<Result<(), Stop>, Error> {
+    async fn go(&mut self, asks: Vec<Ask>) -> Result<Result<(), Unread>, Error> {
         if asks.is_empty() {
             return Ok(Ok(()));
         }
@@ -455,23 +463,15 @@ impl Backfill<'_> {
             let at = place.get(&report.key).copied().unwrap_or(usize::MAX);
             ended.push((at, Line::of(report)?));
         }
-        // Asked again, one at a time, now that the batch's own runs ended;
-        // busy still, it is busy elsewhere.
         for ask in again {
             if *self.shutdown.borrow() {
                 self.cut_short();
                 break;
             }
             let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
-            let line = match self.engine.claim(std::slice::from_ref(&ask)).await?.pop() {
-                Some(Taken::Won(w)) => {
-                    self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
-                    Line::of(self.engine.run(ask, w, self.stop_now.clone()).await)?
-                }
-                Some(not) => self.not_run_line(&ask, not),
-                None => continue,
-            };
-            ended.push((at, line));
+            if let Some(line) = self.again(ask).await? {
+                ended.push((at, line));
+            }
         }
         // A period run elsewhere is waited for after the batch's own runs
         // ended (it may be waiting for one of them to free a slot).
@@ -490,6 +490,24 @@ impl Backfill<'_> {
             }
         }
         Ok(Ok(()))
+    }
+
+    /// A period that found no slot while its batch took one, asked again
+    /// now that the batch's own runs ended; busy still, it is busy
+    /// elsewhere.
+    async fn again(&mut self, ask: Ask) -> Result<Option<Line>, Error> {
+        Ok(
+            match self.engine.claim(std::slice::from_ref(&ask)).await?.pop() {
+                Some(Taken::Won(w)) => {
+                    self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
+                    Some(Line::of(
+                        self.engine.run(ask, w, self.stop_now.clone()).await,
+                    )?)
+                }
+                Some(not) => Some(self.not_run_line(&ask, not)),
+                None => None,
+            },
+        )
     }
 
     /// A period asked for by hand that `scheduler release` ended is
@@ -638,7 +656,7 @@ impl Backfill<'_> {
 
     /// Hands a line on and counts what it says; a sink that went away
     /// ends the run before the next claim.
-    fn emit(&mut self, line: &Line) -> Result<(), Stop> {
+    fn emit(&mut self, line: &Line) -> Result<(), Unread> {
         // An interrupted run exits 1 whatever it was doing: the period may
         // be nobody's now (a released one it was waiting for).
         if matches!(

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::action::ActionResult;
-use super::supervision::{self, Ended, Spec, Status};
+use super::supervision::{self, Ended, Spec, StatusPipe};
 use super::{OUTPUT_TAIL, Run, Stop};
 use crate::config::{ProcessAction, Program};
 use crate::engine::heartbeat::Heartbeats;
@@ -47,7 +47,7 @@ pub(super) struct Spawn<'a> {
 
 /// Starts the job under its supervisor, waits for it, a timeout or `stop`,
 /// and reports.
-pub(super) async fn run(
+pub(super) async fn run_supervised(
     action: &ProcessAction,
     run: &Run<'_>,
     spawn: Spawn<'_>,
@@ -124,7 +124,7 @@ pub(super) async fn run(
 /// supervisor may have left, waits for the output to close and gives its
 /// tail, secrets masked.
 async fn finish(
-    status: &mut Status,
+    status: &mut StatusPipe,
     supervisor: &super::supervision::Launcher,
     readers: [tokio::task::JoinHandle<()>; 2],
     tail: &Mutex<Tail>,
@@ -228,7 +228,7 @@ async fn say(control: &mut Option<pipe::Sender>, line: &str) {
 /// (which does the same) and kills the supervisor itself if it has not
 /// ended within `wait` (it was stopped, say): the job's own process dies
 /// with it, and what it started is swept by the zygote.
-async fn end_tree(control: &mut Option<pipe::Sender>, status: &mut Status, wait: Duration) {
+async fn end_tree(control: &mut Option<pipe::Sender>, status: &mut StatusPipe, wait: Duration) {
     say(control, "kill").await;
     if tokio::time::timeout(wait, status.ended()).await.is_err() {
         *control = None;
@@ -239,7 +239,7 @@ async fn end_tree(control: &mut Option<pipe::Sender>, status: &mut Status, wait:
 
 /// SIGTERM to the job's group (through its supervisor), then the whole
 /// tree killed if the job is still there after [`TERM_WAIT`].
-async fn terminate(control: &mut Option<pipe::Sender>, status: &mut Status) {
+async fn terminate(control: &mut Option<pipe::Sender>, status: &mut StatusPipe) {
     say(control, "term").await;
     if tokio::time::timeout(TERM_WAIT, status.ended())
         .await

@@ -197,7 +197,6 @@ impl Report {
     pub fn log(&self) {
         let (job, _) = self.key.parts();
         let key = self.key.as_str();
-        let trigger = self.trigger.as_str();
         let took_ms = self.took.as_millis() as u64;
         match &self.status {
             Status::Succeeded => {
@@ -248,6 +247,16 @@ impl Report {
                     self.detail()
                 );
             }
+            Status::RunningHere | Status::NotWon(_) => self.log_not_run(),
+        }
+    }
+
+    /// Logs why a period was not run here.
+    fn log_not_run(&self) {
+        let (job, _) = self.key.parts();
+        let key = self.key.as_str();
+        let trigger = self.trigger.as_str();
+        match &self.status {
             Status::RunningHere => {
                 tracing::debug!(
                     job,
@@ -288,6 +297,7 @@ impl Report {
                 );
             }
             Status::NotWon(Claim::Won(_)) => {}
+            _ => {}
         }
     }
 }

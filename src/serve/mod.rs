@@ -262,7 +262,10 @@ impl Service {
 
     /// Runs until shutdown; then waits for running jobs (up to the grace,
     /// after which they are stopped and their claims released).
-    pub async fn run(mut self, mut reload: mpsc::UnboundedReceiver<()>) -> Result<Outcome, Error> {
+    pub async fn serve(
+        mut self,
+        mut reload: mpsc::UnboundedReceiver<()>,
+    ) -> Result<Outcome, Error> {
         self.catch_up().await?;
         self.flush();
         if self.trim {
@@ -714,6 +717,39 @@ impl Service {
         }
     }
 
+    /// Puts the jobs of a reloaded jobs.toml in place: the timer goes on
+    /// from where it was for the jobs it had; fires waiting for a slot run
+    /// under the job as it is now, a removed job's start nothing more.
+    fn replace_jobs(&mut self, jobs: Vec<Arc<Job>>) {
+        let by_name = Index::new(&jobs);
+        for gone in self
+            .jobs
+            .iter()
+            .filter(|old| by_name.find(&jobs, &old.name).is_none())
+        {
+            retire_gauges(&gone.name);
+        }
+        let (old, old_jobs) = (&self.by_name, &self.jobs);
+        self.timer = Timer::resumed(
+            &jobs,
+            |name| old.find(old_jobs, name).is_some(),
+            self.fired_until,
+            self.clock.now(),
+        );
+        self.by_name = by_name;
+        self.jobs = jobs;
+        self.take_pending();
+        let (by_name, jobs) = (&self.by_name, &self.jobs);
+        self.backlog
+            .retain_mut(|(job, _)| match by_name.find(jobs, &job.name) {
+                Some(i) => {
+                    *job = jobs[i].clone();
+                    true
+                }
+                None => false,
+            });
+    }
+
     /// Re-reads jobs.toml and applies all of it, jobs and settings alike;
     /// a bad file is logged and the old one kept whole.
     async fn reload(&mut self) {
@@ -744,35 +780,7 @@ impl Service {
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
-        let by_name = Index::new(&jobs);
-        for gone in self
-            .jobs
-            .iter()
-            .filter(|old| by_name.find(&jobs, &old.name).is_none())
-        {
-            retire_gauges(&gone.name);
-        }
-        let (old, old_jobs) = (&self.by_name, &self.jobs);
-        self.timer = Timer::resumed(
-            &jobs,
-            |name| old.find(old_jobs, name).is_some(),
-            self.fired_until,
-            self.clock.now(),
-        );
-        self.by_name = by_name;
-        self.jobs = jobs;
-        // Fires waiting for a slot run under the job as it is now; a
-        // removed job's start nothing more.
-        self.take_pending();
-        let (by_name, jobs) = (&self.by_name, &self.jobs);
-        self.backlog
-            .retain_mut(|(job, _)| match by_name.find(jobs, &job.name) {
-                Some(i) => {
-                    *job = jobs[i].clone();
-                    true
-                }
-                None => false,
-            });
+        self.replace_jobs(jobs);
         self.publish_next_fires();
         // Leases granted from now on, and so the heartbeat interval and the
         // fence; claims already held keep the lease they were granted until

@@ -265,69 +265,100 @@ async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver
                 continue;
             }
         };
-        // Over the cap, a connection gets one of a few spare slots with a
-        // second to send its head; past those, the oldest connection that
-        // has not sent its head yet gives its slot up, so clients that hold
-        // slots without asking anything never keep a probe out.
-        let taken = match slots.clone().try_acquire_owned() {
-            Ok(permit) => Some((permit, HEADER_TIMEOUT)),
-            Err(_) => match spare.clone().try_acquire_owned() {
-                Ok(permit) => Some((permit, SPARE_HEADER_TIMEOUT)),
-                Err(_) if waiting.evict_oldest() => {
-                    let freed = tokio::time::timeout(EVICTION_WAIT, async {
-                        tokio::select! {
-                            Ok(permit) = slots.clone().acquire_owned() => Some(permit),
-                            Ok(permit) = spare.clone().acquire_owned() => Some(permit),
-                            else => None,
-                        }
-                    });
-                    freed
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|p| (p, SPARE_HEADER_TIMEOUT))
-                }
-                Err(_) => None,
-            },
-        };
+        let taken = slot(&slots, &spare, &waiting).await;
         let Some((permit, head_timeout)) = taken else {
             drop(stream);
             continue;
         };
         let headed = Arc::new(AtomicBool::new(false));
-        let inner = TowerToHyperService::new(app.clone());
-        let flag = headed.clone();
+        let id = waiting.next_id();
+        let connection = Connection {
+            app: app.clone(),
+            headed: headed.clone(),
+            head_timeout,
+            shutdown: shutdown.clone(),
+        };
+        let registry = waiting.clone();
+        let task = tokio::spawn(async move {
+            connection.serve(stream).await;
+            registry.forget(id);
+            drop(permit);
+        });
+        waiting.add(id, task.abort_handle(), headed);
+    }
+}
+
+/// A slot for a new connection, and how long it has to send its head.
+/// Over the cap, a connection gets one of a few spare slots with a second
+/// to send its head; past those, the oldest connection that has not sent
+/// its head yet gives its slot up, so clients that hold slots without
+/// asking anything never keep a probe out.
+async fn slot(
+    slots: &Arc<Semaphore>,
+    spare: &Arc<Semaphore>,
+    waiting: &Waiting,
+) -> Option<(tokio::sync::OwnedSemaphorePermit, Duration)> {
+    match slots.clone().try_acquire_owned() {
+        Ok(permit) => Some((permit, HEADER_TIMEOUT)),
+        Err(_) => match spare.clone().try_acquire_owned() {
+            Ok(permit) => Some((permit, SPARE_HEADER_TIMEOUT)),
+            Err(_) if waiting.evict_oldest() => {
+                let freed = tokio::time::timeout(EVICTION_WAIT, async {
+                    tokio::select! {
+                        Ok(permit) = slots.clone().acquire_owned() => Some(permit),
+                        Ok(permit) = spare.clone().acquire_owned() => Some(permit),
+                        else => None,
+                    }
+                });
+                freed
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|p| (p, SPARE_HEADER_TIMEOUT))
+            }
+            Err(_) => None,
+        },
+    }
+}
+
+/// One accepted connection, served by hyper.
+struct Connection {
+    app: Router,
+    /// Set once its request head has come.
+    headed: Arc<AtomicBool>,
+    head_timeout: Duration,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Connection {
+    /// Serves its one request, within [`CONNECTION_TIMEOUT`]; at shutdown
+    /// an answer under way is finished and nothing new is read.
+    async fn serve(self, stream: tokio::net::TcpStream) {
+        let inner = TowerToHyperService::new(self.app);
+        let flag = self.headed;
         // hyper calls the service once a request head has come.
         let service = hyper::service::service_fn(move |request| {
             flag.store(true, Ordering::Relaxed);
             inner.call(request)
         });
-        let mut shutdown = shutdown.clone();
-        let id = waiting.next_id();
-        let registry = waiting.clone();
-        let task = tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(head_timeout)
-                // Request heads over 16 KiB are refused (431).
-                .max_buf_size(16 * 1024)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            let mut connection = std::pin::pin!(connection);
-            let stopping = tokio::select! {
-                _ = connection.as_mut() => false,
-                () = tokio::time::sleep(CONNECTION_TIMEOUT) => false,
-                down = shutdown.wait_for(|down| *down) => down.is_ok(),
-            };
-            if stopping {
-                // An answer under way is finished; nothing new is read.
-                connection.as_mut().graceful_shutdown();
-                let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
-            }
-            registry.forget(id);
-            drop(permit);
-        });
-        waiting.add(id, task.abort_handle(), headed);
+        let mut shutdown = self.shutdown;
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.head_timeout)
+            // Request heads over 16 KiB are refused (431).
+            .max_buf_size(16 * 1024)
+            .keep_alive(false)
+            .serve_connection(TokioIo::new(stream), service);
+        let mut connection = std::pin::pin!(connection);
+        let stopping = tokio::select! {
+            _ = connection.as_mut() => false,
+            () = tokio::time::sleep(CONNECTION_TIMEOUT) => false,
+            down = shutdown.wait_for(|down| *down) => down.is_ok(),
+        };
+        if stopping {
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
+        }
     }
 }
 

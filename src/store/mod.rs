@@ -6,6 +6,7 @@
 //! expiry is measured on the database's clock.
 
 mod api;
+mod group;
 mod postgres;
 mod sqlite;
 

@@ -11,11 +11,12 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Row};
 
+use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Param, Reclaimable, Released, SqlLimits, Trigger, Work, claim_state,
+    Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
 };
-use crate::handler::{Failure, Handler, Transaction};
+use crate::handler::Transaction;
 use crate::period::{Period, PeriodKey};
 
 /// The scheduler's migrations, beside whatever else `_sqlx_migrations`
@@ -366,95 +367,11 @@ impl PgStore {
         // on another connection): the one a cancel must reach.
         let backend = std::sync::atomic::AtomicI32::new(0);
         let committing = std::sync::atomic::AtomicBool::new(false);
-        let work = async {
-            // What is known already: a failing statement found by a pass.
-            let mut failed: Vec<Option<String>> = vec![None; runs.len()];
-            let mut careful = false;
-            loop {
-                let mut conn = self.actions.acquire().await?;
-                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                let sent = std::time::Instant::now();
-                // The group's own statements take generic plans (see
-                // `lock_group`); the session's own plan cache mode comes
-                // back for the actions' statements. It is read in the
-                // subquery, whose row the outer target list (and so
-                // `set_config`) is computed from.
-                let (pid, plan_mode, _): (i32, String, String) = sqlx::query_as(
-                    "SELECT s.pid, s.mode, set_config('plan_cache_mode', 'force_generic_plan', true)
-                       FROM (SELECT pg_backend_pid() AS pid,
-                                    current_setting('plan_cache_mode') AS mode OFFSET 0) AS s",
-                )
-                .fetch_one(&mut *tx)
-                .await?;
-                // What a round trip costs now. A statement is judged quick
-                // or slow by its time beyond that, so a busy machine, which
-                // slows every round trip alike, does not make quick jobs
-                // look slow (and run alone, which loads the machine
-                // further).
-                let round_trip = sent.elapsed();
-                backend.store(pid, std::sync::atomic::Ordering::SeqCst);
-                let ours = lock_group(&mut tx, runs, &plan_mode).await?;
-                let pass = PassOver {
-                    runs,
-                    ours: &ours,
-                    failed: &failed,
-                    careful,
-                    limits,
-                    round_trip,
-                };
-                let mut ends = Vec::with_capacity(runs.len());
-                match run_pass(&mut tx, pass, &mut ends).await? {
-                    Pass::Done => {}
-                    Pass::Stopped => return Ok(None),
-                    // Statements run without savepoints first (one round
-                    // trip each); one that fails rolls the pass back, and
-                    // the group runs again with a savepoint per statement.
-                    // A statement that ended its own connection took the
-                    // transaction with it: nothing of the pass committed,
-                    // and the next pass runs on another connection.
-                    Pass::FailedAt(i, error) => {
-                        if tx.rollback().await.is_err() {
-                            let _ = conn.close().await;
-                        }
-                        failed[i] = Some(error);
-                        careful = true;
-                        continue;
-                    }
-                    // A code job runs alone in its group: only its own end
-                    // is at stake, written outside the lost transaction.
-                    Pass::Ended(i, end) => {
-                        let _ = tx.rollback().await;
-                        let _ = conn.close().await;
-                        let mut ends = vec![GroupedEnd::NotStarted; runs.len()];
-                        ends[i] = end;
-                        let outcomes = super::group_outcomes(runs, &ends);
-                        recording();
-                        let mut control = self.pool.acquire().await?;
-                        if record_many(&mut control, &outcomes).await?.is_empty() {
-                            ends[i] = GroupedEnd::Moved;
-                        }
-                        return Ok(Some(ends));
-                    }
-                }
-                sqlx::Executor::execute(
-                    &mut *tx,
-                    "SET LOCAL statement_timeout = '30s'; SET LOCAL plan_cache_mode = force_generic_plan",
-                )
-                .await?;
-                let outcomes = super::group_outcomes(runs, &ends);
-                recording();
-                committing.store(true, std::sync::atomic::Ordering::SeqCst);
-                if record_many(&mut tx, &outcomes).await?.len() != outcomes.len() {
-                    // Cannot happen under the key share locks; if it did, no
-                    // statement may commit without its outcome.
-                    return Err(sqlx::Error::Protocol(
-                        "a claim moved on inside its sql group".into(),
-                    ));
-                }
-                tx.commit().await?;
-                return Ok(Some(ends));
-            }
+        let under_way = UnderWay {
+            backend: &backend,
+            committing: &committing,
         };
+        let work = self.group_passes(runs, limits, recording, under_way);
         tokio::pin!(work);
         tokio::select! {
             result = &mut work => return result,
@@ -486,6 +403,87 @@ impl PgStore {
                 }
                 Ok(None)
             }
+        }
+    }
+
+    /// The passes of a group until one commits (or it is stopped): the
+    /// first without savepoints, the next, after a failure, careful.
+    async fn group_passes(
+        &self,
+        runs: &[GroupedSql<'_>],
+        limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
+        under_way: UnderWay<'_>,
+    ) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
+        // What is known already: a failing statement found by a pass.
+        let mut failed: Vec<Option<String>> = vec![None; runs.len()];
+        let mut careful = false;
+        loop {
+            let mut conn = self.actions.acquire().await?;
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            let (ours, round_trip) = begin_group(&mut tx, runs, under_way.backend).await?;
+            let pass = PassOver {
+                runs,
+                ours: &ours,
+                failed: &failed,
+                careful,
+                limits,
+                started: std::time::Instant::now(),
+                round_trip,
+            };
+            let mut ends = Vec::with_capacity(runs.len());
+            let mut group = PgGroupTx {
+                conn: &mut tx,
+                timeout: None,
+                limits,
+            };
+            match run_pass(&mut group, pass, &mut ends).await? {
+                Pass::Done => {}
+                Pass::Stopped => return Ok(None),
+                // Statements run without savepoints first (a round trip
+                // each); a failure rolls the pass back, and the next is
+                // careful, on another connection if this one was ended.
+                Pass::FailedAt(i, error) => {
+                    if tx.rollback().await.is_err() {
+                        let _ = conn.close().await;
+                    }
+                    failed[i] = Some(error);
+                    careful = true;
+                    continue;
+                }
+                // A code job runs alone in its group: only its own end is
+                // at stake, written outside the lost transaction.
+                Pass::Ended(i, end) => {
+                    let _ = tx.rollback().await;
+                    let _ = conn.close().await;
+                    let (mut ends, outcomes) = super::group::alone(runs, i, end);
+                    recording();
+                    let mut control = self.pool.acquire().await?;
+                    if record_many(&mut control, &outcomes).await?.is_empty() {
+                        ends[i] = GroupedEnd::Moved;
+                    }
+                    return Ok(Some(ends));
+                }
+            }
+            sqlx::Executor::execute(
+                &mut *tx,
+                "SET LOCAL statement_timeout = '30s'; SET LOCAL plan_cache_mode = force_generic_plan",
+            )
+            .await?;
+            let outcomes = super::group_outcomes(runs, &ends);
+            recording();
+            under_way
+                .committing
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            if record_many(&mut tx, &outcomes).await?.len() != outcomes.len() {
+                // Cannot happen under the key share locks; if it did, no
+                // statement may commit without its outcome.
+                return Err(sqlx::Error::Protocol(
+                    "a claim moved on inside its sql group".into(),
+                ));
+            }
+            tx.commit().await?;
+            return Ok(Some(ends));
         }
     }
 
@@ -819,6 +817,45 @@ async fn record_many(
     rows.iter().map(|row| row.try_get(0)).collect()
 }
 
+/// What a cancel of a group needs to know of the pass under way.
+#[derive(Clone, Copy)]
+struct UnderWay<'u> {
+    /// The backend the pass runs on, 0 before it started.
+    backend: &'u std::sync::atomic::AtomicI32,
+    /// The pass is recording its outcomes: it is let commit.
+    committing: &'u std::sync::atomic::AtomicBool,
+}
+
+/// Starts a pass of a group in `tx`: notes its backend, and locks the
+/// group's claims still at their attempts. Those keys, and what a round
+/// trip costs now.
+async fn begin_group(
+    tx: &mut sqlx::PgConnection,
+    runs: &[GroupedSql<'_>],
+    backend: &std::sync::atomic::AtomicI32,
+) -> Result<(std::collections::HashSet<String>, Duration), sqlx::Error> {
+    let sent = std::time::Instant::now();
+    // The group's own statements take generic plans (see `lock_group`);
+    // the session's own plan cache mode comes back for the actions'
+    // statements. It is read in the subquery, whose row the outer target
+    // list (and so `set_config`) is computed from.
+    let (pid, plan_mode, _): (i32, String, String) = sqlx::query_as(
+        "SELECT s.pid, s.mode, set_config('plan_cache_mode', 'force_generic_plan', true)
+           FROM (SELECT pg_backend_pid() AS pid,
+                        current_setting('plan_cache_mode') AS mode OFFSET 0) AS s",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    // What a round trip costs now. A statement is judged quick or slow by
+    // its time beyond that, so a busy machine, which slows every round trip
+    // alike, does not make quick jobs look slow (and run alone, which loads
+    // the machine further).
+    let round_trip = sent.elapsed();
+    backend.store(pid, std::sync::atomic::Ordering::SeqCst);
+    let ours = lock_group(tx, runs, &plan_mode).await?;
+    Ok((ours, round_trip))
+}
+
 /// The backend a group's pass runs on, once it started one.
 fn running_backend(backend: &std::sync::atomic::AtomicI32) -> Option<i32> {
     Some(backend.load(std::sync::atomic::Ordering::SeqCst)).filter(|pid| *pid != 0)
@@ -860,149 +897,69 @@ async fn lock_group(
     Ok(ours.into_iter().map(|(key, _)| key).collect())
 }
 
-/// How one pass over a group's statements went.
-enum Pass {
-    /// Every statement ran; `ends` says how.
-    Done,
-    /// Stopped through the cancel.
-    Stopped,
-    /// Statement `i` failed outside a savepoint, or ended the connection:
-    /// the transaction is lost.
-    FailedAt(usize, String),
-    /// Handler `i`'s transaction is gone (it ended it, or the session was
-    /// ended under it): its end is recorded on its own.
-    Ended(usize, GroupedEnd),
+/// A group's transaction on PostgreSQL: an action's `timeout` is the
+/// transaction's `statement_timeout` while it runs.
+struct PgGroupTx<'c> {
+    conn: &'c mut sqlx::PgConnection,
+    /// The `statement_timeout` set; the actions pool's connections start
+    /// without one.
+    timeout: Option<Duration>,
+    limits: &'c SqlLimits,
 }
 
-/// What one pass over a group's statements runs, and how.
-struct PassOver<'p> {
-    runs: &'p [GroupedSql<'p>],
-    /// The keys still at their attempts, locked.
-    ours: &'p std::collections::HashSet<String>,
-    /// Statements a pass before found failing.
-    failed: &'p [Option<String>],
-    /// Each statement in a savepoint of its own.
-    careful: bool,
-    limits: &'p SqlLimits,
-    /// What a round trip takes now; taken off each statement's time.
-    round_trip: Duration,
-}
-
-/// Runs the group's statements once, in `tx`. `careful`: each in a
-/// savepoint of its own, so a failure is rolled back alone.
-async fn run_pass(
-    tx: &mut sqlx::PgConnection,
-    pass: PassOver<'_>,
-    ends: &mut Vec<GroupedEnd>,
-) -> Result<Pass, sqlx::Error> {
-    let PassOver {
-        runs,
-        ours,
-        failed,
-        careful,
-        limits,
-        round_trip,
-    } = pass;
-    // The actions pool's connections start without a statement timeout.
-    let mut timeout = None;
-    let started = std::time::Instant::now();
-    let mut ran = false;
-    for (i, run) in runs.iter().enumerate() {
-        if !ours.contains(run.lease.key.as_str()) {
-            ends.push(GroupedEnd::Moved);
-            continue;
-        }
-        if let Some(error) = &failed[i] {
-            ends.push(GroupedEnd::Failed(error.clone()));
-            continue;
-        }
-        if ran && started.elapsed() >= super::GROUP_BUDGET {
-            ends.push(GroupedEnd::NotStarted);
-            continue;
-        }
-        ran = true;
-        if run.timeout != timeout {
-            timeout = run.timeout;
+impl GroupTx for PgGroupTx<'_> {
+    async fn bound(&mut self, timeout: Option<Duration>) -> Result<Option<Duration>, sqlx::Error> {
+        if timeout != self.timeout {
+            self.timeout = timeout;
             // A number this code computed, never text from a user.
             sqlx::query(&format!(
                 "SET LOCAL statement_timeout = {}",
                 timeout.map_or(0, |t| millis(t).max(1))
             ))
-            .execute(&mut *tx)
+            .execute(&mut *self.conn)
             .await?;
         }
-        // A handler runs once: in a savepoint, never in a pass that a
-        // failure would make run again.
-        let careful = careful || run.work.is_code();
-        if careful {
-            sqlx::query("SAVEPOINT period").execute(&mut *tx).await?;
-        }
-        let statement_started = std::time::Instant::now();
-        let failure = match &run.work {
-            Work::Statement { statement, params } => {
-                let mut query = sqlx::query(statement);
-                for param in params {
-                    query = match param {
-                        Param::Text(text) => query.bind(text.clone()),
-                        Param::Instant(at) => query.bind(*at),
-                    };
-                }
-                match query.execute(&mut *tx).await {
-                    Ok(_) => None,
-                    Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
-                    Err(e) if !careful => return Ok(Pass::FailedAt(i, run.error(&e))),
-                    Err(e) => Some(GroupedEnd::Failed(run.error(&e))),
-                }
-            }
-            Work::Code { handler, context } => {
-                let tx = Transaction::postgres_of(&mut *tx);
-                match Handler::in_transaction(*handler, context.clone(), tx, run.timeout).await {
-                    Ok(()) => None,
-                    Err(_) if *limits.cancel.borrow() => return Ok(Pass::Stopped),
-                    Err(Failure::Permanent(why)) => Some(GroupedEnd::Permanent(why)),
-                    Err(failure) => Some(GroupedEnd::Failed(failure.message().to_owned())),
-                }
-            }
-        };
-        let took = statement_started.elapsed();
-        let ending = match &failure {
-            _ if !careful => None,
-            None => Some("RELEASE SAVEPOINT period"),
-            Some(_) => Some("ROLLBACK TO SAVEPOINT period; RELEASE SAVEPOINT period"),
-        };
-        let ended = match ending {
-            Some(ending) => sqlx::Executor::execute(&mut *tx, ending).await.map(|_| ()),
-            None => Ok(()),
-        };
-        match ended {
-            Ok(_) => {}
-            // The handler's transaction is gone: it ended it itself, or
-            // the server ended the session under it.
-            Err(e) if run.work.is_code() => return Ok(Pass::Ended(i, lost_transaction(&e))),
-            // The statement failed and the connection with it (a statement
-            // that ends its own session): its failure is known, the pass
-            // is lost.
-            Err(e) => match failure {
-                Some(GroupedEnd::Failed(error)) => return Ok(Pass::FailedAt(i, error)),
-                _ => return Err(e),
-            },
-        }
-        ends.push(failure.unwrap_or(GroupedEnd::Succeeded(took.saturating_sub(round_trip))));
+        Ok(timeout)
     }
-    Ok(Pass::Done)
-}
 
-/// What is recorded of a transaction-scoped handler whose transaction is
-/// gone by the time it returned: a permanent failure when the server says
-/// there is no transaction (the handler committed or rolled back itself:
-/// what it wrote may have committed without the period's outcome); else
-/// (the connection was lost, say past `idle_in_transaction_session_timeout`)
-/// a failure under the retry policy, nothing of it committed.
-fn lost_transaction(e: &sqlx::Error) -> GroupedEnd {
-    match e {
-        sqlx::Error::Database(_) => GroupedEnd::Permanent(format!(
-            "the handler ended its transaction itself (COMMIT or ROLLBACK): what it wrote may have committed without the period's outcome; not retried ({e})"
-        )),
-        _ => GroupedEnd::Failed(format!("the handler's transaction was lost: {e}")),
+    fn unbound(&mut self) {}
+
+    async fn execute(&mut self, sql: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(&mut *self.conn, sql)
+            .await
+            .map(|_| ())
+    }
+
+    async fn statement(
+        &mut self,
+        run: &GroupedSql<'_>,
+        statement: &str,
+        params: &[Param],
+    ) -> Result<(), Refused> {
+        let mut query = sqlx::query(statement);
+        for param in params {
+            query = match param {
+                Param::Text(text) => query.bind(text.clone()),
+                Param::Instant(at) => query.bind(*at),
+            };
+        }
+        match query.execute(&mut *self.conn).await {
+            Ok(_) => Ok(()),
+            Err(_) if *self.limits.cancel.borrow() => Err(Refused::Stopped),
+            Err(e) => Err(Refused::Failed(run.error(&e))),
+        }
+    }
+
+    fn transaction(&mut self) -> Transaction<'_> {
+        Transaction::postgres_of(self.conn)
+    }
+
+    fn timed_out(&self) -> String {
+        let limit = self.timeout.unwrap_or_default();
+        format!("timed out after {}", humantime::format_duration(limit))
+    }
+
+    fn expired(&self) -> bool {
+        false
     }
 }

@@ -16,11 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::{Row, Sqlite, Transaction};
 
+use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
     Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Reclaimable, Released, SqlLimits, Trigger, Work, claim_state,
+    Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
 };
-use crate::handler::{self, Failure, Handler};
+use crate::handler;
 use crate::period::Period;
 
 /// The scheduler's migrations, beside whatever else `_sqlx_migrations`
@@ -235,186 +236,14 @@ impl SqliteStore {
         // writer bound, and none starts once the group has run its budget.
         let started = std::time::Instant::now();
         let mut conn = self.pool.acquire().await?;
-        let cancel = limits.cancel.subscribe();
-        // The running statement's deadline, in microseconds after `started`;
-        // 0 while the group's own statements run.
-        let deadline = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let expired = Arc::new(AtomicBool::new(false));
-        let (until, flag) = (deadline.clone(), expired.clone());
-        conn.lock_handle()
-            .await?
-            .set_progress_handler(1000, move || {
-                let at = until.load(Ordering::SeqCst);
-                let over =
-                    at != 0 && std::time::Instant::now() >= started + Duration::from_micros(at);
-                flag.store(over, Ordering::SeqCst);
-                !(over || *cancel.borrow())
-            });
+        let (deadline, expired) = stop_at_deadline(&mut conn, started, limits).await?;
         let conn: &mut sqlx::SqliteConnection = &mut conn;
-        // The transaction is driven by statements, not sqlx's transaction
-        // type: an interrupted write makes SQLite roll the whole transaction
-        // back by itself, which that type would not know.
-        let result = async {
-            // A failing statement found by a pass: the group runs again,
-            // with a savepoint per statement (the first pass has none: one
-            // statement per period).
-            let mut failed: Vec<Option<String>> = vec![None; runs.len()];
-            let mut careful = false;
-            'pass: loop {
-                sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
-                let ours = owned(conn, runs).await?;
-                let mut ends = Vec::with_capacity(runs.len());
-                let mut ran = false;
-                for (i, run) in runs.iter().enumerate() {
-                    let now = std::time::Instant::now();
-                    if !ours.contains(run.lease.key.as_str()) {
-                        ends.push(GroupedEnd::Moved);
-                        continue;
-                    }
-                    if let Some(error) = &failed[i] {
-                        ends.push(GroupedEnd::Failed(error.clone()));
-                        continue;
-                    }
-                    if ran && now >= started + super::GROUP_BUDGET {
-                        ends.push(GroupedEnd::NotStarted);
-                        continue;
-                    }
-                    ran = true;
-                    let bound = run
-                        .timeout
-                        .map_or(limits.writer_timeout, |t| t.min(limits.writer_timeout));
-                    let micros = (now + bound).duration_since(started).as_micros().max(1);
-                    deadline.store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
-                    // A handler runs once: in a savepoint, never in a pass
-                    // that a failure would make run again.
-                    let saved = careful || run.work.is_code();
-                    if saved {
-                        sqlx::query("SAVEPOINT period").execute(&mut *conn).await?;
-                    }
-                    let timed_out = || {
-                        format!(
-                            "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
-                            humantime::format_duration(bound)
-                        )
-                    };
-                    let mut permanent = false;
-                    let error = match &run.work {
-                        Work::Statement { statement, params } => {
-                            let mut query = sqlx::query(statement);
-                            for param in params {
-                                query = query.bind(param.text());
-                            }
-                            match query.execute(&mut *conn).await {
-                                Ok(_) => None,
-                                Err(_) if limits.cancel.borrow().to_owned() => {
-                                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                                    return Ok(None);
-                                }
-                                Err(_) if expired.load(Ordering::SeqCst) => Some(timed_out()),
-                                Err(e) => Some(run.error(&e)),
-                            }
-                        }
-                        Work::Code { handler, context } => {
-                            let tx = handler::Transaction::sqlite_of(&mut *conn);
-                            let handled =
-                                Handler::in_transaction(*handler, context.clone(), tx, None);
-                            // Stopped, or past the writer bound, the handler
-                            // is dropped at once, even while it awaits
-                            // something else than SQLite.
-                            let handled = tokio::select! {
-                                handled = handled => Some(handled),
-                                () = tokio::time::sleep(bound) => {
-                                    context.token().cancel();
-                                    Some(Err(Failure::retry(timed_out())))
-                                }
-                                () = limits.cancelled_wait() => None,
-                            };
-                            match handled {
-                                Some(Ok(())) => None,
-                                None => {
-                                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                                    return Ok(None);
-                                }
-                                Some(Err(_)) if expired.load(Ordering::SeqCst) => Some(timed_out()),
-                                Some(Err(Failure::Permanent(why))) => {
-                                    permanent = true;
-                                    Some(why)
-                                }
-                                Some(Err(failure)) => Some(failure.message().to_owned()),
-                            }
-                        }
-                    };
-                    let took = now.elapsed();
-                    deadline.store(0, Ordering::SeqCst);
-                    let Some(error) = error else {
-                        if saved {
-                            let released = sqlx::query("RELEASE SAVEPOINT period")
-                                .execute(&mut *conn)
-                                .await;
-                            match released {
-                                Ok(_) => {}
-                                // The handler committed or rolled back
-                                // itself: its end is recorded on its own (a
-                                // code job runs alone in its group).
-                                Err(e) if run.work.is_code() => {
-                                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                                    let mut ends = vec![GroupedEnd::NotStarted; runs.len()];
-                                    ends[i] = GroupedEnd::Permanent(format!(
-                                        "the handler ended its transaction itself (COMMIT or ROLLBACK): what it wrote may have committed without the period's outcome; not retried ({e})"
-                                    ));
-                                    let outcomes = super::group_outcomes(runs, &ends);
-                                    recording();
-                                    if record_many(conn, &outcomes).await?.is_empty() {
-                                        ends[i] = GroupedEnd::Moved;
-                                    }
-                                    return Ok(Some(ends));
-                                }
-                                Err(e) => return Err(e),
-                            }
-                        }
-                        ends.push(GroupedEnd::Succeeded(took));
-                        continue;
-                    };
-                    let alone = saved
-                        && sqlx::query("ROLLBACK TO SAVEPOINT period")
-                            .execute(&mut *conn)
-                            .await
-                            .is_ok()
-                        && sqlx::query("RELEASE SAVEPOINT period")
-                            .execute(&mut *conn)
-                            .await
-                            .is_ok();
-                    if alone {
-                        ends.push(if permanent {
-                            GroupedEnd::Permanent(error)
-                        } else {
-                            GroupedEnd::Failed(error)
-                        });
-                        continue;
-                    }
-                    // Without a savepoint, or SQLite ended the transaction
-                    // itself: the pass is lost; the next one has savepoints
-                    // and skips this statement.
-                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                    failed[i] = Some(error);
-                    careful = true;
-                    continue 'pass;
-                }
-                let outcomes = super::group_outcomes(runs, &ends);
-                recording();
-                if record_many(conn, &outcomes).await?.len() != outcomes.len() {
-                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                    // Cannot happen while this group holds the writer; if it
-                    // did, no statement may commit without its outcome.
-                    return Err(sqlx::Error::Protocol(
-                        "a claim moved on inside its sql group".into(),
-                    ));
-                }
-                sqlx::query("COMMIT").execute(&mut *conn).await?;
-                return Ok(Some(ends));
-            }
-        }
-        .await;
+        let stops = Stops {
+            started,
+            deadline: &deadline,
+            expired: &expired,
+        };
+        let result = group_passes(conn, runs, limits, recording, stops).await;
         if result.is_err() {
             // Whatever failed, the connection goes back without a transaction.
             let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
@@ -938,4 +767,186 @@ async fn owned(
     .fetch_all(tx)
     .await?;
     Ok(keys.into_iter().collect())
+}
+
+/// How SQLite stops a group's action at its deadline.
+#[derive(Clone, Copy)]
+struct Stops<'s> {
+    /// From when the deadline counts.
+    started: std::time::Instant,
+    /// The running action's deadline, in microseconds after `started`; 0
+    /// while the group's own statements run.
+    deadline: &'s std::sync::atomic::AtomicU64,
+    /// Set by the progress handler when it stopped an action at its
+    /// deadline.
+    expired: &'s AtomicBool,
+}
+
+/// The passes of a group until one commits (or it is stopped). The
+/// transaction is driven by statements, not sqlx's transaction type: an
+/// interrupted write makes SQLite roll the whole transaction back by
+/// itself, which that type would not know.
+async fn group_passes(
+    conn: &mut sqlx::SqliteConnection,
+    runs: &[GroupedSql<'_>],
+    limits: &SqlLimits,
+    recording: &(dyn Fn() + Sync),
+    stops: Stops<'_>,
+) -> Result<Option<Vec<GroupedEnd>>, sqlx::Error> {
+    // A failing statement found by a pass: the group runs again,
+    // with a savepoint per statement (the first pass has none: one
+    // statement per period).
+    let mut failed: Vec<Option<String>> = vec![None; runs.len()];
+    let mut careful = false;
+    loop {
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+        let ours = owned(conn, runs).await?;
+        let pass = PassOver {
+            runs,
+            ours: &ours,
+            failed: &failed,
+            careful,
+            limits,
+            started: stops.started,
+            round_trip: Duration::ZERO,
+        };
+        let mut group = SqliteGroupTx {
+            conn: &mut *conn,
+            stops,
+            limits,
+            bound: limits.writer_timeout,
+        };
+        let mut ends = Vec::with_capacity(runs.len());
+        match run_pass(&mut group, pass, &mut ends).await? {
+            Pass::Done => {}
+            Pass::Stopped => {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                return Ok(None);
+            }
+            // Without a savepoint, or SQLite ended the transaction
+            // itself: the pass is lost; the next one has
+            // savepoints and skips this statement.
+            Pass::FailedAt(i, error) => {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                failed[i] = Some(error);
+                careful = true;
+                continue;
+            }
+            // A code job runs alone in its group: only its own end
+            // is at stake, written outside the lost transaction.
+            Pass::Ended(i, end) => {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                let (mut ends, outcomes) = super::group::alone(runs, i, end);
+                recording();
+                if record_many(conn, &outcomes).await?.is_empty() {
+                    ends[i] = GroupedEnd::Moved;
+                }
+                return Ok(Some(ends));
+            }
+        }
+        let outcomes = super::group_outcomes(runs, &ends);
+        recording();
+        if record_many(conn, &outcomes).await?.len() != outcomes.len() {
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+            // Cannot happen while this group holds the writer; if it
+            // did, no statement may commit without its outcome.
+            return Err(sqlx::Error::Protocol(
+                "a claim moved on inside its sql group".into(),
+            ));
+        }
+        sqlx::query("COMMIT").execute(&mut *conn).await?;
+        return Ok(Some(ends));
+    }
+}
+
+/// Makes SQLite stop the running statement at its deadline (in
+/// microseconds after `started`, 0 for none) or at the cancel of
+/// `limits`: the deadline, and the flag that says a statement was stopped
+/// at it.
+async fn stop_at_deadline(
+    conn: &mut sqlx::SqliteConnection,
+    started: std::time::Instant,
+    limits: &SqlLimits,
+) -> Result<(Arc<std::sync::atomic::AtomicU64>, Arc<AtomicBool>), sqlx::Error> {
+    let cancel = limits.cancel.subscribe();
+    let deadline = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let expired = Arc::new(AtomicBool::new(false));
+    let (until, flag) = (deadline.clone(), expired.clone());
+    conn.lock_handle()
+        .await?
+        .set_progress_handler(1000, move || {
+            let at = until.load(Ordering::SeqCst);
+            let over = at != 0 && std::time::Instant::now() >= started + Duration::from_micros(at);
+            flag.store(over, Ordering::SeqCst);
+            !(over || *cancel.borrow())
+        });
+    Ok((deadline, expired))
+}
+
+/// A group's transaction on SQLite: the group holds the database's one
+/// writer, so no action runs past the writer bound (or its `timeout`, if
+/// shorter), stopped by the progress handler at its deadline.
+struct SqliteGroupTx<'c> {
+    conn: &'c mut sqlx::SqliteConnection,
+    stops: Stops<'c>,
+    limits: &'c SqlLimits,
+    /// The running action's bound.
+    bound: Duration,
+}
+
+impl GroupTx for SqliteGroupTx<'_> {
+    async fn bound(&mut self, timeout: Option<Duration>) -> Result<Option<Duration>, sqlx::Error> {
+        let writer = self.limits.writer_timeout;
+        self.bound = timeout.map_or(writer, |t| t.min(writer));
+        let at = std::time::Instant::now() + self.bound;
+        let micros = at.duration_since(self.stops.started).as_micros().max(1);
+        self.stops
+            .deadline
+            .store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::SeqCst);
+        Ok(Some(self.bound))
+    }
+
+    fn unbound(&mut self) {
+        self.stops.deadline.store(0, Ordering::SeqCst);
+    }
+
+    async fn execute(&mut self, sql: &'static str) -> Result<(), sqlx::Error> {
+        for statement in sql.split("; ") {
+            sqlx::query(statement).execute(&mut *self.conn).await?;
+        }
+        Ok(())
+    }
+
+    async fn statement(
+        &mut self,
+        run: &GroupedSql<'_>,
+        statement: &str,
+        params: &[Param],
+    ) -> Result<(), Refused> {
+        let mut query = sqlx::query(statement);
+        for param in params {
+            query = query.bind(param.text());
+        }
+        match query.execute(&mut *self.conn).await {
+            Ok(_) => Ok(()),
+            Err(_) if *self.limits.cancel.borrow() => Err(Refused::Stopped),
+            Err(_) if self.expired() => Err(Refused::Failed(self.timed_out())),
+            Err(e) => Err(Refused::Failed(run.error(&e))),
+        }
+    }
+
+    fn transaction(&mut self) -> handler::Transaction<'_> {
+        handler::Transaction::sqlite_of(self.conn)
+    }
+
+    fn timed_out(&self) -> String {
+        format!(
+            "timed out after {} (on SQLite an sql action holds the database's one writer at most lease/3, or its `timeout` if shorter)",
+            humantime::format_duration(self.bound)
+        )
+    }
+
+    fn expired(&self) -> bool {
+        self.stops.expired.load(Ordering::SeqCst)
+    }
 }

@@ -118,8 +118,8 @@ pub struct Started {
     pub stdout: pipe::Receiver,
     /// The job's stderr.
     pub stderr: pipe::Receiver,
-    /// What its supervisor says: see [`Status`].
-    pub status: Status,
+    /// What its supervisor says: see [`StatusPipe`].
+    pub status: StatusPipe,
 }
 
 /// How a job's supervisor ended.
@@ -135,14 +135,14 @@ pub enum Ended {
 }
 
 /// The status pipe of a job's supervisor.
-pub struct Status {
+pub struct StatusPipe {
     reader: BufReader<pipe::Receiver>,
     line: Vec<u8>,
     pid: Option<Pid>,
     ended: Option<Ended>,
 }
 
-impl Status {
+impl StatusPipe {
     /// Waits for the supervisor to end. Cancel-safe: a line half read is
     /// kept for the next call.
     pub async fn ended(&mut self) -> Ended {
@@ -249,7 +249,7 @@ impl Launcher {
             control,
             stdout,
             stderr,
-            status: Status {
+            status: StatusPipe {
                 reader: BufReader::new(status),
                 line: Vec::new(),
                 pid: None,

@@ -19,7 +19,7 @@ pub mod reaper;
 pub mod supervisor;
 pub mod zygote;
 
-pub use launcher::{Ended, Launcher, Started, Status};
+pub use launcher::{Ended, Launcher, Started, StatusPipe};
 pub use supervisor::{ARG, BINARY, Spec, ZYGOTE};
 
 /// Supervises the job `args` describe (`FENCE_MS -- PROGRAM ARGS…`) and

@@ -131,7 +131,7 @@ pub fn routes(api: Arc<Api>) -> Router {
         .route("/v1/jobs/{job}/periods", get(periods))
         .route("/v1/jobs/{job}/periods/{label}", get(period))
         .route("/v1/jobs/{job}/runs", post(start_run))
-        .route("/v1/runs/{id}", get(run))
+        .route("/v1/runs/{id}", get(get_run))
         .route("/v1/jobs/{job}/pause", post(pause))
         .route("/v1/jobs/{job}/resume", post(resume))
         .route("/v1/jobs/{job}/periods/{label}/release", post(release))
@@ -273,7 +273,11 @@ async fn period(
     ))
 }
 
-async fn run(State(api): State<Arc<Api>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
+async fn get_run(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
     authorize(&api, &headers, Need::Read)?;
     match api.store().api_run(&id).await? {
         Some(run) => Ok(Reply::ok(StatusCode::OK, run_body(&run))),

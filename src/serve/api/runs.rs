@@ -14,7 +14,7 @@ use super::reply::Reply;
 use super::{Api, RUN_TICK};
 use crate::config::{Config, Token};
 use crate::engine::manual::{self, Line, Request, Sink};
-use crate::error::{Error, Stop};
+use crate::error::{Error, Unread};
 use crate::state::PeriodOutcome;
 use crate::store::{ApiRun, Store};
 
@@ -124,9 +124,9 @@ impl Progress {
 }
 
 /// The sink of an API run: it fills the shared [`Progress`].
-pub(super) struct Collect(Arc<Mutex<Progress>>, watch::Sender<u64>);
+pub(super) struct Recorder(Arc<Mutex<Progress>>, watch::Sender<u64>);
 
-impl Sink for Collect {
+impl Sink for Recorder {
     fn claimed(&mut self, key: &str, attempt: i32) {
         if let Ok(mut p) = self.0.lock() {
             p.claimed.push((key.to_owned(), attempt));
@@ -134,7 +134,7 @@ impl Sink for Collect {
         self.1.send_modify(|n| *n += 1);
     }
 
-    fn line(&mut self, line: &Line) -> Result<(), Stop> {
+    fn line(&mut self, line: &Line) -> Result<(), Unread> {
         if let Ok(mut p) = self.0.lock() {
             p.claimed.retain(|(key, _)| *key != line.key);
             p.lines.push(line.clone());
@@ -186,11 +186,14 @@ impl Api {
         tracing::info!(run = %id, job = %job, by = %token.name, "run asked for over the API");
         let progress = Arc::new(Mutex::new(Progress::default()));
         let (changed, seen) = watch::channel(0u64);
-        let sink = Collect(progress.clone(), changed);
+        let sink = Recorder(progress.clone(), changed);
         let mut runs = self.runs.lock().await;
         // Runs that ended are let go of here, not kept until shutdown.
         while runs.try_join_next().is_some() {}
-        runs.spawn(self.clone().run(config, request, id.clone(), ttl, sink));
+        runs.spawn(
+            self.clone()
+                .carry_out(config, request, id.clone(), ttl, sink),
+        );
         drop(runs);
         let (done, mut body) = self.progress_within(&progress, seen, wait).await;
         if done {
@@ -225,18 +228,18 @@ impl Api {
 
     /// Runs `request` to its end, writing its progress each [`RUN_TICK`]
     /// and its end once it ended.
-    async fn run(
+    async fn carry_out(
         self: Arc<Api>,
         config: Arc<Config>,
         request: Request,
         id: String,
         ttl: Duration,
-        mut sink: Collect,
+        mut sink: Recorder,
     ) {
         let shared = sink.0.clone();
         let store = self.store();
         let ended = {
-            let run = manual::run(
+            let run = manual::drive(
                 &config,
                 &self.engine,
                 &request,
