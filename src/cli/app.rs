@@ -175,7 +175,7 @@ fn without_database(
                 return Err(Error::Config(ConfigError::joined(unset.to_vec())));
             }
             for warning in unset {
-                eprintln!("warning: {warning}; `run` and `serve` need it");
+                eprintln!("warning: {warning}; `serve` needs it, and `run` of a job that names it");
             }
             return Ok(Some(
                 match check::check(config, now, &mut std::io::stdout().lock()) {

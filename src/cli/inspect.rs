@@ -543,10 +543,14 @@ pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outc
             crate::config::short(key_ttl)
         ))?;
     }
-    if pruned.jobs.is_empty() && pruned.api.is_none() {
-        say(format_args!(
+    match (pruned.jobs.is_empty(), pruned.api.is_none()) {
+        (true, true) => say(format_args!(
             "nothing to prune: no job has `keep` and there is no [api]; claims are kept for ever"
-        ))?;
+        ))?,
+        (true, false) => say(format_args!(
+            "jobs: nothing to prune: no job has `keep`; claims are kept for ever"
+        ))?,
+        _ => {}
     }
     Ok(Outcome::Done)
 }

@@ -226,7 +226,7 @@ impl Scheduler {
     /// pause` and `resume` do.
     pub async fn pause(&self, job: &str, paused: bool) -> Result<(), Error> {
         let job = self.config.job(job)?;
-        operate::pause(self.engine.store(), &job.name, paused).await
+        self.engine.pause(&job.name, paused).await
     }
 
     /// Deletes the finished claims of every job with `keep` that are older

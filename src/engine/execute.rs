@@ -34,13 +34,13 @@ pub enum Ending {
     Lost,
     /// `scheduler release` ended this attempt: the job was stopped, nothing
     /// recorded, and the period is not done.
-    Withdrawn,
+    Released,
     /// The lease could not be renewed in time (the database did not
     /// answer): the job was stopped and nothing recorded; the period is
     /// recovered once its lease has run out.
     Fenced,
     /// Stopped by shutdown; the claim was released for another runner.
-    Released,
+    Shutdown,
 }
 
 impl Engine {
@@ -131,14 +131,14 @@ impl Engine {
     ) -> Result<Ending, Error> {
         match why {
             Stop::Shutdown => Ok(if self.store.release(run.lease, output).await? {
-                Ending::Released
+                Ending::Shutdown
             } else {
                 Ending::Lost
             }),
             Stop::Lost if watch.fenced() => Ok(Ending::Fenced),
             Stop::Lost => match self.store.confirm_stopped(run.lease, output).await {
                 // Still this attempt, released: `scheduler release` did it.
-                Ok(true) => Ok(Ending::Withdrawn),
+                Ok(true) => Ok(Ending::Released),
                 Ok(false) => Ok(Ending::Lost),
                 Err(e) => {
                     tracing::warn!(

@@ -948,14 +948,24 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
                 ..Line::bare(key, format!("running on {owner} until {}", utc_text(until)))
             });
         }
+        // A failed period is not done: `run JOB` says so and exits 1, so a
+        // platform cron container's failed period is never a green job.
         Claim::Failed {
             retry_at: Some(at), ..
-        } if !manual => format!("failed, retry at {}", utc_text(at)),
+        } if !manual => {
+            return Some(failed_line(
+                key,
+                row,
+                format!("retry at {} (not due yet)", utc_text(at)),
+            ));
+        }
         Claim::Failed {
             retry_at: None,
             failures,
         } if !manual => {
-            format!("failed {failures} time(s), no retries left; `run --period` runs it again")
+            let detail =
+                format!("{failures} time(s), no retries left; `run --period` runs it again");
+            return Some(failed_line(key, row, detail));
         }
         _ => return None,
     };
@@ -966,11 +976,20 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
     })
 }
 
+/// The line of a period found failed and not run.
+fn failed_line(key: &str, row: &ClaimRow, detail: String) -> Line {
+    Line {
+        status: PeriodOutcome::Failed,
+        attempt: Some(row.attempt),
+        ..Line::bare(key, detail)
+    }
+}
+
 fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
     let (status, detail) = match row {
         None => (PeriodOutcome::WouldClaim, "new period".to_owned()),
         Some(row) => match skip_line(key, row, request) {
-            Some(skip) => (PeriodOutcome::Skipped, skip.detail),
+            Some(skip) => (skip.status, skip.detail),
             None => (
                 PeriodOutcome::WouldClaim,
                 match row.as_claim() {

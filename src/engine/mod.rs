@@ -242,6 +242,8 @@ pub struct Engine {
     quick: Arc<group::Quick>,
     /// Writes the outcomes of runs that end together in one statement.
     outcomes: Arc<outcomes::Outcomes>,
+    /// Pauses and resumes said through this engine, for its loops.
+    pauses: tokio::sync::broadcast::Sender<(String, bool)>,
 }
 
 impl Engine {
@@ -261,6 +263,7 @@ impl Engine {
             running_here: Arc::default(),
             supervisor: Arc::new(supervision::Launcher::find()),
             quick: Arc::default(),
+            pauses: tokio::sync::broadcast::Sender::new(64),
         })
     }
 
@@ -499,8 +502,8 @@ impl Engine {
                 period_key = %lease.key,
                 trigger = lease.trigger.as_str(),
                 attempt = lease.attempt,
-                lateness_ms = late.as_secs_f64() * 1000.0,
-                claim_ms = won.sent.took.as_secs_f64() * 1000.0,
+                lateness_ms = millis(late),
+                claim_ms = millis(won.sent.took),
                 "claim won"
             );
         } else {
@@ -513,6 +516,11 @@ impl Engine {
             );
         }
     }
+}
+
+/// A duration in milliseconds, to the microsecond.
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
 }
 
 /// Where in `n` chunks of one burst this owner starts claiming, so that

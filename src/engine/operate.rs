@@ -24,9 +24,27 @@ pub async fn release(
 }
 
 /// Pauses the job named `job` (`true`) or resumes it, for every replica:
-/// each reads it at its next scan (the one that was asked, at once).
+/// each reads it at its next scan. A process with no loop of its own (the
+/// command line) says it this way.
 pub async fn pause(store: &Store, job: &str, paused: bool) -> Result<(), Error> {
     store.set_paused(job, paused).await
+}
+
+impl super::Engine {
+    /// Pauses or resumes the job named `job` for every replica, as
+    /// [`pause`] does, and tells every loop on this engine at once (the
+    /// HTTP API's, the library's), rather than at its next scan.
+    pub async fn pause(&self, job: &str, paused: bool) -> Result<(), Error> {
+        pause(self.store(), job, paused).await?;
+        // No loop listening is no error: the scan reads the database.
+        let _ = self.pauses.send((job.to_owned(), paused));
+        Ok(())
+    }
+
+    /// Pauses and resumes said through this engine, as they come.
+    pub fn pauses(&self) -> tokio::sync::broadcast::Receiver<(String, bool)> {
+        self.pauses.subscribe()
+    }
 }
 
 /// What a prune deleted, or would.

@@ -43,12 +43,12 @@ pub enum Status {
     /// The claim was taken over; the job was stopped and nothing recorded.
     Lost,
     /// `scheduler release` stopped it; nothing recorded.
-    Withdrawn,
+    Released,
     /// The lease could not be renewed in time; the job was stopped before
     /// it ran out and nothing recorded.
     Fenced,
     /// Stopped by shutdown; the claim was released.
-    Released,
+    Shutdown,
     /// Ran, but the outcome could not be written: the period is recovered
     /// once its lease runs out.
     Unrecorded(Error),
@@ -80,9 +80,9 @@ impl Report {
                 retry_after,
             },
             Ok(Ending::Lost) => Status::Lost,
-            Ok(Ending::Withdrawn) => Status::Withdrawn,
-            Ok(Ending::Fenced) => Status::Fenced,
             Ok(Ending::Released) => Status::Released,
+            Ok(Ending::Fenced) => Status::Fenced,
+            Ok(Ending::Shutdown) => Status::Shutdown,
             Err(e) => Status::Unrecorded(e),
         };
         Report {
@@ -133,7 +133,7 @@ impl Report {
             Status::Succeeded => PeriodOutcome::Succeeded,
             Status::Failed { .. } => PeriodOutcome::Failed,
             Status::Lost => PeriodOutcome::Lost,
-            Status::Withdrawn | Status::Released => PeriodOutcome::Released,
+            Status::Released | Status::Shutdown => PeriodOutcome::Released,
             Status::Fenced => PeriodOutcome::Fenced,
             Status::Unrecorded(_) => PeriodOutcome::Error,
             Status::RunningHere | Status::NotWon(_) => PeriodOutcome::Skipped,
@@ -157,9 +157,9 @@ impl Report {
             Status::Lost => {
                 "the claim was taken over; this attempt was stopped and its outcome discarded".into()
             }
-            Status::Withdrawn => "stopped by `scheduler release`; nothing recorded and the period is not done: serve's scan takes it over as a recovery, or `run --period` runs it".into(),
+            Status::Released => "stopped by `scheduler release`; nothing recorded and the period is not done: serve's scan takes it over as a recovery, or `run --period` runs it".into(),
             Status::Fenced => "the lease could not be renewed in time (the database did not answer, or this process was stopped); the job was stopped before the lease ran out and nothing was recorded: the next run or serve recovers the period".into(),
-            Status::Released => "interrupted by shutdown; the claim was released".into(),
+            Status::Shutdown => "interrupted by shutdown; the claim was released".into(),
             Status::Unrecorded(e) => format!(
                 "cannot write to the database: {e}; the claim is taken over once its lease runs out"
             ),
@@ -175,8 +175,8 @@ impl Report {
             Status::Failed { .. } => "failed",
             Status::Lost => "lost",
             Status::Fenced => "fenced",
-            Status::Withdrawn => "withdrawn",
             Status::Released => "released",
+            Status::Shutdown => "shutdown",
             Status::Unrecorded(_) => "unrecorded",
             Status::RunningHere | Status::NotWon(_) => return,
         };
@@ -220,7 +220,7 @@ impl Report {
                     "failed"
                 );
             }
-            Status::Lost | Status::Withdrawn | Status::Fenced => {
+            Status::Lost | Status::Released | Status::Fenced => {
                 tracing::warn!(
                     job,
                     period_key = key,
@@ -229,7 +229,7 @@ impl Report {
                     self.detail()
                 );
             }
-            Status::Released => {
+            Status::Shutdown => {
                 tracing::info!(
                     job,
                     period_key = key,

@@ -59,9 +59,9 @@ enum Event {
     Done(String),
     /// A run (or an `sql` group) ended; its `max_running` slot is free.
     Free,
-    /// The API paused (`true`) or resumed a job: this replica follows at
-    /// once, the others at their next scan.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    /// A job was paused (`true`) or resumed through this engine (the API,
+    /// the library): this loop follows at once, other processes at their
+    /// next scan.
     Paused(String, bool),
 }
 
@@ -144,12 +144,7 @@ impl Service {
     ) -> Service {
         let events = mpsc::unbounded_channel();
         #[cfg(feature = "server")]
-        let api = api::Api::new(
-            api_view(&config),
-            engine.clone(),
-            shutdown.clone(),
-            events.0.clone(),
-        );
+        let api = api::Api::new(api_view(&config), engine.clone(), shutdown.clone());
         let jobs = shared(config.jobs);
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let now = clock.now();
@@ -284,6 +279,7 @@ impl Service {
         );
         let mut next_scan = Instant::now();
         let mut next_gauges = Instant::now();
+        let mut pauses = self.engine.pauses();
         loop {
             let sleep = self.sleep_for(next_scan.saturating_duration_since(Instant::now()));
             let mut shutdown = self.shutdown.clone();
@@ -292,6 +288,7 @@ impl Service {
                 () = down(&mut shutdown) => break,
                 Some(()) = reload.recv() => self.reload().await,
                 Some(event) = self.events.1.recv() => self.handle(event),
+                Some((job, paused)) = said(&mut pauses) => self.handle(Event::Paused(job, paused)),
             }
             metrics::counter!("scheduler_wakeups_total").increment(1);
             crate::serve::health::HEALTH.loop_alive();
@@ -872,6 +869,19 @@ impl Index {
             .binary_search_by(|i| jobs[*i].name.as_str().cmp(name))
             .ok()?;
         Some(self.0[at])
+    }
+}
+
+/// The next pause or resume said through the engine; `None` when some
+/// were missed (the scan reads them from the database).
+async fn said(
+    pauses: &mut tokio::sync::broadcast::Receiver<(String, bool)>,
+) -> Option<(String, bool)> {
+    match pauses.recv().await {
+        Ok(said) => Some(said),
+        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
+        // The engine, which the loop holds, is the sender: never.
+        Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending().await,
     }
 }
 

@@ -816,9 +816,18 @@ impl SqlLimits {
 }
 
 fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {
+    let hint = match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("3D000") => {
+            "; create it first (`createdb NAME`, or `CREATE DATABASE`), or name one that exists"
+        }
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "; is the server running, and listening on that host and port?"
+        }
+        _ => "",
+    };
     let text = mask_password_in(&e.to_string(), url);
     Error::Database(format!(
-        "cannot {verb} the database at {}: {text}",
+        "cannot {verb} the database at {}: {text}{hint}",
         mask_url(url)
     ))
 }

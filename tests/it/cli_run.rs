@@ -449,6 +449,30 @@ fn an_unreachable_database_exits_3_with_the_password_masked() {
         out.stderr()
     );
     assert!(!out.stderr().contains("s3cret") && !out.stdout().contains("s3cret"));
+    assert!(
+        out.stderr().contains("is the server running"),
+        "{}",
+        out.stderr()
+    );
+}
+
+/// A PostgreSQL server that answers but has no such database says how to
+/// fix it, and exits 3.
+#[test]
+fn a_database_that_does_not_exist_says_to_create_it() {
+    if TestDb::postgres_blocking().is_none() {
+        return;
+    }
+    let mut url = url::Url::parse(&crate::support::postgres_admin_url()).unwrap();
+    url.set_path("scheduler_test_no_such_database");
+    let ws = workspace("command = [\"true\"]");
+    let out = ws.run(&["--database-url", url.as_str(), "status"]);
+    assert_eq!(out.code(), 3, "{}", out.stderr());
+    assert!(
+        out.stderr().contains("does not exist") && out.stderr().contains("create it first"),
+        "{}",
+        out.stderr()
+    );
 }
 
 #[test]
@@ -1101,4 +1125,29 @@ fn run_of_a_paused_job_runs_nothing_and_says_how_to_resume_it() {
         out.stderr()
     );
     assert_eq!(lines(ws.path().join("runs.txt")).len(), ran);
+}
+
+/// `run JOB` exits 1 while a period of its window is failed, whether its
+/// retry is not due yet or no retry is left: a failed period is not done,
+/// and a platform cron container must not go green over it.
+#[test]
+fn run_job_exits_1_while_a_period_of_its_window_is_failed() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"pending\"\nschedule = \"0 * * * *\"\ncommand = [\"false\"]\nretry = { attempts = 3, backoff = \"1h\" }\n\n\
+         [[job]]\nname = \"spent\"\nschedule = \"0 * * * *\"\ncommand = [\"false\"]\n",
+    );
+    let db = TestDb::sqlite();
+    for job in ["pending", "spent"] {
+        let first = ws.run(&["--database-url", &db.url, "run", job]);
+        assert_eq!(first.code(), 1, "{}{}", first.stdout(), first.stderr());
+        let again = ws.run(&["--database-url", &db.url, "run", job]);
+        assert_eq!(again.code(), 1, "{}{}", again.stdout(), again.stderr());
+        let said = again.stdout();
+        let why = if job == "pending" {
+            "not due yet"
+        } else {
+            "no retries left"
+        };
+        assert!(said.contains("failed: ") && said.contains(why), "{said}");
+    }
 }

@@ -832,3 +832,52 @@ command = ["true"]
     .await;
     assert_eq!(start, midnight, "the day is not UTC's");
 }
+
+/// A pause said through the library reaches the library's own loop at
+/// once, not at its next scan (a minute away here); a resume starts it
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_through_the_library_stops_its_own_loop_at_once() {
+    let db = TestDb::sqlite();
+    let calls = Calls::default();
+    let scheduler = Scheduler::builder()
+        .database_url(&db.url)
+        .scan_interval(Duration::from_secs(60))
+        .job(calls.job("tick", "* * * * * *"))
+        .build()
+        .await
+        .unwrap();
+    let handle = scheduler.start(std::future::pending());
+    let ran = |n: usize| {
+        let calls = calls.clone();
+        async move {
+            while calls.keys().len() < n {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), ran(2))
+        .await
+        .expect("the job runs");
+    scheduler.pause("tick", true).await.unwrap();
+    // A fire already claimed may still end.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let paused_at = calls.keys().len();
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(
+        calls.keys().len(),
+        paused_at,
+        "fires ran after the pause: {:?}",
+        calls.keys()
+    );
+    scheduler.pause("tick", false).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), ran(paused_at + 1))
+        .await
+        .expect("the job runs again once resumed");
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(30), handle.stopped())
+        .await
+        .expect("stopped in time")
+        .unwrap();
+    once_each_second(&calls.keys()[..paused_at], 2);
+}

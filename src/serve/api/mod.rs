@@ -63,8 +63,6 @@ pub struct Api {
     engine: Engine,
     shutdown: watch::Receiver<bool>,
     runs: tokio::sync::Mutex<JoinSet<()>>,
-    /// Tells this replica's serve loop of a pause or resume at once.
-    events: tokio::sync::mpsc::UnboundedSender<super::Event>,
 }
 
 impl Api {
@@ -73,14 +71,12 @@ impl Api {
         config: Arc<Config>,
         engine: Engine,
         shutdown: watch::Receiver<bool>,
-        events: tokio::sync::mpsc::UnboundedSender<super::Event>,
     ) -> Arc<Api> {
         Arc::new(Api {
             config: RwLock::new(config),
             engine,
             shutdown,
             runs: tokio::sync::Mutex::new(JoinSet::new()),
-            events,
         })
     }
 
@@ -114,6 +110,8 @@ impl Api {
     /// claiming and their running periods get the grace).
     pub async fn finish(&self) {
         let mut runs = self.runs.lock().await;
+        // Runs that ended already are not waited for.
+        while runs.try_join_next().is_some() {}
         if !runs.is_empty() {
             tracing::info!(
                 runs = runs.len(),
@@ -450,13 +448,11 @@ async fn set_paused(
         bound: BODY_TIMEOUT,
         run_id: None,
     };
-    let store = api.store().clone();
     let by = token.name.clone();
-    let events = api.events.clone();
+    let engine = api.engine.clone();
     let answer = idempotent.answer(&headers, &value, |_| async move {
         let job = find_job(&config, &name)?;
-        operate::pause(&store, &job.name, paused).await?;
-        let _ = events.send(super::Event::Paused(job.name.clone(), paused));
+        engine.pause(&job.name, paused).await?;
         tracing::info!(job = %job.name, by = %by, paused, "paused over the API");
         Ok(Reply::ok(
             StatusCode::OK,
