@@ -84,6 +84,9 @@ impl DatabaseUrl {
 
     /// A `sqlite:` URL whose file and parameters are `rest`.
     fn sqlite(url: &str, rest: &str, base: &Path) -> Result<DatabaseUrl, String> {
+        // SQLite takes no password, but a URL that carries one (a
+        // `password=` parameter) never shows it.
+        let shown = mask_url(url);
         let (file, params) = match rest.split_once('?') {
             Some((file, params)) => (file, Some(params.to_owned())),
             None => (rest, None),
@@ -95,7 +98,7 @@ impl DatabaseUrl {
             });
         if in_memory {
             return Err(format!(
-                "`{url}` is an in-memory database, lost when the command ends (every run would start afresh): name a file, e.g. sqlite://scheduler.db"
+                "`{shown}` is an in-memory database, lost when the command ends (every run would start afresh): name a file, e.g. sqlite://scheduler.db"
             ));
         }
         // The scheduler writes to its database whatever the command
@@ -108,12 +111,12 @@ impl DatabaseUrl {
         });
         if read_only {
             return Err(format!(
-                "`{url}` opens the database read-only (`mode=ro` or `immutable`): the scheduler writes to its database whatever the command; expected sqlite://FILE, e.g. sqlite://scheduler.db"
+                "`{shown}` opens the database read-only (`mode=ro` or `immutable`): the scheduler writes to its database whatever the command; expected sqlite://FILE, e.g. sqlite://scheduler.db"
             ));
         }
         if file.is_empty() {
             return Err(format!(
-                "`{url}` names no file (is a variable in it empty?): expected sqlite://FILE, e.g. sqlite://scheduler.db"
+                "`{shown}` names no file (is a variable in it empty?): expected sqlite://FILE, e.g. sqlite://scheduler.db"
             ));
         }
         if file.contains('\0') {
@@ -134,7 +137,7 @@ impl DatabaseUrl {
         {
             Ok(_) => Ok(url),
             Err(e) => Err(format!(
-                "`{url}`: {}; expected sqlite://FILE, optionally with ?mode=ro|rw|rwc, cache=shared|private, immutable=true|false or vfs=NAME",
+                "`{shown}`: {}; expected sqlite://FILE, optionally with ?mode=ro|rw|rwc, cache=shared|private, immutable=true|false or vfs=NAME",
                 e.to_string()
                     .trim_start_matches("error with configuration: ")
             )),
@@ -183,10 +186,12 @@ impl DatabaseUrl {
                         while let Some(rest) = text.strip_prefix("error with configuration: ") {
                             text = rest.to_owned();
                         }
-                        Err(format!(
-                            "`{}`: {text}; sslmode is one of disable, allow, prefer, require, verify-ca, verify-full",
-                            mask_url(url)
-                        ))
+                        let hint = if text.contains("sslmode") {
+                            "sslmode is one of disable, allow, prefer, require, verify-ca, verify-full"
+                        } else {
+                            "a parameter of the URL has a bad value: port and statement-cache-capacity take whole numbers"
+                        };
+                        Err(format!("`{}`: {text}; {hint}", mask_url(url)))
                     }
                 }
             }

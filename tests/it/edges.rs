@@ -1349,3 +1349,34 @@ fn a_secret_cut_by_the_line_limit_or_the_kept_tail_shows_in_neither_piece() {
         }
     }
 }
+
+/// A `password=` parameter of a SQLite URL is masked in its errors too,
+/// and a PostgreSQL parameter with a bad number is not told about sslmode.
+#[test]
+fn a_sqlite_url_never_shows_a_password_parameter_and_a_bad_number_is_named() {
+    let ws =
+        Workspace::new("[[job]]\nname = \"j\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\n");
+    let out = ws.run(&[
+        "--database-url",
+        "sqlite:///tmp/x.db?password=S3cretDbPassw0rdXYZ&mode=ro",
+        "status",
+    ]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert!(out.stderr().contains("read-only"), "{}", out.stderr());
+    assert!(
+        !out.stderr().contains("S3cretDbPassw0rdXYZ"),
+        "{}",
+        out.stderr()
+    );
+    let out = ws.run(&[
+        "--database-url",
+        "postgres://127.0.0.1/db?port=notanumber",
+        "status",
+    ]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert!(
+        out.stderr().contains("take whole numbers") && !out.stderr().contains("sslmode is one of"),
+        "{}",
+        out.stderr()
+    );
+}

@@ -36,7 +36,7 @@ pub(super) fn run_body(run: &ApiRun) -> Value {
         }
         body["outcome"] = json!("abandoned");
         body["error"] = json!(
-            "its replica stopped: a period listed as abandoned is recovered by the scan like any expired claim; a period of the request not listed was never claimed: POST those periods again with a new Idempotency-Key"
+            "its replica stopped: a period listed as abandoned is recovered by the scan like any expired claim; a period of the request not listed may have been claimed just before the replica stopped, so look at it first (GET /v1/jobs/{job}/periods/{label}): the scan recovers one that was claimed; POST only the periods that are missing again, with a new Idempotency-Key"
         );
     }
     body["id"] = json!(run.id);
