@@ -84,6 +84,9 @@ pub enum PeriodState {
     Succeeded,
     /// Its latest attempt failed.
     Failed,
+    /// Past its deadline (the job's `deadline` after its fire) and not
+    /// succeeded: never claimed, running, failed or waiting.
+    Late,
 }
 
 impl PeriodState {
@@ -98,6 +101,7 @@ impl PeriodState {
             PeriodState::LeaseExpired => "lease expired",
             PeriodState::Succeeded => "succeeded",
             PeriodState::Failed => "failed",
+            PeriodState::Late => "late",
         }
     }
 }

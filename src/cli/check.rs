@@ -7,12 +7,18 @@ use chrono::{DateTime, Utc};
 use crate::config::{Config, Job};
 use crate::period::{PeriodKey, utc_text};
 
-/// One line per fire: local time in the job's zone, UTC, period key.
+/// One line per fire: local time in the job's zone, UTC, period key, and
+/// for a job with a `deadline` when the period is late if not succeeded.
 pub fn fire_line(job: &Job, fire: DateTime<Utc>) -> String {
     let local = fire.with_timezone(&job.schedule.zone());
     let period = job.period.period_of(&job.schedule, fire);
+    let deadline = job
+        .deadline
+        .and_then(|d| chrono::TimeDelta::from_std(d).ok())
+        .map(|d| format!("  late after {}", utc_text(fire + d)))
+        .unwrap_or_default();
     format!(
-        "{}  {}  {}",
+        "{}  {}  {}{deadline}",
         local.format("%Y-%m-%d %H:%M:%S %Z"),
         utc_text(fire),
         PeriodKey::new(&job.name, &period.label)

@@ -34,18 +34,25 @@ pub async fn status(
         .filter(|j| only.is_none_or(|name| config.full_name(name) == j.name))
         .collect();
     // Overdue periods of every job in a few statements.
-    let mut overdue =
-        crate::engine::due::overdue(store, &jobs, config.settings.catch_up, now).await?;
+    let catch_up = config.settings.catch_up;
+    let mut overdue = crate::engine::due::overdue(store, &jobs, catch_up, now).await?;
+    let mut late = crate::engine::due::late(store, &jobs, catch_up, now).await?;
     let mut all = Vec::new();
     for job in jobs {
-        // A paused job skips its fires by design: none is overdue.
+        // A paused job skips its fires by design: none is overdue or late.
         let paused = paused_jobs.contains(&job.name);
-        let late = overdue.remove(&job.name).filter(|_| !paused);
+        let overdue = overdue.remove(&job.name).filter(|_| !paused);
+        let late = late.remove(&job.name).filter(|_| !paused);
         all.push(JobStatus {
             job,
             paused,
             recent: store.recent(&job.name, RECENT).await?,
-            overdue: late.unwrap_or_default(),
+            overdue: overdue.unwrap_or_default(),
+            late: late
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, _)| key)
+                .collect(),
         });
     }
     if as_json {
@@ -57,7 +64,7 @@ pub async fn status(
     let look = Look::of_stdout();
     let mut table = look.table();
     table.set_header([
-        "JOB", "SCHEDULE", "NEXT", "LAST", "RUNNING", "FAILED", "OVERDUE",
+        "JOB", "SCHEDULE", "NEXT", "LAST", "RUNNING", "FAILED", "OVERDUE", "LATE",
     ]);
     for job in &all {
         table.add_row(job.cells(&look, now));
@@ -74,10 +81,12 @@ pub async fn status(
         }
     }
     if let [job] = &all[..] {
-        if !job.overdue.is_empty() {
-            say(format_args!("overdue ({}):", job.overdue.len()))?;
-            for key in &job.overdue {
-                say(format_args!("  {key}"))?;
+        for (what, keys) in [("overdue", &job.overdue), ("late", &job.late)] {
+            if !keys.is_empty() {
+                say(format_args!("{what} ({}):", keys.len()))?;
+                for key in keys {
+                    say(format_args!("  {key}"))?;
+                }
             }
         }
         if !job.recent.is_empty() {
@@ -142,6 +151,8 @@ struct JobStatus<'a> {
     paused: bool,
     recent: Vec<ClaimRow>,
     overdue: Vec<String>,
+    /// Past the job's `deadline` and not succeeded.
+    late: Vec<String>,
 }
 
 impl JobStatus<'_> {
@@ -197,19 +208,13 @@ impl JobStatus<'_> {
         }
     }
 
-    /// How many periods are overdue, and the newest three.
-    fn overdue_text(&self) -> String {
-        let n = self.overdue.len();
+    /// How many of `keys` there are, and the newest three.
+    fn newest(keys: &[String]) -> String {
+        let n = keys.len();
         if n == 0 {
             return "-".to_owned();
         }
-        let newest: Vec<&str> = self
-            .overdue
-            .iter()
-            .rev()
-            .take(3)
-            .map(String::as_str)
-            .collect();
+        let newest: Vec<&str> = keys.iter().rev().take(3).map(String::as_str).collect();
         format!(
             "{n}: {}{}",
             newest.join(", "),
@@ -243,7 +248,8 @@ impl JobStatus<'_> {
         };
         let running: Vec<String> = self.running().map(|row| running_line(row, now)).collect();
         let failed: Vec<String> = self.failed().map(|row| self.failed_line(row)).collect();
-        let overdue = self.overdue_text();
+        let overdue = Self::newest(&self.overdue);
+        let late = Self::newest(&self.late);
         // A piped row stays one line, for grep and awk.
         let separator = if look.terminal { "\n" } else { "; " };
         let or_dash = |lines: Vec<String>| {
@@ -262,6 +268,7 @@ impl JobStatus<'_> {
             look.cell(or_dash(running), None),
             look.cell(or_dash(failed), failed_colour),
             look.cell(overdue, (!self.overdue.is_empty()).then_some(Color::Yellow)),
+            look.cell(late, (!self.late.is_empty()).then_some(Color::Red)),
         ]
     }
 
@@ -308,6 +315,8 @@ impl JobStatus<'_> {
             "running": running,
             "failed": failed,
             "overdue": self.overdue,
+            "deadline": self.job.deadline.map(crate::config::short),
+            "late": self.late,
         })
     }
 }
@@ -474,6 +483,43 @@ pub async fn history(
                 None => say(format_args!("    (no output kept)"))?,
             }
         }
+    }
+    notifications(store, job, key, shown).await
+}
+
+/// The notifications of `job` (of one period, with `key`), newest first,
+/// after its attempts.
+async fn notifications(
+    store: &Store,
+    job: &str,
+    key: Option<&str>,
+    shown: Shown,
+) -> Result<Outcome, Unread> {
+    let told: Vec<_> = store
+        .notifications(job, shown.limit)
+        .await?
+        .into_iter()
+        .filter(|n| key.is_none_or(|key| n.period_key == key))
+        .collect();
+    if !told.is_empty() && !shown.json {
+        say(format_args!("notifications:"))?;
+    }
+    for n in told {
+        if shown.json {
+            say(format_args!("{}", json!({ "notification": n })))?;
+            continue;
+        }
+        let answer = n.status.map(|s| format!("  HTTP {s}")).unwrap_or_default();
+        let error = n.error.map(|e| format!("  {e}")).unwrap_or_default();
+        say(format_args!(
+            "  {}  {}  to {}  {}  {} tr{}{answer}{error}",
+            n.period_key,
+            n.event,
+            n.notifier,
+            n.state,
+            n.tries,
+            if n.tries == 1 { "y" } else { "ies" }
+        ))?;
     }
     Ok(Outcome::Done)
 }

@@ -46,6 +46,7 @@ pub struct CodeJob {
     retry: Retry,
     timeout: Option<Duration>,
     keep: Option<Duration>,
+    deadline: Option<Duration>,
     handler: Option<Handler>,
 }
 
@@ -66,6 +67,7 @@ impl CodeJob {
             retry: Retry::default(),
             timeout: None,
             keep: None,
+            deadline: None,
             handler: None,
         }
     }
@@ -124,6 +126,13 @@ impl CodeJob {
     /// (at least the catch-up window).
     pub fn keep(mut self, keep: Duration) -> CodeJob {
         self.keep = Some(keep);
+        self
+    }
+
+    /// How long after its fire a period must have succeeded, or it is late
+    /// (as `deadline` in `jobs.toml`).
+    pub fn deadline(mut self, deadline: Duration) -> CodeJob {
+        self.deadline = Some(deadline);
         self
     }
 
@@ -226,6 +235,7 @@ impl CodeJob {
             missed: self.missed,
             retry: self.retry,
             keep: self.keep,
+            deadline: self.deadline,
             definition: Fingerprint::default(),
             secrets: Default::default(),
         };

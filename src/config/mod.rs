@@ -18,6 +18,7 @@ pub use address::DatabaseUrl;
 pub mod address;
 pub mod code;
 pub mod environment;
+pub mod notify;
 mod raw;
 pub(crate) use raw::short;
 
@@ -371,6 +372,9 @@ pub struct Job {
     pub retry: Retry,
     /// Finished claims older than this may be pruned.
     pub keep: Option<Duration>,
+    /// A period must have succeeded this long after its fire, or it is
+    /// late.
+    pub deadline: Option<Duration>,
     /// A fingerprint of what it does and when (schedule, zone, period
     /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
     /// recorded on every attempt, so `history` shows where it changed. A
@@ -424,6 +428,8 @@ pub struct Config {
     /// Read leniently: each job with a `${NAME}` that was not set, and the
     /// name (the job's action is incomplete: it must not run).
     pub incomplete: Vec<(String, String)>,
+    /// `[[notify]]`s in file order.
+    pub notifiers: Vec<notify::Notifier>,
 }
 
 /// Which parts of a file take an unset `${VAR}` as empty (and a warning)
@@ -558,11 +564,13 @@ impl Config {
         let api_vars = raw::Vars::new(env, lenient.api);
         let root = toml::de::DeTable::parse(text).map_err(|e| at.toml_error(&e))?;
         let mut errors: Vec<ConfigError> = Vec::new();
-        let sections = Sections::of(root, &at, &mut errors);
+        let mut sections = Sections::of(root, &at, &mut errors);
         let mut settings = sections.settings(&at, &vars, &mut errors)?;
         adjust(&mut settings);
         let api = sections.api(&at, &api_vars, &mut errors);
+        let notify = std::mem::take(&mut sections.notify);
         let (mut jobs, incomplete) = sections.jobs(&at, &settings, &vars, &mut errors);
+        let mut notifiers = notifiers(notify, &at, &vars, &jobs, &mut errors);
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
@@ -572,6 +580,11 @@ impl Config {
         if let Some(namespace) = &settings.namespace {
             for job in &mut jobs {
                 job.name = format!("{namespace}/{}", job.name);
+            }
+            for named in notifiers.iter_mut().filter_map(|n| n.jobs.as_mut()) {
+                for job in named {
+                    *job = format!("{namespace}/{job}");
+                }
             }
         }
         let mut unset = vars.unset();
@@ -590,6 +603,7 @@ impl Config {
             jobs,
             secrets,
             incomplete,
+            notifiers,
         };
         Ok((config, warnings))
     }
@@ -779,6 +793,7 @@ struct Sections<'t> {
     settings: Option<toml::Spanned<toml::de::DeValue<'t>>>,
     api: Option<toml::Spanned<toml::de::DeValue<'t>>>,
     jobs: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
+    notify: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
 }
 
 impl<'t> Sections<'t> {
@@ -802,14 +817,23 @@ impl<'t> Sections<'t> {
                         }
                     }
                 },
+                "notify" => match value.get_ref().as_array() {
+                    Some(notify) => sections.notify.extend(notify.iter().cloned()),
+                    None => {
+                        let raw = Vec::<notify::RawNotify>::deserialize(value.into_deserializer());
+                        if let Err(e) = raw {
+                            errors.push(at.toml_error(&e));
+                        }
+                    }
+                },
                 other => {
-                    let hint = nearest(other, ["scheduler", "api", "job"])
+                    let hint = nearest(other, ["scheduler", "api", "job", "notify"])
                         .map(|n| format!("; did you mean `{n}`?"))
                         .unwrap_or_default();
                     errors.push(at.error(
                         key.span(),
                         format!(
-                            "unknown field `{other}`, expected `scheduler`, `api` or `job`{hint}"
+                            "unknown field `{other}`, expected `scheduler`, `api`, `job` or `notify`{hint}"
                         ),
                     ));
                 }
@@ -919,6 +943,36 @@ impl<'t> Sections<'t> {
         }
         (jobs, incomplete)
     }
+}
+
+/// Every `[[notify]]`, validated, names unique.
+fn notifiers(
+    values: Vec<toml::Spanned<toml::de::DeValue<'_>>>,
+    at: &Locator<'_>,
+    vars: &raw::Vars<'_>,
+    jobs: &[Job],
+    errors: &mut Vec<ConfigError>,
+) -> Vec<notify::Notifier> {
+    use serde::de::IntoDeserializer;
+    let mut notifiers: Vec<notify::Notifier> = Vec::new();
+    for value in values {
+        let span = value.span();
+        let validated = notify::RawNotify::deserialize(value.into_deserializer())
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.validate(at, vars, jobs));
+        match validated {
+            Ok(n) if notifiers.iter().any(|m| m.name == n.name) => errors.push(at.error(
+                span,
+                format!(
+                    "notifier name `{}` is used twice; each needs its own",
+                    n.name
+                ),
+            )),
+            Ok(n) => notifiers.push(n),
+            Err(e) => errors.push(e),
+        }
+    }
+    notifiers
 }
 
 /// Every value the file read from the environment that is not public is

@@ -57,6 +57,7 @@ pub(super) struct RawJob {
     missed: Missed,
     retry: Option<RawRetry>,
     keep: Option<Spanned<String>>,
+    deadline: Option<Spanned<String>>,
     #[serde(default)]
     dst: RawDst,
 }
@@ -168,7 +169,7 @@ impl<'a> Vars<'a> {
     }
 
     /// The value of `name`; in lenient mode, empty (and recorded) if unset.
-    fn get(&self, name: &str) -> Option<String> {
+    pub(super) fn get(&self, name: &str) -> Option<String> {
         match (self.read(name), &self.unset) {
             (Some(value), _) => Some(value),
             (None, Some(unset)) => {
@@ -567,6 +568,13 @@ impl RawJob {
         );
         let concurrency = kept(&mut errors, positive(at, self.concurrency.as_ref(), 1));
         let keep = kept(&mut errors, self.keep(at, settings));
+        let deadline = kept(
+            &mut errors,
+            self.deadline
+                .as_ref()
+                .map(|d| duration(at, Some(d), ""))
+                .transpose(),
+        );
         let (
             Some(schedule),
             Some(action),
@@ -574,7 +582,16 @@ impl RawJob {
             Some(timeout),
             Some(concurrency),
             Some(keep),
-        ) = (schedule, action, retry, timeout, concurrency, keep)
+            Some(deadline),
+        ) = (
+            schedule,
+            action,
+            retry,
+            timeout,
+            concurrency,
+            keep,
+            deadline,
+        )
         else {
             return Err(ConfigError::joined(errors));
         };
@@ -594,6 +611,7 @@ impl RawJob {
             missed: self.missed,
             retry,
             keep,
+            deadline,
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })

@@ -554,6 +554,7 @@ impl Builder {
                     jobs: Vec::new(),
                     secrets: Default::default(),
                     incomplete: Vec::new(),
+                    notifiers: Vec::new(),
                 }
             }
         };

@@ -71,6 +71,18 @@ pub fn standing(
         None => PeriodState::Missing,
         Some(row) => row.standing(),
     };
+    // Past its deadline and not succeeded, a period is late, whatever else
+    // it is (never claimed, running, failed, waiting).
+    let past_deadline = job
+        .deadline
+        .and_then(|d| TimeDelta::from_std(d).ok())
+        .zip(fire)
+        .is_some_and(|(d, fire)| fire + d <= now);
+    let state = match state {
+        PeriodState::Succeeded | PeriodState::NotDue => state,
+        _ if past_deadline => PeriodState::Late,
+        _ => state,
+    };
     (state, fire)
 }
 
@@ -124,6 +136,20 @@ impl OverdueCount {
             *self = OverdueCount::default();
         }
         counted
+    }
+
+    /// How many of the periods the last count left open are late, by job
+    /// name: a job with a `deadline` whose period's fire is that long ago
+    /// and has not succeeded (running ones included).
+    pub fn late(&self, now: DateTime<Utc>) -> HashMap<String, usize> {
+        self.jobs
+            .iter()
+            .filter_map(|(name, open)| {
+                let deadline = TimeDelta::from_std(open.job.deadline?).ok()?;
+                let late = open.fires.range(..=now - deadline).count();
+                Some((name.clone(), late))
+            })
+            .collect()
     }
 
     async fn count_on(
@@ -228,55 +254,146 @@ pub async fn overdue(
     catch_up: std::time::Duration,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Vec<String>>, Error> {
+    let asked: Vec<(&Job, DateTime<Utc>)> = jobs.iter().map(|job| (*job, now)).collect();
     let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let open = unfinished(store, &asked, window, Unfinished::Overdue).await?;
+    Ok(open
+        .into_iter()
+        .map(|(job, periods)| (job, periods.into_iter().map(|(key, _)| key).collect()))
+        .collect())
+}
+
+/// The late periods of each of `jobs` that has a `deadline`, by job name,
+/// with their fires: due within the catch-up window and after the job was
+/// first seen, their deadline passed, and not succeeded (never claimed,
+/// running, failed, or waiting). A few statements for any number of jobs.
+pub async fn late(
+    store: &Store,
+    jobs: &[&Job],
+    catch_up: std::time::Duration,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
+    let asked: Vec<(&Job, DateTime<Utc>)> = jobs
+        .iter()
+        .filter_map(|job| Some((*job, now - TimeDelta::from_std(job.deadline?).ok()?)))
+        .collect();
+    let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
+    unfinished(store, &asked, window, Unfinished::Late).await
+}
+
+/// The periods of each of `jobs` that has a `deadline` that were late at
+/// their deadline, as [`late`] finds them, and also those that have
+/// succeeded since, after their deadline: what a `late` notification
+/// tells of, whoever caught the period up first.
+pub async fn were_late(
+    store: &Store,
+    jobs: &[&Job],
+    catch_up: std::time::Duration,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
+    let asked: Vec<(&Job, DateTime<Utc>)> = jobs
+        .iter()
+        .filter_map(|job| Some((*job, now - TimeDelta::from_std(job.deadline?).ok()?)))
+        .collect();
+    let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
+    unfinished(store, &asked, window, Unfinished::WasLate).await
+}
+
+/// Which periods [`unfinished`] keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unfinished {
+    /// Neither succeeded nor running.
+    Overdue,
+    /// Not succeeded.
+    Late,
+    /// Not succeeded by its deadline.
+    WasLate,
+}
+
+/// The periods of each job due by its instant, from `window` on and after
+/// the job was first seen, that `which` keeps: by job name, each key with
+/// its fire.
+async fn unfinished(
+    store: &Store,
+    jobs: &[(&Job, DateTime<Utc>)],
+    window: DateTime<Utc>,
+    which: Unfinished,
+) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
+    let names: Vec<String> = jobs.iter().map(|(j, _)| j.name.clone()).collect();
     let first_seen = store.first_seen(&names).await?;
-    let mut overdue: HashMap<String, Vec<String>> = HashMap::new();
-    // Looked up a statement's worth at a time: only the overdue ones are
+    let mut open: HashMap<String, Vec<(String, DateTime<Utc>)>> = HashMap::new();
+    // Looked up a statement's worth at a time: only the open ones are
     // kept, however long the window.
-    let mut asked: Vec<(String, String)> = Vec::new();
-    for job in jobs {
+    let mut asked: Vec<Asked> = Vec::new();
+    for (job, until) in jobs {
         // Never seen: `serve` starts it at its next fire.
         let Some(seen) = first_seen.get(&job.name) else {
             continue;
         };
         let since = window.max(*seen);
-        for d in due(job, now, since, true)
+        if *until < since {
+            continue;
+        }
+        for d in due(job, *until, since, true)
             .into_iter()
             .filter(|d| d.fire >= since)
         {
-            asked.push((
-                job.name.clone(),
-                PeriodKey::new(&job.name, &d.period.label).to_string(),
-            ));
+            asked.push(Asked {
+                job: job.name.clone(),
+                key: PeriodKey::new(&job.name, &d.period.label).to_string(),
+                fire: d.fire,
+                deadline: job
+                    .deadline
+                    .and_then(|d| TimeDelta::from_std(d).ok())
+                    .map(|deadline| d.fire + deadline),
+            });
             if asked.len() == LOOKUP_CHUNK {
-                keep_overdue(store, &mut asked, &mut overdue).await?;
+                keep_open(store, &mut asked, which, &mut open).await?;
             }
         }
     }
-    keep_overdue(store, &mut asked, &mut overdue).await?;
-    Ok(overdue)
+    keep_open(store, &mut asked, which, &mut open).await?;
+    Ok(open)
 }
 
-/// Looks `asked` up, emptying it, and keeps the keys with no success and
-/// nothing running in `overdue`.
-async fn keep_overdue(
+/// A period [`unfinished`] looks up.
+struct Asked {
+    job: String,
+    key: String,
+    fire: DateTime<Utc>,
+    /// When the period is late, for a job with a deadline.
+    deadline: Option<DateTime<Utc>>,
+}
+
+/// Looks `asked` up, emptying it, and keeps in `open` the periods `which`
+/// keeps.
+async fn keep_open(
     store: &Store,
-    asked: &mut Vec<(String, String)>,
-    overdue: &mut HashMap<String, Vec<String>>,
+    asked: &mut Vec<Asked>,
+    which: Unfinished,
+    open: &mut HashMap<String, Vec<(String, DateTime<Utc>)>>,
 ) -> Result<(), Error> {
     if asked.is_empty() {
         return Ok(());
     }
-    let keys: Vec<String> = asked.iter().map(|(_, key)| key.clone()).collect();
+    let keys: Vec<String> = asked.iter().map(|a| a.key.clone()).collect();
     let rows = store.rows(&keys).await?;
-    for (job, key) in asked.drain(..) {
-        let done_or_running = matches!(
-            rows.get(&key).map(ClaimRow::as_claim),
-            Some(Claim::Succeeded { .. } | Claim::Held { .. })
-        );
-        if !done_or_running {
-            overdue.entry(job).or_default().push(key);
+    for Asked {
+        job,
+        key,
+        fire,
+        deadline,
+    } in asked.drain(..)
+    {
+        let closed = match rows.get(&key).map(ClaimRow::as_claim) {
+            Some(Claim::Succeeded { at }) => {
+                which != Unfinished::WasLate || deadline.is_none_or(|d| at <= d)
+            }
+            Some(Claim::Held { .. }) => which == Unfinished::Overdue,
+            _ => false,
+        };
+        if !closed {
+            open.entry(job).or_default().push((key, fire));
         }
     }
     Ok(())

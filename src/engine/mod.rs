@@ -12,6 +12,7 @@ mod group;
 pub mod heartbeat;
 mod http;
 pub mod manual;
+pub mod notify;
 pub mod operate;
 mod outcomes;
 mod plain;

@@ -119,6 +119,8 @@ pub struct Service {
     trim: bool,
     /// What time it is: the system's clock but in tests.
     clock: Arc<dyn Clock>,
+    /// The configuration the deadlines and notifications follow.
+    notify: watch::Sender<Arc<Config>>,
 }
 
 impl Service {
@@ -145,6 +147,7 @@ impl Service {
         let events = mpsc::unbounded_channel();
         #[cfg(feature = "server")]
         let api = api::Api::new(api_view(&config), engine.clone(), shutdown.clone());
+        let notify = watch::Sender::new(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let now = clock.now();
@@ -172,6 +175,7 @@ impl Service {
             overdue: Arc::default(),
             trim: false,
             clock,
+            notify,
         }
     }
 
@@ -228,20 +232,26 @@ impl Service {
         let catch_up = self.settings.catch_up;
         let clock = self.clock.clone();
         tokio::spawn(async move {
-            let overdue = count.count(&store, &jobs, catch_up, clock.now()).await;
+            let now = clock.now();
+            let overdue = count.count(&store, &jobs, catch_up, now).await;
             let exhausted = store.exhausted().await;
             let (Ok(overdue), Ok(exhausted)) = (overdue, exhausted) else {
                 return;
             };
+            let late = count.late(now);
             for job in &jobs {
                 // A paused job skips its fires by design, as `status` has
-                // it: none is overdue.
-                let late = match paused.contains(&job.name) {
+                // it: none is overdue, none late.
+                let open = |counts: &HashMap<String, usize>| match paused.contains(&job.name) {
                     true => 0,
-                    false => overdue.get(&job.name).copied().unwrap_or(0),
+                    false => counts.get(&job.name).copied().unwrap_or(0),
                 };
                 metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone())
-                    .set(late as f64);
+                    .set(open(&overdue) as f64);
+                if job.deadline.is_some() {
+                    metrics::gauge!("scheduler_late_periods", "job" => job.name.clone())
+                        .set(open(&late) as f64);
+                }
                 let spent = exhausted.get(&job.name).copied().unwrap_or(0);
                 metrics::gauge!("scheduler_retries_exhausted_periods", "job" => job.name.clone())
                     .set(spent as f64);
@@ -267,6 +277,11 @@ impl Service {
             release_free_memory();
         }
         crate::serve::health::HEALTH.ready();
+        let notifying = crate::engine::notify::follow(
+            self.engine.clone(),
+            self.notify.subscribe(),
+            self.shutdown.clone(),
+        );
         self.publish_next_fires();
         tracing::info!(
             jobs = self.jobs.len(),
@@ -332,6 +347,7 @@ impl Service {
         // has every job ended.
         #[cfg(feature = "server")]
         self.api.finish().await;
+        notifying.abort();
         tracing::info!("all jobs ended");
         Ok(Outcome::Done)
     }
@@ -769,6 +785,7 @@ impl Service {
         self.secrets = config.secrets.clone();
         #[cfg(feature = "server")]
         self.api.set_config(api_view(&config));
+        self.notify.send_replace(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         if let Err(e) = self.engine.store().see_jobs(&names).await {
@@ -810,6 +827,7 @@ impl Service {
 fn retire_gauges(job: &str) {
     for gauge in [
         "scheduler_overdue_periods",
+        "scheduler_late_periods",
         "scheduler_retries_exhausted_periods",
         "scheduler_paused",
         "scheduler_next_fire_timestamp_seconds",
@@ -838,6 +856,7 @@ fn api_view(config: &Config) -> Arc<Config> {
         jobs: Vec::new(),
         secrets: config.secrets.clone(),
         incomplete: Vec::new(),
+        notifiers: Vec::new(),
     })
 }
 

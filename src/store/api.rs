@@ -6,37 +6,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{STATEMENT_BOUND, Store, query_error};
+use super::Store;
 use crate::error::Error;
-
-/// PostgreSQL's clock, in milliseconds since the epoch.
-const PG_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
-
-/// Runs `$body` with `$pool` bound to the backend's pool and `$now` to its
-/// clock expression, within [`STATEMENT_BOUND`].
-macro_rules! on_pool {
-    ($store:expr, |$pool:ident, $now:ident| $body:expr) => {{
-        let work = async {
-            match $store {
-                Store::Sqlite(s) => {
-                    let ($pool, $now) = (&s.pool, super::sqlite::NOW);
-                    $body
-                }
-                Store::Postgres(s) => {
-                    let ($pool, $now) = (&s.pool, PG_NOW);
-                    $body
-                }
-            }
-        };
-        match tokio::time::timeout(STATEMENT_BOUND, work).await {
-            Ok(result) => result.map_err(query_error),
-            Err(_) => Err(Error::Database(format!(
-                "database error: no answer within {}s",
-                STATEMENT_BOUND.as_secs()
-            ))),
-        }
-    }};
-}
 
 /// How an Idempotency-Key was claimed.
 #[derive(Debug)]
@@ -90,9 +61,7 @@ pub struct ApiRun {
     pub alive: i32,
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
-}
+use super::ms;
 
 impl Store {
     /// Claims the Idempotency-Key `scope` for a request hashed `request`,

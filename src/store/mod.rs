@@ -5,12 +5,49 @@
 //! the claim has moved on (the attempt number is the fencing token). Lease
 //! expiry is measured on the database's clock.
 
+/// PostgreSQL's clock, in milliseconds since the epoch.
+pub(crate) const PG_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// Runs `$body` with `$pool` bound to the backend's pool and `$now` to its
+/// clock expression, within [`STATEMENT_BOUND`].
+macro_rules! on_pool {
+    ($store:expr, |$pool:ident, $now:ident| $body:expr) => {{
+        let work = async {
+            match $store {
+                Store::Sqlite(s) => {
+                    let ($pool, $now) = (&s.pool, $crate::store::sqlite::NOW);
+                    $body
+                }
+                Store::Postgres(s) => {
+                    let ($pool, $now) = (&s.pool, $crate::store::PG_NOW);
+                    $body
+                }
+            }
+        };
+        match tokio::time::timeout($crate::store::STATEMENT_BOUND, work).await {
+            Ok(result) => result.map_err($crate::store::query_error),
+            Err(_) => Err($crate::error::Error::Database(format!(
+                "database error: no answer within {}s",
+                $crate::store::STATEMENT_BOUND.as_secs()
+            ))),
+        }
+    }};
+}
+
 mod api;
 mod group;
+mod notify;
 mod postgres;
 mod sqlite;
 
 pub use api::{ApiRun, KeyClaim, KeyRecord};
+pub use notify::{Delivery, FailedForGood, NewNotification, Notification, Tried};
+
+/// A duration in milliseconds, as the API's and the notifications' tables
+/// keep times.
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -13,6 +13,7 @@ mod edges;
 mod embed;
 mod labels;
 mod never_twice;
+mod notify;
 mod ops;
 mod properties;
 mod secrets;

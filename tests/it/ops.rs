@@ -755,3 +755,60 @@ fn release_of_a_period_that_is_not_running_exits_2_naming_it() {
         );
     }
 }
+
+/// A period of a job with a `deadline` that has not succeeded past it is
+/// late, though nothing ever claimed it: `status` names it, its view says
+/// `late`, and `next` says when each period would be. Without a deadline
+/// nothing is late.
+#[test]
+fn a_period_past_its_deadline_that_never_ran_is_late_in_status_and_its_view() {
+    let ws = Workspace::new(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\ndeadline = \"1s\"\n\n\
+         [[job]]\nname = \"free\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
+    );
+    let db = TestDb::sqlite();
+    let url = db.url.as_str();
+    // Seen (and its latest period run) now; nothing runs after.
+    assert_eq!(ws.run(&["--database-url", url, "run", "--all"]).code(), 0);
+    std::thread::sleep(Duration::from_millis(3500));
+    let out = ws.run(&["--database-url", url, "status", "--json"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
+    let mut late_key = None;
+    for line in out.stdout().lines() {
+        let job: serde_json::Value = serde_json::from_str(line).unwrap();
+        let late = job["late"].as_array().unwrap();
+        match job["job"].as_str().unwrap() {
+            "tick" => {
+                assert_eq!(job["deadline"], "1s", "{job}");
+                assert!(late.len() >= 2, "{job}");
+                late_key = late[0].as_str().map(str::to_owned);
+            }
+            _ => {
+                assert!(job["deadline"].is_null() && late.is_empty(), "{job}");
+            }
+        }
+    }
+    let key = late_key.expect("a late period");
+    let label = key.split_once(':').unwrap().1;
+    let view = ws.run(&[
+        "--database-url",
+        url,
+        "status",
+        "tick",
+        "--from",
+        label,
+        "--to",
+        label,
+    ]);
+    assert!(
+        view.stdout().contains(&format!("{key}  late")) && view.stdout().contains("due, never run"),
+        "{}",
+        view.stdout()
+    );
+    let table = ws.run(&["--database-url", url, "status", "tick"]);
+    assert!(table.stdout().contains("late ("), "{}", table.stdout());
+    let next = ws.run(&["next", "tick", "-n", "1"]);
+    assert!(next.stdout().contains("late after"), "{}", next.stdout());
+    let next = ws.run(&["next", "free", "-n", "1"]);
+    assert!(!next.stdout().contains("late after"), "{}", next.stdout());
+}

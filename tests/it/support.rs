@@ -504,3 +504,19 @@ pub fn count(url: &str, sql: &str) -> i64 {
         }
     })
 }
+
+/// The text of each row a one-column query of a SQLite database returns.
+pub fn sqlite_rows(url: &str, sql: &str) -> Vec<String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use sqlx::Connection;
+        let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
+        sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
+    })
+}

@@ -162,8 +162,19 @@ async fn jobs(State(api): State<Arc<Api>>, headers: HeaderMap) -> Answer {
     let (config, _) = authorize(&api, &headers, Need::Read)?;
     let paused = api.store().paused_jobs().await?;
     let now = Utc::now();
+    let all: Vec<&Job> = config.jobs.iter().collect();
+    let mut late =
+        crate::engine::due::late(api.store(), &all, config.settings.catch_up, now).await?;
     let mut jobs = Vec::with_capacity(config.jobs.len());
     for job in &config.jobs {
+        // A paused job skips its fires by design: none is late.
+        let late: Vec<String> = late
+            .remove(&job.name)
+            .filter(|_| !paused.contains(&job.name))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
         let recent = api.store().recent(&job.name, 1).await?;
         let last = crate::store::ClaimRow::finished_last(&recent);
         let next = job.schedule.next_after(now);
@@ -179,6 +190,8 @@ async fn jobs(State(api): State<Arc<Api>>, headers: HeaderMap) -> Answer {
             "next_key": next_key,
             "paused": paused.contains(&job.name),
             "last": last,
+            "deadline": job.deadline.map(crate::config::short),
+            "late": late,
         }));
     }
     Ok(Reply::ok(StatusCode::OK, json!({ "jobs": jobs })))

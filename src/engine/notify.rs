@@ -1,0 +1,427 @@
+//! Deadlines and notifications: which periods are late, failed for good or
+//! recovered — found from the schedule and the database, not from a run,
+//! so a period nobody ever tried is late all the same — and their delivery
+//! to each `[[notify]]`, every (notifier, period, event) created once by
+//! whichever replica sees it first and delivered by the one that takes it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::Engine;
+use crate::config::notify::{Event, Format, Notifier};
+use crate::config::{Config, Job};
+use crate::error::Error;
+use crate::period::utc_text;
+use crate::store::{Delivery, NewNotification, Tried};
+
+/// How many late periods of a job one check tells of: the newest. A day
+/// with every replica down is a day of late periods; past this many per
+/// job, the older ones are told by `status` and the late gauge only.
+pub const LATE_PER_JOB: usize = 100;
+
+/// How many notifications one replica takes at a time.
+const TAKE: u32 = 20;
+
+/// How long one try may take.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a notification is tried before it is given up.
+const TRY_FOR: TimeDelta = TimeDelta::hours(24);
+
+/// The longest wait between two tries.
+const MOST_BACKOFF: Duration = Duration::from_secs(300);
+
+impl Engine {
+    /// Creates the notifications of `jobs` that are due now: `late` for
+    /// each period past its deadline and not succeeded (the newest
+    /// [`LATE_PER_JOB`] of each job), `failed` for each failed for good
+    /// within the catch-up window, `recovered` for each told late or failed
+    /// that has succeeded since. A paused job is told of nothing. How many
+    /// were new.
+    pub async fn check_deadlines(
+        &self,
+        config: &Config,
+        jobs: &[&Job],
+        now: DateTime<Utc>,
+    ) -> Result<u64, Error> {
+        if config.notifiers.is_empty() {
+            return Ok(0);
+        }
+        let paused = self.store().paused_jobs().await?;
+        let jobs: Vec<&Job> = jobs
+            .iter()
+            .copied()
+            .filter(|job| !paused.contains(&job.name))
+            .collect();
+        let mut new = self.late(config, &jobs, now).await?;
+        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_str(), *j)).collect();
+        for failed in self
+            .store()
+            .failed_for_good(&names, config.settings.catch_up)
+            .await?
+        {
+            let Some(job) = by_name.get(failed.job.as_str()) else {
+                continue;
+            };
+            let told = Told {
+                job,
+                key: &failed.period_key,
+                label: &failed.period,
+                state: "failed",
+                attempt: Some(failed.attempt),
+                failures: failed.failures,
+                error: failed.error.as_deref(),
+                deadline: None,
+            };
+            new.extend(told.to(&config.notifiers, Event::Failed));
+        }
+        for (notifier, job, key) in self.store().notify_recovered(&names).await? {
+            let (Some(job), Some(n)) = (
+                by_name.get(job.as_str()),
+                config.notifiers.iter().find(|n| n.name == notifier),
+            ) else {
+                continue;
+            };
+            let label = key.split_once(':').map_or("", |(_, label)| label);
+            let told = Told {
+                job,
+                key: &key,
+                label,
+                state: "succeeded",
+                attempt: None,
+                failures: 0,
+                error: None,
+                deadline: None,
+            };
+            new.extend(told.to(std::slice::from_ref(n), Event::Recovered));
+        }
+        self.store().notify_new(&new).await
+    }
+
+    /// The `late` notifications of `jobs`.
+    async fn late(
+        &self,
+        config: &Config,
+        jobs: &[&Job],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewNotification>, Error> {
+        let told: Vec<&Job> = jobs
+            .iter()
+            .copied()
+            .filter(|job| {
+                config
+                    .notifiers
+                    .iter()
+                    .any(|n| n.wants(Event::Late, &job.name))
+            })
+            .collect();
+        let late =
+            super::due::were_late(self.store(), &told, config.settings.catch_up, now).await?;
+        let mut new = Vec::new();
+        for job in told {
+            let Some(periods) = late.get(&job.name) else {
+                continue;
+            };
+            let newest = &periods[periods.len().saturating_sub(LATE_PER_JOB)..];
+            let keys: Vec<String> = newest.iter().map(|(key, _)| key.clone()).collect();
+            let rows = self.store().rows(&keys).await?;
+            for (key, fire) in newest {
+                let row = rows.get(key);
+                let deadline = job
+                    .deadline
+                    .and_then(|d| TimeDelta::from_std(d).ok())
+                    .map(|d| *fire + d);
+                let told = Told {
+                    job,
+                    key,
+                    label: key.split_once(':').map_or("", |(_, label)| label),
+                    state: row.map_or("missing", |r| r.standing().as_str()),
+                    attempt: row.map(|r| r.attempt),
+                    failures: row.map_or(0, |r| r.failures),
+                    error: None,
+                    deadline,
+                };
+                new.extend(told.to(&config.notifiers, Event::Late));
+            }
+        }
+        Ok(new)
+    }
+
+    /// Delivers what is due, a few at a time, for at most `budget`: each
+    /// notification taken for a lease, so that one whose replica went away
+    /// is taken over. How many were delivered.
+    pub async fn deliver(&self, config: &Config, budget: Duration) -> Result<usize, Error> {
+        let until = tokio::time::Instant::now() + budget;
+        let lease = config.settings.lease;
+        let mut delivered = 0;
+        // The earliest try to be made again within the budget: waited for.
+        let mut again: Option<tokio::time::Instant> = None;
+        while tokio::time::Instant::now() < until {
+            let taken = self.store().notify_take(self.owner(), lease, TAKE).await?;
+            if taken.is_empty() {
+                match again.take().filter(|at| *at < until) {
+                    Some(at) => {
+                        tokio::time::sleep_until(at).await;
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            for delivery in taken {
+                let tried = match config
+                    .notifiers
+                    .iter()
+                    .find(|n| n.name == delivery.notifier)
+                {
+                    Some(notifier) => self.send(notifier, &delivery, &config.secrets).await,
+                    None => Tried::GivenUp(None, "its notifier is no longer in jobs.toml".into()),
+                };
+                let tried = give_up_when_old(tried, &delivery);
+                if let Tried::Again(_, _, after) = &tried {
+                    let at = tokio::time::Instant::now() + *after + Duration::from_millis(100);
+                    again = Some(again.map_or(at, |earlier| earlier.min(at)));
+                }
+                log(&delivery, &tried);
+                delivered += usize::from(matches!(tried, Tried::Delivered(_)));
+                self.store()
+                    .notify_tried(&delivery, self.owner(), &tried)
+                    .await?;
+            }
+        }
+        Ok(delivered)
+    }
+
+    /// One try of `delivery` to `notifier`.
+    async fn send(
+        &self,
+        notifier: &Notifier,
+        delivery: &Delivery,
+        secrets: &crate::template::Secrets,
+    ) -> Tried {
+        let id = format!(
+            "{}:{}:{}",
+            delivery.notifier, delivery.period_key, delivery.event
+        );
+        let mut request = self
+            .http
+            .post(&notifier.url)
+            .timeout(SEND_TIMEOUT)
+            .header("content-type", "application/json")
+            .header("idempotency-key", &id)
+            .header("x-scheduler-event", &delivery.event)
+            .body(delivery.payload.clone());
+        if let Some(secret) = &notifier.secret {
+            let at = Utc::now().timestamp().to_string();
+            request = request.header("x-scheduler-timestamp", &at).header(
+                "x-scheduler-signature",
+                signature(secret, &at, &delivery.payload),
+            );
+        }
+        let again = backoff(delivery.tries);
+        match request.send().await {
+            Ok(answer) => {
+                let status = answer.status();
+                let code = status.as_u16();
+                if status.is_success() {
+                    Tried::Delivered(code)
+                } else if status.is_server_error() || code == 408 || code == 429 {
+                    Tried::Again(Some(code), format!("the receiver answered {status}"), again)
+                } else {
+                    Tried::GivenUp(Some(code), format!("the receiver refused it: {status}"))
+                }
+            }
+            Err(e) => Tried::Again(None, secrets.mask(&e.to_string()), again),
+        }
+    }
+}
+
+/// `sha256=` and the hex HMAC-SHA256 of `<timestamp>.<body>` under the
+/// notifier's secret, as Stripe signs its webhooks: a receiver checks it,
+/// and the timestamp's age, before it trusts the body.
+pub fn signature(secret: &str, timestamp: &str, body: &str) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body.as_bytes());
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// The wait before try `tries + 1`: a second, doubled each try, at most
+/// [`MOST_BACKOFF`].
+fn backoff(tries: i32) -> Duration {
+    let doubled = 1u64 << u32::try_from(tries.clamp(1, 20) - 1).unwrap_or(0);
+    Duration::from_secs(doubled).min(MOST_BACKOFF)
+}
+
+/// A try to be made again is given up once the notification is a day old.
+fn give_up_when_old(tried: Tried, delivery: &Delivery) -> Tried {
+    let created = DateTime::from_timestamp_millis(delivery.created_at).unwrap_or_default();
+    match tried {
+        Tried::Again(status, error, _) if Utc::now() - created > TRY_FOR => Tried::GivenUp(
+            status,
+            format!("given up after trying for a day; last: {error}"),
+        ),
+        other => other,
+    }
+}
+
+fn log(delivery: &Delivery, tried: &Tried) {
+    let (notifier, key, event) = (&delivery.notifier, &delivery.period_key, &delivery.event);
+    let outcome = match tried {
+        Tried::Delivered(_) => "delivered",
+        Tried::GivenUp(..) => "given_up",
+        Tried::Again(..) => "again",
+    };
+    metrics::counter!(
+        "scheduler_notifications_total",
+        "notifier" => notifier.clone(),
+        "event" => event.clone(),
+        "outcome" => outcome
+    )
+    .increment(1);
+    match tried {
+        Tried::Delivered(status) => {
+            tracing::info!(
+                notifier,
+                period_key = key,
+                event,
+                status,
+                "notification delivered"
+            );
+        }
+        Tried::GivenUp(status, error) => {
+            tracing::warn!(
+                notifier,
+                period_key = key,
+                event,
+                ?status,
+                error,
+                "notification given up"
+            );
+        }
+        Tried::Again(status, error, after) => tracing::warn!(
+            notifier,
+            period_key = key,
+            event,
+            ?status,
+            error,
+            again_in = %humantime::format_duration(*after),
+            "notification not delivered yet"
+        ),
+    }
+}
+
+/// A period as a notification tells of it.
+struct Told<'a> {
+    job: &'a Job,
+    key: &'a str,
+    label: &'a str,
+    state: &'a str,
+    attempt: Option<i32>,
+    failures: i32,
+    error: Option<&'a str>,
+    deadline: Option<DateTime<Utc>>,
+}
+
+impl Told<'_> {
+    /// The notification of `event` for each of `notifiers` that wants it.
+    fn to(&self, notifiers: &[Notifier], event: Event) -> Vec<NewNotification> {
+        notifiers
+            .iter()
+            .filter(|n| n.wants(event, &self.job.name))
+            .map(|n| NewNotification {
+                notifier: n.name.clone(),
+                period_key: self.key.to_owned(),
+                event: event.as_str(),
+                job: self.job.name.clone(),
+                payload: self.payload(n, event),
+            })
+            .collect()
+    }
+
+    /// The body `notifier` is sent, secrets masked.
+    fn payload(&self, notifier: &Notifier, event: Event) -> String {
+        let error = self.error.map(|e| self.job.secrets.mask(e));
+        let deadline = self.deadline.map(utc_text);
+        let link = format!("/v1/jobs/{}/periods/{}", self.job.name, self.label);
+        match notifier.format {
+            Format::Json => json!({
+                "id": format!("{}:{}:{}", notifier.name, self.key, event.as_str()),
+                "event": event.as_str(),
+                "job": self.job.name,
+                "period_key": self.key,
+                "period": self.label,
+                "deadline": deadline,
+                "state": self.state,
+                "attempt": self.attempt,
+                "failures": self.failures,
+                "error": error,
+                "links": { "period": link },
+            })
+            .to_string(),
+            Format::Slack => {
+                let what = match event {
+                    Event::Late => format!(
+                        "is late: not succeeded by its deadline {} (now {})",
+                        deadline.unwrap_or_default(),
+                        self.state
+                    ),
+                    Event::Failed => format!(
+                        "failed for good after {} failure(s){}",
+                        self.failures,
+                        error.map(|e| format!(": {e}")).unwrap_or_default()
+                    ),
+                    Event::Recovered => "recovered: it has succeeded".to_owned(),
+                };
+                json!({ "text": format!("`{}` {what}", self.key) }).to_string()
+            }
+        }
+    }
+}
+
+/// Checks deadlines and delivers notifications every `scan_interval` of
+/// the configuration it is given (a reload sends the new one), beside the
+/// serve loop, never in front of it; ends at shutdown, leaving a delivery
+/// under way to be taken over once its lease runs out.
+pub fn follow(
+    engine: Engine,
+    mut config: watch::Receiver<Arc<Config>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let current = config.borrow_and_update().clone();
+            let every = current.settings.scan_interval;
+            if !current.notifiers.is_empty() {
+                let work = async {
+                    let jobs: Vec<&Job> = current.jobs.iter().collect();
+                    engine.check_deadlines(&current, &jobs, Utc::now()).await?;
+                    engine
+                        .deliver(&current, every.max(Duration::from_secs(5)))
+                        .await
+                };
+                tokio::select! {
+                    done = work => if let Err(e) = done {
+                        tracing::warn!("notifications: {e}");
+                    },
+                    _ = shutdown.wait_for(|down| *down) => return,
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                changed = config.changed() => if changed.is_err() {
+                    return;
+                },
+                _ = shutdown.wait_for(|down| *down) => return,
+            }
+        }
+    })
+}

@@ -1,0 +1,310 @@
+//! Notifications, written once for both backends (times are milliseconds
+//! on the database's clock): one row per (notifier, period key, event),
+//! created by whichever replica sees the event first and delivered by the
+//! one that takes it, as a period is claimed; a delivery whose replica
+//! went away is taken over once its lease runs out.
+
+use std::time::Duration;
+
+use chrono::DateTime;
+use serde::Serialize;
+
+use super::{Store, ms};
+
+use crate::error::Error;
+
+/// A notification to create, if it is new.
+#[derive(Debug, Clone)]
+pub struct NewNotification {
+    /// The notifier's name.
+    pub notifier: String,
+    /// The period key.
+    pub period_key: String,
+    /// `late`, `failed` or `recovered`.
+    pub event: &'static str,
+    /// The job.
+    pub job: String,
+    /// The body every try sends.
+    pub payload: String,
+}
+
+/// A notification taken for delivery.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Delivery {
+    /// The notifier's name.
+    pub notifier: String,
+    /// The period key.
+    pub period_key: String,
+    /// The event.
+    pub event: String,
+    /// The body.
+    pub payload: String,
+    /// This try's number, from 1: the fence of its outcome.
+    pub tries: i32,
+    /// When it was created, in milliseconds since the epoch.
+    pub created_at: i64,
+}
+
+/// A notification as `history` and the API show it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Notification {
+    /// The notifier's name.
+    pub notifier: String,
+    /// The period key.
+    pub period_key: String,
+    /// The event.
+    pub event: String,
+    /// `pending`, `sending`, `delivered` or `given_up`.
+    pub state: String,
+    /// Tries so far.
+    pub tries: i32,
+    /// The receiver's last HTTP status.
+    pub status: Option<i32>,
+    /// The last failure, masked.
+    pub error: Option<String>,
+    /// When it was created, in milliseconds since the epoch (shown as
+    /// RFC 3339).
+    #[serde(serialize_with = "instant")]
+    pub created_at: i64,
+    /// When it was delivered or given up.
+    #[serde(serialize_with = "maybe_instant")]
+    pub finished_at: Option<i64>,
+}
+
+fn instant<S: serde::Serializer>(ms: &i64, serializer: S) -> Result<S::Ok, S::Error> {
+    let at = DateTime::from_timestamp_millis(*ms).unwrap_or_default();
+    serializer.serialize_str(&crate::period::utc_text(at))
+}
+
+fn maybe_instant<S: serde::Serializer>(ms: &Option<i64>, serializer: S) -> Result<S::Ok, S::Error> {
+    match ms {
+        Some(ms) => instant(ms, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// How a try ended.
+#[derive(Debug, Clone)]
+pub enum Tried {
+    /// The receiver took it (2xx).
+    Delivered(u16),
+    /// It refused it for good (4xx): not sent again.
+    GivenUp(Option<u16>, String),
+    /// Sent again after `Duration` (5xx, a timeout, the network).
+    Again(Option<u16>, String, Duration),
+}
+
+impl Store {
+    /// Creates each notification that does not exist yet, decided by the
+    /// primary key: how many were new.
+    pub async fn notify_new(&self, new: &[NewNotification]) -> Result<u64, Error> {
+        if new.is_empty() {
+            return Ok(0);
+        }
+        let rows: Vec<serde_json::Value> = new
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "notifier": n.notifier, "period_key": n.period_key, "event": n.event,
+                    "job": n.job, "payload": n.payload,
+                })
+            })
+            .collect();
+        let rows = serde_json::Value::Array(rows).to_string();
+        let from = match self {
+            Store::Postgres(_) => {
+                "SELECT notifier, period_key, event, job, payload
+                   FROM json_to_recordset($1::json)
+                     AS x(notifier text, period_key text, event text, job text, payload text)"
+            }
+            Store::Sqlite(_) => {
+                "SELECT json_extract(value, '$.notifier'), json_extract(value, '$.period_key'),
+                        json_extract(value, '$.event'), json_extract(value, '$.job'),
+                        json_extract(value, '$.payload')
+                   FROM json_each($1)"
+            }
+        };
+        on_pool!(self, |pool, now| {
+            sqlx::query(&format!(
+                "INSERT INTO scheduler_notifications
+                    (notifier, period_key, event, job, payload, state, next_try_at, created_at)
+                 SELECT f.*, 'pending', {now}, {now} FROM ({from}) AS f WHERE true
+                 ON CONFLICT DO NOTHING"
+            ))
+            .bind(&rows)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected())
+        })
+    }
+
+    /// Takes up to `limit` notifications due for a try as `owner`, for
+    /// `lease`: pending ones whose try is due, and ones whose taker's lease
+    /// ran out. Each comes with its try number, the fence of its outcome.
+    pub async fn notify_take(
+        &self,
+        owner: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<Delivery>, Error> {
+        // PostgreSQL skips the rows another replica is taking; both check
+        // the state again on the row they update.
+        let lock = match self {
+            Store::Postgres(_) => "FOR UPDATE SKIP LOCKED",
+            Store::Sqlite(_) => "",
+        };
+        on_pool!(self, |pool, now| {
+            sqlx::query_as::<_, Delivery>(&format!(
+                "UPDATE scheduler_notifications
+                    SET state = 'sending', owner = $1, lease_until = {now} + $2, tries = tries + 1
+                  WHERE (notifier, period_key, event) IN (
+                          SELECT d.notifier, d.period_key, d.event FROM scheduler_notifications d
+                           WHERE (d.state = 'pending' AND d.next_try_at <= {now})
+                              OR (d.state = 'sending' AND d.lease_until <= {now})
+                           ORDER BY d.created_at LIMIT $3 {lock})
+                    AND ((state = 'pending' AND next_try_at <= {now})
+                         OR (state = 'sending' AND lease_until <= {now}))
+                 RETURNING notifier, period_key, event, payload, tries, created_at"
+            ))
+            .bind(owner)
+            .bind(ms(lease))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await
+        })
+    }
+
+    /// Writes how try `delivery.tries` ended, unless another replica took
+    /// the notification over meanwhile: whether it was written.
+    pub async fn notify_tried(
+        &self,
+        delivery: &Delivery,
+        owner: &str,
+        tried: &Tried,
+    ) -> Result<bool, Error> {
+        let (state, status, error, again) = match tried {
+            Tried::Delivered(status) => ("delivered", Some(*status), None, None),
+            Tried::GivenUp(status, error) => ("given_up", *status, Some(error.as_str()), None),
+            Tried::Again(status, error, after) => {
+                ("pending", *status, Some(error.as_str()), Some(ms(*after)))
+            }
+        };
+        on_pool!(self, |pool, now| {
+            sqlx::query(&format!(
+                "UPDATE scheduler_notifications
+                    SET state = $1, status = $2, error = $3, owner = NULL, lease_until = NULL,
+                        next_try_at = {now} + COALESCE($4, 0),
+                        finished_at = CASE WHEN $4 IS NULL THEN {now} ELSE NULL END
+                  WHERE notifier = $5 AND period_key = $6 AND event = $7
+                    AND owner = $8 AND tries = $9 AND state = 'sending'"
+            ))
+            .bind(state)
+            .bind(status.map(i32::from))
+            .bind(error)
+            .bind(again)
+            .bind(&delivery.notifier)
+            .bind(&delivery.period_key)
+            .bind(&delivery.event)
+            .bind(owner)
+            .bind(delivery.tries)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected() == 1)
+        })
+    }
+
+    /// The notifications of `job`, newest first.
+    pub async fn notifications(&self, job: &str, limit: u32) -> Result<Vec<Notification>, Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query_as::<_, Notification>(
+                "SELECT notifier, period_key, event, state, tries, status, error, created_at, finished_at
+                   FROM scheduler_notifications WHERE job = $1
+                  ORDER BY created_at DESC, period_key DESC LIMIT $2",
+            )
+            .bind(job)
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await
+        })
+    }
+
+    /// The (notifier, period key) of each `late` or `failed` notification of
+    /// `jobs` whose period has succeeded since and that has no `recovered`
+    /// yet.
+    pub async fn notify_recovered(
+        &self,
+        jobs: &[String],
+    ) -> Result<Vec<(String, String, String)>, Error> {
+        let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let in_jobs = match self {
+            Store::Postgres(_) => "n.job IN (SELECT json_array_elements_text($1::json))",
+            Store::Sqlite(_) => "n.job IN (SELECT value FROM json_each($1))",
+        };
+        on_pool!(self, |pool, _now| {
+            sqlx::query_as::<_, (String, String, String)>(&format!(
+                "SELECT DISTINCT n.notifier, n.job, n.period_key
+                   FROM scheduler_notifications n
+                   JOIN scheduler_claims c ON c.period_key = n.period_key AND c.state = 'succeeded'
+                  WHERE n.event IN ('late', 'failed') AND {in_jobs}
+                    AND NOT EXISTS (SELECT 1 FROM scheduler_notifications r
+                                     WHERE r.notifier = n.notifier AND r.period_key = n.period_key
+                                       AND r.event = 'recovered')"
+            ))
+            .bind(&jobs)
+            .fetch_all(pool)
+            .await
+        })
+    }
+
+    /// The periods of `jobs` failed for good (no retry left) that ended
+    /// within `window`: job, period key, label, attempt and the last
+    /// attempt's error.
+    pub async fn failed_for_good(
+        &self,
+        jobs: &[String],
+        window: Duration,
+    ) -> Result<Vec<FailedForGood>, Error> {
+        let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        // The claims' times are each backend's own: a timestamp on
+        // PostgreSQL, milliseconds on SQLite.
+        let (in_jobs, recent) = match self {
+            Store::Postgres(_) => (
+                "c.job IN (SELECT json_array_elements_text($1::json))",
+                "c.finished_at > clock_timestamp() - make_interval(secs => $2 / 1000.0)",
+            ),
+            Store::Sqlite(_) => (
+                "c.job IN (SELECT value FROM json_each($1))",
+                "c.finished_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) - $2",
+            ),
+        };
+        on_pool!(self, |pool, _now| {
+            sqlx::query_as::<_, FailedForGood>(&format!(
+                "SELECT c.job, c.period_key, c.period, c.attempt, c.failures, a.error
+                   FROM scheduler_claims c
+                   LEFT JOIN scheduler_attempts a ON a.period_key = c.period_key AND a.attempt = c.attempt
+                  WHERE c.state = 'failed' AND c.retry_at IS NULL AND {in_jobs} AND {recent}"
+            ))
+            .bind(&jobs)
+            .bind(ms(window))
+            .fetch_all(pool)
+            .await
+        })
+    }
+}
+
+/// A period failed for good, as a `failed` notification tells it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FailedForGood {
+    /// The job.
+    pub job: String,
+    /// The period key.
+    pub period_key: String,
+    /// The period's label.
+    pub period: String,
+    /// The attempt that failed last.
+    pub attempt: i32,
+    /// Failures so far.
+    pub failures: i32,
+    /// What went wrong, masked when it was recorded.
+    pub error: Option<String>,
+}

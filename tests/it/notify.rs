@@ -1,0 +1,272 @@
+//! Deadlines and notifications, with a real receiver: one `late` per
+//! missed period across replicas, `failed` then `recovered`, retries with
+//! the same Idempotency-Key, a refusal given up, and the signature.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::serve::stop;
+use crate::support::{Said, TestDb, Workspace, databases, eventually};
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Got {
+    headers: HashMap<String, String>,
+    body: String,
+}
+
+impl Got {
+    fn key(&self) -> &str {
+        self.headers
+            .get("idempotency-key")
+            .map_or("", String::as_str)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_default()
+    }
+}
+
+/// A receiver on a port of its own: it answers each request with the next
+/// status of its script (200 once the script is spent).
+#[derive(Clone)]
+struct Receiver {
+    port: u16,
+    got: Arc<Mutex<Vec<Got>>>,
+}
+
+impl Receiver {
+    fn start(script: &[u16]) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let script = Arc::new(Mutex::new(
+            script.iter().copied().collect::<VecDeque<u16>>(),
+        ));
+        let seen = got.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                let mut reader = BufReader::new(stream);
+                let mut headers = HashMap::new();
+                let mut line = String::new();
+                reader.read_line(&mut line).ok();
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = line.trim().split_once(':') {
+                        headers.insert(name.trim().to_lowercase(), value.trim().to_owned());
+                    }
+                }
+                let length = headers
+                    .get("content-length")
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).ok();
+                let body = String::from_utf8_lossy(&body).into_owned();
+                seen.lock().unwrap().push(Got { headers, body });
+                let status = script.lock().unwrap().pop_front().unwrap_or(200);
+                let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                let _ = reader.get_mut().write_all(answer.as_bytes());
+            }
+        });
+        Receiver { port, got }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/hook", self.port)
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+
+    fn events(&self, event: &str) -> Vec<Got> {
+        self.got()
+            .into_iter()
+            .filter(|g| g.headers.get("x-scheduler-event").map(String::as_str) == Some(event))
+            .collect()
+    }
+}
+
+fn serve(ws: &Workspace, db: &TestDb) -> Child {
+    ws.command(&["--database-url", &db.url, "serve"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Every replica stopped across the deadlines of a few periods, then three
+/// started together: each missed period is told `late` exactly once, with
+/// its own Idempotency-Key, though the replicas caught it up at once.
+#[test]
+fn late_is_told_once_per_missed_period_by_three_replicas_started_together() {
+    for db in databases() {
+        let hook = Receiver::start(&[]);
+        let ws = Workspace::new(&format!(
+            "[scheduler]\nscan_interval = \"500ms\"\n\n\
+             [[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\ndeadline = \"1s\"\n\n\
+             [[notify]]\nname = \"oncall\"\nurl = \"{}\"\nevents = [\"late\"]\n",
+            hook.url()
+        ));
+        // Seen, and its latest period run; then nothing runs for 4 s.
+        let first = ws.run(&["--database-url", &db.url, "run", "tick"]);
+        assert_eq!(first.code(), 0, "{}", first.stderr());
+        std::thread::sleep(Duration::from_secs(4));
+        let replicas: Vec<Child> = (0..3).map(|_| serve(&ws, &db)).collect();
+        eventually("three late periods told", Duration::from_secs(30), || {
+            hook.events("late").len() >= 3
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        for replica in replicas {
+            stop(replica);
+        }
+        let late = hook.events("late");
+        let mut keys: Vec<&str> = late.iter().map(Got::key).collect();
+        keys.sort_unstable();
+        let before = keys.len();
+        keys.dedup();
+        assert_eq!(keys.len(), before, "a late period was told twice: {keys:?}");
+        for got in &late {
+            let body = got.json();
+            assert_eq!(body["event"], "late", "{body}");
+            assert_eq!(got.key(), body["id"], "{body}");
+            assert!(body["deadline"].is_string(), "{body}");
+        }
+    }
+}
+
+/// A period that fails for good is told `failed` once; run again by hand
+/// and succeeding, it is told `recovered` once. `run` alone delivers
+/// them, as a platform cron container would.
+#[test]
+fn failed_for_good_then_recovered_are_told_once_each_by_run_alone() {
+    let hook = Receiver::start(&[]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"flaky\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\nshell = \"test -f ok\"\n\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"{}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let url = db.url.as_str();
+    let failed = ws.run(&["--database-url", url, "run", "flaky", "--period", "2025"]);
+    assert_eq!(failed.code(), 1, "{}", failed.stderr());
+    let again = ws.run(&["--database-url", url, "run", "flaky", "--period", "2025"]);
+    assert_eq!(again.code(), 1, "{}", again.stderr());
+    std::fs::write(ws.dir.path().join("ok"), "").unwrap();
+    let fixed = ws.run(&["--database-url", url, "run", "flaky", "--period", "2025"]);
+    assert_eq!(fixed.code(), 0, "{}", fixed.stderr());
+    let failed = hook.events("failed");
+    let recovered = hook.events("recovered");
+    assert_eq!(failed.len(), 1, "{:?}", hook.got());
+    assert_eq!(recovered.len(), 1, "{:?}", hook.got());
+    assert_eq!(failed[0].json()["period_key"], "flaky:2025");
+    assert_eq!(failed[0].key(), "oncall:flaky:2025:failed");
+    assert_eq!(recovered[0].key(), "oncall:flaky:2025:recovered");
+    let history = ws.run(&["--database-url", url, "history", "flaky"]);
+    assert!(
+        history
+            .stdout()
+            .contains("flaky:2025  failed  to oncall  delivered"),
+        "{}",
+        history.stdout()
+    );
+}
+
+/// A receiver that answers 500 twice gets the same Idempotency-Key on the
+/// third try, which it takes: delivered once. One that answers 400 is not
+/// asked again: given up, and `history` says so.
+#[test]
+fn a_failing_receiver_is_tried_again_with_the_same_key_and_a_refusing_one_is_given_up() {
+    let flaky = Receiver::start(&[500, 500, 200]);
+    let refusing = Receiver::start(&[400]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"false\"]\n\n\
+         [[notify]]\nname = \"flaky\"\nurl = \"{}\"\n\n\
+         [[notify]]\nname = \"refusing\"\nurl = \"{}\"\n",
+        flaky.url(),
+        refusing.url()
+    ));
+    let db = TestDb::sqlite();
+    let out = ws.run(&["--database-url", &db.url, "run", "bad", "--period", "2025"]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let tries = flaky.got();
+    assert_eq!(tries.len(), 3, "{tries:?}");
+    assert!(
+        tries.iter().all(|t| t.key() == "flaky:bad:2025:failed"),
+        "{tries:?}"
+    );
+    assert!(tries.iter().all(|t| t.body == tries[0].body), "{tries:?}");
+    assert_eq!(refusing.got().len(), 1);
+    let history = ws.run(&["--database-url", &db.url, "history", "bad"]);
+    let said = history.stdout();
+    assert!(
+        said.contains("to flaky  delivered  3 tries  HTTP 200"),
+        "{said}"
+    );
+    assert!(
+        said.contains("to refusing  given_up  1 try  HTTP 400"),
+        "{said}"
+    );
+}
+
+/// A signed notification verifies with the documented algorithm
+/// (HMAC-SHA256 of `<timestamp>.<body>`), and no secret (the signing key,
+/// a token in the URL, the job's own) is in a payload, a log line or a
+/// row.
+#[test]
+fn a_signed_notification_verifies_and_no_secret_reaches_a_payload_a_log_or_a_row() {
+    use hmac::Mac;
+    let hook = Receiver::start(&[]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\nshell = \"echo $TOKEN >&2; exit 3\"\nenv = {{ TOKEN = \"${{JOB_TOKEN}}\" }}\n\n\
+         [[notify]]\nname = \"signed\"\nurl = \"{}?token=${{HOOK_TOKEN}}\"\nsecret = \"${{HOOK_SECRET}}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let out = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "--log-format",
+            "json",
+            "run",
+            "bad",
+            "--period",
+            "2025",
+        ])
+        .env("HOOK_SECRET", "s1gn1ng-s3cret-0123456789")
+        .env("HOOK_TOKEN", "URLT0KEN-abcdef")
+        .env("JOB_TOKEN", "J0BT0KEN-abcdef")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let got = hook.got();
+    assert_eq!(got.len(), 1, "{got:?}");
+    let at = &got[0].headers["x-scheduler-timestamp"];
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(b"s1gn1ng-s3cret-0123456789").unwrap();
+    mac.update(format!("{at}.{}", got[0].body).as_bytes());
+    let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    assert_eq!(got[0].headers["x-scheduler-signature"], expected);
+    let rows = crate::support::sqlite_rows(
+        &db.url,
+        "SELECT notifier || period_key || event || payload || coalesce(error, '') FROM scheduler_notifications",
+    );
+    for secret in [
+        "s1gn1ng-s3cret-0123456789",
+        "URLT0KEN-abcdef",
+        "J0BT0KEN-abcdef",
+    ] {
+        assert!(!got[0].body.contains(secret), "{}", got[0].body);
+        assert!(!out.stderr().contains(secret), "{}", out.stderr());
+        assert!(!out.stdout().contains(secret), "{}", out.stdout());
+        assert!(rows.iter().all(|r| !r.contains(secret)), "{rows:?}");
+    }
+}
