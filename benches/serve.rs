@@ -1,7 +1,8 @@
 //! Figures for `serve`: fire lateness over 60 fires on SQLite and
 //! PostgreSQL beside a bare croner + tokio loop, in one shared window;
-//! 10,000 idle jobs (startup, RSS, CPU per idle minute, timer wake-ups).
-//! Run with `cargo bench --bench serve` (about 3 minutes). Bursts
+//! 10,000 idle jobs (startup, RSS, CPU per idle minute, timer wake-ups),
+//! without and with deadlines and a notifier. Run with `cargo bench --bench
+//! serve` (about 4 minutes). Bursts
 //! of every-minute jobs on several replicas are `benches/burst.rs`.
 
 mod support;
@@ -155,15 +156,22 @@ fn metric(port: u16, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn ten_thousand_idle_jobs(url: &str) {
+/// `serve` with 10,000 yearly jobs, idle: with `deadlines`, each job has
+/// a deadline and a notifier is told of them all (the deadline check runs
+/// at every scan).
+fn ten_thousand_idle_jobs(url: &str, deadlines: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut text = String::new();
+    let deadline = if deadlines { "deadline = \"1h\"\n" } else { "" };
     for i in 0..10_000 {
         text.push_str(&format!(
-            "[[job]]\nname = \"job-{i}\"\nschedule = \"{} {} 1 1 *\"\nperiod = \"year\"\ncommand = [\"true\"]\n\n",
+            "[[job]]\nname = \"job-{i}\"\nschedule = \"{} {} 1 1 *\"\nperiod = \"year\"\ncommand = [\"true\"]\n{deadline}\n",
             i % 60,
             i % 24
         ));
+    }
+    if deadlines {
+        text.push_str("[[notify]]\nname = \"all\"\nurl = \"http://127.0.0.1:9/\"\n");
     }
     std::fs::write(dir.path().join("jobs.toml"), text).unwrap();
     let started = Instant::now();
@@ -186,7 +194,12 @@ fn ten_thousand_idle_jobs(url: &str) {
     let rss = rss_kib(pid);
     stop(serve);
     println!(
-        "10,000 idle jobs: listening after {:.0} ms; RSS {:.1} MiB; CPU {:.2} s per idle minute; {} timer wake-ups in that minute",
+        "10,000 idle jobs{}: listening after {:.0} ms; RSS {:.1} MiB; CPU {:.2} s per idle minute; {} timer wake-ups in that minute",
+        if deadlines {
+            " with deadlines and a notifier"
+        } else {
+            ""
+        },
         startup.as_millis().saturating_sub(3000),
         rss as f64 / 1024.0,
         (cpu1 - cpu0) as f64 / 100.0,
@@ -209,8 +222,11 @@ fn main() {
         databases.push(("PostgreSQL", url));
     }
     fire_lateness(&databases);
-    ten_thousand_idle_jobs(&format!(
-        "sqlite://{}",
-        dir.path().join("idle.db").display()
-    ));
+    for deadlines in [false, true] {
+        let db = format!("idle-{deadlines}.db");
+        ten_thousand_idle_jobs(
+            &format!("sqlite://{}", dir.path().join(db).display()),
+            deadlines,
+        );
+    }
 }

@@ -91,7 +91,7 @@ async fn notify(config: &Config, engine: &Engine, args: &RunArgs) {
         .collect();
     let work = async {
         engine
-            .check_deadlines(config, &jobs, chrono::Utc::now())
+            .check_deadlines(config, &jobs, chrono::Utc::now(), None)
             .await?;
         engine.deliver(config, NOTIFY_BUDGET).await
     };

@@ -186,7 +186,7 @@ impl DatabaseUrl {
                         while let Some(rest) = text.strip_prefix("error with configuration: ") {
                             text = rest.to_owned();
                         }
-                        let hint = if text.contains("sslmode") {
+                        let hint = if text.contains("ssl") {
                             "sslmode is one of disable, allow, prefer, require, verify-ca, verify-full"
                         } else {
                             "a parameter of the URL has a bad value: port and statement-cache-capacity take whole numbers"

@@ -254,9 +254,9 @@ pub async fn overdue(
     catch_up: std::time::Duration,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Vec<String>>, Error> {
-    let asked: Vec<(&Job, DateTime<Utc>)> = jobs.iter().map(|job| (*job, now)).collect();
     let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-    let open = unfinished(store, &asked, window, Unfinished::Overdue).await?;
+    let asked: Vec<Span> = jobs.iter().map(|job| (*job, window, now)).collect();
+    let open = unfinished(store, &asked, Unfinished::Overdue).await?;
     Ok(open
         .into_iter()
         .map(|(job, periods)| (job, periods.into_iter().map(|(key, _)| key).collect()))
@@ -273,31 +273,42 @@ pub async fn late(
     catch_up: std::time::Duration,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
-    let asked: Vec<(&Job, DateTime<Utc>)> = jobs
-        .iter()
-        .filter_map(|job| Some((*job, now - TimeDelta::from_std(job.deadline?).ok()?)))
-        .collect();
     let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-    unfinished(store, &asked, window, Unfinished::Late).await
+    let asked: Vec<Span> = jobs
+        .iter()
+        .filter_map(|job| Some((*job, window, now - TimeDelta::from_std(job.deadline?).ok()?)))
+        .collect();
+    unfinished(store, &asked, Unfinished::Late).await
 }
 
 /// The periods of each of `jobs` that has a `deadline` that were late at
 /// their deadline, as [`late`] finds them, and also those that have
 /// succeeded since, after their deadline: what a `late` notification
-/// tells of, whoever caught the period up first.
+/// tells of, whoever caught the period up first. With `checked` (the
+/// instant of the check before), only the periods whose deadline passed
+/// since then are looked at: a check costs the new deadlines, not the
+/// whole window.
 pub async fn were_late(
     store: &Store,
     jobs: &[&Job],
     catch_up: std::time::Duration,
     now: DateTime<Utc>,
+    checked: Option<DateTime<Utc>>,
 ) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
-    let asked: Vec<(&Job, DateTime<Utc>)> = jobs
-        .iter()
-        .filter_map(|job| Some((*job, now - TimeDelta::from_std(job.deadline?).ok()?)))
-        .collect();
     let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-    unfinished(store, &asked, window, Unfinished::WasLate).await
+    let asked: Vec<Span> = jobs
+        .iter()
+        .filter_map(|job| {
+            let deadline = TimeDelta::from_std(job.deadline?).ok()?;
+            let from = checked.map_or(window, |at| window.max(at - deadline));
+            Some((*job, from, now - deadline))
+        })
+        .collect();
+    unfinished(store, &asked, Unfinished::WasLate).await
 }
+
+/// A job and the fires of it to look at: from, to (both included).
+type Span<'a> = (&'a Job, DateTime<Utc>, DateTime<Utc>);
 
 /// Which periods [`unfinished`] keeps.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -310,27 +321,25 @@ enum Unfinished {
     WasLate,
 }
 
-/// The periods of each job due by its instant, from `window` on and after
-/// the job was first seen, that `which` keeps: by job name, each key with
-/// its fire.
+/// The periods of each job due within its span and after the job was
+/// first seen, that `which` keeps: by job name, each key with its fire.
 async fn unfinished(
     store: &Store,
-    jobs: &[(&Job, DateTime<Utc>)],
-    window: DateTime<Utc>,
+    jobs: &[Span<'_>],
     which: Unfinished,
 ) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
-    let names: Vec<String> = jobs.iter().map(|(j, _)| j.name.clone()).collect();
+    let names: Vec<String> = jobs.iter().map(|(j, _, _)| j.name.clone()).collect();
     let first_seen = store.first_seen(&names).await?;
     let mut open: HashMap<String, Vec<(String, DateTime<Utc>)>> = HashMap::new();
     // Looked up a statement's worth at a time: only the open ones are
     // kept, however long the window.
     let mut asked: Vec<Asked> = Vec::new();
-    for (job, until) in jobs {
+    for (job, from, until) in jobs {
         // Never seen: `serve` starts it at its next fire.
         let Some(seen) = first_seen.get(&job.name) else {
             continue;
         };
-        let since = window.max(*seen);
+        let since = (*from).max(*seen);
         if *until < since {
             continue;
         }

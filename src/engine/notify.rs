@@ -43,11 +43,14 @@ impl Engine {
     /// within the catch-up window, `recovered` for each told late or failed
     /// that has succeeded since. A paused job is told of nothing. How many
     /// were new.
+    /// With `checked` (the instant of this process's check before), only
+    /// the deadlines passed since then are looked at for `late`.
     pub async fn check_deadlines(
         &self,
         config: &Config,
         jobs: &[&Job],
         now: DateTime<Utc>,
+        checked: Option<DateTime<Utc>>,
     ) -> Result<u64, Error> {
         if config.notifiers.is_empty() {
             return Ok(0);
@@ -58,7 +61,7 @@ impl Engine {
             .copied()
             .filter(|job| !paused.contains(&job.name))
             .collect();
-        let mut new = self.late(config, &jobs, now).await?;
+        let mut new = self.late(config, &jobs, now, checked).await?;
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_str(), *j)).collect();
         for failed in self
@@ -110,6 +113,7 @@ impl Engine {
         config: &Config,
         jobs: &[&Job],
         now: DateTime<Utc>,
+        checked: Option<DateTime<Utc>>,
     ) -> Result<Vec<NewNotification>, Error> {
         let told: Vec<&Job> = jobs
             .iter()
@@ -121,8 +125,8 @@ impl Engine {
                     .any(|n| n.wants(Event::Late, &job.name))
             })
             .collect();
-        let late =
-            super::due::were_late(self.store(), &told, config.settings.catch_up, now).await?;
+        let catch_up = config.settings.catch_up;
+        let late = super::due::were_late(self.store(), &told, catch_up, now, checked).await?;
         let mut new = Vec::new();
         for job in told {
             let Some(periods) = late.get(&job.name) else {
@@ -397,20 +401,30 @@ pub fn follow(
     mut shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        // The last check that went through: the next looks at the
+        // deadlines passed since (a reload looks at the whole window).
+        let mut checked: Option<DateTime<Utc>> = None;
         loop {
+            if config.has_changed().unwrap_or(false) {
+                checked = None;
+            }
             let current = config.borrow_and_update().clone();
             let every = current.settings.scan_interval;
             if !current.notifiers.is_empty() {
+                let now = Utc::now();
                 let work = async {
                     let jobs: Vec<&Job> = current.jobs.iter().collect();
-                    engine.check_deadlines(&current, &jobs, Utc::now()).await?;
+                    engine
+                        .check_deadlines(&current, &jobs, now, checked)
+                        .await?;
                     engine
                         .deliver(&current, every.max(Duration::from_secs(5)))
                         .await
                 };
                 tokio::select! {
-                    done = work => if let Err(e) = done {
-                        tracing::warn!("notifications: {e}");
+                    done = work => match done {
+                        Ok(_) => checked = Some(now),
+                        Err(e) => tracing::warn!("notifications: {e}"),
                     },
                     _ = shutdown.wait_for(|down| *down) => return,
                 }

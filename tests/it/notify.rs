@@ -50,30 +50,8 @@ impl Receiver {
         let seen = got.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming().map_while(Result::ok) {
-                let mut reader = BufReader::new(stream);
-                let mut headers = HashMap::new();
-                let mut line = String::new();
-                reader.read_line(&mut line).ok();
-                loop {
-                    line.clear();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
-                        break;
-                    }
-                    if let Some((name, value)) = line.trim().split_once(':') {
-                        headers.insert(name.trim().to_lowercase(), value.trim().to_owned());
-                    }
-                }
-                let length = headers
-                    .get("content-length")
-                    .and_then(|l| l.parse().ok())
-                    .unwrap_or(0);
-                let mut body = vec![0; length];
-                reader.read_exact(&mut body).ok();
-                let body = String::from_utf8_lossy(&body).into_owned();
-                seen.lock().unwrap().push(Got { headers, body });
-                let status = script.lock().unwrap().pop_front().unwrap_or(200);
-                let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
-                let _ = reader.get_mut().write_all(answer.as_bytes());
+                let (seen, script) = (seen.clone(), script.clone());
+                std::thread::spawn(move || answer(stream, &seen, &script));
             }
         });
         Receiver { port, got }
@@ -93,6 +71,40 @@ impl Receiver {
             .filter(|g| g.headers.get("x-scheduler-event").map(String::as_str) == Some(event))
             .collect()
     }
+}
+
+/// Reads one request from `stream`, notes it in `seen`, and answers with
+/// the next status of `script` (200 once it is spent; 0: no answer for a
+/// minute, a receiver that hangs).
+fn answer(stream: std::net::TcpStream, seen: &Mutex<Vec<Got>>, script: &Mutex<VecDeque<u16>>) {
+    let mut reader = BufReader::new(stream);
+    let mut headers = HashMap::new();
+    let mut line = String::new();
+    reader.read_line(&mut line).ok();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.trim().split_once(':') {
+            headers.insert(name.trim().to_lowercase(), value.trim().to_owned());
+        }
+    }
+    let length = headers
+        .get("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    seen.lock().unwrap().push(Got { headers, body });
+    let status = script.lock().unwrap().pop_front().unwrap_or(200);
+    if status == 0 {
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+    let _ = reader.get_mut().write_all(answer.as_bytes());
 }
 
 fn serve(ws: &Workspace, db: &TestDb) -> Child {
@@ -269,4 +281,95 @@ fn a_signed_notification_verifies_and_no_secret_reaches_a_payload_a_log_or_a_row
         assert!(!out.stdout().contains(secret), "{}", out.stdout());
         assert!(rows.iter().all(|r| !r.contains(secret)), "{rows:?}");
     }
+}
+
+/// The process delivering a notification is killed (`kill -9`) while the
+/// receiver has not answered: another replica delivers it once the lease
+/// runs out, with the same Idempotency-Key. Never lost.
+#[test]
+fn a_delivery_whose_replica_is_killed_is_delivered_by_another_with_the_same_key() {
+    let hook = Receiver::start(&[0, 200]);
+    let ws = Workspace::new(&format!(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"500ms\"\n\n\
+         [[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"false\"]\n\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"{}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let mut first = ws
+        .command(&["--database-url", &db.url, "run", "bad", "--period", "2025"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(
+        "the first try reached the receiver",
+        Duration::from_secs(20),
+        || !hook.got().is_empty(),
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let other = serve(&ws, &db);
+    eventually(
+        "delivered by another replica",
+        Duration::from_secs(30),
+        || hook.got().len() >= 2,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop(other);
+    let got = hook.got();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0].key(), got[1].key());
+    assert_eq!(got[0].body, got[1].body);
+    let history = ws.run(&["--database-url", &db.url, "history", "bad"]);
+    assert!(
+        history.stdout().contains("to oncall  delivered  2 tries"),
+        "{}",
+        history.stdout()
+    );
+}
+
+/// A receiver that never answers holds none of the fires, and a SIGTERM
+/// ends `serve` at once though a delivery is under way.
+#[test]
+fn a_receiver_that_hangs_delays_no_fire_and_no_shutdown() {
+    let hook = Receiver::start(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let ws = Workspace::new(&format!(
+        "[scheduler]\nscan_interval = \"500ms\"\n\n\
+         [[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nshell = \"echo $SCHEDULER_PERIOD_KEY >> ticks\"\ndeadline = \"1s\"\n\n\
+         [[notify]]\nname = \"stuck\"\nurl = \"{}\"\nevents = [\"late\"]\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    assert_eq!(
+        ws.run(&["--database-url", &db.url, "run", "tick"]).code(),
+        0
+    );
+    // Late periods to tell, to a receiver that never answers.
+    std::thread::sleep(Duration::from_secs(3));
+    let replica = serve(&ws, &db);
+    eventually("a delivery under way", Duration::from_secs(20), || {
+        !hook.got().is_empty()
+    });
+    let ticks = || {
+        std::fs::read_to_string(ws.dir.path().join("ticks"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let before = ticks();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        ticks() >= before + 3,
+        "fires stalled: {} then {}",
+        before,
+        ticks()
+    );
+    let stopping = std::time::Instant::now();
+    assert_eq!(stop(replica), 0);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "shutdown waited for the receiver: {:?}",
+        stopping.elapsed()
+    );
 }

@@ -270,6 +270,13 @@ async fn period(
         .pop()
         .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
     let attempts = api.store().attempts(key.as_str(), 1_000).await?;
+    let notifications: Vec<_> = api
+        .store()
+        .notifications(&job.name, 1_000)
+        .await?
+        .into_iter()
+        .filter(|n| n.period_key == key.as_str())
+        .collect();
     Ok(Reply::ok(
         StatusCode::OK,
         json!({
@@ -280,6 +287,7 @@ async fn period(
             "fire": fire.map(utc_text),
             "claim": row,
             "attempts": attempts,
+            "notifications": notifications,
         }),
     ))
 }
