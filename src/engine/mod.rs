@@ -450,7 +450,7 @@ impl Engine {
     }
 
     /// Runs what one unit won and reports how each period ended: `sql`
-    /// periods as groups ([`Engine::run_group`]), the others side by side.
+    /// periods as groups (one transaction each), the others side by side.
     /// The one place where a period's action chooses how it runs.
     pub async fn run_won(
         &self,

@@ -1,7 +1,7 @@
-//! The HTTP API under `/v1/`: bearer tokens from `[api]` ([`auth`]), the
-//! Idempotency-Key contract on every `POST` ([`idempotent`]), and manual
+//! The HTTP API under `/v1/`: bearer tokens from `[api]` (`auth`), the
+//! Idempotency-Key contract on every `POST` (`idempotent`), and manual
 //! runs through the engine's one driver ([`crate::engine::manual`]) on this
-//! replica, under its heartbeats and its shutdown ([`runs`]). This file
+//! replica, under its heartbeats and its shutdown (`runs`). This file
 //! holds the routes and what each answers.
 
 mod auth;
