@@ -175,7 +175,9 @@ fn without_database(
                 return Err(Error::Config(ConfigError::joined(unset.to_vec())));
             }
             for warning in unset {
-                eprintln!("warning: {warning}; `serve` needs it, and `run` of a job that names it");
+                eprintln!(
+                    "warning: {warning}; `serve` needs it, and so does `run` of a job that uses it (in its action, or through a [[notify]] told of the job)"
+                );
             }
             return Ok(Some(
                 match check::check(config, now, &mut std::io::stdout().lock()) {

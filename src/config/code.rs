@@ -225,6 +225,12 @@ impl CodeJob {
         {
             return Err(fail(problem));
         }
+        if let Some(problem) = self
+            .deadline
+            .and_then(|deadline| super::raw::deadline_problem(deadline, settings.catch_up))
+        {
+            return Err(fail(problem));
+        }
         let mut job = Job {
             name: self.name,
             schedule,

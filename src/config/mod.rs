@@ -430,6 +430,9 @@ pub struct Config {
     pub incomplete: Vec<(String, String)>,
     /// `[[notify]]`s in file order.
     pub notifiers: Vec<notify::Notifier>,
+    /// Read leniently: each notifier with a `${NAME}` that was not set, and
+    /// the name (it must not send).
+    pub incomplete_notifiers: Vec<(String, String)>,
 }
 
 /// Which parts of a file take an unset `${VAR}` as empty (and a warning)
@@ -502,11 +505,24 @@ impl Config {
     /// Refuses to run `job` (its full name) while a `${VAR}` of it is
     /// unset: the error of `unset` (the lenient load's warnings) that names
     /// it.
+    /// So is a notifier told of `job` with a `${VAR}` unset: `run`
+    /// delivers, so it needs them as `serve` does.
     pub fn complete(&self, job: &str, unset: &[ConfigError]) -> Result<(), ConfigError> {
-        let missing: Vec<ConfigError> = self
-            .incomplete
+        let told = |notifier: &str| {
+            self.notifiers.iter().any(|n| {
+                n.name == notifier
+                    && n.jobs
+                        .as_ref()
+                        .is_none_or(|jobs| jobs.iter().any(|j| j == job))
+            })
+        };
+        let jobs = self.incomplete.iter().filter(|(name, _)| name == job);
+        let notifiers = self
+            .incomplete_notifiers
             .iter()
-            .filter(|(name, _)| name == job)
+            .filter(|(name, _)| told(name));
+        let missing: Vec<ConfigError> = jobs
+            .chain(notifiers)
             .filter_map(|(_, var)| {
                 let named = format!("`{var}` is not set");
                 unset.iter().find(|e| e.message.contains(&named)).cloned()
@@ -570,7 +586,8 @@ impl Config {
         let api = sections.api(&at, &api_vars, &mut errors);
         let notify = std::mem::take(&mut sections.notify);
         let (mut jobs, incomplete) = sections.jobs(&at, &settings, &vars, &mut errors);
-        let mut notifiers = notifiers(notify, &at, &vars, &jobs, &mut errors);
+        let (mut notifiers, incomplete_notifiers) =
+            notifiers(notify, &at, &vars, &jobs, &mut errors);
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
@@ -604,6 +621,7 @@ impl Config {
             secrets,
             incomplete,
             notifiers,
+            incomplete_notifiers,
         };
         Ok((config, warnings))
     }
@@ -952,11 +970,13 @@ fn notifiers(
     vars: &raw::Vars<'_>,
     jobs: &[Job],
     errors: &mut Vec<ConfigError>,
-) -> Vec<notify::Notifier> {
+) -> (Vec<notify::Notifier>, Vec<(String, String)>) {
     use serde::de::IntoDeserializer;
     let mut notifiers: Vec<notify::Notifier> = Vec::new();
+    let mut incomplete = Vec::new();
     for value in values {
         let span = value.span();
+        let mark = vars.mark();
         let validated = notify::RawNotify::deserialize(value.into_deserializer())
             .map_err(|e| at.toml_error(&e))
             .and_then(|raw| raw.validate(at, vars, jobs));
@@ -968,11 +988,16 @@ fn notifiers(
                     n.name
                 ),
             )),
-            Ok(n) => notifiers.push(n),
+            Ok(n) => {
+                for name in vars.missed_since(mark) {
+                    incomplete.push((n.name.clone(), name));
+                }
+                notifiers.push(n);
+            }
             Err(e) => errors.push(e),
         }
     }
-    notifiers
+    (notifiers, incomplete)
 }
 
 /// Every value the file read from the environment that is not public is

@@ -345,6 +345,17 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
+/// Why `deadline` cannot be, against `catch_up`.
+pub(crate) fn deadline_problem(deadline: Duration, catch_up: Duration) -> Option<String> {
+    (deadline >= catch_up).then(|| {
+        format!(
+            "`deadline` ({}) must be shorter than `catch_up` ({}): late periods are looked for within the catch-up window, and one older than it is not run any more; raise `catch_up` in [scheduler]",
+            short(deadline),
+            short(catch_up)
+        )
+    })
+}
+
 pub(crate) fn short(d: Duration) -> String {
     let secs = d.as_secs();
     match (secs, d.subsec_nanos()) {
@@ -568,13 +579,7 @@ impl RawJob {
         );
         let concurrency = kept(&mut errors, positive(at, self.concurrency.as_ref(), 1));
         let keep = kept(&mut errors, self.keep(at, settings));
-        let deadline = kept(
-            &mut errors,
-            self.deadline
-                .as_ref()
-                .map(|d| duration(at, Some(d), ""))
-                .transpose(),
-        );
+        let deadline = kept(&mut errors, self.deadline(at, settings));
         let (
             Some(schedule),
             Some(action),
@@ -615,6 +620,20 @@ impl RawJob {
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })
+    }
+
+    /// `deadline`, which must be shorter than the catch-up window: a period
+    /// older than the window is not run any more, nor looked at, so it
+    /// could never be told late.
+    fn deadline(&self, at: &Locator, settings: &Settings) -> Result<Option<Duration>, ConfigError> {
+        let Some(written) = &self.deadline else {
+            return Ok(None);
+        };
+        let deadline = duration(at, Some(written), "")?;
+        match deadline_problem(deadline, settings.catch_up) {
+            Some(problem) => Err(at.error(written.span(), problem)),
+            None => Ok(Some(deadline)),
+        }
     }
 
     /// `retry`, its mistakes added to `errors`.

@@ -555,6 +555,7 @@ impl Builder {
                     secrets: Default::default(),
                     incomplete: Vec::new(),
                     notifiers: Vec::new(),
+                    incomplete_notifiers: Vec::new(),
                 }
             }
         };

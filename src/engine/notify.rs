@@ -167,7 +167,11 @@ impl Engine {
         // The earliest try to be made again within the budget: waited for.
         let mut again: Option<tokio::time::Instant> = None;
         while tokio::time::Instant::now() < until {
-            let taken = self.store().notify_take(self.owner(), lease, TAKE).await?;
+            let mut taken = self.store().notify_take(self.owner(), lease, TAKE).await?;
+            // Oldest first (a period's `late` before its `recovered`), as
+            // far as one replica's tries go: no order is promised across
+            // tries and replicas.
+            taken.sort_by_key(|d| d.created_at);
             if taken.is_empty() {
                 match again.take().filter(|at| *at < until) {
                     Some(at) => {

@@ -857,6 +857,7 @@ fn api_view(config: &Config) -> Arc<Config> {
         secrets: config.secrets.clone(),
         incomplete: Vec::new(),
         notifiers: Vec::new(),
+        incomplete_notifiers: Vec::new(),
     })
 }
 

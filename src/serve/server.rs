@@ -123,6 +123,14 @@ fn describe_metrics() {
     );
     metrics::describe_counter!("scheduler_wakeups_total", "Wake-ups of the serve loop.");
     metrics::describe_counter!(
+        "scheduler_notifications_total",
+        "Tries of notifications, by notifier, event and outcome (delivered, again, given_up)."
+    );
+    metrics::describe_gauge!(
+        "scheduler_late_periods",
+        "Periods past the job's deadline and not succeeded, within the catch-up window."
+    );
+    metrics::describe_counter!(
         "scheduler_periods_dropped_total",
         "Fires of the job dropped unrun: they waited (no free concurrency or max_running slot) until they were older than catch_up."
     );

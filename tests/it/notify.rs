@@ -373,3 +373,38 @@ fn a_receiver_that_hangs_delays_no_fire_and_no_shutdown() {
         stopping.elapsed()
     );
 }
+
+/// `run` of a job a notifier is told of refuses to start while that
+/// notifier's `${VAR}` is unset (it would sign with an empty key, or send
+/// nowhere), as `serve` does; a deadline not shorter than `catch_up` could
+/// never be told and is refused at load.
+#[test]
+fn an_incomplete_notifier_stops_run_and_a_deadline_past_catch_up_is_refused() {
+    let hook = Receiver::start(&[]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"false\"]\n\n\
+         [[notify]]\nname = \"signed\"\nurl = \"{}\"\nsecret = \"${{HOOK_SECRET}}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let out = ws.run(&["--database-url", &db.url, "run", "bad", "--period", "2025"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert!(
+        out.stderr().contains("`HOOK_SECRET` is not set"),
+        "{}",
+        out.stderr()
+    );
+    assert!(hook.got().is_empty());
+    let ws = Workspace::new(
+        "[scheduler]\ncatch_up = \"1h\"\n\n[[job]]\nname = \"weekly\"\nschedule = \"0 0 * * 1\"\ncommand = [\"true\"]\ndeadline = \"2h\"\n",
+    );
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr());
+    assert!(
+        out.stderr()
+            .contains("`deadline` (2h) must be shorter than `catch_up` (1h)")
+            && out.stderr().contains("jobs.toml:8:"),
+        "{}",
+        out.stderr()
+    );
+}
