@@ -301,9 +301,18 @@ pub async fn were_late(
         .filter_map(|job| {
             let deadline = TimeDelta::from_std(job.deadline?).ok()?;
             let from = checked.map_or(window, |at| window.max(at - deadline));
-            Some((*job, from, now - deadline))
+            let until = now - deadline;
+            // A job with no fire in its span has nothing to look up: most
+            // jobs, most checks.
+            let fires = job.schedule.next_after(from - TimeDelta::nanoseconds(1));
+            fires
+                .is_some_and(|fire| fire <= until)
+                .then_some((*job, from, until))
         })
         .collect();
+    if asked.is_empty() {
+        return Ok(HashMap::new());
+    }
     unfinished(store, &asked, Unfinished::WasLate).await
 }
 

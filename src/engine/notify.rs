@@ -62,11 +62,10 @@ impl Engine {
             .filter(|job| !paused.contains(&job.name))
             .collect();
         let mut new = self.late(config, &jobs, now, checked).await?;
-        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_str(), *j)).collect();
         for failed in self
             .store()
-            .failed_for_good(&names, config.settings.catch_up)
+            .failed_for_good(config.settings.catch_up)
             .await?
         {
             let Some(job) = by_name.get(failed.job.as_str()) else {
@@ -84,7 +83,7 @@ impl Engine {
             };
             new.extend(told.to(&config.notifiers, Event::Failed));
         }
-        for (notifier, job, key) in self.store().notify_recovered(&names).await? {
+        for (notifier, job, key) in self.store().notify_recovered().await? {
             let (Some(job), Some(n)) = (
                 by_name.get(job.as_str()),
                 config.notifiers.iter().find(|n| n.name == notifier),

@@ -228,63 +228,44 @@ impl Store {
         })
     }
 
-    /// The (notifier, period key) of each `late` or `failed` notification of
-    /// `jobs` whose period has succeeded since and that has no `recovered`
-    /// yet.
-    pub async fn notify_recovered(
-        &self,
-        jobs: &[String],
-    ) -> Result<Vec<(String, String, String)>, Error> {
-        let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
-        let in_jobs = match self {
-            Store::Postgres(_) => "n.job IN (SELECT json_array_elements_text($1::json))",
-            Store::Sqlite(_) => "n.job IN (SELECT value FROM json_each($1))",
-        };
+    /// The (notifier, job, period key) of each `late` or `failed`
+    /// notification whose period has succeeded since and that has no
+    /// `recovered` yet.
+    pub async fn notify_recovered(&self) -> Result<Vec<(String, String, String)>, Error> {
         on_pool!(self, |pool, _now| {
-            sqlx::query_as::<_, (String, String, String)>(&format!(
+            sqlx::query_as::<_, (String, String, String)>(
                 "SELECT DISTINCT n.notifier, n.job, n.period_key
                    FROM scheduler_notifications n
                    JOIN scheduler_claims c ON c.period_key = n.period_key AND c.state = 'succeeded'
-                  WHERE n.event IN ('late', 'failed') AND {in_jobs}
+                  WHERE n.event IN ('late', 'failed')
                     AND NOT EXISTS (SELECT 1 FROM scheduler_notifications r
                                      WHERE r.notifier = n.notifier AND r.period_key = n.period_key
-                                       AND r.event = 'recovered')"
-            ))
-            .bind(&jobs)
+                                       AND r.event = 'recovered')",
+            )
             .fetch_all(pool)
             .await
         })
     }
 
-    /// The periods of `jobs` failed for good (no retry left) that ended
-    /// within `window`: job, period key, label, attempt and the last
+    /// The periods failed for good (no retry left) that ended within
+    /// `window`, of every job: job, period key, label, attempt and the last
     /// attempt's error.
-    pub async fn failed_for_good(
-        &self,
-        jobs: &[String],
-        window: Duration,
-    ) -> Result<Vec<FailedForGood>, Error> {
-        let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+    pub async fn failed_for_good(&self, window: Duration) -> Result<Vec<FailedForGood>, Error> {
         // The claims' times are each backend's own: a timestamp on
         // PostgreSQL, milliseconds on SQLite.
-        let (in_jobs, recent) = match self {
-            Store::Postgres(_) => (
-                "c.job IN (SELECT json_array_elements_text($1::json))",
-                "c.finished_at > clock_timestamp() - make_interval(secs => $2 / 1000.0)",
-            ),
-            Store::Sqlite(_) => (
-                "c.job IN (SELECT value FROM json_each($1))",
-                "c.finished_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) - $2",
-            ),
+        let recent = match self {
+            Store::Postgres(_) => {
+                "c.finished_at > clock_timestamp() - make_interval(secs => $1 / 1000.0)"
+            }
+            Store::Sqlite(_) => "c.finished_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1",
         };
         on_pool!(self, |pool, _now| {
             sqlx::query_as::<_, FailedForGood>(&format!(
                 "SELECT c.job, c.period_key, c.period, c.attempt, c.failures, a.error
                    FROM scheduler_claims c
                    LEFT JOIN scheduler_attempts a ON a.period_key = c.period_key AND a.attempt = c.attempt
-                  WHERE c.state = 'failed' AND c.retry_at IS NULL AND {in_jobs} AND {recent}"
+                  WHERE c.state = 'failed' AND c.retry_at IS NULL AND {recent}"
             ))
-            .bind(&jobs)
             .bind(ms(window))
             .fetch_all(pool)
             .await
