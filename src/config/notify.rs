@@ -86,7 +86,7 @@ pub(super) struct RawNotify {
     name: Spanned<String>,
     url: Spanned<String>,
     events: Option<Spanned<Vec<Spanned<String>>>>,
-    jobs: Option<Vec<Spanned<String>>>,
+    jobs: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
     format: Format,
     secret: Option<Spanned<String>>,
@@ -186,11 +186,20 @@ fn events(
 /// The jobs a notifier's `jobs` list names, each one of the file's.
 fn job_names(
     at: &Locator,
-    named: Vec<Spanned<String>>,
+    named: Spanned<Vec<Spanned<String>>>,
     jobs: &[Job],
     name: &str,
 ) -> Result<Vec<String>, ConfigError> {
+    if named.get_ref().is_empty() {
+        return Err(at.error(
+            named.span(),
+            format!(
+                "notifier `{name}` is told of no job: name some, or leave `jobs` out for every job"
+            ),
+        ));
+    }
     named
+        .into_inner()
         .into_iter()
         .map(|job| {
             let written = job.get_ref();

@@ -159,8 +159,15 @@ impl Store {
                     SET state = 'sending', owner = $1, lease_until = {now} + $2, tries = tries + 1
                   WHERE (notifier, period_key, event) IN (
                           SELECT d.notifier, d.period_key, d.event FROM scheduler_notifications d
-                           WHERE (d.state = 'pending' AND d.next_try_at <= {now})
-                              OR (d.state = 'sending' AND d.lease_until <= {now})
+                           WHERE ((d.state = 'pending' AND d.next_try_at <= {now})
+                                  OR (d.state = 'sending' AND d.lease_until <= {now}))
+                             -- A `recovered` waits for its period's `late` or
+                             -- `failed` to be delivered or given up.
+                             AND (d.event <> 'recovered' OR NOT EXISTS (
+                                   SELECT 1 FROM scheduler_notifications o
+                                    WHERE o.notifier = d.notifier AND o.period_key = d.period_key
+                                      AND o.event IN ('late', 'failed')
+                                      AND o.state IN ('pending', 'sending')))
                            ORDER BY d.created_at LIMIT $3 {lock})
                     AND ((state = 'pending' AND next_try_at <= {now})
                          OR (state = 'sending' AND lease_until <= {now}))

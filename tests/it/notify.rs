@@ -408,3 +408,87 @@ fn an_incomplete_notifier_stops_run_and_a_deadline_past_catch_up_is_refused() {
         out.stderr()
     );
 }
+
+/// `run` delivers for its budget and no longer, however many
+/// notifications a receiver that hangs holds.
+#[test]
+fn run_delivers_within_its_budget_whatever_a_hanging_receiver_holds() {
+    let hook = Receiver::start(&[0; 10]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"false\"]\n\n\
+         [[notify]]\nname = \"stuck\"\nurl = \"{}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let started = std::time::Instant::now();
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "bad",
+        "--from",
+        "2020",
+        "--to",
+        "2024",
+    ]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    assert_eq!(hook.got().len(), 5, "{:?}", hook.got());
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "run waited {:?} for a receiver that hangs",
+        started.elapsed()
+    );
+}
+
+/// A `recovered` is not sent while its period's `failed` waits for a try
+/// again: the receiver sees `failed` delivered first.
+#[test]
+fn recovered_waits_for_its_periods_failed_to_be_delivered() {
+    let hook = Receiver::start(&[500, 500, 500, 500, 500]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"flaky\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\nshell = \"test -f ok\"\n\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"{}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let url = db.url.as_str();
+    assert_eq!(
+        ws.run(&["--database-url", url, "run", "flaky", "--period", "2025"])
+            .code(),
+        1
+    );
+    std::fs::write(ws.dir.path().join("ok"), "").unwrap();
+    assert_eq!(
+        ws.run(&["--database-url", url, "run", "flaky", "--period", "2025"])
+            .code(),
+        0
+    );
+    let events = |got: &[Got]| -> Vec<String> {
+        got.iter()
+            .map(|g| g.headers["x-scheduler-event"].clone())
+            .collect()
+    };
+    assert!(
+        !events(&hook.got()).contains(&"recovered".to_owned()),
+        "recovered sent before failed was delivered: {:?}",
+        events(&hook.got())
+    );
+    eventually(
+        "failed, then recovered, delivered",
+        Duration::from_secs(60),
+        || {
+            ws.run(&["--database-url", url, "run", "flaky"]);
+            events(&hook.got()).contains(&"recovered".to_owned())
+        },
+    );
+    let told = events(&hook.got());
+    assert_eq!(
+        told.last().map(String::as_str),
+        Some("recovered"),
+        "{told:?}"
+    );
+    assert!(
+        told[..told.len() - 1].iter().all(|e| e == "failed"),
+        "{told:?}"
+    );
+}
