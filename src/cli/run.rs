@@ -91,7 +91,7 @@ async fn notify(config: &Config, engine: &Engine, args: &RunArgs) {
         .collect();
     let work = async {
         engine
-            .check_deadlines(config, &jobs, chrono::Utc::now(), None)
+            .check_deadlines(config, &jobs, chrono::Utc::now(), None, true)
             .await?;
         engine.deliver(config, NOTIFY_BUDGET).await
     };

@@ -44,13 +44,15 @@ impl Engine {
     /// that has succeeded since. A paused job is told of nothing. How many
     /// were new.
     /// With `checked` (the instant of this process's check before), only
-    /// the deadlines passed since then are looked at for `late`.
+    /// the deadlines passed since then are looked at for `late`; with
+    /// `late` false, none (no deadline has passed since).
     pub async fn check_deadlines(
         &self,
         config: &Config,
         jobs: &[&Job],
         now: DateTime<Utc>,
         checked: Option<DateTime<Utc>>,
+        late: bool,
     ) -> Result<u64, Error> {
         if config.notifiers.is_empty() {
             return Ok(0);
@@ -61,7 +63,10 @@ impl Engine {
             .copied()
             .filter(|job| !paused.contains(&job.name))
             .collect();
-        let mut new = self.late(config, &jobs, now, checked).await?;
+        let mut new = match late {
+            true => self.late(config, &jobs, now, checked).await?,
+            false => Vec::new(),
+        };
         let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_str(), *j)).collect();
         for failed in self
             .store()
@@ -405,6 +410,25 @@ impl Told<'_> {
     }
 }
 
+/// When the next deadline after `after` passes, of the jobs a notifier is
+/// told `late` of: until then no period can turn late.
+fn next_deadline(config: &Config, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    config
+        .jobs
+        .iter()
+        .filter(|job| {
+            config
+                .notifiers
+                .iter()
+                .any(|n| n.wants(Event::Late, &job.name))
+        })
+        .filter_map(|job| {
+            let deadline = TimeDelta::from_std(job.deadline?).ok()?;
+            Some(job.schedule.next_after(after - deadline)? + deadline)
+        })
+        .min()
+}
+
 /// Checks deadlines and delivers notifications every `scan_interval` of
 /// the configuration it is given (a reload sends the new one), beside the
 /// serve loop, never in front of it; ends at shutdown, leaving a delivery
@@ -415,21 +439,24 @@ pub fn follow(
     mut shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        // The last check that went through: the next looks at the
-        // deadlines passed since (a reload looks at the whole window).
+        // The last check of late periods that went through: the next looks
+        // at the deadlines passed since (a reload looks at the whole
+        // window), and none is looked for before the next deadline passes.
         let mut checked: Option<DateTime<Utc>> = None;
+        let mut quiet_until: Option<DateTime<Utc>> = None;
         loop {
             if config.has_changed().unwrap_or(false) {
-                checked = None;
+                (checked, quiet_until) = (None, None);
             }
             let current = config.borrow_and_update().clone();
             let every = current.settings.scan_interval;
             if !current.notifiers.is_empty() {
                 let now = Utc::now();
+                let late = quiet_until.is_none_or(|quiet| now >= quiet);
                 let work = async {
                     let jobs: Vec<&Job> = current.jobs.iter().collect();
                     engine
-                        .check_deadlines(&current, &jobs, now, checked)
+                        .check_deadlines(&current, &jobs, now, checked, late)
                         .await?;
                     engine
                         .deliver(&current, every.max(Duration::from_secs(5)))
@@ -437,7 +464,11 @@ pub fn follow(
                 };
                 tokio::select! {
                     done = work => match done {
-                        Ok(_) => checked = Some(now),
+                        Ok(_) if late => {
+                            checked = Some(now);
+                            quiet_until = next_deadline(&current, now);
+                        }
+                        Ok(_) => {}
                         Err(e) => tracing::warn!("notifications: {e}"),
                     },
                     _ = shutdown.wait_for(|down| *down) => return,
