@@ -33,6 +33,10 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a notification is tried before it is given up.
 const TRY_FOR: TimeDelta = TimeDelta::hours(24);
 
+/// How often a replica looks for failed and recovered periods and delivers
+/// what is due, when no deadline passed meanwhile.
+const ROUND_EVERY: Duration = Duration::from_secs(15);
+
 /// The longest wait between two tries.
 const MOST_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -444,15 +448,22 @@ pub fn follow(
         // window), and none is looked for before the next deadline passes.
         let mut checked: Option<DateTime<Utc>> = None;
         let mut quiet_until: Option<DateTime<Utc>> = None;
+        // The last round that looked for failed and recovered periods and
+        // delivered: one is made at least every [`ROUND_EVERY`], and at each
+        // scan where a deadline passed.
+        let mut last_round: Option<tokio::time::Instant> = None;
         loop {
             if config.has_changed().unwrap_or(false) {
                 (checked, quiet_until) = (None, None);
             }
             let current = config.borrow_and_update().clone();
             let every = current.settings.scan_interval;
-            if !current.notifiers.is_empty() {
-                let now = Utc::now();
-                let late = quiet_until.is_none_or(|quiet| now >= quiet);
+            let now = Utc::now();
+            // The first check looks; after it, a deadline must have passed
+            // (with no deadline at all, none ever does).
+            let late = checked.is_none() || quiet_until.is_some_and(|quiet| now >= quiet);
+            let due = last_round.is_none_or(|at| at.elapsed() >= ROUND_EVERY);
+            if !current.notifiers.is_empty() && (late || due) {
                 let work = async {
                     let jobs: Vec<&Job> = current.jobs.iter().collect();
                     engine
@@ -464,11 +475,13 @@ pub fn follow(
                 };
                 tokio::select! {
                     done = work => match done {
-                        Ok(_) if late => {
-                            checked = Some(now);
-                            quiet_until = next_deadline(&current, now);
+                        Ok(_) => {
+                            last_round = Some(tokio::time::Instant::now());
+                            if late {
+                                checked = Some(now);
+                                quiet_until = next_deadline(&current, now);
+                            }
                         }
-                        Ok(_) => {}
                         Err(e) => tracing::warn!("notifications: {e}"),
                     },
                     _ = shutdown.wait_for(|down| *down) => return,
