@@ -204,7 +204,9 @@ fn ten_thousand_idle_jobs(url: &str, deadlines: bool) {
         } else {
             ""
         },
-        startup.as_millis().saturating_sub(u128::from(SETTLE) * 1000),
+        startup
+            .as_millis()
+            .saturating_sub(u128::from(SETTLE) * 1000),
         rss as f64 / 1024.0,
         (cpu1 - cpu0) as f64 / 100.0,
         wake1 - wake0
