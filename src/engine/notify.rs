@@ -145,6 +145,18 @@ impl Engine {
             let rows = self.store().rows(&keys).await?;
             for (key, fire) in newest {
                 let row = rows.get(key);
+                // A period that failed with retries left is told with its
+                // last failure, as `failed` is.
+                let error = match row {
+                    Some(row) if row.failures > 0 => self
+                        .store()
+                        .attempts(key, 1)
+                        .await?
+                        .into_iter()
+                        .next()
+                        .and_then(|attempt| attempt.error),
+                    _ => None,
+                };
                 let deadline = job
                     .deadline
                     .and_then(|d| TimeDelta::from_std(d).ok())
@@ -156,7 +168,7 @@ impl Engine {
                     state: row.map_or("missing", |r| r.standing().as_str()),
                     attempt: row.map(|r| r.attempt),
                     failures: row.map_or(0, |r| r.failures),
-                    error: None,
+                    error: error.as_deref(),
                     deadline,
                 };
                 new.extend(told.to(&config.notifiers, Event::Late));

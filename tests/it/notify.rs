@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::serve::stop;
-use crate::support::{Said, TestDb, Workspace, databases, eventually};
+use crate::support::{Said, TestDb, Workspace, count, databases, eventually};
 
 /// One request the receiver got.
 #[derive(Debug, Clone)]
@@ -192,6 +192,34 @@ fn failed_for_good_then_recovered_are_told_once_each_by_run_alone() {
     );
 }
 
+/// A period that failed with retries left and is past its deadline is told
+/// `late` with its state and its last failure, masked like `failed`'s.
+#[test]
+fn late_tells_the_last_failure_of_a_period_with_retries_left() {
+    let hook = Receiver::start(&[]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"flaky\"\nschedule = \"* * * * * *\"\nshell = \"echo disk full >&2; exit 3\"\n\
+         deadline = \"1s\"\nretry = {{ attempts = 3, backoff = \"1h\" }}\n\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"{}\"\nevents = [\"late\"]\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let first = ws.run(&["--database-url", &db.url, "run", "flaky"]);
+    assert_eq!(first.code(), 1, "{}", first.stderr());
+    std::thread::sleep(Duration::from_secs(3));
+    let second = ws.run(&["--database-url", &db.url, "run", "flaky"]);
+    assert_eq!(second.code(), 1, "{}", second.stderr());
+    let late = hook.events("late");
+    let told = late
+        .iter()
+        .map(Got::json)
+        .find(|body| body["failures"] == 1)
+        .unwrap_or_else(|| panic!("no late failed period: {:?}", hook.got()));
+    assert_eq!(told["state"], "failed", "{told}");
+    let error = told["error"].as_str().unwrap_or_default();
+    assert!(error.contains("exit") && error.contains('3'), "{told}");
+}
+
 /// A receiver that answers 500 twice gets the same Idempotency-Key on the
 /// third try, which it takes: delivered once. One that answers 400 is not
 /// asked again: given up, and `history` says so.
@@ -329,14 +357,17 @@ fn a_delivery_whose_replica_is_killed_is_delivered_by_another_with_the_same_key(
     );
 }
 
-/// A receiver that never answers holds none of the fires, and a SIGTERM
-/// ends `serve` at once though a delivery is under way.
+/// A receiver that never answers holds none of the fires and none of the
+/// heartbeats (a lease of 3 s is renewed each second; one renewal held two
+/// seconds stops the run and leaves its period to a second attempt), and a
+/// SIGTERM ends `serve` at once though a delivery is under way.
 #[test]
-fn a_receiver_that_hangs_delays_no_fire_and_no_shutdown() {
+fn a_receiver_that_hangs_delays_no_fire_no_heartbeat_and_no_shutdown() {
     let hook = Receiver::start(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     let ws = Workspace::new(&format!(
-        "[scheduler]\nscan_interval = \"500ms\"\n\n\
+        "[scheduler]\nscan_interval = \"500ms\"\nlease = \"3s\"\n\n\
          [[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nshell = \"echo $SCHEDULER_PERIOD_KEY >> ticks\"\ndeadline = \"1s\"\n\n\
+         [[job]]\nname = \"long\"\nschedule = \"*/2 * * * * *\"\nshell = \"sleep 4\"\n\n\
          [[notify]]\nname = \"stuck\"\nurl = \"{}\"\nevents = [\"late\"]\n",
         hook.url()
     ));
@@ -358,9 +389,9 @@ fn a_receiver_that_hangs_delays_no_fire_and_no_shutdown() {
             .count()
     };
     let before = ticks();
-    std::thread::sleep(Duration::from_secs(4));
+    std::thread::sleep(Duration::from_secs(8));
     assert!(
-        ticks() >= before + 3,
+        ticks() >= before + 6,
         "fires stalled: {} then {}",
         before,
         ticks()
@@ -371,6 +402,18 @@ fn a_receiver_that_hangs_delays_no_fire_and_no_shutdown() {
         stopping.elapsed() < Duration::from_secs(10),
         "shutdown waited for the receiver: {:?}",
         stopping.elapsed()
+    );
+    let long = |outcome: &str| {
+        count(
+            &db.url,
+            &format!("SELECT count(*) FROM scheduler_attempts WHERE job = 'long' AND {outcome}"),
+        )
+    };
+    assert!(long("outcome = 'succeeded'") >= 2, "no long run finished");
+    assert_eq!(
+        long("(attempt > 1 OR outcome = 'lost')"),
+        0,
+        "a heartbeat was held past the lease"
     );
 }
 
