@@ -121,7 +121,7 @@ fn late_after_a_day_down(runtime: &tokio::runtime::Runtime, jobs: usize) {
     std::fs::write(dir.path().join("jobs.toml"), text).unwrap();
     // The database made, and the jobs recorded as first seen a day ago.
     assert!(
-        scheduler(dir.path(), &["status"])
+        scheduler(dir.path(), &["migrate"])
             .status()
             .unwrap()
             .success()
@@ -147,9 +147,15 @@ fn late_after_a_day_down(runtime: &tokio::runtime::Runtime, jobs: usize) {
     }
     let all = started.elapsed();
     stop(serve);
+    let got = got.lock().unwrap();
+    let ids: std::collections::HashSet<&str> = got
+        .iter()
+        .filter_map(|(_, body)| body["id"].as_str())
+        .collect();
     println!(
-        "late after a day down: {jobs} every-minute jobs, {} of {expected} late told, the last {:.1} s after start-up",
-        got.lock().unwrap().len(),
+        "late after a day down: {jobs} every-minute jobs, {} late told ({} twice), {expected} of them within {:.1} s of start-up",
+        ids.len(),
+        got.len() - ids.len(),
         all.as_secs_f64()
     );
 }

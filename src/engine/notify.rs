@@ -219,6 +219,7 @@ impl Engine {
                 }
             });
             let tries = futures_util::future::join_all(sends).await;
+            let mut outcomes = Vec::with_capacity(taken.len());
             for (delivery, tried) in taken.iter().zip(tries) {
                 let tried = give_up_when_old(tried, delivery);
                 if let Tried::Again(_, _, after) = &tried {
@@ -227,10 +228,11 @@ impl Engine {
                 }
                 log(delivery, &tried);
                 delivered += usize::from(matches!(tried, Tried::Delivered(_)));
-                self.store()
-                    .notify_tried(delivery, self.owner(), &tried)
-                    .await?;
+                outcomes.push((delivery, tried));
             }
+            // One write for the batch: on SQLite each write waits for the
+            // one writer, which a catch-up keeps busy.
+            self.store().notify_tried(&outcomes, self.owner()).await?;
         }
         Ok(delivered)
     }

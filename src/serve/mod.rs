@@ -112,9 +112,9 @@ pub struct Service {
     api: Arc<api::Api>,
     /// Whether the database-wide gauges are published (`--listen`).
     gauges: bool,
-    /// The overdue gauge's count, kept from one minute to the next; held
-    /// by the count running now.
-    overdue: Arc<tokio::sync::Mutex<OverdueCount>>,
+    /// The overdue gauge's count and the gauges it sets, kept from one
+    /// minute to the next; held by the count running now.
+    overdue: Arc<tokio::sync::Mutex<(OverdueCount, JobGauges)>>,
     /// Whether freed heap is handed back after start-up.
     trim: bool,
     /// What time it is: the system's clock but in tests.
@@ -223,7 +223,7 @@ impl Service {
     /// its own, never in front of a fire; skipped while the count before
     /// is still running.
     fn publish_gauges(&self) {
-        let Ok(mut count) = self.overdue.clone().try_lock_owned() else {
+        let Ok(mut held) = self.overdue.clone().try_lock_owned() else {
             return;
         };
         let jobs = self.jobs.clone();
@@ -232,6 +232,7 @@ impl Service {
         let catch_up = self.settings.catch_up;
         let clock = self.clock.clone();
         tokio::spawn(async move {
+            let (count, gauges) = &mut *held;
             let now = clock.now();
             let overdue = count.count(&store, &jobs, catch_up, now).await;
             let exhausted = store.exhausted().await;
@@ -246,15 +247,13 @@ impl Service {
                     true => 0,
                     false => counts.get(&job.name).copied().unwrap_or(0),
                 };
-                metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone())
-                    .set(open(&overdue) as f64);
-                if job.deadline.is_some() {
-                    metrics::gauge!("scheduler_late_periods", "job" => job.name.clone())
-                        .set(open(&late) as f64);
+                let of_job = gauges.of(job);
+                of_job.overdue.set(open(&overdue) as f64);
+                if let Some(gauge) = &of_job.late {
+                    gauge.set(open(&late) as f64);
                 }
                 let spent = exhausted.get(&job.name).copied().unwrap_or(0);
-                metrics::gauge!("scheduler_retries_exhausted_periods", "job" => job.name.clone())
-                    .set(spent as f64);
+                of_job.exhausted.set(spent as f64);
             }
         });
     }
@@ -1021,6 +1020,42 @@ impl Batch {
             let due = Due { trigger, ..ask.due };
             let _ = self.events.send(Event::Again(ask.job.name.clone(), due));
         }
+    }
+}
+
+/// The gauges of each job the minute's count sets, registered once: a
+/// labelled gauge looked up again each minute made a job name, a key and
+/// a registry search for each of them, three times per job.
+#[derive(Default)]
+struct JobGauges(HashMap<String, Gauges>);
+
+/// One job's gauges.
+struct Gauges {
+    overdue: metrics::Gauge,
+    /// For a job with a `deadline` only.
+    late: Option<metrics::Gauge>,
+    exhausted: metrics::Gauge,
+}
+
+impl JobGauges {
+    /// The gauges of `job`; a reload that gives it a deadline adds its
+    /// late gauge.
+    fn of(&mut self, job: &Job) -> &Gauges {
+        let gauges = self.0.entry(job.name.clone()).or_insert_with(|| Gauges {
+            overdue: metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone()),
+            late: None,
+            exhausted: metrics::gauge!(
+                "scheduler_retries_exhausted_periods",
+                "job" => job.name.clone()
+            ),
+        });
+        if job.deadline.is_some() && gauges.late.is_none() {
+            gauges.late = Some(metrics::gauge!(
+                "scheduler_late_periods",
+                "job" => job.name.clone()
+            ));
+        }
+        gauges
     }
 }
 

@@ -181,42 +181,69 @@ impl Store {
         })
     }
 
-    /// Writes how try `delivery.tries` ended, unless another replica took
-    /// the notification over meanwhile: whether it was written.
+    /// Writes how each try of `tried` ended, in one statement, except
+    /// where another replica took the notification over meanwhile (its
+    /// try number and owner decide): how many were written.
     pub async fn notify_tried(
         &self,
-        delivery: &Delivery,
+        tried: &[(&Delivery, Tried)],
         owner: &str,
-        tried: &Tried,
-    ) -> Result<bool, Error> {
-        let (state, status, error, again) = match tried {
-            Tried::Delivered(status) => ("delivered", Some(*status), None, None),
-            Tried::GivenUp(status, error) => ("given_up", *status, Some(error.as_str()), None),
-            Tried::Again(status, error, after) => {
-                ("pending", *status, Some(error.as_str()), Some(ms(*after)))
+    ) -> Result<u64, Error> {
+        if tried.is_empty() {
+            return Ok(0);
+        }
+        let rows: Vec<serde_json::Value> = tried
+            .iter()
+            .map(|(delivery, tried)| {
+                let (state, status, error, again) = match tried {
+                    Tried::Delivered(status) => ("delivered", Some(*status), None, None),
+                    Tried::GivenUp(status, error) => ("given_up", *status, Some(error), None),
+                    Tried::Again(status, error, after) => {
+                        ("pending", *status, Some(error), Some(ms(*after)))
+                    }
+                };
+                serde_json::json!({
+                    "notifier": delivery.notifier, "period_key": delivery.period_key,
+                    "event": delivery.event, "tries": delivery.tries, "state": state,
+                    "status": status, "error": error, "again": again,
+                })
+            })
+            .collect();
+        let rows = serde_json::Value::Array(rows).to_string();
+        let from = match self {
+            Store::Postgres(_) => {
+                "SELECT * FROM json_to_recordset($1::json)
+                     AS x(notifier text, period_key text, event text, tries int, state text,
+                          status int, error text, again bigint)"
+            }
+            Store::Sqlite(_) => {
+                "SELECT json_extract(value, '$.notifier') AS notifier,
+                        json_extract(value, '$.period_key') AS period_key,
+                        json_extract(value, '$.event') AS event,
+                        json_extract(value, '$.tries') AS tries,
+                        json_extract(value, '$.state') AS state,
+                        json_extract(value, '$.status') AS status,
+                        json_extract(value, '$.error') AS error,
+                        json_extract(value, '$.again') AS again
+                   FROM json_each($1)"
             }
         };
         on_pool!(self, |pool, now| {
             sqlx::query(&format!(
-                "UPDATE scheduler_notifications
-                    SET state = $1, status = $2, error = $3, owner = NULL, lease_until = NULL,
-                        next_try_at = {now} + COALESCE($4, 0),
-                        finished_at = CASE WHEN $4 IS NULL THEN {now} ELSE NULL END
-                  WHERE notifier = $5 AND period_key = $6 AND event = $7
-                    AND owner = $8 AND tries = $9 AND state = 'sending'"
+                "UPDATE scheduler_notifications AS n
+                    SET state = x.state, status = x.status, error = x.error, owner = NULL,
+                        lease_until = NULL, next_try_at = {now} + COALESCE(x.again, 0),
+                        finished_at = CASE WHEN x.again IS NULL THEN {now} ELSE NULL END
+                   FROM ({from}) AS x
+                  WHERE n.notifier = x.notifier AND n.period_key = x.period_key
+                    AND n.event = x.event AND n.owner = $2 AND n.tries = x.tries
+                    AND n.state = 'sending'"
             ))
-            .bind(state)
-            .bind(status.map(i32::from))
-            .bind(error)
-            .bind(again)
-            .bind(&delivery.notifier)
-            .bind(&delivery.period_key)
-            .bind(&delivery.event)
+            .bind(&rows)
             .bind(owner)
-            .bind(delivery.tries)
             .execute(pool)
             .await
-            .map(|done| done.rows_affected() == 1)
+            .map(|done| done.rows_affected())
         })
     }
 

@@ -152,6 +152,11 @@ fn late_is_told_once_per_missed_period_by_three_replicas_started_together() {
             assert_eq!(got.key(), body["id"], "{body}");
             assert!(body["deadline"].is_string(), "{body}");
         }
+        let undelivered = count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_notifications WHERE state <> 'delivered' OR tries <> 1",
+        );
+        assert_eq!(undelivered, 0, "each delivery is recorded once");
     }
 }
 
