@@ -112,6 +112,9 @@ pub struct Service {
     api: Arc<api::Api>,
     /// Whether the database-wide gauges are published (`--listen`).
     gauges: bool,
+    /// The paused jobs the `scheduler_paused` gauges show; none before
+    /// the first scan and after a reload.
+    paused_shown: Option<HashSet<String>>,
     /// The overdue gauge's count and the gauges it sets, kept from one
     /// minute to the next; held by the count running now.
     overdue: Arc<tokio::sync::Mutex<(OverdueCount, JobGauges)>>,
@@ -172,6 +175,7 @@ impl Service {
             #[cfg(feature = "server")]
             api,
             gauges: false,
+            paused_shown: None,
             overdue: Arc::default(),
             trim: false,
             clock,
@@ -497,11 +501,18 @@ impl Service {
         self.scanning = false;
         match scanned.paused {
             Ok(paused) => {
-                self.follow_pauses(paused.into_iter().collect());
-                for job in &self.jobs {
-                    let paused = f64::from(u8::from(self.paused.contains_key(&job.name)));
-                    metrics::gauge!("scheduler_paused", "job" => job.name.clone()).set(paused);
+                let paused: HashSet<String> = paused.into_iter().collect();
+                // Published when the paused jobs or the jobs change: a
+                // labelled gauge is a registry search, and a scan every few
+                // seconds of 10,000 jobs made 10,000 of them.
+                if self.paused_shown.as_ref() != Some(&paused) {
+                    for job in &self.jobs {
+                        let on = f64::from(u8::from(paused.contains(&job.name)));
+                        metrics::gauge!("scheduler_paused", "job" => job.name.clone()).set(on);
+                    }
+                    self.paused_shown = Some(paused.clone());
                 }
+                self.follow_pauses(paused);
             }
             Err(e) => tracing::warn!("scan: cannot read paused jobs: {e}"),
         }
@@ -750,6 +761,7 @@ impl Service {
         );
         self.by_name = by_name;
         self.jobs = jobs;
+        self.paused_shown = None;
         self.take_pending();
         let (by_name, jobs) = (&self.by_name, &self.jobs);
         self.backlog

@@ -541,6 +541,18 @@ fn listen_serves_healthz_and_prometheus_metrics() {
         metrics.contains("scheduler_overdue_periods{job=\"idle\"} 0"),
         "{metrics}"
     );
+    // The paused gauge follows a pause, and a resume, by another process.
+    let paused = |job: &str| {
+        metric(
+            &get("/metrics"),
+            &format!("scheduler_paused{{job=\"{job}\"}}"),
+        )
+    };
+    eventually("idle shown paused", BOUND, || paused("idle") == Some(1.0));
+    assert_eq!(paused("tick"), Some(0.0));
+    let resumed = ws.run(&["--database-url", &db.url, "resume", "idle"]);
+    assert_eq!(resumed.code(), 0, "{}", resumed.stderr());
+    eventually("idle shown resumed", BOUND, || paused("idle") == Some(0.0));
     assert!(get("/nope").starts_with("HTTP/1.1 404"));
     assert_eq!(stop(replica), 0);
 }
