@@ -61,6 +61,15 @@ impl Engine {
         if config.notifiers.is_empty() {
             return Ok(0);
         }
+        let failed = self
+            .store()
+            .failed_for_good(config.settings.catch_up)
+            .await?;
+        let recovered = self.store().notify_recovered().await?;
+        if !late && failed.is_empty() && recovered.is_empty() {
+            // Most rounds: nothing failed or recovered, no deadline passed.
+            return Ok(0);
+        }
         let paused = self.store().paused_jobs().await?;
         let jobs: Vec<&Job> = jobs
             .iter()
@@ -72,11 +81,7 @@ impl Engine {
             false => Vec::new(),
         };
         let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_str(), *j)).collect();
-        for failed in self
-            .store()
-            .failed_for_good(config.settings.catch_up)
-            .await?
-        {
+        for failed in failed {
             let Some(job) = by_name.get(failed.job.as_str()) else {
                 continue;
             };
@@ -92,7 +97,7 @@ impl Engine {
             };
             new.extend(told.to(&config.notifiers, Event::Failed));
         }
-        for (notifier, job, key) in self.store().notify_recovered().await? {
+        for (notifier, job, key) in recovered {
             let (Some(job), Some(n)) = (
                 by_name.get(job.as_str()),
                 config.notifiers.iter().find(|n| n.name == notifier),
