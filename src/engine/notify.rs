@@ -97,6 +97,15 @@ impl Engine {
             };
             new.extend(told.to(&config.notifiers, Event::Failed));
         }
+        let mut made = self.store().notify_new(&new).await?;
+        // Read again once the `late` and `failed` above exist: a period
+        // caught up past its deadline (by `run` alone, say) is told `late`
+        // and `recovered` in one check.
+        let mut new = Vec::new();
+        let recovered = match made {
+            0 => recovered,
+            _ => self.store().notify_recovered().await?,
+        };
         for (notifier, job, key) in recovered {
             let (Some(job), Some(n)) = (
                 by_name.get(job.as_str()),
@@ -117,7 +126,8 @@ impl Engine {
             };
             new.extend(told.to(std::slice::from_ref(n), Event::Recovered));
         }
-        self.store().notify_new(&new).await
+        made += self.store().notify_new(&new).await?;
+        Ok(made)
     }
 
     /// The `late` notifications of `jobs`.

@@ -226,6 +226,44 @@ fn late_tells_the_last_failure_of_a_period_with_retries_left() {
     assert!(error.contains("exit") && error.contains('3'), "{told}");
 }
 
+/// `run` alone catching up periods past their deadline tells each `late`
+/// and, as it has succeeded, `recovered`, before it exits: a platform cron
+/// container hears both from the same run.
+#[test]
+fn run_alone_tells_late_and_recovered_of_a_period_it_caught_up_late() {
+    let hook = Receiver::start(&[]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\ndeadline = \"1s\"\n\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"{}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    assert_eq!(
+        ws.run(&["--database-url", &db.url, "run", "tick"]).code(),
+        0
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let caught_up = ws.run(&["--database-url", &db.url, "run", "tick"]);
+    assert_eq!(caught_up.code(), 0, "{}", caught_up.stderr());
+    let keys = |event: &str| -> Vec<String> {
+        let mut keys: Vec<String> = hook
+            .events(event)
+            .iter()
+            .map(|got| {
+                got.json()["period_key"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        keys.sort();
+        keys
+    };
+    let late = keys("late");
+    assert!(!late.is_empty(), "{:?}", hook.got());
+    assert_eq!(keys("recovered"), late, "{:?}", hook.got());
+}
+
 /// A receiver that answers 500 twice gets the same Idempotency-Key on the
 /// third try, which it takes: delivered once. One that answers 400 is not
 /// asked again: given up, and `history` says so.
