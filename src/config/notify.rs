@@ -115,6 +115,13 @@ impl RawNotify {
                 format!("notifier `{name}`: `url` must start with http:// or https:// (after `${{NAME}}` expansion)"),
             ));
         }
+        // The error names no part of the URL: it may hold a secret.
+        if let (false, Err(e)) = (url.is_empty(), url::Url::parse(&url)) {
+            return Err(at.error(
+                self.url.span(),
+                format!("notifier `{name}`: `url` is not a valid URL after `${{NAME}}` expansion ({e}): expected http(s)://HOST[:PORT]/PATH"),
+            ));
+        }
         let events = match &self.events {
             None => Event::ALL.to_vec(),
             Some(words) => events(at, words, name)?,

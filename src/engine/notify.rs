@@ -498,9 +498,7 @@ pub fn follow(
                     engine
                         .check_deadlines(&current, &jobs, now, checked, late)
                         .await?;
-                    engine
-                        .deliver(&current, every.max(Duration::from_secs(5)))
-                        .await
+                    engine.deliver(&current, every.max(SEND_TIMEOUT)).await
                 };
                 tokio::select! {
                     done = work => match done {

@@ -494,6 +494,26 @@ fn an_incomplete_notifier_stops_run_and_a_deadline_past_catch_up_is_refused() {
         "{}",
         out.stderr()
     );
+    // A URL that is no URL at all (no host, a port out of range) is
+    // refused at load, not tried for a day.
+    for url in ["http://", "http://127.0.0.1:99999/"] {
+        std::fs::write(
+            ws.dir.path().join("jobs.toml"),
+            format!(
+                "[[job]]\nname = \"j\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n\n\
+                 [[notify]]\nname = \"a\"\nurl = \"{url}\"\n"
+            ),
+        )
+        .unwrap();
+        let out = ws.run(&["check"]);
+        assert_eq!(out.code(), 2, "{url}: {}", out.stderr());
+        assert!(
+            out.stderr()
+                .contains("notifier `a`: `url` is not a valid URL"),
+            "{url}: {}",
+            out.stderr()
+        );
+    }
 }
 
 /// `run` delivers for its budget and no longer, however many
