@@ -50,6 +50,7 @@ pub mod store;
 pub mod suggest;
 pub mod template;
 
+pub use config::after::OnRerun;
 pub use config::code::CodeJob;
 pub use config::{Missed, Retry};
 pub use embed::{Builder, Handle, PeriodRun, RunOptions, RunOutcome, Scheduler};

@@ -244,6 +244,16 @@ impl PeriodRule {
         let mut start = self.unit.floor(local(zone, fire));
         if self.covers == Covers::Previous {
             start = self.unit.step(start, -1);
+            // An hour a spring-forward skips is no period: the fire after
+            // it (or shifted out of it) covers the hour before, which
+            // would otherwise be covered by no fire at all.
+            for _ in 0..4 {
+                let period = self.calendar_period(schedule, start);
+                if period.start < period.end {
+                    break;
+                }
+                start = self.unit.step(start, -1);
+            }
         }
         self.calendar_period(schedule, start)
     }
@@ -290,6 +300,60 @@ impl PeriodRule {
         }
         let start = self.unit.floor(local(schedule.zone(), period.end));
         self.calendar_period(schedule, start)
+    }
+
+    /// The periods of this rule that a fire of `schedule` covers and whose
+    /// windows overlap `[start, end)`, oldest first: the periods of an
+    /// upstream job that a downstream period needs, whether or not they
+    /// were ever claimed. A period no fire covers (a day a weekday schedule
+    /// skips, an hour a spring-forward removes) is not one.
+    pub fn overlapping(
+        &self,
+        schedule: &Schedule,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+    ) -> Vec<Period> {
+        let first = if self.unit == Unit::Fire {
+            let at = schedule
+                .prev_before(start + chrono::TimeDelta::nanoseconds(1))
+                .or_else(|| schedule.next_after(start));
+            let Some(at) = at else {
+                return Vec::new();
+            };
+            self.fire_period(schedule, at)
+        } else {
+            let wall = self.unit.floor(local(schedule.zone(), start));
+            self.calendar_period(schedule, wall)
+        };
+        let mut periods = Vec::new();
+        let mut period = first;
+        while period.start < end {
+            if period.end > start && self.fire_for(schedule, &period).is_some() {
+                periods.push(period.clone());
+            }
+            let next = self.following(schedule, &period);
+            // A walk that does not move forward ends rather than loops.
+            if next.start <= period.start {
+                break;
+            }
+            period = next;
+        }
+        periods
+    }
+
+    /// The period before `period` that a fire covers: what the job's own
+    /// run before this one covered (a day a weekday schedule skips is
+    /// passed over). `None` before the schedule's first fire.
+    pub fn preceding(&self, schedule: &Schedule, period: &Period) -> Option<Period> {
+        // Fires of the periods before `period` come before its start, or,
+        // for fires that cover the period before them, before its end.
+        let before = match self.covers {
+            Covers::Current => period.start,
+            Covers::Previous => period.end,
+        };
+        let fire = schedule.prev_before(before)?;
+        let preceding = self.period_of(schedule, fire);
+        (preceding.label != period.label).then_some(preceding)
     }
 
     /// The fire that covers `period`, if the schedule has one.

@@ -84,6 +84,13 @@ pub enum PeriodState {
     Succeeded,
     /// Its latest attempt failed.
     Failed,
+    /// Due and never claimed, and an upstream period it needs (its job's
+    /// `after`) has not succeeded: claimed once they all have.
+    Waiting,
+    /// Its latest attempt succeeded, but an upstream period it needs
+    /// succeeded again since that attempt started (a forced rerun): its
+    /// result may be built on what was replaced.
+    Stale,
     /// Past its deadline (the job's `deadline` after its fire) and not
     /// succeeded: never claimed, running, failed or waiting.
     Late,
@@ -101,6 +108,8 @@ impl PeriodState {
             PeriodState::LeaseExpired => "lease expired",
             PeriodState::Succeeded => "succeeded",
             PeriodState::Failed => "failed",
+            PeriodState::Waiting => "waiting",
+            PeriodState::Stale => "stale",
             PeriodState::Late => "late",
         }
     }
@@ -140,6 +149,8 @@ pub enum PeriodOutcome {
     Busy,
     /// Not run: a shutdown came while it waited.
     Interrupted,
+    /// Not run: an upstream period it needs has not succeeded.
+    Waiting,
     /// `--dry-run`: it would be claimed.
     WouldClaim,
 }
@@ -157,6 +168,7 @@ impl PeriodOutcome {
             PeriodOutcome::Skipped => "skipped",
             PeriodOutcome::Busy => "busy",
             PeriodOutcome::Interrupted => "interrupted",
+            PeriodOutcome::Waiting => "waiting",
             PeriodOutcome::WouldClaim => "would claim",
         }
     }
@@ -188,6 +200,10 @@ pub enum Trigger {
     Recovery,
     /// `run --period` or `--from/--to`.
     Manual,
+    /// It waited for its upstream periods and they are done now, or one
+    /// of them succeeded again and its job reruns on that
+    /// (`on_upstream_rerun = "rerun"`).
+    Upstream,
 }
 
 impl Trigger {
@@ -199,6 +215,7 @@ impl Trigger {
             Trigger::Retry => "retry",
             Trigger::Recovery => "recovery",
             Trigger::Manual => "manual",
+            Trigger::Upstream => "upstream",
         }
     }
 
@@ -208,6 +225,7 @@ impl Trigger {
             "retry" => Trigger::Retry,
             "recovery" => Trigger::Recovery,
             "manual" => Trigger::Manual,
+            "upstream" => Trigger::Upstream,
             _ => Trigger::Schedule,
         }
     }

@@ -122,9 +122,16 @@ async fn inspect_database(
                 output,
                 json,
             };
-            inspect::history(store, &config.full_name(&job), key.as_deref(), shown)
-                .await
-                .or_else(Unread::into_result)
+            let defined = config.find(&job).ok();
+            inspect::history(
+                store,
+                &config.full_name(&job),
+                defined,
+                key.as_deref(),
+                shown,
+            )
+            .await
+            .or_else(Unread::into_result)
         }
         Command::Release { job, period } => inspect::release(config, store, &job, &period)
             .await

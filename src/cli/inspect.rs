@@ -44,6 +44,7 @@ pub async fn status(
         let overdue = overdue.remove(&job.name).filter(|_| !paused);
         let late = late.remove(&job.name).filter(|_| !paused);
         all.push(JobStatus {
+            waiting: waiting(store, job, now).await?,
             job,
             paused,
             recent: store.recent(&job.name, RECENT).await?,
@@ -64,7 +65,7 @@ pub async fn status(
     let look = Look::of_stdout();
     let mut table = look.table();
     table.set_header([
-        "JOB", "SCHEDULE", "NEXT", "LAST", "RUNNING", "FAILED", "OVERDUE", "LATE",
+        "JOB", "SCHEDULE", "NEXT", "LAST", "RUNNING", "FAILED", "OVERDUE", "LATE", "WAITING",
     ]);
     for job in &all {
         table.add_row(job.cells(&look, now));
@@ -87,6 +88,12 @@ pub async fn status(
                 for key in keys {
                     say(format_args!("  {key}"))?;
                 }
+            }
+        }
+        if !job.waiting.is_empty() {
+            say(format_args!("waiting ({}):", job.waiting.len()))?;
+            for (key, waits) in &job.waiting {
+                say(format_args!("  {key}  waiting for {waits}"))?;
             }
         }
         if !job.recent.is_empty() {
@@ -153,6 +160,9 @@ struct JobStatus<'a> {
     overdue: Vec<String>,
     /// Past the job's `deadline` and not succeeded.
     late: Vec<String>,
+    /// Due, never claimed, and waiting for upstream periods: each key
+    /// with what it waits for.
+    waiting: Vec<(String, String)>,
 }
 
 impl JobStatus<'_> {
@@ -250,6 +260,8 @@ impl JobStatus<'_> {
         let failed: Vec<String> = self.failed().map(|row| self.failed_line(row)).collect();
         let overdue = Self::newest(&self.overdue);
         let late = Self::newest(&self.late);
+        let waiting: Vec<String> = self.waiting.iter().map(|(key, _)| key.clone()).collect();
+        let waiting_cell = Self::newest(&waiting);
         // A piped row stays one line, for grep and awk.
         let separator = if look.terminal { "\n" } else { "; " };
         let or_dash = |lines: Vec<String>| {
@@ -269,6 +281,7 @@ impl JobStatus<'_> {
             look.cell(or_dash(failed), failed_colour),
             look.cell(overdue, (!self.overdue.is_empty()).then_some(Color::Yellow)),
             look.cell(late, (!self.late.is_empty()).then_some(Color::Red)),
+            look.cell(waiting_cell, None),
         ]
     }
 
@@ -317,8 +330,38 @@ impl JobStatus<'_> {
             "overdue": self.overdue,
             "deadline": self.job.deadline.map(crate::config::short),
             "late": self.late,
+            "waiting": self
+                .waiting
+                .iter()
+                .map(|(key, waits)| json!({ "period_key": key, "waiting_for": waits }))
+                .collect::<Vec<_>>(),
         })
     }
+}
+
+/// How many waiting periods of one job `status` shows at most.
+const WAITING_SHOWN: u32 = 100;
+
+/// The periods of `job` noted as waiting that still wait, each with what
+/// it waits for as it stands now.
+async fn waiting(
+    store: &Store,
+    job: &Job,
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, String)>, Error> {
+    if !job.after.any() {
+        return Ok(Vec::new());
+    }
+    let noted = store
+        .waiting_periods(std::slice::from_ref(&job.name), WAITING_SHOWN, false)
+        .await?;
+    let periods: Vec<crate::period::Period> = noted.into_iter().map(|w| w.period).collect();
+    Ok(view::periods(store, job, &periods, now)
+        .await?
+        .into_iter()
+        .filter(|v| v.row.is_none() && v.upstream.waiting())
+        .map(|v| (v.key.to_string(), v.upstream.to_string()))
+        .collect())
 }
 
 /// The longest range `status JOB --from --to` prints.
@@ -349,12 +392,21 @@ pub async fn range(
                 state,
                 fire,
                 row,
+                upstream,
             } = view;
             let row = row.as_ref();
-            let detail = match row {
-                None if state == PeriodState::NotDue => format!("fires at {}", time(fire)),
-                None => "due, never run".to_owned(),
-                Some(row) => format!("attempt {}  {}", row.attempt, describe(row)),
+            let waiting_for = upstream.waiting().then(|| upstream.to_string());
+            let detail = match (row, &waiting_for) {
+                (None, _) if state == PeriodState::NotDue => format!("fires at {}", time(fire)),
+                (None, Some(waits)) => format!("due, waiting for {waits}"),
+                (None, None) => "due, never run".to_owned(),
+                (Some(row), _) if state == PeriodState::Stale => format!(
+                    "attempt {}  {}; stale: a period it needed succeeded again at {}",
+                    row.attempt,
+                    describe(row),
+                    time(upstream.newest)
+                ),
+                (Some(row), _) => format!("attempt {}  {}", row.attempt, describe(row)),
             };
             if as_json {
                 say(format_args!(
@@ -366,6 +418,7 @@ pub async fn range(
                         "attempt": row.map(|r| r.attempt),
                         "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
                         "fire": fire.map(utc_text),
+                        "waiting_for": waiting_for,
                     })
                 ))?;
             } else {
@@ -418,12 +471,34 @@ pub struct Shown {
 }
 
 /// `scheduler history JOB [--period LABEL] [--limit N] [--output] [--json]`.
+/// A job still in jobs.toml (`defined`) first says which of its periods
+/// wait for upstream periods, and what for.
 pub async fn history(
     store: &Store,
     job: &str,
+    defined: Option<&Job>,
     key: Option<&str>,
     shown: Shown,
 ) -> Result<Outcome, Unread> {
+    if let Some(defined) = defined {
+        let waiting = waiting(store, defined, Utc::now()).await?;
+        let waiting = waiting
+            .iter()
+            .filter(|(k, _)| key.is_none_or(|key| k == key));
+        for (i, (key, waits)) in waiting.enumerate() {
+            if shown.json {
+                say(format_args!(
+                    "{}",
+                    json!({ "waiting": { "period_key": key, "waiting_for": waits } })
+                ))?;
+                continue;
+            }
+            if i == 0 {
+                say(format_args!("waiting:"))?;
+            }
+            say(format_args!("  {key}  waiting for {waits}"))?;
+        }
+    }
     let attempts = match key {
         Some(key) => store.attempts(key, shown.limit).await?,
         None => store.history(job, shown.limit).await?,

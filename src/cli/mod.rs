@@ -193,6 +193,11 @@ pub struct RunArgs {
     /// concurrency slot, and report the outcome.
     #[arg(long)]
     pub wait: bool,
+    /// First run, in dependency order, the periods of the jobs named in
+    /// `after` that the asked periods need and that have not succeeded
+    /// (with --period or --from/--to).
+    #[arg(long)]
+    pub with_upstream: bool,
     /// One JSON object per line.
     #[arg(long)]
     pub json: bool,

@@ -29,6 +29,7 @@ pub fn request(args: &RunArgs) -> Request {
         early: args.early,
         wait: args.wait,
         dry_run: args.dry_run,
+        with_upstream: args.with_upstream,
         names: Names::FLAGS,
         by: format!("cli:{}", user()).into(),
     }
@@ -202,6 +203,8 @@ fn print_line(line: &Line, as_json: bool) -> Result<(), Unread> {
             "detail": line.detail,
         });
         say(format_args!("{value}"))
+    } else if line.status == crate::state::PeriodOutcome::Waiting {
+        say(format_args!("{}  waiting for {}", line.key, line.detail))
     } else {
         say(format_args!(
             "{}  {}: {}",

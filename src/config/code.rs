@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
+use super::after::{After, Named, OnRerun};
 use super::raw::{
     SHORTEST_LEASE, SHORTEST_SCAN, count_problem, duration_problem, floor_problem,
     job_name_problem, keep_problem, namespace_problem, schedule,
@@ -47,6 +48,8 @@ pub struct CodeJob {
     timeout: Option<Duration>,
     keep: Option<Duration>,
     deadline: Option<Duration>,
+    after: Vec<String>,
+    on_upstream_rerun: OnRerun,
     handler: Option<Handler>,
 }
 
@@ -68,6 +71,8 @@ impl CodeJob {
             timeout: None,
             keep: None,
             deadline: None,
+            after: Vec::new(),
+            on_upstream_rerun: OnRerun::default(),
             handler: None,
         }
     }
@@ -133,6 +138,27 @@ impl CodeJob {
     /// (as `deadline` in `jobs.toml`).
     pub fn deadline(mut self, deadline: Duration) -> CodeJob {
         self.deadline = Some(deadline);
+        self
+    }
+
+    /// The jobs (of the file or of code) whose periods each of its
+    /// periods waits for, as `after` in `jobs.toml`: those whose windows
+    /// overlap its own; its own name makes each period wait for its
+    /// previous one.
+    pub fn after<I, S>(mut self, jobs: I) -> CodeJob
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.after = jobs.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// What a succeeded period becomes when a period it needed succeeds
+    /// again, as `on_upstream_rerun` in `jobs.toml` (shown `stale` by
+    /// default).
+    pub fn on_upstream_rerun(mut self, on_rerun: OnRerun) -> CodeJob {
+        self.on_upstream_rerun = on_rerun;
         self
     }
 
@@ -242,6 +268,18 @@ impl CodeJob {
             retry: self.retry,
             keep: self.keep,
             deadline: self.deadline,
+            after: After {
+                named: self
+                    .after
+                    .into_iter()
+                    .map(|name| Named {
+                        name,
+                        place: place.clone(),
+                    })
+                    .collect(),
+                on_rerun: self.on_upstream_rerun,
+                ..After::default()
+            },
             definition: Fingerprint::default(),
             secrets: Default::default(),
         };

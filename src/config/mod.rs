@@ -16,6 +16,7 @@ use crate::template::{Secrets, Template, TemplateError};
 pub use address::DatabaseUrl;
 
 pub mod address;
+pub mod after;
 pub mod code;
 pub mod environment;
 pub mod notify;
@@ -375,6 +376,8 @@ pub struct Job {
     /// A period must have succeeded this long after its fire, or it is
     /// late.
     pub deadline: Option<Duration>,
+    /// The upstream periods each of its periods waits for.
+    pub after: after::After,
     /// A fingerprint of what it does and when (schedule, zone, period
     /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
     /// recorded on every attempt, so `history` shows where it changed. A
@@ -623,6 +626,8 @@ impl Config {
             notifiers,
             incomplete_notifiers,
         };
+        let mut config = config;
+        config.link_after()?;
         Ok((config, warnings))
     }
 

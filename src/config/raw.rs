@@ -58,6 +58,9 @@ pub(super) struct RawJob {
     retry: Option<RawRetry>,
     keep: Option<Spanned<String>>,
     deadline: Option<Spanned<String>>,
+    after: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    on_upstream_rerun: super::after::OnRerun,
     #[serde(default)]
     dst: RawDst,
 }
@@ -617,9 +620,27 @@ impl RawJob {
             retry,
             keep,
             deadline,
+            after: self.after(at),
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })
+    }
+
+    /// `after` as written, each name with its place; linked to the jobs it
+    /// names once all are read.
+    fn after(&self, at: &Locator) -> super::after::After {
+        let named = self.after.as_ref().map_or(&[][..], |a| a.get_ref());
+        super::after::After {
+            named: named
+                .iter()
+                .map(|name| super::after::Named {
+                    name: name.get_ref().clone(),
+                    place: at.error(name.span(), String::new()).place,
+                })
+                .collect(),
+            on_rerun: self.on_upstream_rerun,
+            ..Default::default()
+        }
     }
 
     /// `deadline`, which must be shorter than the catch-up window: a period

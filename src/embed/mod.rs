@@ -187,6 +187,7 @@ impl Scheduler {
             early: options.early,
             wait: options.wait,
             dry_run: false,
+            with_upstream: options.with_upstream,
             names: Names::JSON,
             by: options.by.unwrap_or_else(|| "library".into()),
         };
@@ -266,6 +267,9 @@ pub struct RunOptions {
     pub early: bool,
     /// Wait for a period held elsewhere, or for a concurrency slot.
     pub wait: bool,
+    /// First run the upstream periods (`after`) the asked periods need
+    /// that have not succeeded, in dependency order.
+    pub with_upstream: bool,
     /// Who asks, as `history` shows it (`library` if unset).
     pub by: Option<Arc<str>>,
 }
@@ -286,6 +290,12 @@ impl RunOptions {
     /// Wait for periods held elsewhere.
     pub fn wait(mut self) -> RunOptions {
         self.wait = true;
+        self
+    }
+
+    /// Run the missing upstream periods first.
+    pub fn with_upstream(mut self) -> RunOptions {
+        self.with_upstream = true;
         self
     }
 
@@ -336,6 +346,10 @@ pub enum RunOutcome {
     Released,
     /// The lease could not be renewed in time; nothing recorded.
     Fenced,
+    /// Not run: an upstream period it needs (its job's `after`) has not
+    /// succeeded ([`PeriodRun::detail`] says which). Claimed once they all
+    /// have.
+    Waiting,
 }
 
 impl PeriodRun {
@@ -350,6 +364,7 @@ impl PeriodRun {
             // the period recovered once its lease runs out.
             PeriodOutcome::Fenced | PeriodOutcome::Error => RunOutcome::Fenced,
             PeriodOutcome::Busy => RunOutcome::Busy,
+            PeriodOutcome::Waiting => RunOutcome::Waiting,
             PeriodOutcome::Skipped | PeriodOutcome::Interrupted | PeriodOutcome::WouldClaim => {
                 RunOutcome::Skipped
             }
@@ -501,6 +516,7 @@ impl Builder {
             }
             config.jobs.push(job);
         }
+        config.link_after()?;
         let launcher = launcher(&config, self.supervisor)?;
         let store = open(self.database, &config).await?;
         if matches!(store, Store::Sqlite(_)) {

@@ -57,19 +57,25 @@ pub fn due(job: &Job, now: DateTime<Utc>, since: DateTime<Utc>, with_latest: boo
     due
 }
 
-/// How one period of `job` stands, with the fire that makes it due. One
-/// answer for `status JOB --from --to` and the API's range.
+/// How one period of `job` stands, with the fire that makes it due, its
+/// upstream periods (`after`) as [`super::after::look`] found them. One
+/// answer for `status JOB --from --to`, the API and the notifications.
 pub fn standing(
     job: &Job,
     period: &Period,
     row: Option<&ClaimRow>,
+    upstream: &super::after::Upstream,
     now: DateTime<Utc>,
 ) -> (PeriodState, Option<DateTime<Utc>>) {
     let fire = job.period.fire_for(&job.schedule, period);
     let state = match row {
         None if fire.is_some_and(|f| f > now) => PeriodState::NotDue,
+        None if upstream.waiting() => PeriodState::Waiting,
         None => PeriodState::Missing,
-        Some(row) => row.standing(),
+        Some(row) => match row.standing() {
+            PeriodState::Succeeded if upstream.stale(row.started_at) => PeriodState::Stale,
+            state => state,
+        },
     };
     // Past its deadline and not succeeded, a period is late, whatever else
     // it is (never claimed, running, failed, waiting).
@@ -79,7 +85,7 @@ pub fn standing(
         .zip(fire)
         .is_some_and(|(d, fire)| fire + d <= now);
     let state = match state {
-        PeriodState::Succeeded | PeriodState::NotDue => state,
+        PeriodState::Succeeded | PeriodState::Stale | PeriodState::NotDue => state,
         _ if past_deadline => PeriodState::Late,
         _ => state,
     };
@@ -239,13 +245,19 @@ impl OverdueCount {
         }
         let keys: Vec<String> = asked.iter().map(|(_, _, key)| key.clone()).collect();
         let rows = store.rows(&keys).await?;
+        let waiting = waiting_among(store, &keys, |name| {
+            self.jobs.get(name).is_some_and(|open| open.job.after.any())
+        })
+        .await?;
         for (name, fire, key) in asked.drain(..) {
             let claim = rows.get(&key).map(ClaimRow::as_claim);
             // Not looked up again until the next full count.
             if matches!(claim, Some(Claim::Succeeded { .. })) {
                 continue;
             }
-            if !matches!(claim, Some(Claim::Held { .. })) {
+            // A period waiting for its upstream periods is not overdue:
+            // it is claimed once they are done.
+            if !matches!(claim, Some(Claim::Held { .. })) && !waiting.contains_key(&key) {
                 *counted.entry(name.clone()).or_default() += 1;
             }
             if let Some(open) = self.jobs.get_mut(&name) {
@@ -372,6 +384,7 @@ async fn unfinished(
             .filter(|d| d.fire >= since)
         {
             asked.push(Asked {
+                waits: job.after.any(),
                 job: job.name.clone(),
                 key: PeriodKey::new(&job.name, &d.period.label).to_string(),
                 fire: d.fire,
@@ -389,8 +402,26 @@ async fn unfinished(
     Ok(open)
 }
 
+/// Of `keys`, those noted as waiting for upstream periods, if a job
+/// `waits` says may have such periods; none looked up otherwise.
+async fn waiting_among(
+    store: &Store,
+    keys: &[String],
+    waits: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, String>, Error> {
+    let jobs = keys
+        .iter()
+        .map(|key| key.split_once(':').map_or("", |(job, _)| job));
+    match jobs.into_iter().any(waits) {
+        true => store.waits(keys).await,
+        false => Ok(HashMap::new()),
+    }
+}
+
 /// A period [`unfinished`] looks up.
 struct Asked {
+    /// Its job's periods may wait for upstream periods.
+    waits: bool,
     job: String,
     key: String,
     fire: DateTime<Utc>,
@@ -411,9 +442,19 @@ async fn keep_open(
     }
     let keys: Vec<String> = asked.iter().map(|a| a.key.clone()).collect();
     let rows = store.rows(&keys).await?;
+    let waiting = match which {
+        Unfinished::Overdue => {
+            waiting_among(store, &keys, |name| {
+                asked.iter().any(|a| a.job == name && a.waits)
+            })
+            .await?
+        }
+        _ => HashMap::new(),
+    };
     for Asked {
         job,
         key,
+        waits: _,
         fire,
         deadline,
     } in asked.drain(..)
@@ -423,6 +464,8 @@ async fn keep_open(
                 which != Unfinished::WasLate || deadline.is_none_or(|d| at <= d)
             }
             Some(Claim::Held { .. }) => which == Unfinished::Overdue,
+            // Waiting for its upstream periods is not overdue (it is late).
+            None => waiting.contains_key(&key),
             _ => false,
         };
         if !closed {

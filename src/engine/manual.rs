@@ -34,6 +34,9 @@ struct Plan<'a> {
     job: &'a Job,
     periods: Periods,
     manual: bool,
+    /// Succeeded periods are run again (`--force`; never an upstream
+    /// period run first by `--with-upstream`).
+    force: bool,
 }
 
 /// A job's periods, handed out a chunk at a time.
@@ -160,6 +163,9 @@ pub struct Request {
     pub wait: bool,
     /// Say what would be claimed; claim nothing.
     pub dry_run: bool,
+    /// Run first, in dependency order, the upstream periods (`after`) the
+    /// asked periods need that have not succeeded.
+    pub with_upstream: bool,
     /// How the front end names the fields, for its error messages.
     pub names: Names,
     /// Who asks: an API token's name, or `cli:` and the user; noted on
@@ -182,6 +188,8 @@ pub struct Names {
     pub force: &'static str,
     /// Waiting for a period held elsewhere.
     pub wait: &'static str,
+    /// Running the upstream periods first.
+    pub with_upstream: &'static str,
 }
 
 impl Names {
@@ -193,6 +201,7 @@ impl Names {
         early: "--early",
         force: "--force",
         wait: "--wait",
+        with_upstream: "--with-upstream",
     };
     /// A period label in an HTTP API path.
     pub const PATH: Names = Names {
@@ -202,6 +211,7 @@ impl Names {
         early: "early",
         force: "force",
         wait: "wait",
+        with_upstream: "with_upstream",
     };
     /// The HTTP API's JSON fields.
     pub const JSON: Names = Names {
@@ -211,6 +221,7 @@ impl Names {
         early: "early",
         force: "force",
         wait: "wait",
+        with_upstream: "with_upstream",
     };
 }
 
@@ -318,9 +329,13 @@ impl Backfill<'_> {
         for plan in plans {
             self.out_of_slots = false;
             let job = Arc::new(plan.job.clone());
+            let request = Request {
+                force: plan.force,
+                ..self.request.clone()
+            };
             let mode = Mode {
                 manual: plan.manual,
-                force: self.request.force,
+                force: plan.force,
                 early: self.request.early,
             };
             // A batch runs its periods side by side: at most as many as
@@ -347,10 +362,10 @@ impl Backfill<'_> {
                         return Ok(Ok(()));
                     }
                     let row = rows.get(key.as_str());
-                    let skip = if self.request.dry_run {
-                        Some(dry_run_line(key.as_str(), row, self.request))
+                    let skip = if request.dry_run {
+                        Some(dry_run_line(key.as_str(), row, &request))
                     } else {
-                        row.and_then(|row| skip_line(key.as_str(), row, self.request))
+                        row.and_then(|row| skip_line(key.as_str(), row, &request))
                     };
                     match skip {
                         Some(line) => {
@@ -665,7 +680,10 @@ impl Backfill<'_> {
                 | PeriodOutcome::Released
                 | PeriodOutcome::Busy
                 | PeriodOutcome::Interrupted
-        ) {
+        ) || (line.status == PeriodOutcome::Waiting && self.request.manual())
+        {
+            // A period asked for by hand that waits is not done; a due one
+            // that waits runs once its upstream periods are.
             self.outcome = Outcome::RunFailed;
         }
         self.out_of_slots |= line.status == PeriodOutcome::Busy;
@@ -703,6 +721,9 @@ async fn plan<'a>(
     for job in jobs {
         let manual = request.manual();
         let periods = if let Some(walk) = manual_range(job, request, now)? {
+            if request.with_upstream {
+                plans.extend(upstream_plans(config, job, walk.clone(), now)?);
+            }
             Periods::Range(walk)
         } else {
             let seen = store.see_jobs(std::slice::from_ref(&job.name)).await?;
@@ -733,6 +754,14 @@ async fn plan<'a>(
                     });
                 }
             }
+            // Succeeded periods an upstream rerun made stale, for a job
+            // that reruns on it, as `serve`'s scan would take them.
+            let reopened = super::after::reopen_stale(store, &[job], window).await?;
+            for (_, due) in reopened {
+                if !listed.iter().any(|d| d.period.label == due.period.label) {
+                    listed.push(due);
+                }
+            }
             listed.sort_by_key(|d| d.fire);
             Periods::Listed(listed.into_iter())
         };
@@ -740,9 +769,89 @@ async fn plan<'a>(
             job,
             periods,
             manual,
+            force: request.force,
         });
     }
     Ok(plans)
+}
+
+/// The plans that run first, for `--with-upstream`, the upstream periods
+/// of the periods of `walk`: each upstream job's due periods that they
+/// need, through the upstream jobs' own `after`, a job's after all of its
+/// upstream jobs'. None is forced: a succeeded one is passed over.
+fn upstream_plans<'a>(
+    config: &'a Config,
+    job: &Job,
+    mut walk: RangeWalk,
+    now: DateTime<Utc>,
+) -> Result<Vec<Plan<'a>>, Error> {
+    // Each job reached, with the labels wanted of it; in the order their
+    // plans run (a job after every job it waits for).
+    let mut wanted: Vec<(&'a Job, Vec<Period>)> = Vec::new();
+    let mut asked: Vec<(String, String)> = Vec::new();
+    while let Some(period) = walk.step(job) {
+        asked.extend(super::after::upstream_of(job, &period));
+    }
+    // Depth first: a job's upstream periods are added before it.
+    fn reach<'a>(
+        config: &'a Config,
+        asked: Vec<(String, String)>,
+        wanted: &mut Vec<(&'a Job, Vec<Period>)>,
+        now: DateTime<Utc>,
+    ) -> Result<(), Error> {
+        let mut by_job: Vec<(String, Vec<String>)> = Vec::new();
+        for (name, label) in asked {
+            match by_job.iter_mut().find(|(job, _)| *job == name) {
+                Some((_, labels)) => labels.push(label),
+                None => by_job.push((name, vec![label])),
+            }
+        }
+        for (name, labels) in by_job {
+            let up = config.job(&name)?;
+            let periods: Vec<Period> = labels
+                .iter()
+                .filter_map(|label| up.period.parse_label(&up.schedule, label).ok())
+                .filter(|p| {
+                    up.period
+                        .fire_for(&up.schedule, p)
+                        .is_some_and(|f| f <= now)
+                })
+                .collect();
+            let further: Vec<(String, String)> = periods
+                .iter()
+                .flat_map(|p| super::after::upstream_of(up, p))
+                .collect();
+            reach(config, further, wanted, now)?;
+            match wanted.iter_mut().find(|(job, _)| job.name == up.name) {
+                Some((_, known)) => {
+                    for p in periods {
+                        if !known.iter().any(|k| k.label == p.label) {
+                            known.push(p);
+                        }
+                    }
+                }
+                None => wanted.push((up, periods)),
+            }
+        }
+        Ok(())
+    }
+    reach(config, asked, &mut wanted, now)?;
+    Ok(wanted
+        .into_iter()
+        .map(|(up, mut periods)| {
+            periods.sort_by_key(|p| p.start);
+            let dues: Vec<Due> = periods
+                .into_iter()
+                .map(|p| manual_due(up, p, now))
+                .collect();
+            Plan {
+                job: up,
+                periods: Periods::Listed(dues.into_iter()),
+                manual: true,
+                force: false,
+            }
+        })
+        .collect())
 }
 
 /// Checks `request` against every job it applies to, before the database
@@ -761,6 +870,12 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
         return Err(Error::Usage(format!(
             "{}: needs {named}; it re-runs succeeded periods, so it names them",
             n.force
+        )));
+    }
+    if request.with_upstream && !request.manual() {
+        return Err(Error::Usage(format!(
+            "{}: needs {named}; a scheduled run claims what waited once its upstream periods are done",
+            n.with_upstream
         )));
     }
     for job in &config.jobs {

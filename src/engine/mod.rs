@@ -6,6 +6,7 @@
 //! claim's attempt, and reports how each ended as a value ([`Report`]).
 
 mod action;
+pub mod after;
 pub mod due;
 mod execute;
 mod group;
@@ -136,7 +137,10 @@ impl Ask {
             trigger: self.due.trigger,
             concurrency: self.job.concurrency,
             force: self.mode.force,
-            manual: self.mode.manual,
+            // A period that waited, or was reopened, for its upstream
+            // periods keeps its trigger `upstream` (a claim otherwise
+            // calls the taking of a released claim a recovery).
+            manual: self.mode.manual || self.due.trigger == Trigger::Upstream,
             scheduled_at: self.due.fire,
             asked: self.by.as_deref().map(|by| Asked {
                 how: self.mode.words(),
@@ -175,6 +179,9 @@ pub enum Taken {
     Not(Claim),
     /// This process is running the period already.
     RunningHere,
+    /// Not claimed: upstream periods it needs (its job's `after`) have not
+    /// succeeded.
+    Waiting(after::Upstream),
 }
 
 /// A claim this process won. Its lease is renewed, and its fence counted
@@ -321,7 +328,109 @@ impl Engine {
             .collect())
     }
 
+    /// Claims the asks whose upstream periods are all done; the others are
+    /// answered [`Taken::Waiting`] and noted as waiting, for a scan or a
+    /// later `run` to claim once they are.
     async fn claim_with(&self, asks: &[Ask], queue: Queue) -> Result<Vec<Taken>, Error> {
+        let mut gate = self.gate(asks).await?;
+        if gate.iter().all(Option::is_none) {
+            let claimed = self.claim_ready(asks, queue).await?;
+            self.unwait(asks, &claimed);
+            return Ok(claimed);
+        }
+        let ready: Vec<Ask> = asks
+            .iter()
+            .zip(&gate)
+            .filter(|(_, waits)| waits.is_none())
+            .map(|(ask, _)| ask.clone())
+            .collect();
+        let claimed = self.claim_ready(&ready, queue).await?;
+        self.unwait(&ready, &claimed);
+        let mut claimed = claimed.into_iter();
+        Ok(gate
+            .iter_mut()
+            .map(|waits| match waits.take() {
+                Some(upstream) => Taken::Waiting(upstream),
+                None => claimed.next().unwrap_or(Taken::RunningHere),
+            })
+            .collect())
+    }
+
+    /// For each ask, what it waits for, if it does: a period of a job with
+    /// `after`, due to be claimed (never claimed, or claimable again; a
+    /// succeeded or running one is answered by its claim), with an
+    /// upstream period not succeeded. Those that wait are noted so.
+    async fn gate(&self, asks: &[Ask]) -> Result<Vec<Option<after::Upstream>>, Error> {
+        let mut gate: Vec<Option<after::Upstream>> = vec![None; asks.len()];
+        let gated: Vec<usize> = (0..asks.len())
+            .filter(|i| asks[*i].job.after.any())
+            .collect();
+        if gated.is_empty() {
+            return Ok(gate);
+        }
+        let own: Vec<String> = gated.iter().map(|i| asks[*i].key().to_string()).collect();
+        let mut rows = std::collections::HashMap::new();
+        for chunk in own.chunks(after::KEYS_PER_READ) {
+            rows.extend(self.store.rows(chunk).await?);
+        }
+        let open: Vec<usize> = gated
+            .into_iter()
+            .zip(own)
+            .filter(
+                |(i, key)| match rows.get(key).map(crate::store::ClaimRow::as_claim) {
+                    None => true,
+                    Some(Claim::Succeeded { .. }) => asks[*i].mode.force,
+                    Some(Claim::Held { .. }) => false,
+                    Some(_) => true,
+                },
+            )
+            .map(|(i, _)| i)
+            .collect();
+        let asked: Vec<(&Job, &crate::period::Period)> = open
+            .iter()
+            .map(|i| (&*asks[*i].job, &asks[*i].due.period))
+            .collect();
+        let looked = after::look(&self.store, &asked).await?;
+        let mut waiting = Vec::new();
+        for (i, upstream) in open.into_iter().zip(looked) {
+            if upstream.waiting() {
+                let ask = &asks[i];
+                waiting.push(crate::store::Waiting {
+                    job: &ask.job.name,
+                    period: &ask.due.period,
+                    fire: ask.due.fire,
+                    missing: upstream.missing_keys(),
+                    waits: upstream.to_string(),
+                });
+                gate[i] = Some(upstream);
+            }
+        }
+        self.store.note_waiting(&waiting).await?;
+        Ok(gate)
+    }
+
+    /// Forgets as waiting the periods of jobs with `after` that were just
+    /// won, beside the runs: a row left behind is passed over (its key has
+    /// a claim) and goes with the claim when it is pruned.
+    fn unwait(&self, asks: &[Ask], claimed: &[Taken]) {
+        let won: Vec<String> = asks
+            .iter()
+            .zip(claimed)
+            .filter(|(ask, taken)| ask.job.after.any() && matches!(taken, Taken::Won(_)))
+            .map(|(ask, _)| ask.key().to_string())
+            .collect();
+        if won.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.unwait(&won).await {
+                tracing::debug!("cannot forget claimed periods as waiting: {e}");
+            }
+        });
+    }
+
+    async fn claim_ready(&self, asks: &[Ask], queue: Queue) -> Result<Vec<Taken>, Error> {
         let here = self.mark_running_here(asks);
         let answers = self.claim_chunks(asks, &here, queue == Queue::Wait).await?;
         Ok(asks

@@ -94,6 +94,7 @@ impl Engine {
                 failures: failed.failures,
                 error: failed.error.as_deref(),
                 deadline: None,
+                waiting_for: None,
             };
             new.extend(told.to(&config.notifiers, Event::Failed));
         }
@@ -123,6 +124,7 @@ impl Engine {
                 failures: 0,
                 error: None,
                 deadline: None,
+                waiting_for: None,
             };
             new.extend(told.to(std::slice::from_ref(n), Event::Recovered));
         }
@@ -158,6 +160,10 @@ impl Engine {
             let newest = &periods[periods.len().saturating_sub(LATE_PER_JOB)..];
             let keys: Vec<String> = newest.iter().map(|(key, _)| key.clone()).collect();
             let rows = self.store().rows(&keys).await?;
+            let waits = match job.after.any() {
+                true => self.store().waits(&keys).await?,
+                false => std::collections::HashMap::new(),
+            };
             for (key, fire) in newest {
                 let row = rows.get(key);
                 // A period that failed with retries left is told with its
@@ -180,7 +186,12 @@ impl Engine {
                     job,
                     key,
                     label: key.split_once(':').map_or("", |(_, label)| label),
-                    state: row.map_or("missing", |r| r.standing().as_str()),
+                    state: match (row, waits.get(key)) {
+                        (Some(row), _) => row.standing().as_str(),
+                        (None, Some(_)) => crate::state::PeriodState::Waiting.as_str(),
+                        (None, None) => crate::state::PeriodState::Missing.as_str(),
+                    },
+                    waiting_for: waits.get(key).map(String::as_str),
                     attempt: row.map(|r| r.attempt),
                     failures: row.map_or(0, |r| r.failures),
                     error: error.as_deref(),
@@ -385,6 +396,8 @@ struct Told<'a> {
     failures: i32,
     error: Option<&'a str>,
     deadline: Option<DateTime<Utc>>,
+    /// For a period that waits for upstream periods: what, in words.
+    waiting_for: Option<&'a str>,
 }
 
 impl Told<'_> {
@@ -420,15 +433,19 @@ impl Told<'_> {
                 "attempt": self.attempt,
                 "failures": self.failures,
                 "error": error,
+                "waiting_for": self.waiting_for,
                 "links": { "period": link },
             })
             .to_string(),
             Format::Slack => {
                 let what = match event {
                     Event::Late => format!(
-                        "is late: not succeeded by its deadline {} (now {})",
+                        "is late: not succeeded by its deadline {} (now {}{})",
                         deadline.unwrap_or_default(),
-                        self.state
+                        self.state,
+                        self.waiting_for
+                            .map(|w| format!(", waiting for {w}"))
+                            .unwrap_or_default()
                     ),
                     Event::Failed => format!(
                         "failed for good after {} failure(s){}",

@@ -56,6 +56,8 @@ pub enum Status {
     RunningHere,
     /// Not won: why, as the store said.
     NotWon(Claim),
+    /// Not claimed: upstream periods it needs have not succeeded.
+    Waiting(super::after::Upstream),
 }
 
 impl Report {
@@ -113,6 +115,7 @@ impl Report {
     pub fn not_run(ask: &Ask, taken: Taken) -> Report {
         let status = match taken {
             Taken::Not(claim) => Status::NotWon(claim),
+            Taken::Waiting(upstream) => Status::Waiting(upstream),
             Taken::RunningHere | Taken::Won(_) => Status::RunningHere,
         };
         Report {
@@ -137,6 +140,7 @@ impl Report {
             Status::Fenced => PeriodOutcome::Fenced,
             Status::Unrecorded(_) => PeriodOutcome::Error,
             Status::RunningHere | Status::NotWon(_) => PeriodOutcome::Skipped,
+            Status::Waiting(_) => PeriodOutcome::Waiting,
         }
     }
 
@@ -165,6 +169,7 @@ impl Report {
             ),
             Status::RunningHere => "running in this process".into(),
             Status::NotWon(claim) => not_won(claim),
+            Status::Waiting(upstream) => upstream.to_string(),
         }
     }
 
@@ -178,7 +183,7 @@ impl Report {
             Status::Released => "released",
             Status::Shutdown => "shutdown",
             Status::Unrecorded(_) => "unrecorded",
-            Status::RunningHere | Status::NotWon(_) => return,
+            Status::RunningHere | Status::NotWon(_) | Status::Waiting(_) => return,
         };
         let (job, _) = self.key.parts();
         metrics::counter!("scheduler_runs_total", "job" => job.to_owned(), "outcome" => outcome)
@@ -247,7 +252,7 @@ impl Report {
                     self.detail()
                 );
             }
-            Status::RunningHere | Status::NotWon(_) => self.log_not_run(),
+            Status::RunningHere | Status::NotWon(_) | Status::Waiting(_) => self.log_not_run(),
         }
     }
 
@@ -294,6 +299,15 @@ impl Report {
                     trigger,
                     ?retry_at,
                     "failed; retry not due"
+                );
+            }
+            Status::Waiting(upstream) => {
+                tracing::info!(
+                    job,
+                    period_key = key,
+                    trigger,
+                    waiting_for = %upstream,
+                    "waiting for upstream periods"
                 );
             }
             Status::NotWon(Claim::Won(_)) => {}

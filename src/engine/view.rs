@@ -1,9 +1,10 @@
 //! The one view of a period that every front end shows: its key, where it
-//! stands ([`PeriodState`]), the fire that makes it due and its claim row,
-//! read for many periods in one statement.
+//! stands ([`PeriodState`]), the fire that makes it due, its claim row and
+//! what it waits for, read for many periods in a few statements.
 
 use chrono::{DateTime, Utc};
 
+use super::after::Upstream;
 use crate::config::Job;
 use crate::error::Error;
 use crate::period::{Period, PeriodKey};
@@ -25,6 +26,9 @@ pub struct PeriodView {
     pub fire: Option<DateTime<Utc>>,
     /// Its claim, if it was ever claimed.
     pub row: Option<ClaimRow>,
+    /// Where the upstream periods it needs stand (its job's `after`):
+    /// what it waits for, and whether its success is stale.
+    pub upstream: Upstream,
 }
 
 /// The views of `periods` of `job` (at most [`VIEWS_PER_READ`], read in one
@@ -41,18 +45,22 @@ pub async fn periods(
         .collect();
     let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
     let mut rows = store.rows(&names).await?;
+    let asked: Vec<(&Job, &Period)> = periods.iter().map(|p| (job, p)).collect();
+    let upstream = super::after::look(store, &asked).await?;
     Ok(periods
         .iter()
         .zip(keys)
-        .map(|(period, key)| {
+        .zip(upstream)
+        .map(|((period, key), upstream)| {
             let row = rows.remove(key.as_str());
-            let (state, fire) = super::due::standing(job, period, row.as_ref(), now);
+            let (state, fire) = super::due::standing(job, period, row.as_ref(), &upstream, now);
             PeriodView {
                 key,
                 period: period.clone(),
                 state,
                 fire,
                 row,
+                upstream,
             }
         })
         .collect())

@@ -14,6 +14,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::{mpsc, watch};
 
 use crate::clock::{Clock, SystemClock};
+use crate::config::after::OnRerun;
 use crate::config::{Config, Job, Missed, Settings};
 use crate::engine::due::{Due, OverdueCount, due};
 use crate::engine::{Ask, CLAIM_BATCH, Engine, Queue, Report, SQL_GROUP, Status, Taken};
@@ -40,10 +41,17 @@ const GAUGES_EVERY: Duration = Duration::from_secs(60);
 /// How many claims one scan takes over at most.
 const SCAN_LIMIT: u32 = 500;
 
+/// How far back from its last look a scan looks for upstream successes
+/// that make periods stale.
+const RERUN_MARGIN: TimeDelta = TimeDelta::minutes(1);
+
 /// What one scan read from the database.
 struct Scanned {
     paused: Result<Vec<String>, Error>,
     found: Result<Vec<Reclaimable>, Error>,
+    /// Succeeded periods reopened because a period they needed succeeded
+    /// again (`on_upstream_rerun = "rerun"`).
+    reopened: Result<Vec<(String, Due)>, Error>,
 }
 
 enum Event {
@@ -55,8 +63,9 @@ enum Event {
     /// Claims not decided because another claim of their jobs was under
     /// way: asked for again now, whatever the catch-up window.
     Contended(Vec<(String, Due)>),
-    /// A run of this job ended here; its slot is free.
-    Done(String),
+    /// A run of this job ended here (`true`: it succeeded); its slot is
+    /// free.
+    Done(String, bool),
     /// A run (or an `sql` group) ended; its `max_running` slot is free.
     Free,
     /// A job was paused (`true`) or resumed through this engine (the API,
@@ -95,6 +104,14 @@ pub struct Service {
     running: usize,
     /// A scan is under way.
     scanning: bool,
+    /// A scan is to run at the next wake-up, whatever the interval: a job
+    /// that others wait for succeeded here.
+    scan_now: bool,
+    /// The jobs whose periods other jobs wait for (`after`).
+    upstream: HashSet<String>,
+    /// Upstream successes from here on may make periods of jobs that
+    /// rerun on them stale: the next scan looks from here.
+    reruns_since: Option<DateTime<Utc>>,
     /// Turns true when shutdown's grace is over: running jobs stop.
     stop_now: watch::Sender<bool>,
     /// Periods waiting for a job's concurrency slot or for the database,
@@ -158,6 +175,9 @@ impl Service {
             path,
             running: 0,
             scanning: false,
+            scan_now: false,
+            upstream: upstream_jobs(&jobs),
+            reruns_since: None,
             stop_now: watch::Sender::new(false),
             settings: config.settings,
             secrets: config.secrets,
@@ -240,7 +260,11 @@ impl Service {
             let now = clock.now();
             let overdue = count.count(&store, &jobs, catch_up, now).await;
             let exhausted = store.exhausted().await;
-            let (Ok(overdue), Ok(exhausted)) = (overdue, exhausted) else {
+            let waiting = match jobs.iter().any(|job| job.after.any()) {
+                true => store.waiting_counts().await,
+                false => Ok(HashMap::new()),
+            };
+            let (Ok(overdue), Ok(exhausted), Ok(waiting)) = (overdue, exhausted, waiting) else {
                 return;
             };
             let late = count.late(now);
@@ -258,6 +282,9 @@ impl Service {
                 }
                 let spent = exhausted.get(&job.name).copied().unwrap_or(0);
                 of_job.exhausted.set(spent as f64);
+                if let Some(gauge) = &of_job.waiting {
+                    gauge.set(waiting.get(&job.name).copied().unwrap_or(0) as f64);
+                }
             }
         });
     }
@@ -312,7 +339,7 @@ impl Service {
             crate::serve::health::HEALTH.loop_alive();
             self.fire();
             let at = Instant::now();
-            if at >= next_scan {
+            if at >= next_scan || (self.scan_now && !self.scanning) {
                 self.scan();
                 next_scan = at + self.settings.scan_interval;
             }
@@ -486,13 +513,35 @@ impl Service {
             return;
         }
         self.scanning = true;
+        self.scan_now = false;
         let store = self.engine.store().clone();
         let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
         let events = self.events.0.clone();
+        let rerun: Vec<Arc<Job>> = self
+            .jobs
+            .iter()
+            .filter(|job| job.after.on_rerun == OnRerun::Rerun && job.after.any())
+            .cloned()
+            .collect();
+        let now = self.clock.now();
+        let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
+        let since = self.reruns_since.unwrap_or(now - window);
+        if !rerun.is_empty() {
+            // Looked at again from a minute back: the database's clock
+            // records successes, this host's counts scans.
+            self.reruns_since = Some(now - RERUN_MARGIN);
+        }
         tokio::spawn(async move {
             let paused = store.paused_jobs().await;
             let found = store.reclaimable(&names, SCAN_LIMIT).await;
-            let _ = events.send(Event::Scanned(Box::new(Scanned { paused, found })));
+            let rerun: Vec<&Job> = rerun.iter().map(|job| &**job).collect();
+            let reopened = crate::engine::after::reopen_stale(&store, &rerun, since).await;
+            let scanned = Scanned {
+                paused,
+                found,
+                reopened,
+            };
+            let _ = events.send(Event::Scanned(Box::new(scanned)));
         });
     }
 
@@ -531,13 +580,27 @@ impl Service {
                         let due = Due {
                             period: r.period,
                             fire: r.scheduled_at,
-                            trigger: Trigger::Recovery,
+                            trigger: r.trigger,
                         };
                         self.dispatch(job, due, now);
                     }
                 }
             }
             Err(e) => tracing::warn!("scan: cannot look for claims to take over: {e}"),
+        }
+        match scanned.reopened {
+            Ok(reopened) => {
+                for (name, due) in reopened {
+                    if let Some(job) = self.job(&name) {
+                        self.dispatch(job, due, now);
+                    }
+                }
+            }
+            Err(e) => {
+                // Looked at again from the start of the window.
+                self.reruns_since = None;
+                tracing::warn!("scan: cannot look for periods an upstream rerun made stale: {e}");
+            }
         }
     }
 
@@ -569,7 +632,14 @@ impl Service {
                 }
             }
             // A slot of this job freed here: its oldest waiting period goes next.
-            Event::Done(name) => self.release_waiting(&name, 1),
+            Event::Done(name, succeeded) => {
+                // A success of a job others wait for: the scan that claims
+                // what waited on it runs now, not at its interval.
+                if succeeded && self.upstream.contains(&name) {
+                    self.scan_now = true;
+                }
+                self.release_waiting(&name, 1);
+            }
             Event::Free => {
                 self.running -= 1;
             }
@@ -641,10 +711,13 @@ impl Service {
     }
 
     /// Whether `due` waited past the catch-up window (for a free slot):
-    /// then it is dropped, logged and counted. A recovery never is.
+    /// then it is dropped, logged and counted. A recovery never is, nor a
+    /// period that waited for its upstream periods (however long that
+    /// took, it is still to run).
     fn too_old(&self, job: &Job, due: &Due, now: DateTime<Utc>) -> bool {
         let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        let old = due.trigger != Trigger::Recovery && due.fire < now - window;
+        let kept = matches!(due.trigger, Trigger::Recovery | Trigger::Upstream);
+        let old = !kept && due.fire < now - window;
         if old {
             tracing::warn!(
                 job = job.name,
@@ -760,6 +833,7 @@ impl Service {
             self.clock.now(),
         );
         self.by_name = by_name;
+        self.upstream = upstream_jobs(&jobs);
         self.jobs = jobs;
         self.paused_shown = None;
         self.take_pending();
@@ -839,12 +913,26 @@ fn retire_gauges(job: &str) {
     for gauge in [
         "scheduler_overdue_periods",
         "scheduler_late_periods",
+        "scheduler_waiting_periods",
         "scheduler_retries_exhausted_periods",
         "scheduler_paused",
         "scheduler_next_fire_timestamp_seconds",
     ] {
         metrics::gauge!(gauge, "job" => job.to_owned()).set(0.0);
     }
+}
+
+/// The jobs whose periods other jobs (or, by naming themselves, they
+/// themselves) wait for.
+fn upstream_jobs(jobs: &[Arc<Job>]) -> HashSet<String> {
+    let mut upstream = HashSet::new();
+    for job in jobs {
+        upstream.extend(job.after.upstream.iter().map(|up| up.job.clone()));
+        if job.after.previous {
+            upstream.insert(job.name.clone());
+        }
+    }
+    upstream
 }
 
 /// Resolves once `shutdown` turns true (its guard dropped at once: the
@@ -985,16 +1073,11 @@ impl Batch {
             let events = self.events.clone();
             tokio::spawn(async move {
                 let _slot = slot;
-                let names: Vec<String> = claimed
-                    .won
-                    .iter()
-                    .map(|(ask, _)| ask.job.name.clone())
-                    .collect();
                 for report in engine.run_won(claimed.won, stop_now).await {
                     report.log();
-                }
-                for name in names {
-                    let _ = events.send(Event::Done(name));
+                    let (job, _) = report.key.parts();
+                    let succeeded = matches!(report.status, Status::Succeeded);
+                    let _ = events.send(Event::Done(job.to_owned(), succeeded));
                 }
             });
         }
@@ -1047,6 +1130,8 @@ struct Gauges {
     /// For a job with a `deadline` only.
     late: Option<metrics::Gauge>,
     exhausted: metrics::Gauge,
+    /// For a job with `after` only.
+    waiting: Option<metrics::Gauge>,
 }
 
 impl JobGauges {
@@ -1056,6 +1141,7 @@ impl JobGauges {
         let gauges = self.0.entry(job.name.clone()).or_insert_with(|| Gauges {
             overdue: metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone()),
             late: None,
+            waiting: None,
             exhausted: metrics::gauge!(
                 "scheduler_retries_exhausted_periods",
                 "job" => job.name.clone()
@@ -1064,6 +1150,12 @@ impl JobGauges {
         if job.deadline.is_some() && gauges.late.is_none() {
             gauges.late = Some(metrics::gauge!(
                 "scheduler_late_periods",
+                "job" => job.name.clone()
+            ));
+        }
+        if job.after.any() && gauges.waiting.is_none() {
+            gauges.waiting = Some(metrics::gauge!(
+                "scheduler_waiting_periods",
                 "job" => job.name.clone()
             ));
         }

@@ -39,9 +39,11 @@ mod group;
 mod notify;
 mod postgres;
 mod sqlite;
+mod waiting;
 
 pub use api::{ApiRun, KeyClaim, KeyRecord};
 pub use notify::{Delivery, FailedForGood, NewNotification, Notification, Tried};
+pub use waiting::Waiting;
 
 /// A duration in milliseconds, as the API's and the notifications' tables
 /// keep times.
@@ -225,6 +227,8 @@ pub struct ClaimRow {
     pub owner: String,
     /// Lease end of a running claim.
     pub lease_until: Option<DateTime<Utc>>,
+    /// When its latest attempt was claimed (unread by a claim's answer).
+    pub started_at: Option<DateTime<Utc>>,
     /// When a failed claim's retry is due.
     pub retry_at: Option<DateTime<Utc>>,
     /// When it finished.
@@ -303,6 +307,9 @@ pub struct Reclaimable {
     pub period: Period,
     /// The fire it stood for.
     pub scheduled_at: DateTime<Utc>,
+    /// `recovery` for a claim to take over or retry, `upstream` for a
+    /// period that waited for its upstream periods and can run now.
+    pub trigger: Trigger,
 }
 
 /// A job as the database has seen it.
@@ -562,13 +569,17 @@ impl Store {
             .collect())
     }
 
-    /// Periods of `jobs` that can be claimed again now, oldest first.
+    /// Periods of `jobs` that can be claimed again now, oldest first, then
+    /// those that waited for upstream periods that have all succeeded
+    /// since ([`Store::ready`]): `limit` of each at most.
     pub async fn reclaimable(
         &self,
         jobs: &[String],
         limit: u32,
     ) -> Result<Vec<Reclaimable>, Error> {
-        bounded!(self.reclaimable(jobs, limit))
+        let mut found = bounded!(self.reclaimable(jobs, limit))?;
+        found.extend(self.ready(jobs, limit).await?);
+        Ok(found)
     }
 
     /// Records `jobs` as seen (now, on the database's clock) where new, in

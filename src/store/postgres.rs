@@ -80,6 +80,7 @@ fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
         failures: row.try_get("failures")?,
         owner: row.try_get("owner")?,
         lease_until: row.try_get("lease_until")?,
+        started_at: row.try_get("started_at")?,
         retry_at: row.try_get("retry_at")?,
         finished_at: row.try_get("finished_at")?,
         // The rule is SQL: NULL (a comparison with a missing time) is no.
@@ -130,6 +131,7 @@ fn claim_of(
             .try_get::<Option<String>, _>("o_owner")?
             .unwrap_or_default(),
         lease_until: row.try_get("o_lease_until")?,
+        started_at: None,
         retry_at: row.try_get("o_retry_at")?,
         finished_at: row.try_get("o_finished_at")?,
         claimable: row
@@ -592,6 +594,7 @@ impl PgStore {
                         end: row.try_get("period_end")?,
                     },
                     scheduled_at: row.try_get("scheduled_at")?,
+                    trigger: Trigger::Recovery,
                 })
             })
             .collect()
@@ -750,7 +753,10 @@ impl PgStore {
                    AND finished_at < now() - $2 * interval '1 millisecond'
                    AND scheduled_at < now() - $3 * interval '1 millisecond'
              RETURNING period_key),
-             a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key)
+             a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key),
+             -- A waiting row a crash left beside its claim would, the claim
+             -- gone, read as a period never run.
+             w AS (DELETE FROM scheduler_waiting w USING c WHERE w.period_key = c.period_key)
              SELECT count(*) FROM c",
         )
         .bind(job)

@@ -66,6 +66,7 @@ fn claim_row(row: &SqliteRow) -> Result<ClaimRow, sqlx::Error> {
         failures: row.try_get("failures")?,
         owner: row.try_get("owner")?,
         lease_until: opt_time(row, "lease_until")?,
+        started_at: opt_time(row, "started_at")?,
         retry_at: opt_time(row, "retry_at")?,
         finished_at: opt_time(row, "finished_at")?,
         // The rule is SQL: NULL (a comparison with a missing time) is no.
@@ -360,6 +361,7 @@ impl SqliteStore {
                         end: time(row.try_get("period_end")?),
                     },
                     scheduled_at: time(row.try_get("scheduled_at")?),
+                    trigger: Trigger::Recovery,
                 })
             })
             .collect()
@@ -527,14 +529,18 @@ impl SqliteStore {
         let doomed = "SELECT period_key FROM scheduler_claims
                        WHERE job = ?1 AND state IN ('succeeded', 'failed')
                          AND finished_at < ?2 AND scheduled_at < ?3";
-        sqlx::query(&format!(
-            "DELETE FROM scheduler_attempts WHERE period_key IN ({doomed})"
-        ))
-        .bind(job)
-        .bind(finished_before)
-        .bind(fired_before)
-        .execute(&mut *tx)
-        .await?;
+        // A waiting row a crash left beside its claim would, the claim
+        // gone, read as a period never run.
+        for table in ["scheduler_attempts", "scheduler_waiting"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE period_key IN ({doomed})"
+            ))
+            .bind(job)
+            .bind(finished_before)
+            .bind(fired_before)
+            .execute(&mut *tx)
+            .await?;
+        }
         let done = sqlx::query(&format!(
             "DELETE FROM scheduler_claims WHERE period_key IN ({doomed})"
         ))

@@ -15,12 +15,12 @@ use crate::support::{Said, TestDb, Workspace, count, databases, eventually, free
 
 const BOUND: Duration = Duration::from_secs(60);
 
-const CI: &str = "ci-secret-0123456789abcdef";
+pub(crate) const CI: &str = "ci-secret-0123456789abcdef";
 const ONCALL: &str = "oncall-secret-0123456789abcdef";
 const READER: &str = "reader-secret-0123456789abcdef";
 
 /// A jobs.toml with the three tokens and `jobs`.
-fn with_api(jobs: &str) -> String {
+pub(crate) fn with_api(jobs: &str) -> String {
     format!(
         "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"2s\"\n\n\
          [api]\ntokens = [\n\
@@ -40,13 +40,13 @@ fn monthly(name: &str, nap: &str) -> String {
 }
 
 /// A replica serving the API.
-struct Server {
+pub(crate) struct Server {
     child: Option<Child>,
     base: String,
 }
 
 impl Server {
-    fn start(ws: &Workspace, url: &str) -> Server {
+    pub(crate) fn start(ws: &Workspace, url: &str) -> Server {
         let addr = format!("127.0.0.1:{}", free_port());
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -79,7 +79,7 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
-    fn get(&self, token: &str, path: &str) -> Response {
+    pub(crate) fn get(&self, token: &str, path: &str) -> Response {
         client()
             .get(self.url(path))
             .bearer_auth(token)
@@ -87,7 +87,7 @@ impl Server {
             .expect("GET")
     }
 
-    fn post(&self, token: &str, path: &str, key: &str, body: &Value) -> Response {
+    pub(crate) fn post(&self, token: &str, path: &str, key: &str, body: &Value) -> Response {
         client()
             .post(self.url(path))
             .bearer_auth(token)
@@ -97,7 +97,7 @@ impl Server {
             .expect("POST")
     }
 
-    fn stop(mut self) -> i32 {
+    pub(crate) fn stop(mut self) -> i32 {
         stop(self.child.take().expect("running"))
     }
 
@@ -125,7 +125,7 @@ fn client() -> Client {
 }
 
 /// Status, the `Idempotent-Replayed` header, `Location` and the JSON body.
-fn answer(response: Response) -> (StatusCode, bool, Option<String>, Value) {
+pub(crate) fn answer(response: Response) -> (StatusCode, bool, Option<String>, Value) {
     let status = response.status();
     let replayed = response
         .headers()

@@ -3,6 +3,7 @@
 //! backends.
 
 mod actions;
+mod after;
 mod api;
 mod burst;
 mod cli_config;

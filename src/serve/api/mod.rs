@@ -165,6 +165,7 @@ async fn jobs(State(api): State<Arc<Api>>, headers: HeaderMap) -> Answer {
     let all: Vec<&Job> = config.jobs.iter().collect();
     let mut late =
         crate::engine::due::late(api.store(), &all, config.settings.catch_up, now).await?;
+    let waiting = api.store().waiting_counts().await?;
     let mut jobs = Vec::with_capacity(config.jobs.len());
     for job in &config.jobs {
         // A paused job skips its fires by design: none is late.
@@ -192,6 +193,9 @@ async fn jobs(State(api): State<Arc<Api>>, headers: HeaderMap) -> Answer {
             "last": last,
             "deadline": job.deadline.map(crate::config::short),
             "late": late,
+            "after": job.after.named.iter().map(|n| config.full_name(&n.name)).collect::<Vec<_>>(),
+            "on_upstream_rerun": job.after.any().then(|| job.after.on_rerun.to_string()),
+            "waiting": waiting.get(&job.name).copied().unwrap_or(0),
         }));
     }
     Ok(Reply::ok(StatusCode::OK, json!({ "jobs": jobs })))
@@ -228,6 +232,7 @@ async fn periods(
                 state,
                 fire,
                 row,
+                upstream,
             } = view;
             let row = row.as_ref();
             out.push(json!({
@@ -241,6 +246,7 @@ async fn periods(
                 "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
                 "retry_at": row.and_then(|r| r.retry_at).map(utc_text),
                 "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
+                "waiting_for": upstream.waiting().then(|| upstream.to_string()),
             }));
         }
     }
@@ -265,6 +271,7 @@ async fn period(
         state,
         fire,
         row,
+        upstream,
         ..
     } = views
         .pop()
@@ -286,6 +293,8 @@ async fn period(
             "state": state,
             "fire": fire.map(utc_text),
             "claim": row,
+            "waiting_for": upstream.waiting().then(|| upstream.to_string()),
+            "upstream": upstream.waits,
             "attempts": attempts,
             "notifications": notifications,
         }),
@@ -317,6 +326,8 @@ struct RunBody {
     force: bool,
     #[serde(default)]
     early: bool,
+    #[serde(default)]
+    with_upstream: bool,
 }
 
 #[derive(Deserialize)]
@@ -419,6 +430,7 @@ fn run_request(
         early: asked.early,
         wait: false,
         dry_run: false,
+        with_upstream: asked.with_upstream,
         names: Names::JSON,
         by: caller.name.as_str().into(),
     };

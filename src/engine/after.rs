@@ -1,0 +1,346 @@
+//! What a period of a job with `after` needs, and where that stands: the
+//! upstream periods whose windows overlap its own (the expected set, from
+//! each upstream job's schedule, zone and period rule, claimed or not),
+//! and its own previous period where the job names itself. Looked up for
+//! many periods of many jobs at once, one statement per
+//! [`KEYS_PER_READ`] upstream keys.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::config::Job;
+use crate::error::Error;
+use crate::period::{Period, PeriodKey};
+use crate::store::{ClaimRow, ClaimState, Store};
+
+/// How many upstream keys one statement looks up.
+pub const KEYS_PER_READ: usize = 1_000;
+
+/// How many missing labels of one upstream job are named in words.
+const NAMED: usize = 3;
+
+/// Where the upstream periods of one period stand.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Upstream {
+    /// What it waits for, one entry per upstream job with a period not
+    /// succeeded; empty when it waits for nothing.
+    pub waits: Vec<Wait>,
+    /// When the newest success among its upstream periods was recorded: a
+    /// period of it that succeeded before that is stale.
+    pub newest: Option<DateTime<Utc>>,
+}
+
+/// What a period waits for of one upstream job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Wait {
+    /// The upstream job (the job itself, for its previous period).
+    pub job: String,
+    /// Its periods needed that have succeeded.
+    pub done: usize,
+    /// Its periods needed.
+    pub needed: usize,
+    /// The labels of those not succeeded, oldest first.
+    pub missing: Vec<String>,
+}
+
+impl Upstream {
+    /// Whether a period of it waits.
+    pub fn waiting(&self) -> bool {
+        !self.waits.is_empty()
+    }
+
+    /// The keys of the upstream periods not succeeded.
+    pub fn missing_keys(&self) -> Vec<String> {
+        self.waits
+            .iter()
+            .flat_map(|w| {
+                w.missing
+                    .iter()
+                    .map(|label| PeriodKey::new(&w.job, label).to_string())
+            })
+            .collect()
+    }
+
+    /// Whether a success of the period at `started` (its attempt's claim)
+    /// was made before an upstream period it needs succeeded again.
+    pub fn stale(&self, started: Option<DateTime<Utc>>) -> bool {
+        self.newest
+            .zip(started)
+            .is_some_and(|(newest, started)| newest > started)
+    }
+}
+
+/// `ingest: 30/31, missing 2026-07-31; users: 0/1, missing 2026-07`.
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, wait) in self.waits.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{wait}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let named: Vec<&str> = self
+            .missing
+            .iter()
+            .take(NAMED)
+            .map(String::as_str)
+            .collect();
+        write!(
+            f,
+            "{}: {}/{}, missing {}",
+            self.job,
+            self.done,
+            self.needed,
+            named.join(", ")
+        )?;
+        if self.missing.len() > NAMED {
+            write!(f, " and {} more", self.missing.len() - NAMED)?;
+        }
+        Ok(())
+    }
+}
+
+/// One upstream period a period needs.
+struct Needed {
+    job: String,
+    label: String,
+    key: String,
+    fire: Option<DateTime<Utc>>,
+}
+
+/// The upstream periods `period` of `job` needs, oldest first by job.
+fn needed(job: &Job, period: &Period) -> Vec<Needed> {
+    let mut needed = Vec::new();
+    for up in &job.after.upstream {
+        for p in up
+            .period
+            .overlapping(&up.schedule, period.start, period.end)
+        {
+            needed.push(Needed {
+                key: PeriodKey::new(&up.job, &p.label).to_string(),
+                fire: up.period.fire_for(&up.schedule, &p),
+                job: up.job.clone(),
+                label: p.label,
+            });
+        }
+    }
+    if job.after.previous
+        && let Some(p) = job.period.preceding(&job.schedule, period)
+    {
+        needed.push(Needed {
+            key: PeriodKey::new(&job.name, &p.label).to_string(),
+            fire: job.period.fire_for(&job.schedule, &p),
+            job: job.name.clone(),
+            label: p.label,
+        });
+    }
+    needed
+}
+
+/// The periods of other jobs that `period` of `job` needs, as (job,
+/// label) pairs, oldest first by job: what `run --with-upstream` runs
+/// first (its own previous period is not among them: a range runs oldest
+/// first).
+pub fn upstream_of(job: &Job, period: &Period) -> Vec<(String, String)> {
+    let mut seen = HashSet::new();
+    needed(job, period)
+        .into_iter()
+        .filter(|n| n.job != job.name && seen.insert(n.key.clone()))
+        .map(|n| (n.job, n.label))
+        .collect()
+}
+
+/// Where the upstream periods of each of `asked` stand, in their order:
+/// one statement per [`KEYS_PER_READ`] upstream keys, and one for when the
+/// upstream jobs were first seen. A job without `after` waits for nothing.
+///
+/// An upstream period never claimed whose fire came before its job was
+/// first seen is not waited for: no scheduler runs such a period on its
+/// own (a job's first period has no previous one; a job added to a
+/// running system has nothing before it). Run by hand, it counts as any
+/// other.
+pub async fn look(store: &Store, asked: &[(&Job, &Period)]) -> Result<Vec<Upstream>, Error> {
+    let needs: Vec<Vec<Needed>> = asked
+        .iter()
+        .map(|(job, period)| match job.after.any() {
+            true => needed(job, period),
+            false => Vec::new(),
+        })
+        .collect();
+    let mut keys: Vec<String> = needs.iter().flatten().map(|n| n.key.clone()).collect();
+    if keys.is_empty() {
+        return Ok(vec![Upstream::default(); asked.len()]);
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    let mut rows: HashMap<String, ClaimRow> = HashMap::new();
+    for chunk in keys.chunks(KEYS_PER_READ) {
+        rows.extend(store.rows(chunk).await?);
+    }
+    let mut jobs: Vec<String> = needs.iter().flatten().map(|n| n.job.clone()).collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    let first_seen = store.first_seen(&jobs).await?;
+    Ok(needs
+        .into_iter()
+        .map(|needs| standing(needs, &rows, &first_seen))
+        .collect())
+}
+
+/// Where `needs` stand, from their rows.
+fn standing(
+    needs: Vec<Needed>,
+    rows: &HashMap<String, ClaimRow>,
+    first_seen: &HashMap<String, DateTime<Utc>>,
+) -> Upstream {
+    let mut upstream = Upstream::default();
+    let mut by_job: Vec<Wait> = Vec::new();
+    for need in needs {
+        let row = rows.get(&need.key);
+        let succeeded = row.filter(|r| r.state == ClaimState::Succeeded);
+        if let Some(row) = succeeded {
+            upstream.newest = upstream.newest.max(row.finished_at);
+        }
+        let before_first_seen = row.is_none()
+            && need
+                .fire
+                .zip(first_seen.get(&need.job))
+                .is_some_and(|(fire, seen)| fire < *seen);
+        if before_first_seen {
+            continue;
+        }
+        let at = match by_job.iter().position(|w| w.job == need.job) {
+            Some(at) => at,
+            None => {
+                by_job.push(Wait {
+                    job: need.job.clone(),
+                    done: 0,
+                    needed: 0,
+                    missing: Vec::new(),
+                });
+                by_job.len() - 1
+            }
+        };
+        let wait = &mut by_job[at];
+        wait.needed += 1;
+        match succeeded {
+            Some(_) => wait.done += 1,
+            None => wait.missing.push(need.label),
+        }
+    }
+    upstream.waits = by_job
+        .into_iter()
+        .filter(|w| !w.missing.is_empty())
+        .collect();
+    upstream
+}
+
+/// The succeeded periods of the jobs of `jobs` that rerun when a period
+/// they needed succeeds again (`on_upstream_rerun = "rerun"`), made stale
+/// by an upstream success recorded at `since` or after: each reopened
+/// for a new attempt (of replicas that find it together, one does, by
+/// its attempt number) and returned to be claimed, trigger `upstream`.
+/// Statements: one for the successes, then a few for what they make
+/// stale; none for jobs that do not rerun.
+pub async fn reopen_stale(
+    store: &Store,
+    jobs: &[&Job],
+    since: DateTime<Utc>,
+) -> Result<Vec<(String, super::due::Due)>, Error> {
+    use crate::config::after::OnRerun;
+    let rerun: Vec<&Job> = jobs
+        .iter()
+        .copied()
+        .filter(|job| job.after.any() && job.after.on_rerun == OnRerun::Rerun)
+        .collect();
+    if rerun.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut upstream: Vec<String> = Vec::new();
+    for job in &rerun {
+        upstream.extend(job.after.upstream.iter().map(|up| up.job.clone()));
+        if job.after.previous {
+            upstream.push(job.name.clone());
+        }
+    }
+    upstream.sort_unstable();
+    upstream.dedup();
+    let succeeded = store.succeeded_since(&upstream, since).await?;
+    // The periods of the rerunning jobs that needed what succeeded.
+    let mut seen = HashSet::new();
+    let mut candidates: Vec<(&Job, Period)> = Vec::new();
+    for done in &succeeded {
+        for job in &rerun {
+            let mut needing = Vec::new();
+            if job.after.upstream.iter().any(|up| up.job == done.job) {
+                needing.extend(job.period.overlapping(
+                    &job.schedule,
+                    done.period.start,
+                    done.period.end,
+                ));
+            }
+            if job.after.previous && job.name == done.job {
+                let next = job.period.following(&job.schedule, &done.period);
+                if job.period.fire_for(&job.schedule, &next).is_some() {
+                    needing.push(next);
+                }
+            }
+            for period in needing {
+                if seen.insert(PeriodKey::new(&job.name, &period.label)) {
+                    candidates.push((job, period));
+                }
+            }
+        }
+    }
+    let keys: Vec<String> = candidates
+        .iter()
+        .map(|(job, p)| PeriodKey::new(&job.name, &p.label).to_string())
+        .collect();
+    let mut rows: HashMap<String, ClaimRow> = HashMap::new();
+    for chunk in keys.chunks(KEYS_PER_READ) {
+        rows.extend(store.rows(chunk).await?);
+    }
+    let done: Vec<(&Job, &Period, &ClaimRow)> = candidates
+        .iter()
+        .zip(&keys)
+        .filter_map(|((job, period), key)| {
+            let row = rows.get(key).filter(|r| r.state == ClaimState::Succeeded)?;
+            Some((*job, period, row))
+        })
+        .collect();
+    let asked: Vec<(&Job, &Period)> = done.iter().map(|(job, p, _)| (*job, *p)).collect();
+    let looked = look(store, &asked).await?;
+    let mut reopened = Vec::new();
+    for ((job, period, row), upstream) in done.into_iter().zip(looked) {
+        if !upstream.stale(row.started_at) || !store.reopen(&row.period_key, row.attempt).await? {
+            continue;
+        }
+        tracing::info!(
+            job = job.name,
+            period_key = row.period_key,
+            attempt = row.attempt,
+            "stale: a period it needed succeeded again; reopened for a new attempt (on_upstream_rerun = \"rerun\")"
+        );
+        let Some(fire) = job.period.fire_for(&job.schedule, period) else {
+            continue;
+        };
+        reopened.push((
+            job.name.clone(),
+            super::due::Due {
+                period: period.clone(),
+                fire,
+                trigger: crate::store::Trigger::Upstream,
+            },
+        ));
+    }
+    Ok(reopened)
+}
