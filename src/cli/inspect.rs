@@ -353,7 +353,7 @@ async fn waiting(
         return Ok(Vec::new());
     }
     let noted = store
-        .waiting_periods(std::slice::from_ref(&job.name), WAITING_SHOWN, false)
+        .waiting_periods(std::slice::from_ref(&job.name), WAITING_SHOWN)
         .await?;
     let periods: Vec<crate::period::Period> = noted.into_iter().map(|w| w.period).collect();
     Ok(view::periods(store, job, &periods, now)

@@ -474,19 +474,24 @@ impl Config {
     /// Reads and validates the file at `path`, expanding `${VAR}` from the
     /// process environment; an unset one is an error.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        Config::load_adjusted(path, &|_| {})
+        let mut config = Config::load_adjusted(path, &|_| {})?;
+        config.link_after()?;
+        Ok(config)
     }
 
     /// Like [`Config::load`], with `adjust` applied to the settings before
     /// the jobs are checked against them (the library's settings given in
-    /// code: a zone, a catch-up window).
+    /// code: a zone, a catch-up window), and the jobs' `after` not yet
+    /// linked: the library's code jobs join them first
+    /// ([`Config::link_after`] then).
     pub fn load_adjusted(
         path: &Path,
         adjust: &dyn Fn(&mut Settings),
     ) -> Result<Config, ConfigError> {
         let text = read(path)?;
         let env = |name: &str| std::env::var(name).ok();
-        Config::parse_inner(path, &text, &env, Lenient::NOTHING, adjust).map(|(config, _)| config)
+        let lenient = Lenient::NOTHING;
+        Config::parse_inner(path, &text, &env, lenient, adjust, false).map(|(config, _)| config)
     }
 
     /// Like [`Config::load`] for `run`, which serves no API and runs the
@@ -502,7 +507,7 @@ impl Config {
             jobs: true,
             api: true,
         };
-        Config::parse_inner(path, &text, &env, lenient, &|_| {})
+        Config::parse_inner(path, &text, &env, lenient, &|_| {}, true)
     }
 
     /// Refuses to run `job` (its full name) while a `${VAR}` of it is
@@ -568,7 +573,7 @@ impl Config {
             jobs: lenient,
             api: lenient,
         };
-        Config::parse_inner(path, text, env, lenient, &|_| {})
+        Config::parse_inner(path, text, env, lenient, &|_| {}, true)
     }
 
     fn parse_inner(
@@ -577,6 +582,7 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
         lenient: Lenient,
         adjust: &dyn Fn(&mut Settings),
+        link: bool,
     ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
         let at = Locator { path, text };
         let vars = raw::Vars::new(env, lenient.jobs);
@@ -627,7 +633,9 @@ impl Config {
             incomplete_notifiers,
         };
         let mut config = config;
-        config.link_after()?;
+        if link {
+            config.link_after()?;
+        }
         Ok((config, warnings))
     }
 

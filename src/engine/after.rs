@@ -52,16 +52,13 @@ impl Upstream {
         !self.waits.is_empty()
     }
 
-    /// The keys of the upstream periods not succeeded.
-    pub fn missing_keys(&self) -> Vec<String> {
-        self.waits
-            .iter()
-            .flat_map(|w| {
-                w.missing
-                    .iter()
-                    .map(|label| PeriodKey::new(&w.job, label).to_string())
-            })
-            .collect()
+    /// The key of the upstream period to look out for: the newest one not
+    /// succeeded of the last upstream job (upstream periods tend to
+    /// succeed in order, so its success comes last).
+    pub fn watch(&self) -> Option<String> {
+        let wait = self.waits.last()?;
+        let label = wait.missing.last()?;
+        Some(PeriodKey::new(&wait.job, label).to_string())
     }
 
     /// Whether a success of the period at `started` (its attempt's claim)
@@ -115,6 +112,8 @@ struct Needed {
     label: String,
     key: String,
     fire: Option<DateTime<Utc>>,
+    /// It is the job's own previous period.
+    previous: bool,
 }
 
 /// The upstream periods `period` of `job` needs, oldest first by job.
@@ -130,6 +129,7 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
                 fire: up.period.fire_for(&up.schedule, &p),
                 job: up.job.clone(),
                 label: p.label,
+                previous: false,
             });
         }
     }
@@ -141,6 +141,7 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
             fire: job.period.fire_for(&job.schedule, &p),
             job: job.name.clone(),
             label: p.label,
+            previous: true,
         });
     }
     needed
@@ -159,16 +160,23 @@ pub fn upstream_of(job: &Job, period: &Period) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Where the upstream periods of each of `asked` stand, in their order:
-/// one statement per [`KEYS_PER_READ`] upstream keys, and one for when the
-/// upstream jobs were first seen. A job without `after` waits for nothing.
+/// Where the upstream periods of each of `asked` stand at `now`, in their
+/// order: one statement per [`KEYS_PER_READ`] upstream keys (and, for jobs
+/// that name themselves, one for when they were first seen). A job without
+/// `after` waits for nothing.
 ///
-/// An upstream period never claimed whose fire came before its job was
-/// first seen is not waited for: no scheduler runs such a period on its
-/// own (a job's first period has no previous one; a job added to a
-/// running system has nothing before it). Run by hand, it counts as any
-/// other.
-pub async fn look(store: &Store, asked: &[(&Job, &Period)]) -> Result<Vec<Upstream>, Error> {
+/// Every period of another job whose window overlaps is waited for,
+/// whether it was ever claimed or not: one from before that job was
+/// deployed is missing until it is run (`--with-upstream`). A job's own
+/// previous period is not waited for if it was never claimed and its fire
+/// came before the job was first seen (or, never seen, before now): no
+/// scheduler runs such a period on its own, and the job's first period
+/// has no previous one; its older periods are backfilled in order.
+pub async fn look(
+    store: &Store,
+    asked: &[(&Job, &Period)],
+    now: DateTime<Utc>,
+) -> Result<Vec<Upstream>, Error> {
     let needs: Vec<Vec<Needed>> = asked
         .iter()
         .map(|(job, period)| match job.after.any() {
@@ -186,13 +194,21 @@ pub async fn look(store: &Store, asked: &[(&Job, &Period)]) -> Result<Vec<Upstre
     for chunk in keys.chunks(KEYS_PER_READ) {
         rows.extend(store.rows(chunk).await?);
     }
-    let mut jobs: Vec<String> = needs.iter().flatten().map(|n| n.job.clone()).collect();
+    let mut jobs: Vec<String> = needs
+        .iter()
+        .flatten()
+        .filter(|n| n.previous)
+        .map(|n| n.job.clone())
+        .collect();
     jobs.sort_unstable();
     jobs.dedup();
-    let first_seen = store.first_seen(&jobs).await?;
+    let first_seen = match jobs.is_empty() {
+        true => HashMap::new(),
+        false => store.first_seen(&jobs).await?,
+    };
     Ok(needs
         .into_iter()
-        .map(|needs| standing(needs, &rows, &first_seen))
+        .map(|needs| standing(needs, &rows, &first_seen, now))
         .collect())
 }
 
@@ -201,6 +217,7 @@ fn standing(
     needs: Vec<Needed>,
     rows: &HashMap<String, ClaimRow>,
     first_seen: &HashMap<String, DateTime<Utc>>,
+    now: DateTime<Utc>,
 ) -> Upstream {
     let mut upstream = Upstream::default();
     let mut by_job: Vec<Wait> = Vec::new();
@@ -210,11 +227,11 @@ fn standing(
         if let Some(row) = succeeded {
             upstream.newest = upstream.newest.max(row.finished_at);
         }
-        let before_first_seen = row.is_none()
+        let before_first_seen = need.previous
+            && row.is_none()
             && need
                 .fire
-                .zip(first_seen.get(&need.job))
-                .is_some_and(|(fire, seen)| fire < *seen);
+                .is_some_and(|fire| fire < first_seen.get(&need.job).copied().unwrap_or(now));
         if before_first_seen {
             continue;
         }
@@ -318,7 +335,7 @@ pub async fn reopen_stale(
         })
         .collect();
     let asked: Vec<(&Job, &Period)> = done.iter().map(|(job, p, _)| (*job, *p)).collect();
-    let looked = look(store, &asked).await?;
+    let looked = look(store, &asked, Utc::now()).await?;
     let mut reopened = Vec::new();
     for ((job, period, row), upstream) in done.into_iter().zip(looked) {
         if !upstream.stale(row.started_at) || !store.reopen(&row.period_key, row.attempt).await? {

@@ -743,7 +743,7 @@ async fn plan<'a>(
             // take them, however old: a platform cron container may be all
             // there is, and `catch_up` bounds only periods never claimed.
             let again = store
-                .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
+                .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT, true)
                 .await?;
             for r in again {
                 if !listed.iter().any(|d| d.period.label == r.period.label) {

@@ -390,16 +390,16 @@ impl Engine {
             .iter()
             .map(|i| (&*asks[*i].job, &asks[*i].due.period))
             .collect();
-        let looked = after::look(&self.store, &asked).await?;
+        let looked = after::look(&self.store, &asked, chrono::Utc::now()).await?;
         let mut waiting = Vec::new();
         for (i, upstream) in open.into_iter().zip(looked) {
-            if upstream.waiting() {
+            if let Some(watch) = upstream.watch() {
                 let ask = &asks[i];
                 waiting.push(crate::store::Waiting {
                     job: &ask.job.name,
                     period: &ask.due.period,
                     fire: ask.due.fire,
-                    missing: upstream.missing_keys(),
+                    watch,
                     waits: upstream.to_string(),
                 });
                 gate[i] = Some(upstream);

@@ -46,7 +46,7 @@ pub async fn periods(
     let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
     let mut rows = store.rows(&names).await?;
     let asked: Vec<(&Job, &Period)> = periods.iter().map(|p| (job, p)).collect();
-    let upstream = super::after::look(store, &asked).await?;
+    let upstream = super::after::look(store, &asked, now).await?;
     Ok(periods
         .iter()
         .zip(keys)

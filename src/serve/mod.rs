@@ -41,6 +41,10 @@ const GAUGES_EVERY: Duration = Duration::from_secs(60);
 /// How many claims one scan takes over at most.
 const SCAN_LIMIT: u32 = 500;
 
+/// How often a scan looks at every period waiting for upstream periods,
+/// not only at those the database woke.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 /// How far back from its last look a scan looks for upstream successes
 /// that make periods stale.
 const RERUN_MARGIN: TimeDelta = TimeDelta::minutes(1);
@@ -112,6 +116,8 @@ pub struct Service {
     /// Upstream successes from here on may make periods of jobs that
     /// rerun on them stale: the next scan looks from here.
     reruns_since: Option<DateTime<Utc>>,
+    /// When a scan last looked at every waiting period.
+    swept: Option<Instant>,
     /// Turns true when shutdown's grace is over: running jobs stop.
     stop_now: watch::Sender<bool>,
     /// Periods waiting for a job's concurrency slot or for the database,
@@ -178,6 +184,7 @@ impl Service {
             scan_now: false,
             upstream: upstream_jobs(&jobs),
             reruns_since: None,
+            swept: None,
             stop_now: watch::Sender::new(false),
             settings: config.settings,
             secrets: config.secrets,
@@ -531,9 +538,15 @@ impl Service {
             // records successes, this host's counts scans.
             self.reruns_since = Some(now - RERUN_MARGIN);
         }
+        // Every waiting period is looked at once a minute, a safety net
+        // beside the rows the database woke.
+        let sweep = self.swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
+        if sweep {
+            self.swept = Some(Instant::now());
+        }
         tokio::spawn(async move {
             let paused = store.paused_jobs().await;
-            let found = store.reclaimable(&names, SCAN_LIMIT).await;
+            let found = store.reclaimable(&names, SCAN_LIMIT, sweep).await;
             let rerun: Vec<&Job> = rerun.iter().map(|job| &**job).collect();
             let reopened = crate::engine::after::reopen_stale(&store, &rerun, since).await;
             let scanned = Scanned {

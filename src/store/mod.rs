@@ -570,16 +570,24 @@ impl Store {
     }
 
     /// Periods of `jobs` that can be claimed again now, oldest first, then
-    /// those that waited for upstream periods that have all succeeded
-    /// since ([`Store::ready`]): `limit` of each at most.
+    /// those that waited for upstream periods and may be ready now
+    /// ([`Store::ready`], with `sweep` every waiting one looked at):
+    /// `limit` of each at most.
     pub async fn reclaimable(
         &self,
         jobs: &[String],
         limit: u32,
+        sweep: bool,
     ) -> Result<Vec<Reclaimable>, Error> {
-        let mut found = bounded!(self.reclaimable(jobs, limit))?;
-        found.extend(self.ready(jobs, limit).await?);
+        let mut found = self.takeable(jobs, limit).await?;
+        found.extend(self.ready(jobs, limit, sweep).await?);
         Ok(found)
+    }
+
+    /// The claims of `jobs` that can be taken again now (an expired lease,
+    /// a release, a retry that is due), oldest first.
+    pub async fn takeable(&self, jobs: &[String], limit: u32) -> Result<Vec<Reclaimable>, Error> {
+        bounded!(self.reclaimable(jobs, limit))
     }
 
     /// Records `jobs` as seen (now, on the database's clock) where new, in

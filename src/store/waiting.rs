@@ -22,8 +22,9 @@ pub struct Waiting<'a> {
     pub period: &'a Period,
     /// The fire it stands for.
     pub fire: DateTime<Utc>,
-    /// The upstream period keys it still misses.
-    pub missing: Vec<String>,
+    /// An upstream period key it still misses, whose success is looked
+    /// out for: the newest (upstream periods tend to succeed in order).
+    pub watch: String,
     /// What it waits for, in words.
     pub waits: String,
 }
@@ -51,7 +52,7 @@ impl Store {
                     "period_key": key.as_str(), "job": w.job, "period": w.period.label,
                     "period_start": ms(w.period.start), "period_end": ms(w.period.end),
                     "scheduled_at": ms(w.fire),
-                    "missing": serde_json::to_string(&w.missing).unwrap_or_else(|_| "[]".into()),
+                    "watch": w.watch,
                     "waits": w.waits,
                 })
             })
@@ -61,27 +62,55 @@ impl Store {
             Store::Postgres(_) => {
                 "SELECT * FROM json_to_recordset($1::json)
                      AS x(period_key text, job text, period text, period_start bigint,
-                          period_end bigint, scheduled_at bigint, missing text, waits text)"
+                          period_end bigint, scheduled_at bigint, watch text, waits text)"
             }
             Store::Sqlite(_) => {
                 "SELECT json_extract(value, '$.period_key'), json_extract(value, '$.job'),
                         json_extract(value, '$.period'), json_extract(value, '$.period_start'),
                         json_extract(value, '$.period_end'), json_extract(value, '$.scheduled_at'),
-                        json_extract(value, '$.missing'), json_extract(value, '$.waits')
+                        json_extract(value, '$.watch'), json_extract(value, '$.waits')
                    FROM json_each($1)"
             }
         };
         on_pool!(self, |pool, now| {
             sqlx::query(&format!(
                 "INSERT INTO scheduler_waiting
-                    (period_key, job, period, period_start, period_end, scheduled_at, missing,
+                    (period_key, job, period, period_start, period_end, scheduled_at, watch,
                      waits, since, checked_at)
                  SELECT f.*, {now}, {now} FROM ({from}) AS f WHERE true
                  ON CONFLICT (period_key) DO UPDATE
-                    SET missing = excluded.missing, waits = excluded.waits,
+                    SET watch = excluded.watch, ready = FALSE, waits = excluded.waits,
                         checked_at = excluded.checked_at"
             ))
             .bind(&rows)
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })?;
+        // A watched key that succeeded before the row above was committed
+        // woke nothing: woken here. On PostgreSQL the claim rows are read
+        // under a share lock, so a success being written meanwhile is
+        // waited for and seen; one written after this wakes the row itself.
+        let keys: Vec<String> = waiting
+            .iter()
+            .map(|w| crate::period::PeriodKey::new(w.job, &w.period.label).to_string())
+            .collect();
+        let keys = serde_json::to_string(&keys).unwrap_or_else(|_| "[]".into());
+        let listed = keys_in(self);
+        let lock = match self {
+            Store::Postgres(_) => "FOR SHARE",
+            Store::Sqlite(_) => "",
+        };
+        on_pool!(self, |pool, _now| {
+            sqlx::query(&format!(
+                "UPDATE scheduler_waiting SET ready = TRUE
+                  WHERE period_key IN ({listed}) AND NOT ready
+                    AND watch IN (SELECT c.period_key FROM scheduler_claims c
+                                   WHERE c.period_key IN (SELECT w.watch FROM scheduler_waiting w
+                                                           WHERE w.period_key IN ({listed}))
+                                     AND c.state = 'succeeded' {lock})"
+            ))
+            .bind(&keys)
             .execute(pool)
             .await
             .map(|_| ())
@@ -107,52 +136,68 @@ impl Store {
     }
 
     /// The waiting periods of `jobs` that no claim has taken and whose
-    /// missing upstream periods have all succeeded since, oldest fire
-    /// first, in one statement: to be claimed (the claim looks at every
-    /// upstream period again first).
-    pub async fn ready(&self, jobs: &[String], limit: u32) -> Result<Vec<Reclaimable>, Error> {
-        self.waiting_periods(jobs, limit, true).await
+    /// watched upstream period has succeeded since they were noted, oldest
+    /// fire first: to be claimed (the claim looks at every upstream period
+    /// again first, and notes what is still missing). One statement that
+    /// reads the woken rows only; with `sweep`, every waiting row of the
+    /// jobs is looked at (a safety net, once a minute, and `run JOB`).
+    pub async fn ready(
+        &self,
+        jobs: &[String],
+        limit: u32,
+        sweep: bool,
+    ) -> Result<Vec<Reclaimable>, Error> {
+        let woken = match sweep {
+            true => {
+                "(w.ready OR EXISTS (SELECT 1 FROM scheduler_claims u
+                                      WHERE u.period_key = w.watch AND u.state = 'succeeded'))"
+            }
+            false => "w.ready",
+        };
+        let found = self.noted(woken, jobs, limit).await?;
+        Ok(found)
     }
 
     /// The periods of `jobs` noted as waiting that no claim has taken,
-    /// oldest fire first; with `ready`, only those whose missing upstream
-    /// periods have all succeeded since.
+    /// oldest fire first.
     pub async fn waiting_periods(
         &self,
         jobs: &[String],
         limit: u32,
-        ready: bool,
     ) -> Result<Vec<Reclaimable>, Error> {
-        let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
-        let listed = keys_in(self);
-        let missing = match self {
-            Store::Postgres(_) => {
-                "SELECT m.value AS key FROM json_array_elements_text(w.missing::json) AS m"
-            }
-            Store::Sqlite(_) => "SELECT m.value AS key FROM json_each(w.missing) AS m",
-        };
+        self.noted("TRUE", jobs, limit).await
+    }
+
+    /// The noted periods of `jobs` that `which` keeps and no claim has
+    /// taken. The jobs are kept here, not in the statement: a scan's
+    /// thousands of names would cost more to send and match than the few
+    /// rows read.
+    async fn noted(
+        &self,
+        which: &str,
+        jobs: &[String],
+        limit: u32,
+    ) -> Result<Vec<Reclaimable>, Error> {
         let rows: Vec<(String, String, i64, i64, i64)> = on_pool!(self, |pool, _now| {
             sqlx::query_as(&format!(
                 "SELECT w.job, w.period, w.period_start, w.period_end, w.scheduled_at
                    FROM scheduler_waiting w
-                  WHERE w.job IN ({listed})
+                  WHERE {which}
                     AND NOT EXISTS (SELECT 1 FROM scheduler_claims c
                                      WHERE c.period_key = w.period_key)
-                    AND (NOT $3 OR NOT EXISTS (SELECT 1 FROM ({missing}) AS m
-                                     WHERE NOT EXISTS (
-                                           SELECT 1 FROM scheduler_claims u
-                                            WHERE u.period_key = m.key
-                                              AND u.state = 'succeeded')))
-                  ORDER BY w.scheduled_at LIMIT $2"
+                  ORDER BY w.scheduled_at"
             ))
-            .bind(&names)
-            .bind(i64::from(limit))
-            .bind(ready)
             .fetch_all(pool)
             .await
         })?;
+        let wanted: std::collections::HashSet<&str> = match rows.is_empty() {
+            true => Default::default(),
+            false => jobs.iter().map(String::as_str).collect(),
+        };
         Ok(rows
             .into_iter()
+            .filter(|(job, ..)| wanted.contains(job.as_str()))
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
             .map(|(job, label, start, end, fire)| Reclaimable {
                 job,
                 period: Period {

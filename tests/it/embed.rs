@@ -881,3 +881,75 @@ async fn a_pause_through_the_library_stops_its_own_loop_at_once() {
         .unwrap();
     once_each_second(&calls.keys()[..paused_at], 2);
 }
+
+/// A code job waits for a job of jobs.toml (`after`), and a jobs.toml job
+/// for a code job; an unknown name is refused when the scheduler is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_jobs_wait_for_file_jobs_and_file_jobs_for_code_jobs() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[[job]]\nname = \"ingest\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\nsql = { statement = \"SELECT 1\" }\n\n\
+         [[job]]\nname = \"publish\"\nschedule = \"0 3 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+         after = [\"report\"]\nsql = { statement = \"SELECT 1\" }\n",
+    );
+    let report = CodeJob::new("report", "0 2 1 * *")
+        .period(Unit::Month)
+        .covers(scheduler::Covers::Previous)
+        .after(["ingest"])
+        .handler(|_cx| async move { Ok(()) });
+    let scheduler = Scheduler::builder()
+        .database_url(&db.url)
+        .config_file(ws.path().join("jobs.toml"))
+        .job(report)
+        .build()
+        .await
+        .unwrap();
+    let asked = RunOptions::default();
+    let waiting = scheduler
+        .run_period("report", "2026-10", asked.clone())
+        .await
+        .unwrap();
+    assert_eq!(waiting[0].outcome, RunOutcome::Waiting, "{waiting:?}");
+    assert!(
+        waiting[0]
+            .detail
+            .starts_with("ingest: 0/31, missing 2026-10-01"),
+        "{waiting:?}"
+    );
+    let publish = scheduler
+        .run_period("publish", "2026-10", asked.clone())
+        .await
+        .unwrap();
+    assert_eq!(publish[0].outcome, RunOutcome::Waiting, "{publish:?}");
+    assert!(
+        publish[0]
+            .detail
+            .starts_with("report: 0/1, missing 2026-10"),
+        "{publish:?}"
+    );
+    let all = scheduler
+        .run_period("publish", "2026-10", asked.with_upstream())
+        .await
+        .unwrap();
+    let outcomes: Vec<(&str, RunOutcome)> = all
+        .iter()
+        .map(|r| (r.period_key.as_str(), r.outcome))
+        .collect();
+    assert_eq!(outcomes.len(), 33, "{outcomes:?}");
+    assert_eq!(outcomes[0], ("ingest:2026-10-01", RunOutcome::Succeeded));
+    assert_eq!(outcomes[31], ("report:2026-10", RunOutcome::Succeeded));
+    assert_eq!(outcomes[32], ("publish:2026-10", RunOutcome::Succeeded));
+    let unknown = Scheduler::builder()
+        .database_url(&db.url)
+        .job(
+            CodeJob::new("late", "0 2 1 * *")
+                .after(["nope"])
+                .handler(|_cx| async move { Ok(()) }),
+        )
+        .build()
+        .await;
+    let Err(e) = unknown else {
+        panic!("an unknown name in after was built");
+    };
+    assert!(e.to_string().contains("no job named `nope`"), "{e}");
+}

@@ -599,3 +599,43 @@ fn recovered_waits_for_its_periods_failed_to_be_delivered() {
         "{told:?}"
     );
 }
+
+/// A period that waits for an upstream period past its deadline is late,
+/// and its `late` says what it waits for.
+#[test]
+fn a_period_waiting_past_its_deadline_is_told_late_with_what_it_waits_for() {
+    let hook = Receiver::start(&[]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"ingest\"\nschedule = \"* * * * * *\"\ncommand = [\"false\"]\n\n\
+         [[job]]\nname = \"rollup\"\nschedule = \"* * * * * *\"\nafter = [\"ingest\"]\n\
+         command = [\"true\"]\ndeadline = \"1s\"\n\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"{}\"\nevents = [\"late\"]\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let first = ws.run(&["--database-url", &db.url, "run", "rollup"]);
+    assert_eq!(first.code(), 0, "{}{}", first.stdout(), first.stderr());
+    assert!(
+        first.stdout().contains("waiting for ingest: 0/1, missing "),
+        "{}",
+        first.stdout()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let second = ws.run(&["--database-url", &db.url, "run", "rollup"]);
+    assert_eq!(second.code(), 0, "{}", second.stderr());
+    let told = hook
+        .events("late")
+        .iter()
+        .map(Got::json)
+        .find(|body| body["state"] == "waiting")
+        .unwrap_or_else(|| panic!("no late waiting period: {:?}", hook.got()));
+    let waits = told["waiting_for"].as_str().unwrap_or_default();
+    assert!(waits.starts_with("ingest: 0/1, missing "), "{told}");
+    assert_eq!(
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'rollup'"
+        ),
+        0
+    );
+}

@@ -372,10 +372,7 @@ async fn reclaimable_lists_expired_released_and_due_retries_only(store: Store) {
     let lease = won(&store, &many(&done)).await;
     store.finish(&lease, &succeeded()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let found = store
-        .reclaimable(&["billing".to_owned()], 100)
-        .await
-        .unwrap();
+    let found = store.takeable(&["billing".to_owned()], 100).await.unwrap();
     let labels: Vec<&str> = found.iter().map(|r| r.period.label.as_str()).collect();
     assert_eq!(labels, ["2026-01", "2026-02", "2026-03"]);
     assert_eq!(found[0].period, expired);
