@@ -168,10 +168,23 @@ impl Named {
     }
 }
 
+/// How many periods of an upstream job one period may need at most: each
+/// is looked up whenever the period is claimed or shown.
+pub const MOST_NEEDED: u64 = 100_000;
+
 /// Why `up` could never satisfy `job`'s `after`, if so: its finished
 /// claims may be pruned (`keep`) before a period of `job` that needs them
-/// is due, and a pruned claim reads as a period never run.
+/// is due (a pruned claim reads as a period never run), or one period of
+/// `job` would need more of its periods than can be looked up.
 fn never_satisfied(job: &Job, up: &Job, catch_up: Duration) -> Option<String> {
+    let shortest = shortest(up.period.unit, &up.schedule).as_secs().max(1);
+    let most = longest(job.period.unit, &job.schedule).as_secs() / shortest;
+    if most > MOST_NEEDED {
+        return Some(format!(
+            "`after`: a period of `{}` ({}) overlaps up to {most} periods of `{}` ({}), each looked up whenever it is claimed or shown; at most {MOST_NEEDED} can be: give `{}` a longer `period`, or wait for a job that sums it up",
+            job.name, job.period.unit, up.name, up.period.unit, up.name
+        ));
+    }
     let keep = up.keep?;
     // A period of `job` is due up to one of its periods after its upstream
     // periods began (a fire covering the period before it), and waits in
@@ -223,6 +236,42 @@ fn longest(unit: Unit, schedule: &Schedule) -> Duration {
                 n += 1;
             }
             longest
+        }
+    };
+    Duration::from_secs(secs)
+}
+
+/// The shortest period of `unit` (for `fire`, the shortest gap between
+/// the schedule's next fires, looked at over a day).
+fn shortest(unit: Unit, schedule: &Schedule) -> Duration {
+    const HOUR: u64 = 3600;
+    const DAY: u64 = 24 * HOUR;
+    let secs = match unit {
+        Unit::Minute => 60,
+        Unit::Hour => HOUR,
+        Unit::Day => DAY - HOUR,
+        Unit::Week => 7 * DAY - HOUR,
+        Unit::Month => 28 * DAY - HOUR,
+        Unit::Quarter => 89 * DAY - HOUR,
+        Unit::Year => 365 * DAY - HOUR,
+        Unit::Fire => {
+            let now = chrono::Utc::now();
+            let day = now + chrono::TimeDelta::days(1);
+            let mut shortest = u64::MAX;
+            let mut at = schedule.next_after(now);
+            let mut n = 0;
+            while let Some(fire) = at
+                && fire < day
+                && n < 100_000
+            {
+                let next = schedule.next_after(fire);
+                if let Some(next) = next {
+                    shortest = shortest.min((next - fire).num_seconds().max(1) as u64);
+                }
+                at = next;
+                n += 1;
+            }
+            if shortest == u64::MAX { DAY } else { shortest }
         }
     };
     Duration::from_secs(secs)

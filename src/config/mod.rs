@@ -483,7 +483,7 @@ impl Config {
     /// the jobs are checked against them (the library's settings given in
     /// code: a zone, a catch-up window), and the jobs' `after` not yet
     /// linked: the library's code jobs join them first
-    /// ([`Config::link_after`] then).
+    /// (the builder links them then).
     pub fn load_adjusted(
         path: &Path,
         adjust: &dyn Fn(&mut Settings),

@@ -370,9 +370,10 @@ fn a_backfill_with_its_upstream_runs_the_days_then_the_months_each_once() {
     assert_eq!(server.stop(), 0);
 }
 
-/// An unknown name, a cycle and an upstream whose claims are pruned
-/// before its downstream needs them are each refused at load, with their
-/// place; `check` says all of them.
+/// An unknown name, a cycle, an upstream whose claims are pruned before
+/// its downstream needs them, and one with too many periods to look up
+/// for each downstream period are each refused at load, with their place;
+/// `check` says all of them.
 #[test]
 fn a_cycle_an_unknown_name_and_a_dependency_never_satisfied_are_refused_at_load() {
     let text = "[[job]]\nname = \"ingest\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\nkeep = \"7d\"\ncommand = [\"true\"]\n\n\
@@ -398,6 +399,18 @@ fn a_cycle_an_unknown_name_and_a_dependency_never_satisfied_are_refused_at_load(
     );
     // Placed at the entry that closes the cycle: `c`'s `after`.
     assert!(said.contains("jobs.toml:30:10: `after`: a cycle"), "{said}");
+    // A year of minutes is more than one period may need.
+    let ws = Workspace::new(
+        "[[job]]\nname = \"ticks\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"true\"]\n\n\
+         [[job]]\nname = \"archive\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\nafter = [\"ticks\"]\ncommand = [\"true\"]\n",
+    );
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}{}", out.stdout(), out.stderr());
+    assert!(
+        out.stderr().contains("jobs.toml:11:10: `after`: a period of `archive` (year) overlaps up to 527100 periods of `ticks` (minute)"),
+        "{}",
+        out.stderr()
+    );
     // A job may wait for its own previous period: no cycle.
     let ws = Workspace::new(
         "[[job]]\nname = \"inc\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\nafter = [\"inc\"]\ncommand = [\"true\"]\n",
