@@ -218,25 +218,10 @@ fn longest(unit: Unit, schedule: &Schedule) -> Duration {
         Unit::Month => 31 * DAY + HOUR,
         Unit::Quarter => 92 * DAY + HOUR,
         Unit::Year => 366 * DAY + HOUR,
-        Unit::Fire => {
-            let now = chrono::Utc::now();
-            let year = now + chrono::TimeDelta::days(366);
-            let mut longest = 0;
-            let mut at = schedule.next_after(now);
-            let mut n = 0;
-            while let Some(fire) = at
-                && fire < year
-                && n < 10_000
-            {
-                let next = schedule.next_after(fire);
-                if let Some(next) = next {
-                    longest = longest.max((next - fire).num_seconds().max(0) as u64);
-                }
-                at = next;
-                n += 1;
-            }
-            longest
-        }
+        // A schedule that fires once a year or less: a year at least.
+        Unit::Fire => gaps(schedule, chrono::TimeDelta::days(366))
+            .max()
+            .unwrap_or(366 * DAY),
     };
     Duration::from_secs(secs)
 }
@@ -254,27 +239,24 @@ fn shortest(unit: Unit, schedule: &Schedule) -> Duration {
         Unit::Month => 28 * DAY - HOUR,
         Unit::Quarter => 89 * DAY - HOUR,
         Unit::Year => 365 * DAY - HOUR,
-        Unit::Fire => {
-            let now = chrono::Utc::now();
-            let day = now + chrono::TimeDelta::days(1);
-            let mut shortest = u64::MAX;
-            let mut at = schedule.next_after(now);
-            let mut n = 0;
-            while let Some(fire) = at
-                && fire < day
-                && n < 100_000
-            {
-                let next = schedule.next_after(fire);
-                if let Some(next) = next {
-                    shortest = shortest.min((next - fire).num_seconds().max(1) as u64);
-                }
-                at = next;
-                n += 1;
-            }
-            if shortest == u64::MAX { DAY } else { shortest }
-        }
+        Unit::Fire => gaps(schedule, chrono::TimeDelta::days(1))
+            .min()
+            .unwrap_or(DAY),
     };
     Duration::from_secs(secs)
+}
+
+/// The gaps between the schedule's next fires, in seconds, over `ahead`
+/// (10,000 at most).
+fn gaps(schedule: &Schedule, ahead: chrono::TimeDelta) -> impl Iterator<Item = u64> + '_ {
+    let now = chrono::Utc::now();
+    let fires = std::iter::successors(schedule.next_after(now), |fire| schedule.next_after(*fire))
+        .take_while(move |fire| *fire < now + ahead)
+        .take(10_000);
+    fires
+        .clone()
+        .zip(fires.skip(1))
+        .map(|(fire, next)| (next - fire).num_seconds().max(1) as u64)
 }
 
 /// The first cycle among `edges` (each job's upstream jobs), as the jobs

@@ -38,11 +38,30 @@ fn runs(ws: &Workspace) -> Vec<String> {
     lines(ws.path().join("runs.txt"))
 }
 
+/// `scheduler --database-url URL ARGS…`.
+fn said(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Output {
+    ws.run(&[&["--database-url", &db.url], args].concat())
+}
+
 /// `scheduler --database-url URL ARGS…`, which must exit 0.
 fn ok(ws: &Workspace, db: &TestDb, args: &[&str]) -> String {
-    let out = ws.run(&[&["--database-url", &db.url], args].concat());
+    let out = said(ws, db, args);
     assert_eq!(out.code(), 0, "{args:?}: {}{}", out.stdout(), out.stderr());
     out.stdout()
+}
+
+/// Runs `ingest` (which succeeds only while the file `ok` exists) from
+/// `first` to 30 October, and 31 October failing, to be retried.
+fn the_last_day_fails(ws: &Workspace, db: &TestDb, first: &str) {
+    std::fs::write(ws.path().join("ok"), "").expect("ok");
+    ok(
+        ws,
+        db,
+        &["run", "ingest", "--from", first, "--to", "2026-10-30"],
+    );
+    std::fs::remove_file(ws.path().join("ok")).expect("rm ok");
+    let out = said(ws, db, &["run", "ingest", "--period", "2026-10-31"]);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
 }
 
 fn attempts(db: &TestDb, key: &str) -> i64 {
@@ -71,14 +90,7 @@ fn the_month_waits_for_its_last_day_and_runs_once_across_three_replicas() {
                 "2026-10-30",
             ],
         );
-        let out = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "report",
-            "--period",
-            "2026-10",
-        ]);
+        let out = said(&ws, &db, &["run", "report", "--period", "2026-10"]);
         assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
         assert!(
             out.stdout()
@@ -137,14 +149,7 @@ fn a_day_waits_for_its_month_and_hours_map_across_dst_in_berlin() {
                 [[job]]\nname = \"rollup\"\nschedule = \"5 * * * *\"\nperiod = \"hour\"\ncovers = \"previous\"\nafter = [\"ingest\"]\ncommand = [\"true\"]\n";
     for db in databases() {
         let ws = Workspace::new(text);
-        let out = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "day",
-            "--period",
-            "2026-10-15",
-        ]);
+        let out = said(&ws, &db, &["run", "day", "--period", "2026-10-15"]);
         assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
         assert!(
             out.stdout()
@@ -295,16 +300,11 @@ fn a_forced_rerun_of_a_day_marks_the_month_stale_or_reruns_it_once() {
 fn a_backfill_with_its_upstream_runs_the_days_then_the_months_each_once() {
     for db in databases() {
         let ws = Workspace::new(&daily_and_monthly(""));
-        let out = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "report",
-            "--from",
-            "2026-09",
-            "--to",
-            "2026-10",
-        ]);
+        let out = said(
+            &ws,
+            &db,
+            &["run", "report", "--from", "2026-09", "--to", "2026-10"],
+        );
         assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
         let said = out.stdout();
         assert!(
@@ -313,19 +313,16 @@ fn a_backfill_with_its_upstream_runs_the_days_then_the_months_each_once() {
             "{said}"
         );
         assert!(runs(&ws).is_empty());
-        ok(
-            &ws,
-            &db,
-            &[
-                "run",
-                "report",
-                "--from",
-                "2026-09",
-                "--to",
-                "2026-10",
-                "--with-upstream",
-            ],
-        );
+        let backfill = [
+            "run",
+            "report",
+            "--from",
+            "2026-09",
+            "--to",
+            "2026-10",
+            "--with-upstream",
+        ];
+        ok(&ws, &db, &backfill);
         let ran = runs(&ws);
         let mut expected: Vec<String> = Vec::new();
         for (month, days) in [("09", 30), ("10", 31)] {
@@ -336,19 +333,7 @@ fn a_backfill_with_its_upstream_runs_the_days_then_the_months_each_once() {
         expected.push("report 2026-09 manual".into());
         expected.push("report 2026-10 manual".into());
         assert_eq!(ran, expected);
-        ok(
-            &ws,
-            &db,
-            &[
-                "run",
-                "report",
-                "--from",
-                "2026-09",
-                "--to",
-                "2026-10",
-                "--with-upstream",
-            ],
-        );
+        ok(&ws, &db, &backfill);
         assert_eq!(runs(&ws).len(), expected.len());
     }
     let db = TestDb::postgres_blocking().unwrap_or_else(TestDb::sqlite);
@@ -433,37 +418,8 @@ fn kill_9_of_the_replica_that_recorded_the_last_day_before_it_claimed_the_month(
                     after = [\"ingest\"]\nconcurrency = 1\n\
                     shell = \"echo start $SCHEDULER_PERIOD >> runs.txt; if [ $SCHEDULER_PERIOD = 2026-09 ]; then sleep 8; fi; echo report $SCHEDULER_PERIOD >> runs.txt\"\n";
         let ws = Workspace::new(text);
-        std::fs::write(ws.path().join("ok"), "").expect("ok");
-        ok(
-            &ws,
-            &db,
-            &[
-                "run",
-                "ingest",
-                "--from",
-                "2026-09-01",
-                "--to",
-                "2026-10-30",
-            ],
-        );
-        std::fs::remove_file(ws.path().join("ok")).expect("rm ok");
-        let out = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "ingest",
-            "--period",
-            "2026-10-31",
-        ]);
-        assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
-        let out = ws.run(&[
-            "--database-url",
-            &db.url,
-            "run",
-            "report",
-            "--period",
-            "2026-10",
-        ]);
+        the_last_day_fails(&ws, &db, "2026-09-01");
+        let out = said(&ws, &db, &["run", "report", "--period", "2026-10"]);
         assert!(
             out.stdout().contains("waiting for ingest: 30/31"),
             "{}",
@@ -536,37 +492,8 @@ fn the_replica_that_records_the_last_day_claims_the_month_at_once() {
             "retry = { attempts = 5, backoff = \"1s\" }\nshell = \"test -f ok && echo ingest",
         );
     let ws = Workspace::new(&text);
-    std::fs::write(ws.path().join("ok"), "").expect("ok");
-    ok(
-        &ws,
-        &db,
-        &[
-            "run",
-            "ingest",
-            "--from",
-            "2026-10-01",
-            "--to",
-            "2026-10-30",
-        ],
-    );
-    std::fs::remove_file(ws.path().join("ok")).expect("rm ok");
-    let out = ws.run(&[
-        "--database-url",
-        &db.url,
-        "run",
-        "ingest",
-        "--period",
-        "2026-10-31",
-    ]);
-    assert_eq!(out.code(), 1, "{}", out.stdout());
-    let out = ws.run(&[
-        "--database-url",
-        &db.url,
-        "run",
-        "report",
-        "--period",
-        "2026-10",
-    ]);
+    the_last_day_fails(&ws, &db, "2026-10-01");
+    let out = said(&ws, &db, &["run", "report", "--period", "2026-10"]);
     assert!(out.stdout().contains("waiting"), "{}", out.stdout());
     std::fs::write(ws.path().join("ok"), "").expect("ok");
     // The retry is due by the first scan, at start-up.
