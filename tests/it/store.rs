@@ -1043,6 +1043,97 @@ async fn a_postgres_claim_reports_a_period_held_by_a_running_group_without_waiti
     );
 }
 
+/// A period noted waiting is not ready until the upstream key it watches
+/// succeeds (the success wakes it); one whose watched key succeeded before
+/// it was noted is ready at once; a claimed one is never listed.
+async fn a_waiting_period_is_woken_by_the_success_of_the_key_it_watches(store: Store) {
+    let july = month("2026-07");
+    let august = month("2026-08");
+    let (upstream, early) = (month("2026-06"), month("2026-05"));
+    let done_early = won(&store, &request(&early, "u")).await;
+    assert!(store.finish(&done_early, &succeeded()).await.unwrap());
+    let noted =
+        |period: &Period, watch: &str| -> (Period, String) { (period.clone(), watch.to_owned()) };
+    let rows = [
+        noted(&july, "billing:2026-06"),
+        noted(&august, "billing:2026-05"),
+    ];
+    let waiting: Vec<scheduler::store::Waiting<'_>> = rows
+        .iter()
+        .map(|(period, watch)| scheduler::store::Waiting {
+            job: "report",
+            period,
+            fire: period.end,
+            watch: watch.clone(),
+            waits: "billing: 0/1".to_owned(),
+        })
+        .collect();
+    store.note_waiting(&waiting).await.unwrap();
+    let report = ["report".to_owned()];
+    let ready = |found: Vec<scheduler::store::Reclaimable>| -> Vec<String> {
+        found.into_iter().map(|r| r.period.label).collect()
+    };
+    // August watches a key that succeeded before it was noted.
+    assert_eq!(
+        ready(store.ready(&report, 10, false).await.unwrap()),
+        ["2026-08"]
+    );
+    let lease = won(&store, &request(&upstream, "u")).await;
+    assert_eq!(
+        ready(store.ready(&report, 10, false).await.unwrap()),
+        ["2026-08"]
+    );
+    assert!(store.finish(&lease, &succeeded()).await.unwrap());
+    assert_eq!(
+        ready(store.ready(&report, 10, false).await.unwrap()),
+        ["2026-07", "2026-08"]
+    );
+    // Claimed, a period is no longer listed, woken or not.
+    let mut claim = request(&july, "r");
+    claim.job = "report";
+    won(&store, &claim).await;
+    assert_eq!(
+        ready(store.ready(&report, 10, true).await.unwrap()),
+        ["2026-08"]
+    );
+    assert_eq!(
+        ready(store.waiting_periods(&report, 10).await.unwrap()),
+        ["2026-08"]
+    );
+    // Other jobs' rows are not this job's.
+    assert!(
+        store
+            .ready(&["other".to_owned()], 10, true)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A succeeded period is reopened for a new attempt once: a second
+/// reopening of the same attempt, or of a period not succeeded, does
+/// nothing; the reopened period is claimable at once.
+async fn a_stale_period_is_reopened_once_by_its_attempt(store: Store) {
+    let period = month("2026-07");
+    let lease = won(&store, &request(&period, "a")).await;
+    assert!(
+        !store.reopen("billing:2026-07", 1).await.unwrap(),
+        "running"
+    );
+    assert!(store.finish(&lease, &succeeded()).await.unwrap());
+    assert!(
+        !store.reopen("billing:2026-07", 2).await.unwrap(),
+        "another attempt"
+    );
+    assert!(store.reopen("billing:2026-07", 1).await.unwrap());
+    assert!(
+        !store.reopen("billing:2026-07", 1).await.unwrap(),
+        "reopened already"
+    );
+    let again = won(&store, &request(&period, "b")).await;
+    assert_eq!(again.attempt, 2);
+}
+
 /// Runs each test function against SQLite and PostgreSQL.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -1122,6 +1213,8 @@ conformance!(
     a_lease_not_renewed_in_time_fences_the_run,
     an_sql_action_past_its_timeout_is_stopped_and_rolled_back,
     an_outcome_written_just_after_a_release_is_kept,
+    a_waiting_period_is_woken_by_the_success_of_the_key_it_watches,
+    a_stale_period_is_reopened_once_by_its_attempt,
 );
 
 #[tokio::test]
