@@ -1052,11 +1052,9 @@ async fn a_waiting_period_is_woken_by_the_success_of_the_key_it_watches(store: S
     let (upstream, early) = (month("2026-06"), month("2026-05"));
     let done_early = won(&store, &request(&early, "u")).await;
     assert!(store.finish(&done_early, &succeeded()).await.unwrap());
-    let noted =
-        |period: &Period, watch: &str| -> (Period, String) { (period.clone(), watch.to_owned()) };
     let rows = [
-        noted(&july, "billing:2026-06"),
-        noted(&august, "billing:2026-05"),
+        (july.clone(), "billing:2026-06"),
+        (august.clone(), "billing:2026-05"),
     ];
     let waiting: Vec<scheduler::store::Waiting<'_>> = rows
         .iter()
@@ -1064,7 +1062,7 @@ async fn a_waiting_period_is_woken_by_the_success_of_the_key_it_watches(store: S
             job: "report",
             period,
             fire: period.end,
-            watch: watch.clone(),
+            watch: (*watch).to_owned(),
             waits: "billing: 0/1".to_owned(),
         })
         .collect();
