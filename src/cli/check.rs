@@ -39,9 +39,22 @@ pub fn check(config: &Config, now: DateTime<Utc>, out: &mut dyn Write) -> std::i
             .schedule
             .next_after(now)
             .map_or_else(|| "never".to_owned(), |fire| fire_line(job, fire));
+        let mut after: Vec<&str> = job
+            .after
+            .upstream
+            .iter()
+            .map(|up| up.job.as_str())
+            .collect();
+        if job.after.previous {
+            after.push(&job.name);
+        }
+        let after = match after.is_empty() {
+            true => String::new(),
+            false => format!("  after {}", after.join(", ")),
+        };
         writeln!(
             out,
-            "{}  zone {}  schedule `{}`  period {} ({})  next {}",
+            "{}  zone {}  schedule `{}`  period {} ({})  next {}{after}",
             job.name,
             job.schedule.zone(),
             job.schedule.source(),

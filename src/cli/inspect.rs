@@ -43,11 +43,13 @@ pub async fn status(
         let paused = paused_jobs.contains(&job.name);
         let overdue = overdue.remove(&job.name).filter(|_| !paused);
         let late = late.remove(&job.name).filter(|_| !paused);
+        let recent = store.recent(&job.name, RECENT).await?;
         all.push(JobStatus {
             waiting: waiting(store, job, now).await?,
+            stale: stale(store, job, &recent, now).await?,
             job,
             paused,
-            recent: store.recent(&job.name, RECENT).await?,
+            recent,
             overdue: overdue.unwrap_or_default(),
             late: late
                 .unwrap_or_default()
@@ -94,6 +96,15 @@ pub async fn status(
             say(format_args!("waiting ({}):", job.waiting.len()))?;
             for (key, waits) in &job.waiting {
                 say(format_args!("  {key}  waiting for {waits}"))?;
+            }
+        }
+        if !job.stale.is_empty() {
+            say(format_args!("stale ({}):", job.stale.len()))?;
+            for (key, upstream, at) in &job.stale {
+                say(format_args!(
+                    "  {key}  {upstream} succeeded again at {}, after it ran",
+                    utc_text(*at)
+                ))?;
             }
         }
         if !job.recent.is_empty() {
@@ -163,6 +174,9 @@ struct JobStatus<'a> {
     /// Due, never claimed, and waiting for upstream periods: each key
     /// with what it waits for.
     waiting: Vec<(String, String)>,
+    /// Of the recent periods, the stale ones: each key with the upstream
+    /// period that succeeded again, and when.
+    stale: Vec<(String, String, DateTime<Utc>)>,
 }
 
 impl JobStatus<'_> {
@@ -335,6 +349,11 @@ impl JobStatus<'_> {
                 .iter()
                 .map(|(key, waits)| json!({ "period_key": key, "waiting_for": waits }))
                 .collect::<Vec<_>>(),
+            "stale": self
+                .stale
+                .iter()
+                .map(|(key, upstream, at)| json!({ "period_key": key, "upstream": upstream, "succeeded_at": utc_text(*at) }))
+                .collect::<Vec<_>>(),
         })
     }
 }
@@ -364,6 +383,32 @@ async fn waiting(
         .collect())
 }
 
+/// Of `recent` (claim rows of `job`), the succeeded ones made stale by an
+/// upstream period that succeeded again since they started.
+async fn stale(
+    store: &Store,
+    job: &Job,
+    recent: &[ClaimRow],
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, String, DateTime<Utc>)>, Error> {
+    if !job.after.any() {
+        return Ok(Vec::new());
+    }
+    let periods: Vec<crate::period::Period> = recent
+        .iter()
+        .filter(|row| row.state == ClaimState::Succeeded)
+        .filter_map(|row| job.period.parse_label(&job.schedule, &row.period).ok())
+        .collect();
+    Ok(view::periods(store, job, &periods, now)
+        .await?
+        .iter()
+        .filter_map(|v| {
+            let (upstream, at) = v.stale_by()?;
+            Some((v.key.to_string(), upstream.to_owned(), at))
+        })
+        .collect())
+}
+
 /// The longest range `status JOB --from --to` prints.
 pub const RANGE_LIMIT: usize = 100_000;
 
@@ -386,28 +431,30 @@ pub async fn range(
     )?;
     for chunk in periods.chunks(view::VIEWS_PER_READ) {
         for view in view::periods(store, job, chunk, now).await? {
+            let waiting_for = view.waiting_for();
+            let stale = view.stale_json();
+            let detail = match (&view.row, &waiting_for) {
+                (None, _) if view.state == PeriodState::NotDue => {
+                    format!("fires at {}", time(view.fire))
+                }
+                (None, Some(waits)) => format!("due, waiting for {waits}"),
+                (None, None) => "due, never run".to_owned(),
+                (Some(row), _) => format!(
+                    "attempt {}  {}{}",
+                    row.attempt,
+                    describe(row),
+                    stale_words(&view)
+                ),
+            };
             let PeriodView {
                 key,
                 period,
                 state,
                 fire,
                 row,
-                upstream,
+                ..
             } = view;
             let row = row.as_ref();
-            let waiting_for = upstream.waiting().then(|| upstream.to_string());
-            let detail = match (row, &waiting_for) {
-                (None, _) if state == PeriodState::NotDue => format!("fires at {}", time(fire)),
-                (None, Some(waits)) => format!("due, waiting for {waits}"),
-                (None, None) => "due, never run".to_owned(),
-                (Some(row), _) if state == PeriodState::Stale => format!(
-                    "attempt {}  {}; stale: a period it needed succeeded again at {}",
-                    row.attempt,
-                    describe(row),
-                    time(upstream.newest)
-                ),
-                (Some(row), _) => format!("attempt {}  {}", row.attempt, describe(row)),
-            };
             if as_json {
                 say(format_args!(
                     "{}",
@@ -419,6 +466,7 @@ pub async fn range(
                         "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
                         "fire": fire.map(utc_text),
                         "waiting_for": waiting_for,
+                        "stale": stale,
                     })
                 ))?;
             } else {
@@ -427,6 +475,14 @@ pub async fn range(
         }
     }
     Ok(Outcome::Done)
+}
+
+/// For a stale period, what made it so: `; stale: ingest:2026-07-15
+/// succeeded again at …`.
+fn stale_words(view: &PeriodView) -> String {
+    view.stale_by()
+        .map(|(key, at)| format!("; stale: {key} succeeded again at {}", utc_text(at)))
+        .unwrap_or_default()
 }
 
 /// One claim row in words an operator acts on.

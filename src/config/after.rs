@@ -99,6 +99,16 @@ impl Config {
             for named in &job.after.named {
                 let full = self.full_name(&named.name);
                 if full == job.name {
+                    if job.missed != super::Missed::All {
+                        errors.push(named.error(format!(
+                            "`after`: `{}` waits for its own previous period, but `missed = \"{}\"` skips the periods missed while nothing ran: the one after a skipped period would wait for it for ever; use `missed = \"all\"` (the default)",
+                            job.name,
+                            match job.missed {
+                                super::Missed::Latest => "latest",
+                                _ => "skip",
+                            }
+                        )));
+                    }
                     previous[i] = true;
                     continue;
                 }

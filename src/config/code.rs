@@ -49,7 +49,7 @@ pub struct CodeJob {
     keep: Option<Duration>,
     deadline: Option<Duration>,
     after: Vec<String>,
-    on_upstream_rerun: OnRerun,
+    on_upstream_rerun: Option<OnRerun>,
     handler: Option<Handler>,
 }
 
@@ -72,7 +72,7 @@ impl CodeJob {
             keep: None,
             deadline: None,
             after: Vec::new(),
-            on_upstream_rerun: OnRerun::default(),
+            on_upstream_rerun: None,
             handler: None,
         }
     }
@@ -158,7 +158,7 @@ impl CodeJob {
     /// again, as `on_upstream_rerun` in `jobs.toml` (shown `stale` by
     /// default).
     pub fn on_upstream_rerun(mut self, on_rerun: OnRerun) -> CodeJob {
-        self.on_upstream_rerun = on_rerun;
+        self.on_upstream_rerun = Some(on_rerun);
         self
     }
 
@@ -257,6 +257,11 @@ impl CodeJob {
         {
             return Err(fail(problem));
         }
+        if self.on_upstream_rerun.is_some() && self.after.is_empty() {
+            return Err(fail(
+                "`on_upstream_rerun` without `after`: the job waits for no other job's periods, so no rerun upstream concerns it".into(),
+            ));
+        }
         let mut job = Job {
             name: self.name,
             schedule,
@@ -277,7 +282,7 @@ impl CodeJob {
                         place: place.clone(),
                     })
                     .collect(),
-                on_rerun: self.on_upstream_rerun,
+                on_rerun: self.on_upstream_rerun.unwrap_or_default(),
                 ..After::default()
             },
             definition: Fingerprint::default(),

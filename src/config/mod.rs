@@ -779,6 +779,12 @@ impl Locator<'_> {
                     "`command` is a string, but it must be an array of the program and its arguments, run without a shell, e.g. command = [\"./bin/bill\", \"--month\", \"{{period}}\"]; to run a command line through /bin/sh, write shell = {value}"
                 );
             }
+            if key == "after" {
+                let value = self.text.get(span.clone()).unwrap_or("\"…\"");
+                message = format!(
+                    "`after` is a string, but it must be an array of job names: after = [{value}]"
+                );
+            }
         }
         if let Some(span) = e.span()
             && message.starts_with("invalid type: map")

@@ -59,8 +59,7 @@ pub(super) struct RawJob {
     keep: Option<Spanned<String>>,
     deadline: Option<Spanned<String>>,
     after: Option<Spanned<Vec<Spanned<String>>>>,
-    #[serde(default)]
-    on_upstream_rerun: super::after::OnRerun,
+    on_upstream_rerun: Option<Spanned<super::after::OnRerun>>,
     #[serde(default)]
     dst: RawDst,
 }
@@ -583,6 +582,7 @@ impl RawJob {
         let concurrency = kept(&mut errors, positive(at, self.concurrency.as_ref(), 1));
         let keep = kept(&mut errors, self.keep(at, settings));
         let deadline = kept(&mut errors, self.deadline(at, settings));
+        let after = kept(&mut errors, self.after(at));
         let (
             Some(schedule),
             Some(action),
@@ -620,17 +620,26 @@ impl RawJob {
             retry,
             keep,
             deadline,
-            after: self.after(at),
+            after: after.unwrap_or_default(),
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })
     }
 
     /// `after` as written, each name with its place; linked to the jobs it
-    /// names once all are read.
-    fn after(&self, at: &Locator) -> super::after::After {
+    /// names once all are read. `on_upstream_rerun` without it says
+    /// nothing, and is refused as the mistake it is.
+    fn after(&self, at: &Locator) -> Result<super::after::After, ConfigError> {
         let named = self.after.as_ref().map_or(&[][..], |a| a.get_ref());
-        super::after::After {
+        if let Some(on_rerun) = &self.on_upstream_rerun
+            && named.is_empty()
+        {
+            return Err(at.error(
+                on_rerun.span(),
+                "`on_upstream_rerun` without `after`: the job waits for no other job's periods, so no rerun upstream concerns it".into(),
+            ));
+        }
+        Ok(super::after::After {
             named: named
                 .iter()
                 .map(|name| super::after::Named {
@@ -638,9 +647,13 @@ impl RawJob {
                     place: at.error(name.span(), String::new()).place,
                 })
                 .collect(),
-            on_rerun: self.on_upstream_rerun,
+            on_rerun: self
+                .on_upstream_rerun
+                .as_ref()
+                .map(|r| *r.get_ref())
+                .unwrap_or_default(),
             ..Default::default()
-        }
+        })
     }
 
     /// `deadline`, which must be shorter than the catch-up window: a period

@@ -31,6 +31,8 @@ pub struct Upstream {
     /// When the newest success among its upstream periods was recorded: a
     /// period of it that succeeded before that is stale.
     pub newest: Option<DateTime<Utc>>,
+    /// The key of that upstream period.
+    pub newest_key: Option<String>,
 }
 
 /// What a period waits for of one upstream job.
@@ -44,6 +46,10 @@ pub struct Wait {
     pub needed: usize,
     /// The labels of those not succeeded, oldest first.
     pub missing: Vec<String>,
+    /// Where each of `missing` stands, if it was ever claimed (running,
+    /// failed, released): said beside its label.
+    #[serde(skip)]
+    pub claimed: Vec<Option<ClaimState>>,
 }
 
 impl Upstream {
@@ -85,11 +91,15 @@ impl fmt::Display for Upstream {
 
 impl fmt::Display for Wait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let named: Vec<&str> = self
+        let named: Vec<String> = self
             .missing
             .iter()
+            .zip(&self.claimed)
             .take(NAMED)
-            .map(String::as_str)
+            .map(|(label, claimed)| match claimed {
+                Some(state) => format!("{label} ({state})"),
+                None => label.clone(),
+            })
             .collect();
         write!(
             f,
@@ -224,8 +234,11 @@ fn standing(
     for need in needs {
         let row = rows.get(&need.key);
         let succeeded = row.filter(|r| r.state == ClaimState::Succeeded);
-        if let Some(row) = succeeded {
-            upstream.newest = upstream.newest.max(row.finished_at);
+        if let Some(row) = succeeded
+            && row.finished_at > upstream.newest
+        {
+            upstream.newest = row.finished_at;
+            upstream.newest_key = Some(need.key.clone());
         }
         let before_first_seen = need.previous
             && row.is_none()
@@ -243,6 +256,7 @@ fn standing(
                     done: 0,
                     needed: 0,
                     missing: Vec::new(),
+                    claimed: Vec::new(),
                 });
                 by_job.len() - 1
             }
@@ -251,7 +265,10 @@ fn standing(
         wait.needed += 1;
         match succeeded {
             Some(_) => wait.done += 1,
-            None => wait.missing.push(need.label),
+            None => {
+                wait.missing.push(need.label);
+                wait.claimed.push(row.map(|r| r.state));
+            }
         }
     }
     upstream.waits = by_job

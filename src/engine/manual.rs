@@ -37,6 +37,9 @@ struct Plan<'a> {
     /// Succeeded periods are run again (`--force`; never an upstream
     /// period run first by `--with-upstream`).
     force: bool,
+    /// Periods of an upstream job run first by `--with-upstream`: those
+    /// already succeeded are passed over without a line.
+    upstream: bool,
 }
 
 /// A job's periods, handed out a chunk at a time.
@@ -355,14 +358,40 @@ impl Backfill<'_> {
                     .map(|d| PeriodKey::new(&job.name, &d.period.label))
                     .collect();
                 let rows = self.look_up(&job, &keys).await?;
+                // A dry run says what the claim's gate would: a period whose
+                // upstream is not done waits.
+                let mut waits = match request.dry_run && job.after.any() {
+                    true => {
+                        let asked: Vec<(&Job, &Period)> =
+                            chunk.iter().map(|d| (&*job, &d.period)).collect();
+                        super::after::look(self.engine.store(), &asked, now).await?
+                    }
+                    false => Vec::new(),
+                }
+                .into_iter();
                 let mut asks = Vec::new();
                 for (due, key) in chunk.into_iter().zip(keys) {
+                    let upstream = waits.next().filter(|up| up.waiting());
                     if *self.shutdown.borrow() {
                         self.cut_short();
                         return Ok(Ok(()));
                     }
                     let row = rows.get(key.as_str());
-                    let skip = if request.dry_run {
+                    let done = row.is_some_and(|r| matches!(r.as_claim(), Claim::Succeeded { .. }));
+                    if plan.upstream && done {
+                        continue;
+                    }
+                    let claimable = row.is_none_or(|row| {
+                        !matches!(row.as_claim(), Claim::Succeeded { .. } | Claim::Held { .. })
+                    });
+                    let skip = if let Some(upstream) = upstream.filter(|_| claimable) {
+                        Some(Line::new(
+                            &key,
+                            PeriodOutcome::Waiting,
+                            upstream.to_string(),
+                            None,
+                        ))
+                    } else if request.dry_run {
                         Some(dry_run_line(key.as_str(), row, &request))
                     } else {
                         row.and_then(|row| skip_line(key.as_str(), row, &request))
@@ -655,7 +684,18 @@ impl Backfill<'_> {
             );
         }
         let held = matches!(taken, Taken::Not(Claim::Held { .. }));
+        let waiting = matches!(taken, Taken::Waiting(_));
         let report = Report::not_run(ask, taken);
+        if waiting && ask.mode.manual {
+            // Noted as waiting, it is claimed once they have: said, so that
+            // its later run is no surprise.
+            let detail = format!(
+                "{}; it runs once they have succeeded (serve's scan, or the next `run {}`)",
+                report.detail(),
+                ask.job.name
+            );
+            return Line::new(&report.key, report.outcome(), detail, None);
+        }
         Line {
             held,
             ..Line::new(&report.key, report.outcome(), report.detail(), None)
@@ -715,7 +755,9 @@ async fn plan<'a>(
 ) -> Result<Vec<Plan<'a>>, Error> {
     let jobs: Vec<&Job> = match &request.job {
         Some(name) => vec![config.job(name)?],
-        None => config.jobs.iter().collect(),
+        // Every job, each after the jobs it waits for: a period whose
+        // upstream runs in the same `run --all` is not left waiting.
+        None => in_dependency_order(&config.jobs),
     };
     let mut plans = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -745,21 +787,29 @@ async fn plan<'a>(
             let again = store
                 .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT, true)
                 .await?;
-            for r in again {
-                if !listed.iter().any(|d| d.period.label == r.period.label) {
-                    listed.push(Due {
-                        period: r.period,
-                        fire: r.scheduled_at,
-                        trigger: Trigger::Retry,
-                    });
-                }
-            }
+            // A period that waited for its upstream runs as `upstream`,
+            // whether or not it is also among the due ones.
+            let reopened = super::after::reopen_stale(store, &[job], window).await?;
+            let again = again.into_iter().map(|r| Due {
+                trigger: match r.trigger {
+                    Trigger::Upstream => Trigger::Upstream,
+                    _ => Trigger::Retry,
+                },
+                period: r.period,
+                fire: r.scheduled_at,
+            });
             // Succeeded periods an upstream rerun made stale, for a job
             // that reruns on it, as `serve`'s scan would take them.
-            let reopened = super::after::reopen_stale(store, &[job], window).await?;
-            for (_, due) in reopened {
-                if !listed.iter().any(|d| d.period.label == due.period.label) {
-                    listed.push(due);
+            for due in again.chain(reopened.into_iter().map(|(_, due)| due)) {
+                match listed
+                    .iter_mut()
+                    .find(|d| d.period.label == due.period.label)
+                {
+                    Some(listed) if due.trigger == Trigger::Upstream => {
+                        listed.trigger = Trigger::Upstream;
+                    }
+                    Some(_) => {}
+                    None => listed.push(due),
                 }
             }
             listed.sort_by_key(|d| d.fire);
@@ -770,9 +820,37 @@ async fn plan<'a>(
             periods,
             manual,
             force: request.force,
+            upstream: false,
         });
     }
     Ok(plans)
+}
+
+/// `jobs`, each after every job of its `after`, otherwise in their order.
+fn in_dependency_order(jobs: &[Job]) -> Vec<&Job> {
+    let mut ordered: Vec<&Job> = Vec::with_capacity(jobs.len());
+    let mut done: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut left: Vec<&Job> = jobs.iter().collect();
+    while !left.is_empty() {
+        let before = left.len();
+        left.retain(|job| {
+            let ready = job
+                .after
+                .upstream
+                .iter()
+                .all(|up| done.contains(up.job.as_str()));
+            if ready {
+                ordered.push(job);
+                done.insert(&job.name);
+            }
+            !ready
+        });
+        // No cycle passes the load; were one here, the rest in order.
+        if left.len() == before {
+            ordered.append(&mut left);
+        }
+    }
+    ordered
 }
 
 /// The plans that run first, for `--with-upstream`, the upstream periods
@@ -849,6 +927,7 @@ fn upstream_plans<'a>(
                 periods: Periods::Listed(dues.into_iter()),
                 manual: true,
                 force: false,
+                upstream: true,
             }
         })
         .collect())

@@ -31,6 +31,31 @@ pub struct PeriodView {
     pub upstream: Upstream,
 }
 
+impl PeriodView {
+    /// What it waits for, in words: for a due period never claimed whose
+    /// upstream periods have not all succeeded.
+    pub fn waiting_for(&self) -> Option<String> {
+        let due = self.state != PeriodState::NotDue;
+        (due && self.row.is_none() && self.upstream.waiting()).then(|| self.upstream.to_string())
+    }
+
+    /// For a stale period, the upstream period that succeeded again since
+    /// its attempt started, and when.
+    pub fn stale_by(&self) -> Option<(&str, DateTime<Utc>)> {
+        if self.state != PeriodState::Stale {
+            return None;
+        }
+        Some((self.upstream.newest_key.as_deref()?, self.upstream.newest?))
+    }
+
+    /// [`PeriodView::stale_by`] as JSON: `{"upstream": key, "succeeded_at": …}`.
+    pub fn stale_json(&self) -> Option<serde_json::Value> {
+        self.stale_by().map(|(key, at)| {
+            serde_json::json!({ "upstream": key, "succeeded_at": crate::period::utc_text(at) })
+        })
+    }
+}
+
 /// The views of `periods` of `job` (at most [`VIEWS_PER_READ`], read in one
 /// statement), in their order, as they stand at `now`.
 pub async fn periods(

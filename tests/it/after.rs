@@ -261,8 +261,14 @@ fn a_forced_rerun_of_a_day_marks_the_month_stale_or_reruns_it_once() {
             &["status", "report", "--from", "2026-10", "--to", "2026-10"],
         );
         assert!(
-            after.contains("report:2026-10  stale") && after.contains("succeeded again"),
+            after.contains("report:2026-10  stale")
+                && after.contains("stale: ingest:2026-10-15 succeeded again at"),
             "{after}"
+        );
+        let status = ok(&ws, &db, &["status", "report"]);
+        assert!(
+            status.contains("stale (1):\n  report:2026-10  ingest:2026-10-15 succeeded again at"),
+            "{status}"
         );
         // Two replicas find `bill` stale: one reruns it.
         let replicas: Vec<_> = (0..2).map(|_| serve(&ws, &db.url)).collect();
@@ -396,6 +402,36 @@ fn a_cycle_an_unknown_name_and_a_dependency_never_satisfied_are_refused_at_load(
         "{}",
         out.stderr()
     );
+    // `on_upstream_rerun` alone says nothing; waiting for its own previous
+    // period while skipping missed ones would stall.
+    let lone = "[[job]]\nname = \"lone\"\nschedule = \"0 1 * * *\"\non_upstream_rerun = \"rerun\"\ncommand = [\"true\"]\n";
+    let out = Workspace::new(lone).run(&["check"]);
+    assert_eq!(out.code(), 2, "{}{}", out.stdout(), out.stderr());
+    assert!(
+        out.stderr()
+            .contains("jobs.toml:4:21: `on_upstream_rerun` without `after`"),
+        "{}",
+        out.stderr()
+    );
+    let inc = "[[job]]\nname = \"inc\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\nmissed = \"latest\"\nafter = [\"inc\"]\ncommand = [\"true\"]\n";
+    let out = Workspace::new(inc).run(&["check"]);
+    assert_eq!(out.code(), 2, "{}{}", out.stdout(), out.stderr());
+    assert!(
+        out.stderr().contains("jobs.toml:6:10: `after`: `inc` waits for its own previous period, but `missed = \"latest\"`"),
+        "{}",
+        out.stderr()
+    );
+    let ws = Workspace::new(
+        "[[job]]\nname = \"a\"\nschedule = \"0 1 * * *\"\nafter = \"b\"\ncommand = [\"true\"]\n",
+    );
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2);
+    assert!(
+        out.stderr()
+            .contains("`after` is a string, but it must be an array of job names: after = [\"b\"]"),
+        "{}",
+        out.stderr()
+    );
     // A job may wait for its own previous period: no cycle.
     let ws = Workspace::new(
         "[[job]]\nname = \"inc\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\nafter = [\"inc\"]\ncommand = [\"true\"]\n",
@@ -511,4 +547,61 @@ fn the_replica_that_records_the_last_day_claims_the_month_at_once() {
     );
     assert_eq!(stop(replica), 0);
     assert!(runs(&ws).contains(&"report 2026-10 upstream".to_owned()));
+}
+
+/// A scheduled `run JOB` claims a period that waited as `upstream` once
+/// its upstream is done; before, a dry run says it waits; `run --all`
+/// runs a job after the jobs it waits for, whatever their order in the
+/// file.
+#[test]
+fn a_scheduled_run_claims_what_waited_as_upstream_and_run_all_goes_upstream_first() {
+    for db in databases() {
+        let ws = Workspace::new(&daily_and_monthly(""));
+        ok(
+            &ws,
+            &db,
+            &[
+                "run",
+                "ingest",
+                "--from",
+                "2026-10-01",
+                "--to",
+                "2026-10-30",
+            ],
+        );
+        let out = said(&ws, &db, &["run", "report", "--period", "2026-10"]);
+        assert!(
+            out.stdout().contains("it runs once they have succeeded"),
+            "{}",
+            out.stdout()
+        );
+        let dry = said(
+            &ws,
+            &db,
+            &["run", "report", "--period", "2026-10", "--dry-run"],
+        );
+        assert!(
+            dry.stdout()
+                .contains("report:2026-10  waiting for ingest: 30/31, missing 2026-10-31"),
+            "{}",
+            dry.stdout()
+        );
+        ok(&ws, &db, &["run", "ingest", "--period", "2026-10-31"]);
+        let out = ok(&ws, &db, &["run", "report"]);
+        assert!(
+            out.contains("report:2026-10  succeeded: attempt 1, trigger upstream"),
+            "{out}"
+        );
+        assert!(runs(&ws).contains(&"report 2026-10 upstream".to_owned()));
+    }
+    // The day's report is listed before its ingest.
+    let ws = Workspace::new(
+        "[[job]]\nname = \"report\"\nschedule = \"0 0 * * *\"\nperiod = \"day\"\nafter = [\"ingest\"]\n\
+         shell = \"echo report >> runs.txt\"\n\n\
+         [[job]]\nname = \"ingest\"\nschedule = \"0 0 * * *\"\nperiod = \"day\"\n\
+         shell = \"echo ingest >> runs.txt\"\n",
+    );
+    let db = TestDb::sqlite();
+    ok(&ws, &db, &["run", "--all"]);
+    assert_eq!(runs(&ws), ["ingest", "report"]);
 }

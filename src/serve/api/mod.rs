@@ -226,13 +226,14 @@ async fn periods(
     let mut out = Vec::with_capacity(listed.len());
     for chunk in listed.chunks(view::VIEWS_PER_READ) {
         for view in view::periods(api.store(), job, chunk, Utc::now()).await? {
+            let (waiting_for, stale) = (view.waiting_for(), view.stale_json());
             let PeriodView {
                 key,
                 period,
                 state,
                 fire,
                 row,
-                upstream,
+                ..
             } = view;
             let row = row.as_ref();
             out.push(json!({
@@ -246,7 +247,8 @@ async fn periods(
                 "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
                 "retry_at": row.and_then(|r| r.retry_at).map(utc_text),
                 "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
-                "waiting_for": upstream.waiting().then(|| upstream.to_string()),
+                "waiting_for": waiting_for,
+                "stale": stale,
             }));
         }
     }
@@ -266,6 +268,10 @@ async fn period(
     let period = manual::periods_between(job, (&label, &label), 1, Names::PATH)?.remove(0);
     let mut views =
         view::periods(api.store(), job, std::slice::from_ref(&period), Utc::now()).await?;
+    let view = views
+        .pop()
+        .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
+    let (waiting_for, stale) = (view.waiting_for(), view.stale_json());
     let PeriodView {
         key,
         state,
@@ -273,9 +279,7 @@ async fn period(
         row,
         upstream,
         ..
-    } = views
-        .pop()
-        .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
+    } = view;
     let attempts = api.store().attempts(key.as_str(), 1_000).await?;
     let notifications: Vec<_> = api
         .store()
@@ -293,8 +297,9 @@ async fn period(
             "state": state,
             "fire": fire.map(utc_text),
             "claim": row,
-            "waiting_for": upstream.waiting().then(|| upstream.to_string()),
+            "waiting_for": waiting_for,
             "upstream": upstream.waits,
+            "stale": stale,
             "attempts": attempts,
             "notifications": notifications,
         }),
