@@ -216,9 +216,22 @@ pub async fn look(
         true => HashMap::new(),
         false => store.first_seen(&jobs).await?,
     };
+    // A previous period from before the first sighting that is noted
+    // waiting will run (a first `run` takes the latest due period): it is
+    // waited for, so the job's periods run in order.
+    let before: Vec<String> = needs
+        .iter()
+        .flatten()
+        .filter(|n| n.previous && !rows.contains_key(&n.key))
+        .map(|n| n.key.clone())
+        .collect();
+    let noted = match before.is_empty() {
+        true => HashMap::new(),
+        false => store.waits(&before).await?,
+    };
     Ok(needs
         .into_iter()
-        .map(|needs| standing(needs, &rows, &first_seen, now))
+        .map(|needs| standing(needs, &rows, &first_seen, &noted, now))
         .collect())
 }
 
@@ -227,6 +240,7 @@ fn standing(
     needs: Vec<Needed>,
     rows: &HashMap<String, ClaimRow>,
     first_seen: &HashMap<String, DateTime<Utc>>,
+    noted: &HashMap<String, String>,
     now: DateTime<Utc>,
 ) -> Upstream {
     let mut upstream = Upstream::default();
@@ -242,6 +256,7 @@ fn standing(
         }
         let before_first_seen = need.previous
             && row.is_none()
+            && !noted.contains_key(&need.key)
             && need
                 .fire
                 .is_some_and(|fire| fire < first_seen.get(&need.job).copied().unwrap_or(now));
@@ -284,12 +299,14 @@ fn standing(
 /// for a new attempt (of replicas that find it together, one does, by
 /// its attempt number) and returned to be claimed, trigger `upstream`.
 /// Statements: one for the successes, then a few for what they make
-/// stale; none for jobs that do not rerun.
+/// stale; none for jobs that do not rerun. With the periods reopened comes
+/// whether one that needed those successes is still running (or held):
+/// it may be stale once it ends, so they are looked at again.
 pub async fn reopen_stale(
     store: &Store,
     jobs: &[&Job],
     since: DateTime<Utc>,
-) -> Result<Vec<(String, super::due::Due)>, Error> {
+) -> Result<(Vec<(String, super::due::Due)>, bool), Error> {
     use crate::config::after::OnRerun;
     let rerun: Vec<&Job> = jobs
         .iter()
@@ -297,7 +314,7 @@ pub async fn reopen_stale(
         .filter(|job| job.after.any() && job.after.on_rerun == OnRerun::Rerun)
         .collect();
     if rerun.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), false));
     }
     let mut upstream: Vec<String> = Vec::new();
     for job in &rerun {
@@ -343,6 +360,7 @@ pub async fn reopen_stale(
     for chunk in keys.chunks(KEYS_PER_READ) {
         rows.extend(store.rows(chunk).await?);
     }
+    let running = rows.values().any(|row| row.state.is_live());
     let done: Vec<(&Job, &Period, &ClaimRow)> = candidates
         .iter()
         .zip(&keys)
@@ -376,5 +394,5 @@ pub async fn reopen_stale(
             },
         ));
     }
-    Ok(reopened)
+    Ok((reopened, running))
 }

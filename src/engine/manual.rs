@@ -789,8 +789,14 @@ async fn plan<'a>(
                 .await?;
             // A period that waited for its upstream runs as `upstream`,
             // whether or not it is also among the due ones.
-            let reopened = super::after::reopen_stale(store, &[job], window).await?;
-            let again = again.into_iter().map(|r| Due {
+            let (reopened, _) = super::after::reopen_stale(store, &[job], window).await?;
+            // Every period of the job noted waiting goes to the claim's
+            // gate, which claims the ready ones: what it waits for may
+            // have changed with jobs.toml since it was noted.
+            let noted = store
+                .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
+                .await?;
+            let again = again.into_iter().chain(noted).map(|r| Due {
                 trigger: match r.trigger {
                     Trigger::Upstream => Trigger::Upstream,
                     _ => Trigger::Retry,

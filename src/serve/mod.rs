@@ -55,7 +55,9 @@ struct Scanned {
     found: Result<Vec<Reclaimable>, Error>,
     /// Succeeded periods reopened because a period they needed succeeded
     /// again (`on_upstream_rerun = "rerun"`).
-    reopened: Result<Vec<(String, Due)>, Error>,
+    reopened: Result<(Vec<(String, Due)>, bool), Error>,
+    /// Where the scan's look for upstream successes began.
+    reruns_since: DateTime<Utc>,
 }
 
 enum Event {
@@ -118,6 +120,11 @@ pub struct Service {
     reruns_since: Option<DateTime<Utc>>,
     /// When a scan last looked at every waiting period.
     swept: Option<Instant>,
+    /// The next scan hands every waiting period to the claim's gate,
+    /// woken or not: at start-up and after a reload, which may have
+    /// changed what they wait for (the key a row watches may be no
+    /// upstream period any more).
+    regate: bool,
     /// Turns true when shutdown's grace is over: running jobs stop.
     stop_now: watch::Sender<bool>,
     /// Periods waiting for a job's concurrency slot or for the database,
@@ -185,6 +192,7 @@ impl Service {
             upstream: upstream_jobs(&jobs),
             reruns_since: None,
             swept: None,
+            regate: true,
             stop_now: watch::Sender::new(false),
             settings: config.settings,
             secrets: config.secrets,
@@ -544,15 +552,23 @@ impl Service {
         if sweep {
             self.swept = Some(Instant::now());
         }
+        let regate = std::mem::take(&mut self.regate);
         tokio::spawn(async move {
             let paused = store.paused_jobs().await;
-            let found = store.reclaimable(&names, SCAN_LIMIT, sweep).await;
+            let mut found = store.reclaimable(&names, SCAN_LIMIT, sweep).await;
+            if regate && let Ok(found) = &mut found {
+                match store.waiting_periods(&names, SCAN_LIMIT).await {
+                    Ok(waiting) => found.extend(waiting),
+                    Err(e) => tracing::warn!("scan: cannot read the waiting periods: {e}"),
+                }
+            }
             let rerun: Vec<&Job> = rerun.iter().map(|job| &**job).collect();
             let reopened = crate::engine::after::reopen_stale(&store, &rerun, since).await;
             let scanned = Scanned {
                 paused,
                 found,
                 reopened,
+                reruns_since: since,
             };
             let _ = events.send(Event::Scanned(Box::new(scanned)));
         });
@@ -602,7 +618,13 @@ impl Service {
             Err(e) => tracing::warn!("scan: cannot look for claims to take over: {e}"),
         }
         match scanned.reopened {
-            Ok(reopened) => {
+            Ok((reopened, running)) => {
+                // A period that needed those successes and still runs is
+                // looked at again once it ends: the look starts where this
+                // one did.
+                if running {
+                    self.reruns_since = Some(scanned.reruns_since);
+                }
                 for (name, due) in reopened {
                     if let Some(job) = self.job(&name) {
                         self.dispatch(job, due, now);
@@ -864,6 +886,7 @@ impl Service {
     /// Re-reads jobs.toml and applies all of it, jobs and settings alike;
     /// a bad file is logged and the old one kept whole.
     async fn reload(&mut self) {
+        self.regate = true;
         let sqlite = matches!(self.engine.store(), crate::store::Store::Sqlite(_));
         let loaded = Config::load(&self.path).and_then(|config| {
             if sqlite {

@@ -752,6 +752,14 @@ impl PgStore {
                  WHERE job = $1 AND state IN ('succeeded', 'failed')
                    AND finished_at < now() - $2 * interval '1 millisecond'
                    AND scheduled_at < now() - $3 * interval '1 millisecond'
+                   -- A period still waiting may need it, however long it
+                   -- waits: a pruned claim reads as a period never run.
+                   AND NOT EXISTS (
+                       SELECT 1 FROM scheduler_waiting w
+                        WHERE w.period_start <= (extract(epoch from scheduler_claims.period_end) * 1000)::bigint
+                          AND w.period_end >= (extract(epoch from scheduler_claims.period_start) * 1000)::bigint
+                          AND NOT EXISTS (SELECT 1 FROM scheduler_claims o
+                                           WHERE o.period_key = w.period_key))
              RETURNING period_key),
              a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key),
              -- A waiting row a crash left beside its claim would, the claim

@@ -526,9 +526,17 @@ impl SqliteStore {
             .await?;
         let finished_before = now.saturating_sub(keep.as_millis() as i64);
         let fired_before = now.saturating_sub(window.as_millis() as i64);
-        let doomed = "SELECT period_key FROM scheduler_claims
+        // A period still waiting may need one, however long it waits: a
+        // pruned claim reads as a period never run.
+        let doomed = "SELECT period_key FROM scheduler_claims c
                        WHERE job = ?1 AND state IN ('succeeded', 'failed')
-                         AND finished_at < ?2 AND scheduled_at < ?3";
+                         AND finished_at < ?2 AND scheduled_at < ?3
+                         AND NOT EXISTS (
+                             SELECT 1 FROM scheduler_waiting w
+                              WHERE w.period_start <= c.period_end
+                                AND w.period_end >= c.period_start
+                                AND NOT EXISTS (SELECT 1 FROM scheduler_claims o
+                                                 WHERE o.period_key = w.period_key))";
         // A waiting row a crash left beside its claim would, the claim
         // gone, read as a period never run.
         for table in ["scheduler_attempts", "scheduler_waiting"] {

@@ -407,6 +407,40 @@ async fn prune_deletes_only_old_finished_claims(store: Store) {
     );
 }
 
+/// A claim a waiting period may need (its window overlaps or touches the
+/// waiting period's) is not pruned, however old: pruned, it would read as
+/// a period never run, and be run again. Once the waiting period is
+/// claimed, it may be.
+async fn prune_keeps_what_a_waiting_period_needs(store: Store) {
+    let (june, july) = (month("2026-06"), month("2026-07"));
+    let lease = won(&store, &request(&june, "a")).await;
+    store.finish(&lease, &succeeded()).await.unwrap();
+    let waiting = scheduler::store::Waiting {
+        job: "report",
+        period: &july,
+        fire: july.end,
+        watch: "other:2026-07".to_owned(),
+        waits: "other: 0/1".to_owned(),
+    };
+    store.note_waiting(&[waiting]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let pruned = |store: Store| async move {
+        store
+            .prune("billing", Duration::from_millis(10), Duration::ZERO, false)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        pruned(store.clone()).await,
+        0,
+        "june touches the waiting july"
+    );
+    let mut claim = request(&july, "r");
+    claim.job = "report";
+    won(&store, &claim).await;
+    assert_eq!(pruned(store.clone()).await, 1);
+}
+
 async fn prune_never_deletes_a_period_fired_inside_the_catch_up_window(store: Store) {
     let period = month("2026-06");
     let lease = won(&store, &request(&period, "a")).await;
@@ -1213,6 +1247,7 @@ conformance!(
     an_outcome_written_just_after_a_release_is_kept,
     a_waiting_period_is_woken_by_the_success_of_the_key_it_watches,
     a_stale_period_is_reopened_once_by_its_attempt,
+    prune_keeps_what_a_waiting_period_needs,
 );
 
 #[tokio::test]
