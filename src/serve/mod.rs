@@ -58,6 +58,9 @@ struct Scanned {
     reopened: Result<(Vec<(String, Due)>, bool), Error>,
     /// Where the scan's look for upstream successes began.
     reruns_since: DateTime<Utc>,
+    /// Every waiting period was to go to the gate and could not be read:
+    /// the next scan tries again.
+    regate_again: bool,
 }
 
 enum Event {
@@ -556,10 +559,14 @@ impl Service {
         tokio::spawn(async move {
             let paused = store.paused_jobs().await;
             let mut found = store.reclaimable(&names, SCAN_LIMIT, sweep).await;
+            let mut regate_again = regate && found.is_err();
             if regate && let Ok(found) = &mut found {
                 match store.waiting_periods(&names, SCAN_LIMIT).await {
                     Ok(waiting) => found.extend(waiting),
-                    Err(e) => tracing::warn!("scan: cannot read the waiting periods: {e}"),
+                    Err(e) => {
+                        tracing::warn!("scan: cannot read the waiting periods: {e}");
+                        regate_again = true;
+                    }
                 }
             }
             let rerun: Vec<&Job> = rerun.iter().map(|job| &**job).collect();
@@ -569,6 +576,7 @@ impl Service {
                 found,
                 reopened,
                 reruns_since: since,
+                regate_again,
             };
             let _ = events.send(Event::Scanned(Box::new(scanned)));
         });
@@ -617,6 +625,7 @@ impl Service {
             }
             Err(e) => tracing::warn!("scan: cannot look for claims to take over: {e}"),
         }
+        self.regate |= scanned.regate_again;
         match scanned.reopened {
             Ok((reopened, running)) => {
                 // A period that needed those successes and still runs is
