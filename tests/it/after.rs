@@ -50,6 +50,24 @@ fn ok(ws: &Workspace, db: &TestDb, args: &[&str]) -> String {
     out.stdout()
 }
 
+/// Runs `ingest` from 1 to 30 October, then `report` for October, which
+/// waits for the 31st: what `run report` said.
+fn thirty_days_then_the_month(ws: &Workspace, db: &TestDb) -> std::process::Output {
+    ok(
+        ws,
+        db,
+        &[
+            "run",
+            "ingest",
+            "--from",
+            "2026-10-01",
+            "--to",
+            "2026-10-30",
+        ],
+    );
+    said(ws, db, &["run", "report", "--period", "2026-10"])
+}
+
 /// Runs `ingest` (which succeeds only while the file `ok` exists) from
 /// `first` to 30 October, and 31 October failing, to be retried.
 fn the_last_day_fails(ws: &Workspace, db: &TestDb, first: &str) {
@@ -78,19 +96,7 @@ fn attempts(db: &TestDb, key: &str) -> i64 {
 fn the_month_waits_for_its_last_day_and_runs_once_across_three_replicas() {
     for db in databases() {
         let ws = Workspace::new(&daily_and_monthly(""));
-        ok(
-            &ws,
-            &db,
-            &[
-                "run",
-                "ingest",
-                "--from",
-                "2026-10-01",
-                "--to",
-                "2026-10-30",
-            ],
-        );
-        let out = said(&ws, &db, &["run", "report", "--period", "2026-10"]);
+        let out = thirty_days_then_the_month(&ws, &db);
         assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
         assert!(
             out.stdout()
@@ -557,19 +563,7 @@ fn the_replica_that_records_the_last_day_claims_the_month_at_once() {
 fn a_scheduled_run_claims_what_waited_as_upstream_and_run_all_goes_upstream_first() {
     for db in databases() {
         let ws = Workspace::new(&daily_and_monthly(""));
-        ok(
-            &ws,
-            &db,
-            &[
-                "run",
-                "ingest",
-                "--from",
-                "2026-10-01",
-                "--to",
-                "2026-10-30",
-            ],
-        );
-        let out = said(&ws, &db, &["run", "report", "--period", "2026-10"]);
+        let out = thirty_days_then_the_month(&ws, &db);
         assert!(
             out.stdout().contains("it runs once they have succeeded"),
             "{}",
