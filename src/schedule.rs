@@ -98,6 +98,12 @@ impl Schedule {
         &self.source
     }
 
+    /// The pattern in English words (`At 02:00 AM, on day 1 of the
+    /// month`), as croner describes it.
+    pub fn describe(&self) -> String {
+        self.cron.describe()
+    }
+
     /// The zone the pattern is read in.
     pub fn zone(&self) -> Tz {
         self.zone

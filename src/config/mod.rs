@@ -133,6 +133,20 @@ impl Secret {
         let given: [u8; 32] = sha2::Sha256::digest(given.as_bytes()).into();
         hash.ct_eq(&given).into()
     }
+
+    /// The HMAC-SHA256 of `message` under this secret (keyed by its hash,
+    /// never by the secret itself): what signs the console's sessions, so
+    /// that every replica with the same token checks them, and a changed
+    /// or removed secret ends them. `None` for a token without a secret.
+    pub fn seal(&self, message: &[u8]) -> Option<[u8; 32]> {
+        use hmac::Mac;
+        let hash = self.0.as_ref()?;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(hash)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(b"scheduler console session\0");
+        mac.update(message);
+        Some(mac.finalize().into_bytes().into())
+    }
 }
 
 impl std::fmt::Debug for Secret {

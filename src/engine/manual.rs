@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -1027,6 +1027,23 @@ pub fn periods_between(
     limit: usize,
     names: Names,
 ) -> Result<Vec<Period>, Error> {
+    match page_between(job, (from, to), limit, names)? {
+        (periods, None) => Ok(periods),
+        (_, Some(_)) => Err(Error::Usage(format!(
+            "{}: the range holds more than {limit} periods; ask for a shorter one",
+            names.to
+        ))),
+    }
+}
+
+/// The first `limit` periods of the range `from..=to`, oldest first, and
+/// the label of the period after them if the range goes on: one page.
+pub fn page_between(
+    job: &Job,
+    (from, to): (&str, &str),
+    limit: usize,
+    names: Names,
+) -> Result<(Vec<Period>, Option<String>), Error> {
     let (first, last) = bounds(job, (from, to), names)?;
     let mut walk = RangeWalk {
         next: Some(first),
@@ -1035,14 +1052,44 @@ pub fn periods_between(
     let mut periods = Vec::new();
     while let Some(period) = walk.step(job) {
         if periods.len() == limit {
-            return Err(Error::Usage(format!(
-                "{}: the range holds more than {limit} periods; ask for a shorter one",
-                names.to
-            )));
+            return Ok((periods, Some(period.label)));
         }
         periods.push(period);
     }
-    Ok(periods)
+    Ok((periods, None))
+}
+
+/// The last `count` periods of `job` that a fire covers, up to the one
+/// labelled `to` or else up to the latest fire at `now`, oldest first, and
+/// the label of the period before them, if there is one.
+pub fn periods_up_to(
+    job: &Job,
+    to: Option<&str>,
+    count: usize,
+    names: Names,
+    now: DateTime<Utc>,
+) -> Result<(Vec<Period>, Option<String>), Error> {
+    let last = match to {
+        Some(label) => parse_label(job, label, names.to)?,
+        None => match job.schedule.prev_before(now + TimeDelta::nanoseconds(1)) {
+            Some(fire) => job.period.period_of(&job.schedule, fire),
+            None => return Ok((Vec::new(), None)),
+        },
+    };
+    let mut periods = vec![last];
+    let mut before = None;
+    while let Some(oldest) = periods.last() {
+        let Some(preceding) = job.period.preceding(&job.schedule, oldest) else {
+            break;
+        };
+        if periods.len() == count {
+            before = Some(preceding.label);
+            break;
+        }
+        periods.push(preceding);
+    }
+    periods.reverse();
+    Ok((periods, before))
 }
 
 /// A label a spring-forward skips: a period that starts where it ends.

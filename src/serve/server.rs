@@ -1,7 +1,8 @@
-//! `serve --listen`: `/healthz` and Prometheus `/metrics`, routed by axum and
-//! served by hyper, with a cap on open connections, a deadline on each, accept
-//! errors that back off instead of spinning, and an end at shutdown. A slow or
-//! idle client costs one capped slot for a few seconds, never a fire.
+//! `serve --listen`: `/healthz`, Prometheus `/metrics`, the API and the
+//! console, routed by axum and served by hyper, with a cap on open
+//! connections, a deadline on each, accept errors that back off instead of
+//! spinning, and an end at shutdown. A slow or idle client costs one capped
+//! slot for a few seconds, never a fire.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -77,7 +78,7 @@ pub fn start(
         })?;
     describe_metrics();
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /v1/");
+        tracing::info!(%addr, "serving the console at /, /healthz, /readyz, /metrics and /v1/");
     }
     tokio::spawn(upkeep(handle.clone(), shutdown.clone()));
     tokio::spawn(prune_keys(api.clone(), shutdown.clone()));
@@ -210,6 +211,7 @@ fn router(handle: PrometheusHandle, api: Arc<Api>) -> Router {
             }),
         )
         .merge(super::api::routes(api))
+        .merge(super::console::routes())
         .fallback(|uri: axum::http::Uri| async move {
             if uri.path().starts_with("/v1") {
                 super::api::no_route()
@@ -217,6 +219,7 @@ fn router(handle: PrometheusHandle, api: Arc<Api>) -> Router {
                 (StatusCode::NOT_FOUND, "not found\n").into_response()
             }
         })
+        .layer(axum::middleware::map_response(super::console::secure))
 }
 
 /// Readiness: start-up is over and the database answers.

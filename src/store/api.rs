@@ -59,6 +59,10 @@ pub struct ApiRun {
     pub body: String,
     /// 1 while its replica keeps it alive.
     pub alive: i32,
+    /// When it was asked for (milliseconds since the epoch); read only by
+    /// [`Store::api_runs`], 0 elsewhere.
+    #[sqlx(default)]
+    pub created_at: i64,
 }
 
 use super::ms;
@@ -280,6 +284,21 @@ impl Store {
             ))
             .bind(id)
             .fetch_optional(pool)
+            .await
+        })
+    }
+
+    /// The `limit` runs asked for last, newest first.
+    pub async fn api_runs(&self, limit: usize) -> Result<Vec<ApiRun>, Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        on_pool!(self, |pool, now| {
+            sqlx::query_as::<_, ApiRun>(&format!(
+                "SELECT id, job, requested_by, owner, state, body, created_at,
+                        CASE WHEN alive_until > {now} THEN 1 ELSE 0 END AS alive
+                   FROM scheduler_api_runs ORDER BY created_at DESC, id LIMIT $1"
+            ))
+            .bind(limit)
+            .fetch_all(pool)
             .await
         })
     }

@@ -79,6 +79,11 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    /// `http://IP:PORT`.
+    pub(crate) fn base(&self) -> String {
+        self.base.clone()
+    }
+
     pub(crate) fn get(&self, token: &str, path: &str) -> Response {
         client()
             .get(self.url(path))

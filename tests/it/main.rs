@@ -5,9 +5,11 @@
 mod actions;
 mod after;
 mod api;
+mod browser;
 mod burst;
 mod cli_config;
 mod cli_run;
+mod console;
 mod docs;
 mod dst;
 mod edges;

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::Api;
 use super::reply::Reply;
+use super::session;
 use crate::config::{Config, Token};
 
 /// What a token must be allowed.
@@ -28,9 +29,10 @@ impl Need {
     }
 }
 
-/// The configuration and the caller's token, or the answer that refuses
-/// the request: 404 without `[api]`, 401 without a known token, 403 for a
-/// token without `need`.
+/// The configuration and the caller's token (its bearer token, or else the
+/// console's session cookie), or the answer that refuses the request: 404
+/// without `[api]`, 401 without a known token, 403 for a token without
+/// `need` (or a session's action from another site).
 pub(super) fn authorize(
     api: &Api,
     headers: &HeaderMap,
@@ -52,20 +54,31 @@ pub(super) fn authorize(
     let unauthorized = |message: &str| {
         Reply::error(StatusCode::UNAUTHORIZED, message).with(header::WWW_AUTHENTICATE, "Bearer")
     };
-    let Some(given) = given else {
-        return Err(unauthorized(
-            "missing bearer token: send `Authorization: Bearer <secret>`",
-        ));
-    };
-    // Every secret is compared, each in constant time.
-    let mut found = None;
-    for token in &settings.tokens {
-        if token.secret.matches(given) {
-            found = Some(token.clone());
+    let token = match given {
+        Some(given) => {
+            // Every secret is compared, each in constant time.
+            let mut found = None;
+            for token in &settings.tokens {
+                if token.secret.matches(given) {
+                    found = Some(token.clone());
+                }
+            }
+            found.ok_or_else(|| unauthorized("unknown bearer token"))?
         }
-    }
-    let Some(token) = found else {
-        return Err(unauthorized("unknown bearer token"));
+        // The console's session, from its cookie.
+        None => {
+            let token =
+                session::token_of(settings, headers, chrono::Utc::now()).ok_or_else(|| {
+                    unauthorized("missing bearer token: send `Authorization: Bearer <secret>`")
+                })?;
+            if !matches!(need, Need::Read) && !session::same_origin(headers) {
+                return Err(Reply::error(
+                    StatusCode::FORBIDDEN,
+                    "a session may act only from the console's own page",
+                ));
+            }
+            token
+        }
     };
     let allowed = match need {
         Need::Read => token.allow.read,

@@ -47,6 +47,29 @@ pub(super) fn run_body(run: &ApiRun) -> Value {
     body
 }
 
+/// A run in a list (`GET /v1/runs`): [`run_body`] with, instead of every
+/// period's line, how many periods ended how (`running` for those under
+/// way) and when it was asked for.
+pub(super) fn run_summary(run: &ApiRun) -> Value {
+    let mut body = run_body(run);
+    let periods = body
+        .as_object_mut()
+        .and_then(|b| b.remove("periods"))
+        .unwrap_or_default();
+    let periods = periods.as_array().map_or(&[][..], Vec::as_slice);
+    let mut counts = serde_json::Map::new();
+    for period in periods {
+        let status = period["status"].as_str().unwrap_or("unknown").to_owned();
+        let n = counts.get(&status).and_then(Value::as_u64).unwrap_or(0);
+        counts.insert(status, json!(n + 1));
+    }
+    body["counts"] = Value::Object(counts);
+    body["periods_listed"] = json!(periods.len());
+    body["created_at"] =
+        json!(chrono::DateTime::from_timestamp_millis(run.created_at).map(crate::period::utc_text));
+    body
+}
+
 /// What a run did so far, shared by the run and the writer that stores it.
 #[derive(Default)]
 pub(super) struct Progress {
@@ -63,6 +86,8 @@ pub(super) struct Progress {
     /// the request.
     pub(super) server_failure: bool,
     pub(super) done: bool,
+    /// How many periods the run goes through, when that was quick to know.
+    pub(super) total: Option<u64>,
 }
 
 impl Progress {
@@ -71,7 +96,11 @@ impl Progress {
         for (key, attempt) in &self.claimed {
             periods.push(json!({ "key": key, "status": "running", "attempt": attempt }));
         }
-        let mut body = json!({ "periods": periods, "outcome": self.outcome() });
+        let mut body = json!({
+            "periods": periods,
+            "outcome": self.outcome(),
+            "total": self.total,
+        });
         if let Some(error) = &self.error {
             body["error"] = json!(error);
         }
@@ -127,6 +156,12 @@ impl Progress {
 pub(super) struct Recorder(Arc<Mutex<Progress>>, watch::Sender<u64>);
 
 impl Sink for Recorder {
+    fn total(&mut self, total: Option<u64>) {
+        if let Ok(mut p) = self.0.lock() {
+            p.total = total;
+        }
+    }
+
     fn claimed(&mut self, key: &str, attempt: i32) {
         if let Ok(mut p) = self.0.lock() {
             p.claimed.push((key.to_owned(), attempt));
@@ -175,6 +210,7 @@ impl Api {
             state: "running".into(),
             body: json!({ "periods": [] }).to_string(),
             alive: 1,
+            created_at: 0,
         };
         let store = self.store();
         if let Err(e) = store.create_run(&record, RUN_TICK * 3, ttl).await {

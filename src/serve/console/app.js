@@ -1,0 +1,557 @@
+// The console: a client of the HTTP API (/v1/), served from the binary.
+// Everything it shows goes into the page as text (textContent, never
+// innerHTML): job output and error messages are hostile input.
+'use strict';
+
+// How often a view reads again while the page is shown, and how old an
+// answer it accepts: one read per view per interval, shared by viewers.
+const REFRESH_MS = 5000;
+const MAX_AGE = 5;
+// Periods read per request of the grid; one statement per page.
+const PAGE = 1000;
+const STATES = ['succeeded', 'failed', 'running', 'missing', 'waiting', 'late', 'stale',
+  'released', 'lease expired', 'not due'];
+
+let session = null;
+let view = null;
+
+// --- the page, built as nodes ----------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === 'class') node.className = value;
+    else if (name.startsWith('on')) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? '' : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function stateClass(state) {
+  return 's-' + String(state || 'missing').replace(/ /g, '-');
+}
+
+function cell(job, period, state, title) {
+  return el('a', {
+    class: 'cell ' + stateClass(state),
+    href: periodHref(job, period),
+    title: title || period + ' \u2014 ' + state,
+    'aria-label': period + ': ' + state,
+    'data-period': period,
+    'data-state': state,
+  });
+}
+
+function stateBadge(state) {
+  return el('span', { class: 'state', 'data-state': state },
+    el('span', { class: 'cell ' + stateClass(state) }), state);
+}
+
+function legend() {
+  return el('div', { class: 'legend', 'aria-label': 'legend' },
+    STATES.map((s) => el('span', {}, el('span', { class: 'cell ' + stateClass(s) }), s)));
+}
+
+function jobHref(job) { return '#/job/' + encodeURIComponent(job); }
+function periodHref(job, period) {
+  return jobHref(job) + '/period/' + encodeURIComponent(period);
+}
+
+function when(text) {
+  if (!text) return '\u2014';
+  const ms = Date.parse(text) - Date.now();
+  const abs = Math.abs(ms) / 1000;
+  const span = abs < 90 ? Math.round(abs) + ' s' : abs < 5400 ? Math.round(abs / 60) + ' min'
+    : abs < 129600 ? Math.round(abs / 3600) + ' h' : Math.round(abs / 86400) + ' d';
+  return text + ' (' + (ms >= 0 ? 'in ' + span : span + ' ago') + ')';
+}
+
+function duration(start, end) {
+  if (!start || !end) return '\u2014';
+  const s = (Date.parse(end) - Date.parse(start)) / 1000;
+  return s < 60 ? s.toFixed(1) + ' s' : s < 3600 ? (s / 60).toFixed(1) + ' min' : (s / 3600).toFixed(1) + ' h';
+}
+
+function show(...nodes) {
+  const main = document.getElementById('main');
+  main.replaceChildren(...nodes);
+}
+
+function toast(text, bad) {
+  const old = document.querySelector('.toast');
+  if (old) old.remove();
+  const node = el('div', { class: 'toast' + (bad ? ' bad' : ''), role: 'status' }, text);
+  document.body.append(node);
+  setTimeout(() => node.remove(), 6000);
+}
+
+// --- the API -------------------------------------------------------------
+
+class LoggedOut extends Error {}
+
+async function api(method, path, body, key) {
+  const headers = { Accept: 'application/json' };
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  if (key) headers['Idempotency-Key'] = key;
+  const response = await fetch(path, {
+    method, headers, credentials: 'same-origin', cache: 'no-store',
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  let data = null;
+  try { data = await response.json(); } catch (_) { data = null; }
+  if (response.status === 401 && path !== '/console/session') {
+    session = null;
+    login();
+    throw new LoggedOut();
+  }
+  return { status: response.status, data: data || {}, headers: response.headers };
+}
+
+async function read(path) {
+  const answer = await api('GET', path + (path.includes('?') ? '&' : '?') + 'max_age=' + MAX_AGE);
+  if (answer.status !== 200) throw new Error(answer.data.error || 'the server answered ' + answer.status);
+  return answer.data;
+}
+
+// One Idempotency-Key per operation: made at the click, kept by the button
+// until the operation has a final answer, sent again unchanged on a retry.
+function newKey() {
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+async function act(button, path, body) {
+  if (button.disabled) return null;
+  button.disabled = true;
+  button.operationKey = button.operationKey || newKey();
+  try {
+    for (let attempt = 1; attempt <= 6; attempt++) {
+      let answer;
+      try {
+        answer = await api('POST', path, body === undefined ? {} : body, button.operationKey);
+      } catch (e) {
+        if (e instanceof LoggedOut) throw e;
+        await sleep(1000 * attempt);
+        continue;
+      }
+      // Nothing ran (every slot taken, or the database away), or the
+      // same operation is being answered: the same key again.
+      const again = answer.status === 429 || answer.status >= 500
+        || (answer.status === 409 && !answer.headers.get('Location'));
+      if (again && attempt < 6) {
+        toast((answer.data.error || 'the server answered ' + answer.status) + '; trying again as the same operation\u2026');
+        await sleep(1000 * attempt);
+        continue;
+      }
+      button.operationKey = null;
+      return answer;
+    }
+    return null;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function confirmed(text) {
+  const dialog = document.getElementById('confirm');
+  document.getElementById('confirm-text').textContent = text;
+  return new Promise((done) => {
+    dialog.addEventListener('close', () => done(dialog.returnValue === 'yes'), { once: true });
+    dialog.returnValue = '';
+    dialog.showModal();
+  });
+}
+
+function may(word) { return session && session.allow.includes(word); }
+
+// An operator's button: hidden for a token not allowed `need`; the API
+// refuses such a request anyway.
+function action(label, need, opts, run) {
+  if (!may(need)) return null;
+  const button = el('button', {
+    type: 'button', class: opts.danger ? 'danger' : opts.plain ? 'plain' : '', 'data-action': opts.name,
+  }, label);
+  button.addEventListener('click', async () => {
+    if (opts.confirm && !(await confirmed(opts.confirm))) return;
+    try {
+      await run(button);
+    } catch (e) {
+      if (!(e instanceof LoggedOut)) toast(String(e.message || e), true);
+    }
+  });
+  return button;
+}
+
+async function startRun(button, job, body) {
+  const answer = await act(button, '/v1/jobs/' + encodeURIComponent(job) + '/runs', body);
+  if (!answer) return toast('the server did not answer; the same click sent again runs once', true);
+  const location = answer.headers.get('Location');
+  if (location && (answer.status === 202 || answer.status === 200 || answer.status === 409)) {
+    window.location.hash = '#/run/' + encodeURIComponent(location.split('/').pop());
+    return null;
+  }
+  return toast(answer.data.error || 'the server answered ' + answer.status, answer.status >= 400);
+}
+
+function pauseButton(job) {
+  const paused = job.paused;
+  return action(paused ? 'Resume' : 'Pause', 'operate', {
+    name: paused ? 'resume' : 'pause', plain: true,
+    confirm: paused ? null : 'Pause ' + job.job + '? Its fires are skipped until it is resumed.',
+  }, async (button) => {
+    const verb = paused ? 'resume' : 'pause';
+    const answer = await act(button, '/v1/jobs/' + encodeURIComponent(job.job) + '/' + verb);
+    if (answer && answer.status === 200) {
+      toast(job.job + (paused ? ' resumed' : ' paused'));
+      refresh(true);
+    } else if (answer) {
+      toast(answer.data.error || 'the server answered ' + answer.status, true);
+    }
+  });
+}
+
+// --- the views -----------------------------------------------------------
+
+async function jobsView() {
+  const data = await read('/v1/jobs?recent=20');
+  const cards = data.jobs.map((job) => {
+    const last = job.last;
+    return el('div', { class: 'card job', 'data-job': job.job },
+      el('div', {},
+        el('a', { class: 'name', href: jobHref(job.job) }, job.job),
+        job.paused ? el('span', { class: 'badge paused' }, 'paused') : null,
+        job.late.length ? el('span', { class: 'badge late', title: job.late.join('\n') }, job.late.length + ' late') : null,
+        job.waiting ? el('span', { class: 'badge waiting' }, job.waiting + ' waiting') : null,
+        el('div', { class: 'strip' }, (job.recent || []).map((p) => cell(job.job, p.period, p.state)))),
+      el('div', { class: 'facts' },
+        el('div', {}, job.schedule_words),
+        el('div', { class: 'muted' }, el('code', {}, job.schedule), ' \u00b7 ', job.timezone,
+          ' \u00b7 ', job.period, job.covers === 'previous' ? ' (covers the previous)' : ''),
+        job.after.length ? el('div', { class: 'muted' }, 'after ', job.after.join(', ')) : null),
+      el('div', { class: 'facts' },
+        el('div', {}, 'next: ', job.next_key ? el('span', { class: 'mono' }, job.next_key) : '\u2014'),
+        el('div', { class: 'muted' }, when(job.next_fire)),
+        el('div', {}, 'last: ', last ? [el('a', { href: periodHref(job.job, last.period) }, last.period),
+          ' ', last.state] : '\u2014')),
+      el('div', { class: 'actions' }, pauseButton(job)));
+  });
+  return [el('h1', {}, 'Jobs'), legend(),
+    cards.length ? el('div', { class: 'jobs' }, cards) : el('p', { class: 'muted' }, 'No jobs.')];
+}
+
+function query(params) {
+  return Object.entries(params).filter(([, v]) => v).map(([k, v]) => k + '=' + encodeURIComponent(v)).join('&');
+}
+
+async function jobView(name, params) {
+  const jobs = await read('/v1/jobs');
+  const job = jobs.jobs.find((j) => j.job === name);
+  if (!job) return [el('h1', {}, name), el('p', { class: 'error' }, 'No job named ' + name + '.')];
+  const grid = el('div', { class: 'grid', id: 'grid', 'aria-label': 'periods of ' + name });
+  const summary = el('p', { class: 'range muted', id: 'range' }, 'reading\u2026');
+  const from = el('input', { id: 'from', placeholder: 'from (label)', value: params.get('from') || '' });
+  const to = el('input', { id: 'to', placeholder: 'to (label)', value: params.get('to') || '' });
+  const go = el('button', { type: 'submit', class: 'plain' }, 'Show');
+  const rangeForm = el('form', { class: 'toolbar', id: 'range-form' }, from, to, go,
+    el('a', { href: jobHref(name) }, 'last 30'));
+  rangeForm.addEventListener('submit', (event) => {
+    event.preventDefault();
+    window.location.hash = jobHref(name) + '?' + query({ from: from.value.trim(), to: to.value.trim() });
+  });
+  const counts = {};
+  let shown = null;
+  const fill = (page) => {
+    const fragment = document.createDocumentFragment();
+    for (const p of page.periods) {
+      counts[p.state] = (counts[p.state] || 0) + 1;
+      fragment.append(cell(name, p.period, p.state, p.period + ' \u2014 ' + p.state
+        + (p.waiting_for ? '\n' + p.waiting_for : '')));
+    }
+    grid.append(fragment);
+  };
+  const tally = () => Object.entries(counts).map(([s, n]) => n + ' ' + s).join(', ');
+  // The first page is painted at once; the rest follow, one request each.
+  const load = async () => {
+    if (params.get('from') && params.get('to')) {
+      let next = params.get('from');
+      let first = true;
+      while (next) {
+        const page = await read('/v1/jobs/' + encodeURIComponent(name) + '/periods?'
+          + query({ from: next, to: params.get('to'), limit: String(PAGE) }));
+        fill(page);
+        if (first) {
+          first = false;
+          shown = { from: page.from, to: params.get('to') };
+          performance.mark('grid:first-page');
+          requestAnimationFrame(() => setTimeout(() => performance.mark('grid:painted'), 0));
+        }
+        next = page.next;
+        summary.textContent = params.get('from') + ' \u2026 ' + (page.to || '') + (next ? ' (reading more\u2026)' : '') + ': ' + tally();
+      }
+    } else {
+      const page = await read('/v1/jobs/' + encodeURIComponent(name) + '/periods?'
+        + query({ last: params.get('last') || '30', to: params.get('to') }));
+      fill(page);
+      shown = { from: page.from, to: page.to };
+      performance.mark('grid:first-page');
+      requestAnimationFrame(() => setTimeout(() => performance.mark('grid:painted'), 0));
+      summary.textContent = (page.from || '') + ' \u2026 ' + (page.to || '') + ': ' + tally();
+      if (page.previous) {
+        summary.append(' \u00b7 ', el('a', { href: jobHref(name) + '?' + query({ last: '30', to: page.previous }) }, 'older'));
+      }
+    }
+  };
+  const runs = el('div', { class: 'toolbar' },
+    action('Run what did not succeed', 'trigger', {
+      name: 'run-range', plain: true,
+      confirm: 'Run every period shown that has not succeeded (failed, missing, released)? Succeeded ones are passed over.',
+    }, (button) => startRun(button, name, { from: shown.from, to: shown.to })),
+    action('Rerun all shown (force)', 'trigger', {
+      name: 'rerun-range', danger: true,
+      confirm: 'Run every period shown again, succeeded ones included?',
+    }, (button) => startRun(button, name, { from: shown.from, to: shown.to, force: true })),
+    pauseButton(job));
+  const page = [
+    el('h1', {}, name, job.paused ? el('span', { class: 'badge paused' }, 'paused') : null),
+    el('dl', { class: 'facts card' },
+      el('dt', {}, 'schedule'), el('dd', {}, job.schedule_words, ' \u2014 ', el('code', {}, job.schedule), ' in ', job.timezone),
+      el('dt', {}, 'period'), el('dd', {}, job.period, job.covers === 'previous' ? ', a fire covers the previous' : ''),
+      el('dt', {}, 'next fire'), el('dd', {}, when(job.next_fire), ' ', job.next_key ? el('code', {}, job.next_key) : ''),
+      job.deadline ? [el('dt', {}, 'deadline'), el('dd', {}, job.deadline + ' after the fire')] : null,
+      job.after.length ? [el('dt', {}, 'after'), el('dd', {}, job.after.map((a) => [el('a', { href: jobHref(a) }, a), ' ']),
+        '(on an upstream rerun: ', job.on_upstream_rerun, ')')] : null,
+      el('dt', {}, 'late'), el('dd', {}, job.late.length ? job.late.join(', ') : 'none'),
+      el('dt', {}, 'waiting'), el('dd', {}, String(job.waiting))),
+    rangeForm, legend(), summary, grid, runs];
+  return { nodes: page, after: load };
+}
+
+async function periodView(name, label) {
+  const data = await read('/v1/jobs/' + encodeURIComponent(name) + '/periods/' + encodeURIComponent(label));
+  const claim = data.claim;
+  const attempts = data.attempts || [];
+  const actions = el('div', { class: 'toolbar' },
+    data.state !== 'succeeded' && data.state !== 'stale' && data.state !== 'running' && data.state !== 'not due'
+      ? action('Run', 'trigger', { name: 'run' }, (button) => startRun(button, name, { period: data.period })) : null,
+    action('Rerun (force)', 'trigger', {
+      name: 'rerun', danger: true,
+      confirm: 'Run ' + data.period_key + ' again, even if it succeeded?',
+    }, (button) => startRun(button, name, { period: data.period, force: true })),
+    data.state === 'running' ? action('Release', 'operate', {
+      name: 'release', danger: true,
+      confirm: 'Release ' + data.period_key + '? Its runner is stopped and the period runs again.',
+    }, async (button) => {
+      const answer = await act(button, '/v1/jobs/' + encodeURIComponent(name) + '/periods/' + encodeURIComponent(data.period) + '/release');
+      if (answer) toast(answer.data.error || 'released; claimable by ' + (answer.data.claimable_by || 'now'), answer.status >= 400);
+      refresh(true);
+    }) : null);
+  const upstream = (data.upstream || []).map((u) => el('tr', {},
+    el('td', {}, el('a', { href: jobHref(u.job) }, u.job)), el('td', {}, u.done + ' of ' + u.needed),
+    el('td', { class: 'mono' }, (u.missing || []).join(', '))));
+  const rows = attempts.slice().reverse().map((a) => [
+    el('tr', { 'data-attempt': a.attempt },
+      el('td', {}, a.attempt),
+      el('td', {}, a.trigger, a.requested_by ? el('div', { class: 'muted' }, 'by ' + a.requested_by) : null,
+        a.asked ? el('div', { class: 'muted' }, a.asked) : null),
+      el('td', { class: 'mono' }, a.owner),
+      el('td', {}, a.started_at),
+      el('td', {}, duration(a.started_at, a.finished_at)),
+      el('td', {}, stateBadge(a.outcome)),
+      el('td', {}, a.exit_code !== null && a.exit_code !== undefined ? 'exit ' + a.exit_code
+        : a.http_status ? 'HTTP ' + a.http_status : '\u2014'),
+      el('td', { class: 'mono', title: a.definition || '' }, a.definition ? a.definition.slice(0, 12) : '\u2014'),
+      el('td', { class: 'error' }, a.error || '')),
+    el('tr', {}, el('td', { colspan: 9 },
+      el('details', { open: a === attempts[attempts.length - 1] },
+        el('summary', {}, 'output of attempt ' + a.attempt + (a.output ? '' : ' (none kept)')),
+        el('pre', { class: 'output', 'data-output': a.attempt }, a.output || '')))),
+  ]);
+  const notes = (data.notifications || []).map((n) => el('tr', {},
+    Object.entries(n).filter(([k]) => k !== 'period_key').map(([, v]) =>
+      el('td', {}, v === null ? '\u2014' : typeof v === 'object' ? JSON.stringify(v) : String(v)))));
+  const noteHead = data.notifications && data.notifications.length
+    ? el('tr', {}, Object.keys(data.notifications[0]).filter((k) => k !== 'period_key').map((k) => el('th', {}, k))) : null;
+  return [
+    el('p', {}, el('a', { href: jobHref(name) }, '\u2190 ' + name)),
+    el('h1', {}, data.period_key),
+    el('dl', { class: 'facts card' },
+      el('dt', {}, 'state'), el('dd', { id: 'period-state' }, stateBadge(data.state)),
+      el('dt', {}, 'fire'), el('dd', {}, when(data.fire)),
+      claim ? [el('dt', {}, 'attempt'), el('dd', {}, String(claim.attempt) + ' (' + claim.failures + ' failed)'),
+        el('dt', {}, 'runner'), el('dd', { class: 'mono' }, claim.owner)] : null,
+      claim && claim.lease_until ? [el('dt', {}, 'lease until'), el('dd', {}, when(claim.lease_until))] : null,
+      claim && claim.retry_at ? [el('dt', {}, 'retry at'), el('dd', {}, when(claim.retry_at))] : null,
+      data.waiting_for ? [el('dt', {}, 'waiting for'), el('dd', {}, data.waiting_for)] : null,
+      data.stale ? [el('dt', {}, 'stale since'), el('dd', {}, data.stale.upstream + ' succeeded again at ' + data.stale.succeeded_at)] : null),
+    actions,
+    upstream.length ? [el('h2', {}, 'Upstream'), el('div', { class: 'table' }, el('table', {},
+      el('tr', {}, el('th', {}, 'job'), el('th', {}, 'done'), el('th', {}, 'missing')), upstream))] : null,
+    el('h2', {}, 'Attempts'),
+    rows.length ? el('div', { class: 'table' }, el('table', { id: 'attempts' },
+      el('tr', {}, ['#', 'trigger', 'runner', 'started', 'took', 'outcome', 'exit', 'definition', 'error'].map((h) => el('th', {}, h))),
+      rows)) : el('p', { class: 'muted' }, 'Never claimed.'),
+    el('h2', {}, 'Notifications'),
+    notes.length ? el('div', { class: 'table' }, el('table', {}, noteHead, notes)) : el('p', { class: 'muted' }, 'None.'),
+  ];
+}
+
+async function runsView() {
+  const data = await read('/v1/runs?limit=100');
+  const rows = data.runs.map((r) => el('tr', { 'data-run': r.id },
+    el('td', { class: 'mono' }, el('a', { href: '#/run/' + encodeURIComponent(r.id) }, r.id.slice(0, 12))),
+    el('td', {}, el('a', { href: jobHref(r.job) }, r.job)),
+    el('td', {}, r.requested_by),
+    el('td', {}, r.created_at || ''),
+    el('td', {}, r.state),
+    el('td', {}, r.outcome || '\u2014'),
+    el('td', {}, progress(r.periods_listed, r.total, r.counts))));
+  return [el('h1', {}, 'Runs'),
+    el('p', { class: 'muted' }, 'Runs asked for over the API and the console, newest first.'),
+    rows.length ? el('div', { class: 'table' }, el('table', {},
+      el('tr', {}, ['run', 'job', 'by', 'asked at', 'state', 'outcome', 'periods'].map((h) => el('th', {}, h))), rows))
+      : el('p', { class: 'muted' }, 'None kept.')];
+}
+
+function progress(listed, total, counts) {
+  const tally = Object.entries(counts || {}).map(([s, n]) => n + ' ' + s).join(', ');
+  return (total ? listed + ' of ' + total : String(listed)) + (tally ? ' \u2014 ' + tally : '');
+}
+
+async function runView(id) {
+  const answer = await api('GET', '/v1/runs/' + encodeURIComponent(id));
+  if (answer.status !== 200) return [el('h1', {}, 'Run'), el('p', { class: 'error' }, answer.data.error || String(answer.status))];
+  const run = answer.data;
+  const counts = {};
+  for (const p of run.periods) counts[p.status] = (counts[p.status] || 0) + 1;
+  const rows = run.periods.map((p) => {
+    const [job, ...rest] = p.key.split(':');
+    return el('tr', { 'data-key': p.key },
+      el('td', { class: 'mono' }, el('a', { href: periodHref(job, rest.join(':')) }, p.key)),
+      el('td', {}, stateBadge(p.status)),
+      el('td', {}, p.attempt === undefined || p.attempt === null ? '\u2014' : String(p.attempt)),
+      el('td', {}, p.detail || ''));
+  });
+  return [
+    el('p', {}, el('a', { href: '#/runs' }, '\u2190 runs')),
+    el('h1', {}, 'Run ', el('span', { class: 'mono' }, run.id)),
+    el('dl', { class: 'facts card' },
+      el('dt', {}, 'job'), el('dd', {}, el('a', { href: jobHref(run.job) }, run.job)),
+      el('dt', {}, 'asked by'), el('dd', {}, run.requested_by),
+      el('dt', {}, 'runs on'), el('dd', { class: 'mono' }, run.owner),
+      el('dt', {}, 'state'), el('dd', { id: 'run-state' }, run.state),
+      el('dt', {}, 'outcome'), el('dd', { id: 'run-outcome' }, run.outcome || '\u2014'),
+      el('dt', {}, 'progress'), el('dd', {}, progress(run.periods.length, run.total, counts)),
+      run.error ? [el('dt', {}, 'error'), el('dd', { class: 'error' }, run.error)] : null),
+    el('div', { class: 'table' }, el('table', {},
+      el('tr', {}, ['period', 'status', 'attempt', 'detail'].map((h) => el('th', {}, h))), rows)),
+  ];
+}
+
+// --- routing, refresh and the session -------------------------------------
+
+function route() {
+  const hash = window.location.hash.replace(/^#/, '') || '/';
+  const [path, search] = hash.split('?');
+  const parts = path.split('/').filter(Boolean).map(decodeURIComponent);
+  const params = new URLSearchParams(search || '');
+  if (parts[0] === 'job' && parts[2] === 'period' && parts.length === 4) return () => periodView(parts[1], parts[3]);
+  if (parts[0] === 'job' && parts.length === 2) return () => jobView(parts[1], params);
+  if (parts[0] === 'runs') return runsView;
+  if (parts[0] === 'run' && parts[1]) return () => runView(parts[1]);
+  return jobsView;
+}
+
+async function render() {
+  if (!session) return;
+  const current = window.location.hash;
+  view = route();
+  try {
+    const built = await view();
+    if (current !== window.location.hash) return;
+    const nodes = Array.isArray(built) ? built : built.nodes;
+    show(...nodes.flat(Infinity).filter(Boolean));
+    stamp();
+    if (built.after) await built.after();
+  } catch (e) {
+    if (!(e instanceof LoggedOut)) show(el('p', { class: 'error', role: 'alert' }, String(e.message || e)));
+  }
+}
+
+function stamp() {
+  document.getElementById('refreshed').textContent = 'read ' + new Date().toLocaleTimeString();
+}
+
+// The shown view is read again every REFRESH_MS while the page is visible;
+// a hidden page reads nothing. A grid of a chosen range, which may be
+// thousands of periods, is read again only when asked.
+async function refresh(now) {
+  if (!session || document.visibilityState !== 'visible') return;
+  // Not under someone's hands: a field being typed in, a question asked.
+  if (!now && (document.activeElement instanceof HTMLInputElement || document.getElementById('confirm').open)) return;
+  const hash = window.location.hash;
+  const big = /^#\/job\/[^/]+\?.*from=/.test(hash);
+  if (big && !now) return;
+  const open = Array.from(document.querySelectorAll('details[open]'), (d) => d.querySelector('summary').textContent);
+  const scroll = window.scrollY;
+  await render();
+  for (const d of document.querySelectorAll('details')) {
+    if (open.includes(d.querySelector('summary').textContent)) d.open = true;
+  }
+  window.scrollTo(0, scroll);
+}
+
+function login() {
+  document.getElementById('nav').hidden = true;
+  document.getElementById('who').hidden = true;
+  document.getElementById('logout').hidden = true;
+  const form = document.getElementById('login-template').content.cloneNode(true);
+  show(form);
+  const node = document.getElementById('login');
+  node.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    const input = document.getElementById('token');
+    const answer = await api('POST', '/console/session', { token: input.value });
+    input.value = '';
+    if (answer.status !== 200) {
+      document.getElementById('login-error').textContent = answer.data.error || 'the server answered ' + answer.status;
+      return;
+    }
+    start(answer.data);
+  });
+  document.getElementById('token').focus();
+}
+
+function start(who) {
+  session = who;
+  document.getElementById('nav').hidden = false;
+  const badge = document.getElementById('who');
+  badge.textContent = who.name + ' (' + who.allow.join(', ') + ')';
+  badge.hidden = false;
+  document.getElementById('logout').hidden = false;
+  render();
+}
+
+async function boot() {
+  document.getElementById('logout').addEventListener('click', async () => {
+    await api('DELETE', '/console/session');
+    session = null;
+    login();
+  });
+  window.addEventListener('hashchange', () => { window.scrollTo(0, 0); render(); });
+  document.addEventListener('visibilitychange', () => refresh(false));
+  setInterval(() => refresh(false), REFRESH_MS);
+  const answer = await api('GET', '/console/session');
+  if (answer.status === 200) start(answer.data);
+  else if (answer.status === 404) show(el('p', { class: 'notice' }, answer.data.error || 'the API is off'));
+  else login();
+}
+
+document.addEventListener('DOMContentLoaded', boot);

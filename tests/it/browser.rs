@@ -1,0 +1,190 @@
+//! A headless Chromium (Debian's `chromium`, under its `chromedriver`)
+//! driven over WebDriver, for the console's tests and its bench. Without
+//! a browser, [`Browser::start`] says so and gives `None`; under `CI=true`
+//! a missing browser fails.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+/// How long a page has to show what is waited for.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// One browser at a time: each is a few hundred MiB and a core's worth of
+/// start-up on a small machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A headless Chromium under its own chromedriver, and a WebDriver session.
+pub(crate) struct Browser {
+    driver: Child,
+    client: Option<Client>,
+    runtime: tokio::runtime::Runtime,
+    _profile: tempfile::TempDir,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Browser {
+    /// A browser `width` × `height`, or `None` (with a note) where the
+    /// machine has none, unless `CI=true`.
+    pub(crate) fn start(width: u32, height: u32) -> Option<Browser> {
+        let chromium =
+            std::env::var("SCHEDULER_TEST_CHROMIUM").unwrap_or("/usr/bin/chromium".into());
+        let driver =
+            std::env::var("SCHEDULER_TEST_CHROMEDRIVER").unwrap_or("/usr/bin/chromedriver".into());
+        if !Path::new(&chromium).exists() || !Path::new(&driver).exists() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but there is no browser: {chromium} and {driver} are needed (apt-get install chromium chromium-driver)"
+            );
+            eprintln!("note: no {chromium} or {driver}; the console's browser test is skipped");
+            return None;
+        }
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let driver = Command::new(&driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let profile = tempfile::tempdir().expect("profile dir");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut capabilities = serde_json::Map::new();
+        let mut options = json!({
+                "binary": chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", "--no-first-run", "--disable-extensions",
+                    format!("--window-size={width},{height}"),
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+        });
+        // A window is at least 500 pixels wide: a phone's width is emulated.
+        if width < 500 {
+            options["mobileEmulation"] = json!({
+                "deviceMetrics": { "width": width, "height": height, "pixelRatio": 2 },
+            });
+        }
+        capabilities.insert("goog:chromeOptions".into(), options);
+        let url = format!("http://127.0.0.1:{port}");
+        let client = runtime.block_on(async {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            let mut last = None;
+            for _ in 0..100 {
+                match ClientBuilder::new(connector.clone())
+                    .capabilities(capabilities.clone())
+                    .connect(&url)
+                    .await
+                {
+                    Ok(client) => return client,
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            panic!("no WebDriver session: {last:?}")
+        });
+        Some(Browser {
+            driver,
+            client: Some(client),
+            runtime,
+            _profile: profile,
+            _turn: turn,
+        })
+    }
+
+    fn client(&self) -> &Client {
+        self.client.as_ref().expect("session")
+    }
+
+    pub(crate) fn goto(&self, url: &str) {
+        self.runtime
+            .block_on(self.client().goto(url))
+            .expect("navigate");
+    }
+
+    /// Runs `script` in the page (a promise it returns is waited for).
+    pub(crate) fn eval(&self, script: &str) -> Value {
+        self.runtime
+            .block_on(self.client().execute(script, Vec::new()))
+            .unwrap_or_else(|e| panic!("script {script}: {e}"))
+    }
+
+    /// Waits until `css` matches an element.
+    pub(crate) fn wait_for(&self, css: &str) {
+        let script = format!("return document.querySelector({}) !== null", json!(css));
+        self.until(css, || self.eval(&script) == json!(true));
+    }
+
+    /// Waits until `check` holds, or fails naming `what`.
+    pub(crate) fn until(&self, what: &str, mut check: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !check() {
+            assert!(start.elapsed() < BOUND, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub(crate) fn click(&self, css: &str) {
+        self.wait_for(css);
+        self.runtime
+            .block_on(async { self.client().find(Locator::Css(css)).await?.click().await })
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    pub(crate) fn type_into(&self, css: &str, text: &str) {
+        self.wait_for(css);
+        self.runtime
+            .block_on(async {
+                self.client()
+                    .find(Locator::Css(css))
+                    .await?
+                    .send_keys(text)
+                    .await
+            })
+            .unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    }
+
+    /// The text of the first element `css` matches.
+    pub(crate) fn text(&self, css: &str) -> String {
+        self.wait_for(css);
+        let script = format!("return document.querySelector({}).textContent", json!(css));
+        self.eval(&script).as_str().unwrap_or_default().to_owned()
+    }
+
+    pub(crate) fn screenshot(&self, path: &Path) {
+        let png = self
+            .runtime
+            .block_on(self.client().screenshot())
+            .expect("screenshot");
+        std::fs::write(path, png).expect("write the screenshot");
+    }
+
+    /// Logs in at `base` with `token` and waits for the jobs view.
+    pub(crate) fn log_in(&self, base: &str, token: &str) {
+        self.goto(&format!("{base}/"));
+        self.type_into("#token", token);
+        self.click("#login button[type=submit]");
+        self.wait_for(".job[data-job]");
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            let _ = self.runtime.block_on(client.close());
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}

@@ -1,0 +1,503 @@
+//! The web console in a real headless Chromium (Debian's `chromium` and
+//! `chromium-driver`), driven over WebDriver, on a running `serve` with
+//! real jobs; and its sessions, headers and shared reads with a plain HTTP
+//! client. Without a browser the browser tests say so and skip, but under
+//! `CI=true` a missing browser fails them.
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use chrono::{Days, Utc};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::api::{CI, Server, with_api};
+use crate::browser::Browser;
+use crate::support::{TestDb, Workspace, count, eventually};
+
+const BOUND: Duration = Duration::from_secs(60);
+const ONCALL: &str = "oncall-secret-0123456789abcdef";
+const READER: &str = "reader-secret-0123456789abcdef";
+
+/// `today - days` as a day label.
+fn day(days: u64) -> String {
+    (Utc::now().date_naive() - Days::new(days)).to_string()
+}
+
+/// A daily report whose output is hostile markup, which fails while
+/// `fail-<day>` exists and runs long while `hold-<day>` does; and a job
+/// that fires every second.
+fn jobs() -> String {
+    with_api(
+        "\n[[job]]\nname = \"report\"\nschedule = \"0 2 * * *\"\nperiod = \"day\"\ncovers = \"previous\"\n\
+         missed = \"skip\"\nconcurrency = 4\n\
+         shell = \"echo '<script>document.title=\\\"pwned\\\"</script>'; echo '\\\"><img src=x onerror=document.title=\\\"pwned\\\">'; \
+         if [ -e hold-$SCHEDULER_PERIOD ]; then sleep 300; fi; test ! -e fail-$SCHEDULER_PERIOD\"\n\
+         \n[[job]]\nname = \"rollup\"\nschedule = \"0 3 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+         after = [\"report\"]\ncommand = [\"true\"]\n\
+         \n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\ncommand = [\"true\"]\n",
+    )
+}
+
+/// The fixture: report periods 10 days ago succeeded, 9 failed, 8
+/// running (a `run` in the background), 7 never claimed; a replica serving
+/// the console. Returns the workspace, the database, the running `run`
+/// and the replica.
+fn fixture() -> (Workspace, TestDb, Child, Server) {
+    let ws = Workspace::new(&jobs());
+    let db = TestDb::sqlite();
+    let run = |label: &str| {
+        ws.command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "report",
+            "--period",
+            label,
+        ])
+        .env("CI_TOKEN", CI)
+        .env("ONCALL_TOKEN", ONCALL)
+        .env("READER_TOKEN", READER)
+        .output()
+        .expect("run")
+    };
+    assert!(run(&day(10)).status.success());
+    std::fs::write(ws.path().join(format!("fail-{}", day(9))), "").expect("marker");
+    assert_eq!(run(&day(9)).status.code(), Some(1));
+    std::fs::write(ws.path().join(format!("hold-{}", day(8))), "").expect("marker");
+    let running = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "report",
+            "--period",
+            &day(8),
+        ])
+        .env("CI_TOKEN", CI)
+        .env("ONCALL_TOKEN", ONCALL)
+        .env("READER_TOKEN", READER)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run in the background");
+    let sql = format!(
+        "SELECT count(*) FROM scheduler_claims WHERE period_key = 'report:{}' AND state = 'running'",
+        day(8)
+    );
+    eventually("the period running", BOUND, || count(&db.url, &sql) == 1);
+    let server = Server::start(&ws, &db.url);
+    (ws, db, running, server)
+}
+
+/// The background colour (or image) each state's cell is painted with.
+fn painted(browser: &Browser, label: &str) -> (String, String) {
+    let script = format!(
+        "const c = document.querySelector('#grid .cell[data-period=\"{label}\"]');\
+         const s = getComputedStyle(c); return [c.dataset.state, s.backgroundColor + ' ' + s.backgroundImage];"
+    );
+    let answer = browser.eval(&script);
+    (
+        answer[0].as_str().unwrap_or_default().to_owned(),
+        answer[1].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[test]
+fn the_console_logs_in_shows_the_grid_in_colour_opens_a_period_and_reruns_a_failed_one() {
+    let (ws, db, mut running, server) = fixture();
+    let Some(browser) = Browser::start(1280, 900) else {
+        return;
+    };
+    browser.log_in(&server.base(), ONCALL);
+    assert!(browser.text("#who").starts_with("on-call"));
+
+    browser.goto(&format!("{}/#/job/report", server.base()));
+    browser.wait_for(&format!("#grid .cell[data-period=\"{}\"]", day(7)));
+    let (state, paint) = painted(&browser, &day(10));
+    assert_eq!(state, "succeeded");
+    assert!(paint.starts_with("rgb(46, 157, 87)"), "{paint}");
+    let (state, paint) = painted(&browser, &day(9));
+    assert_eq!(state, "failed");
+    assert!(paint.starts_with("rgb(214, 69, 69)"), "{paint}");
+    let (state, paint) = painted(&browser, &day(8));
+    assert_eq!(state, "running");
+    assert!(paint.starts_with("rgb(47, 122, 229)"), "{paint}");
+    let (state, paint) = painted(&browser, &day(7));
+    assert_eq!(state, "missing");
+    assert!(paint.contains("repeating-linear-gradient"), "{paint}");
+    // The legend names every colour the grid uses.
+    let legend = browser.text(".legend");
+    for state in [
+        "succeeded",
+        "failed",
+        "running",
+        "missing",
+        "waiting",
+        "late",
+        "stale",
+    ] {
+        assert!(legend.contains(state), "{legend}");
+    }
+
+    // A period's attempts and output.
+    browser.click(&format!("#grid .cell[data-period=\"{}\"]", day(10)));
+    let output = browser.text("pre.output");
+    assert!(output.contains("<script>"), "{output}");
+    assert!(browser.text("#attempts").contains("manual"));
+
+    // The failed period, run again from its page once its cause is gone:
+    // a double click runs it once.
+    std::fs::remove_file(ws.path().join(format!("fail-{}", day(9)))).expect("cause gone");
+    browser.goto(&format!("{}/#/job/report/period/{}", server.base(), day(9)));
+    assert_eq!(browser.text("#period-state"), "failed");
+    browser.wait_for("button[data-action=run]");
+    browser.eval(
+        "const b = document.querySelector('button[data-action=run]'); b.click(); b.click(); return true;",
+    );
+    browser.wait_for("#run-outcome");
+    browser.until("the run's outcome", || {
+        browser.text("#run-outcome") == "succeeded"
+    });
+    browser.goto(&format!("{}/#/job/report/period/{}", server.base(), day(9)));
+    browser.until("the period succeeded", || {
+        browser.text("#period-state") == "succeeded"
+    });
+    let attempts = format!(
+        "SELECT count(*) FROM scheduler_attempts WHERE period_key = 'report:{}'",
+        day(9)
+    );
+    assert_eq!(count(&db.url, &attempts), 2, "one failure, one rerun");
+    assert_eq!(count(&db.url, "SELECT count(*) FROM scheduler_api_runs"), 1);
+    let _ = running.kill();
+    let _ = running.wait();
+    drop(browser);
+    server.stop();
+}
+
+#[test]
+fn pausing_a_job_in_the_console_stops_its_fires() {
+    let (_ws, db, mut running, server) = fixture();
+    let Some(browser) = Browser::start(1280, 900) else {
+        return;
+    };
+    let ticks = "SELECT count(*) FROM scheduler_claims WHERE period_key LIKE 'tick:%'";
+    let before = count(&db.url, ticks);
+    eventually("the loop fires tick", BOUND, || {
+        count(&db.url, ticks) > before + 1
+    });
+    browser.log_in(&server.base(), ONCALL);
+    browser.click(".job[data-job=tick] button[data-action=pause]");
+    browser.click("#confirm-yes");
+    browser.wait_for(".job[data-job=tick] .badge.paused");
+    browser.wait_for(".job[data-job=tick] button[data-action=resume]");
+    // A fire claimed as the pause landed may still finish; then none.
+    std::thread::sleep(Duration::from_millis(1500));
+    let paused = count(&db.url, ticks);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(count(&db.url, ticks), paused, "a paused job fired");
+    browser.click(".job[data-job=tick] button[data-action=resume]");
+    eventually("tick fires again", BOUND, || count(&db.url, ticks) > paused);
+    let _ = running.kill();
+    let _ = running.wait();
+    drop(browser);
+    server.stop();
+}
+
+#[test]
+fn a_read_only_token_sees_no_buttons_and_the_api_refuses_them() {
+    let (_ws, _db, mut running, server) = fixture();
+    let Some(browser) = Browser::start(1280, 900) else {
+        return;
+    };
+    browser.log_in(&server.base(), READER);
+    let buttons = "return document.querySelectorAll('main button[data-action]').length";
+    assert_eq!(browser.eval(buttons), json!(0));
+    browser.goto(&format!("{}/#/job/report", server.base()));
+    browser.wait_for("#grid .cell");
+    assert_eq!(browser.eval(buttons), json!(0));
+    browser.goto(&format!("{}/#/job/report/period/{}", server.base(), day(9)));
+    browser.wait_for("#attempts");
+    assert_eq!(browser.eval(buttons), json!(0));
+    // The page's own session, asking anyway: refused.
+    let asked = browser.eval(
+        "return Promise.all([\
+           fetch('/v1/jobs/tick/pause', {method: 'POST', headers: {'Idempotency-Key': 'k1'}}),\
+           fetch('/v1/jobs/report/runs', {method: 'POST', headers: {'Idempotency-Key': 'k2', 'Content-Type': 'application/json'}, body: '{\"period\": \"2026-01-01\"}'}),\
+         ]).then(rs => rs.map(r => r.status));",
+    );
+    assert_eq!(asked, json!([403, 403]));
+    let _ = running.kill();
+    let _ = running.wait();
+    drop(browser);
+    server.stop();
+}
+
+#[test]
+fn hostile_job_output_renders_as_text() {
+    let (_ws, _db, mut running, server) = fixture();
+    let Some(browser) = Browser::start(1280, 900) else {
+        return;
+    };
+    browser.log_in(&server.base(), ONCALL);
+    browser.goto(&format!(
+        "{}/#/job/report/period/{}",
+        server.base(),
+        day(10)
+    ));
+    let output = browser.text("pre.output");
+    assert!(
+        output.contains("<script>document.title=\"pwned\"</script>"),
+        "{output}"
+    );
+    assert!(
+        output.contains("\"><img src=x onerror=document.title=\"pwned\">"),
+        "{output}"
+    );
+    let found = browser
+        .eval("return [document.querySelectorAll('main img, main script').length, document.title]");
+    assert_eq!(found, json!([0, "scheduler"]));
+    let _ = running.kill();
+    let _ = running.wait();
+    drop(browser);
+    server.stop();
+}
+
+#[test]
+fn every_view_fits_a_laptop_and_a_phone() {
+    let (_ws, _db, mut running, server) = fixture();
+    // SCHEDULER_SCREENSHOTS=docs/console keeps a picture of each view.
+    let pictures = std::env::var_os("SCHEDULER_SCREENSHOTS").map(std::path::PathBuf::from);
+    for (device, width, height) in [("laptop", 1280, 860), ("phone", 390, 844)] {
+        let Some(browser) = Browser::start(width, height) else {
+            return;
+        };
+        browser.log_in(&server.base(), ONCALL);
+        let views = [
+            ("jobs", "#/".to_owned(), ".job[data-job=tick] .strip .cell"),
+            ("grid", "#/job/report".to_owned(), "#grid .cell"),
+            (
+                "period",
+                format!("#/job/report/period/{}", day(9)),
+                "#attempts",
+            ),
+            ("waiting", "#/job/rollup".to_owned(), "#grid .cell"),
+            ("runs", "#/runs".to_owned(), "main h1"),
+        ];
+        for (name, hash, ready) in views {
+            browser.goto(&format!("{}/{hash}", server.base()));
+            browser.wait_for(ready);
+            let fits = browser
+                .eval("return document.documentElement.scrollWidth <= window.innerWidth + 1");
+            assert_eq!(fits, json!(true), "{name} is wider than a {device}");
+            if let Some(dir) = &pictures {
+                std::fs::create_dir_all(dir).expect("the screenshots' folder");
+                browser.screenshot(&dir.join(format!("{name}-{device}.png")));
+            }
+        }
+    }
+    let _ = running.kill();
+    let _ = running.wait();
+    server.stop();
+}
+
+/// A plain HTTP client that keeps no cookies of its own.
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(BOUND)
+        .build()
+        .expect("client")
+}
+
+#[test]
+fn a_session_is_a_cookie_scripts_cannot_read_that_holds_no_token_and_acts_only_from_its_own_page() {
+    let ws = Workspace::new(&jobs());
+    let db = TestDb::sqlite();
+    let server = Server::start(&ws, &db.url);
+    let base = server.base();
+
+    // The page: a strict policy, and nothing of the state.
+    let page = http().get(format!("{base}/")).send().expect("GET /");
+    assert_eq!(page.status(), StatusCode::OK);
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(policy.contains("default-src 'none'") && policy.contains("script-src 'self'"));
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+    let html = page.text().unwrap();
+    assert!(
+        !html.contains("report") && !html.contains("<script>"),
+        "{html}"
+    );
+    assert_eq!(
+        http()
+            .get(format!("{base}/v1/jobs"))
+            .send()
+            .unwrap()
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+
+    // A token not allowed to read opens no session.
+    let login = |token: &str| {
+        http()
+            .post(format!("{base}/console/session"))
+            .json(&json!({ "token": token }))
+            .send()
+            .expect("login")
+    };
+    let wrong = login("not-a-token-at-all-0000");
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers().get("set-cookie").is_none());
+
+    let ok = login(ONCALL);
+    assert_eq!(ok.status(), StatusCode::OK);
+    let cookie = ok.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(ONCALL),
+        "the cookie holds the token: {cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap().to_owned();
+
+    let with_cookie = |request: reqwest::blocking::RequestBuilder| {
+        request.header("Cookie", &pair).send().expect("request")
+    };
+    assert_eq!(
+        with_cookie(http().get(format!("{base}/v1/jobs"))).status(),
+        StatusCode::OK
+    );
+    // From the console's own page: allowed.
+    let paused = with_cookie(
+        http()
+            .post(format!("{base}/v1/jobs/report/pause"))
+            .header("Idempotency-Key", "p1")
+            .header("Origin", &base)
+            .header("Sec-Fetch-Site", "same-origin"),
+    );
+    assert_eq!(paused.status(), StatusCode::OK);
+    // From another site: refused, whatever it sends.
+    for (origin, site) in [
+        ("http://evil.example", "cross-site"),
+        (base.as_str(), "same-site"),
+    ] {
+        let refused = with_cookie(
+            http()
+                .post(format!("{base}/v1/jobs/report/resume"))
+                .header("Idempotency-Key", "r1")
+                .header("Origin", origin)
+                .header("Sec-Fetch-Site", site),
+        );
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{origin} {site}");
+    }
+
+    // A forged or altered cookie is nobody.
+    let (name, rest) = pair.split_once('=').unwrap();
+    let mut forged = rest.to_owned();
+    let last = forged.pop().unwrap();
+    forged.push(if last == '0' { '1' } else { '0' });
+    for value in [
+        forged,
+        format!("{}.4102444800.00", hex(b"on-call")),
+        String::new(),
+    ] {
+        let refused = http()
+            .get(format!("{base}/v1/jobs"))
+            .header("Cookie", format!("{name}={value}"))
+            .send()
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{value}");
+    }
+
+    // Logging out makes the browser forget it.
+    let out = with_cookie(http().delete(format!("{base}/console/session")));
+    assert!(
+        out.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+
+    // The secret was never written to the log.
+    drop(server);
+    let log = std::fs::read_to_string(ws.path().join("serve.log")).unwrap_or_default();
+    assert!(!log.contains(ONCALL));
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn reads_with_max_age_share_one_answer_and_the_grid_pages_through_a_range() {
+    let ws = Workspace::new(&jobs());
+    let db = TestDb::sqlite();
+    let server = Server::start(&ws, &db.url);
+    let get = |path: &str| -> Value {
+        let response = server.get(READER, path);
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        response.json().expect("JSON")
+    };
+    let paused = |body: &Value| {
+        body["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|j| j["job"] == "tick"))
+            .map(|j| j["paused"].clone())
+    };
+    let shared = get("/v1/jobs?max_age=60");
+    assert_eq!(paused(&shared), Some(json!(false)));
+    let answer = server.post(ONCALL, "/v1/jobs/tick/pause", "pause-1", &json!({}));
+    assert_eq!(answer.status(), StatusCode::OK);
+    // Within max_age, the shared answer; asked fresh, the database's.
+    assert_eq!(get("/v1/jobs?max_age=60"), shared);
+    assert_eq!(paused(&get("/v1/jobs")), Some(json!(true)));
+
+    // The last 30 periods, and the one before them.
+    let last = get("/v1/jobs/report/periods?last=30");
+    assert_eq!(last["periods"].as_array().map(Vec::len), Some(30));
+    let first = last["from"].as_str().unwrap().to_owned();
+    let previous = last["previous"].as_str().unwrap().to_owned();
+    assert!(previous < first);
+    // A range in pages: each page ends where the next starts.
+    let page = get("/v1/jobs/report/periods?from=2020-01-01&to=2025-12-31&limit=1000");
+    assert_eq!(page["periods"].as_array().map(Vec::len), Some(1000));
+    assert_eq!(page["next"], json!("2022-09-27"));
+    let rest = get("/v1/jobs/report/periods?from=2022-09-27&to=2025-12-31&limit=1000");
+    assert_eq!(rest["from"], json!("2022-09-27"));
+    for (path, field) in [
+        ("/v1/jobs/report/periods?last=0", "last"),
+        ("/v1/jobs/report/periods?last=10001", "last"),
+        (
+            "/v1/jobs/report/periods?from=2026-01-01&to=2026-02-01&limit=x",
+            "limit",
+        ),
+        ("/v1/jobs/report/periods?last=3&from=2026-01-01", "last"),
+        ("/v1/jobs?recent=1000", "recent"),
+        ("/v1/jobs?max_age=61", "max_age"),
+    ] {
+        let (status, _, _, body) = crate::api::answer(server.get(READER, path));
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(body["field"], json!(field), "{path}: {body}");
+    }
+
+    // Runs asked for are listed with their progress.
+    let started = server.post(
+        ONCALL,
+        "/v1/jobs/report/runs?wait=30",
+        "run-1",
+        &json!({"from": "2026-01-01", "to": "2026-01-03"}),
+    );
+    assert_eq!(started.status(), StatusCode::OK);
+    let runs = get("/v1/runs");
+    let run = &runs["runs"][0];
+    assert_eq!(run["job"], json!("report"));
+    assert_eq!(run["total"], json!(3));
+    assert_eq!(run["periods_listed"], json!(3));
+    assert_eq!(run["counts"]["succeeded"], json!(3));
+    server.stop();
+}
