@@ -198,6 +198,10 @@ pub struct RunArgs {
     /// (with --period or --from/--to).
     #[arg(long)]
     pub with_upstream: bool,
+    /// Run only the periods whose latest attempt failed (with --period or
+    /// --from/--to); never-claimed and succeeded ones are passed over.
+    #[arg(long, conflicts_with = "force")]
+    pub only_failed: bool,
     /// One JSON object per line.
     #[arg(long)]
     pub json: bool,

@@ -26,6 +26,7 @@ pub fn request(args: &RunArgs) -> Request {
         job: args.job.clone(),
         periods,
         force: args.force,
+        only_failed: args.only_failed,
         early: args.early,
         wait: args.wait,
         dry_run: args.dry_run,

@@ -184,6 +184,7 @@ impl Scheduler {
             job: job.map(str::to_owned),
             periods,
             force: options.force,
+            only_failed: options.only_failed,
             early: options.early,
             wait: options.wait,
             dry_run: false,
@@ -263,6 +264,8 @@ impl Handle {
 pub struct RunOptions {
     /// Also re-run periods that succeeded.
     pub force: bool,
+    /// Run only periods whose latest attempt failed.
+    pub only_failed: bool,
     /// Also run a period whose fire is still ahead.
     pub early: bool,
     /// Wait for a period held elsewhere, or for a concurrency slot.

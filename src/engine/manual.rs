@@ -160,6 +160,9 @@ pub struct Request {
     pub periods: Selection,
     /// Also re-run succeeded periods.
     pub force: bool,
+    /// Run only the periods whose latest attempt failed; pass over the
+    /// rest (never claimed, succeeded, running).
+    pub only_failed: bool,
     /// Also run a period whose fire is still ahead.
     pub early: bool,
     /// Wait for a period held elsewhere, or for a concurrency slot.
@@ -193,6 +196,8 @@ pub struct Names {
     pub wait: &'static str,
     /// Running the upstream periods first.
     pub with_upstream: &'static str,
+    /// Running only failed periods.
+    pub only_failed: &'static str,
 }
 
 impl Names {
@@ -205,6 +210,7 @@ impl Names {
         force: "--force",
         wait: "--wait",
         with_upstream: "--with-upstream",
+        only_failed: "--only-failed",
     };
     /// A period label in an HTTP API path.
     pub const PATH: Names = Names {
@@ -215,6 +221,7 @@ impl Names {
         force: "force",
         wait: "wait",
         with_upstream: "with_upstream",
+        only_failed: "only_failed",
     };
     /// The HTTP API's JSON fields.
     pub const JSON: Names = Names {
@@ -225,6 +232,7 @@ impl Names {
         force: "force",
         wait: "wait",
         with_upstream: "with_upstream",
+        only_failed: "only_failed",
     };
 }
 
@@ -334,6 +342,7 @@ impl Backfill<'_> {
             let job = Arc::new(plan.job.clone());
             let request = Request {
                 force: plan.force,
+                only_failed: self.request.only_failed && !plan.upstream,
                 ..self.request.clone()
             };
             let mode = Mode {
@@ -384,7 +393,16 @@ impl Backfill<'_> {
                     let claimable = row.is_none_or(|row| {
                         !matches!(row.as_claim(), Claim::Succeeded { .. } | Claim::Held { .. })
                     });
-                    let skip = if let Some(upstream) = upstream.filter(|_| claimable) {
+                    let failed = row.is_some_and(|r| matches!(r.as_claim(), Claim::Failed { .. }));
+                    let skip = if request.only_failed && !failed {
+                        Some(Line {
+                            attempt: row.map(|r| r.attempt),
+                            ..Line::bare(
+                                key.as_str(),
+                                format!("not failed ({}): passed over", state_word(row)),
+                            )
+                        })
+                    } else if let Some(upstream) = upstream.filter(|_| claimable) {
                         Some(Line::new(
                             &key,
                             PeriodOutcome::Waiting,
@@ -957,6 +975,18 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
             n.force
         )));
     }
+    if request.only_failed && !request.manual() {
+        return Err(Error::Usage(format!(
+            "{}: needs {named}; a scheduled run retries failed periods on its own",
+            n.only_failed
+        )));
+    }
+    if request.only_failed && request.force {
+        return Err(Error::Usage(format!(
+            "{}: give {} or {}, not both: one runs every period again, the other only failed ones",
+            n.only_failed, n.force, n.only_failed
+        )));
+    }
     if request.with_upstream && !request.manual() {
         return Err(Error::Usage(format!(
             "{}: needs {named}; a scheduled run claims what waited once its upstream periods are done",
@@ -1221,6 +1251,11 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
         attempt: Some(row.attempt),
         ..Line::bare(key, detail)
     })
+}
+
+/// Where a period stands by its claim row alone, in a word.
+fn state_word(row: Option<&ClaimRow>) -> &'static str {
+    row.map_or("never claimed", |row| row.standing().as_str())
 }
 
 /// The line of a period found failed and not run.

@@ -25,6 +25,7 @@ use crate::template::Secrets;
 
 #[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "server")]
 mod console;
 pub mod health;
 #[cfg(feature = "server")]

@@ -245,6 +245,53 @@ fn dry_run_claims_nothing() {
 }
 
 #[test]
+fn only_failed_runs_the_failed_periods_of_a_range_and_passes_over_the_rest() {
+    for db in databases() {
+        let ws = workspace(
+            "command = [\"sh\", \"-c\", \"echo {period} >> runs.txt; test ! -e fail-{period}\"]",
+        );
+        std::fs::write(ws.path().join("fail-2026-03"), "").unwrap();
+        assert_eq!(run(&ws, &db, &["--period", "2026-02"]).code(), 0);
+        assert_eq!(run(&ws, &db, &["--period", "2026-03"]).code(), 1);
+        std::fs::remove_file(ws.path().join("fail-2026-03")).unwrap();
+        let out = run(
+            &ws,
+            &db,
+            &["--from", "2026-02", "--to", "2026-04", "--only-failed"],
+        );
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        // 2026-03 again; 2026-04, never claimed, left alone.
+        assert_eq!(
+            lines(ws.path().join("runs.txt")),
+            ["2026-02", "2026-03", "2026-03"]
+        );
+        let said = out.stdout();
+        assert!(
+            said.contains("billing:2026-04  skipped: not failed (never claimed)"),
+            "{said}"
+        );
+        assert!(
+            said.contains("billing:2026-02  skipped: not failed (succeeded)"),
+            "{said}"
+        );
+        for (args, message) in [
+            (
+                &["--only-failed"][..],
+                "--only-failed: needs --period LABEL",
+            ),
+            (
+                &["--period", "2026-02", "--only-failed", "--force"][..],
+                "cannot be used with",
+            ),
+        ] {
+            let refused = run(&ws, &db, args);
+            assert_eq!(refused.code(), 2, "{args:?}");
+            assert!(refused.stderr().contains(message), "{}", refused.stderr());
+        }
+    }
+}
+
+#[test]
 fn a_range_runs_oldest_first_and_a_repeat_runs_none() {
     for db in databases() {
         let ws = workspace("command = [\"sh\", \"-c\", \"echo {period} >> runs.txt\"]");

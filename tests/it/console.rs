@@ -266,6 +266,14 @@ fn hostile_job_output_renders_as_text() {
 #[test]
 fn every_view_fits_a_laptop_and_a_phone() {
     let (_ws, _db, mut running, server) = fixture();
+    // A run asked for, for the runs view.
+    let (status, _, _, _) = crate::api::answer(server.post(
+        ONCALL,
+        "/v1/jobs/report/runs?wait=30",
+        "layout-run",
+        &json!({ "from": day(14), "to": day(12) }),
+    ));
+    assert_eq!(status, StatusCode::OK);
     // SCHEDULER_SCREENSHOTS=docs/console keeps a picture of each view.
     let pictures = std::env::var_os("SCHEDULER_SCREENSHOTS").map(std::path::PathBuf::from);
     for (device, width, height) in [("laptop", 1280, 860), ("phone", 390, 844)] {
@@ -348,6 +356,17 @@ fn a_session_is_a_cookie_scripts_cannot_read_that_holds_no_token_and_acts_only_f
             .send()
             .expect("login")
     };
+    // Not from another site's form, even with a good token.
+    let forged = http()
+        .post(format!("{base}/console/session"))
+        .header("Origin", "http://evil.example")
+        .header("Content-Type", "text/plain")
+        .body(json!({ "token": ONCALL }).to_string())
+        .send()
+        .expect("login from elsewhere");
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+    assert!(forged.headers().get("set-cookie").is_none());
+
     let wrong = login("not-a-token-at-all-0000");
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
     assert!(wrong.headers().get("set-cookie").is_none());

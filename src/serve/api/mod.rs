@@ -73,7 +73,7 @@ pub struct Api {
     runs: tokio::sync::Mutex<JoinSet<()>>,
     /// Answers of reads asked with `?max_age=`, by route and query, with
     /// when each was read.
-    shared: Mutex<HashMap<String, (Instant, serde_json::Value)>>,
+    shared: Mutex<HashMap<String, (Instant, Arc<str>)>>,
     /// Held while a shared answer is read, so that viewers who ask at the
     /// same moment cost one read.
     reading: tokio::sync::Mutex<()>,
@@ -146,7 +146,7 @@ impl Api {
         let fresh = || {
             let shared = self.shared.lock().ok()?;
             let (at, body) = shared.get(&key)?;
-            (at.elapsed() <= max_age).then(|| Reply::ok(StatusCode::OK, body.clone()))
+            (at.elapsed() <= max_age).then(|| Reply::written(body.clone()))
         };
         if let Some(reply) = fresh() {
             return Ok(reply);
@@ -156,18 +156,21 @@ impl Api {
             return Ok(reply);
         }
         let reply = read.await?;
-        if reply.status == StatusCode::OK
-            && let Ok(mut shared) = self.shared.lock()
-        {
+        if reply.status != StatusCode::OK || !reply.headers.is_empty() {
+            return Ok(reply);
+        }
+        let text: Arc<str> = format!("{}\n", reply.body).into();
+        drop(reply);
+        if let Ok(mut shared) = self.shared.lock() {
             if shared.len() >= SHARED_READS {
                 shared.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(MAX_AGE));
             }
             if shared.len() >= SHARED_READS {
                 shared.clear();
             }
-            shared.insert(key, (Instant::now(), reply.body.clone()));
+            shared.insert(key, (Instant::now(), text.clone()));
         }
-        Ok(reply)
+        Ok(Reply::written(text))
     }
 
     /// Waits for the runs this replica started (at shutdown, they stop
@@ -542,6 +545,8 @@ struct RunBody {
     early: bool,
     #[serde(default)]
     with_upstream: bool,
+    #[serde(default)]
+    only_failed: bool,
 }
 
 #[derive(Deserialize)]
@@ -641,6 +646,7 @@ fn run_request(
         job: Some(job.name.clone()),
         periods,
         force: asked.force,
+        only_failed: asked.only_failed,
         early: asked.early,
         wait: false,
         dry_run: false,

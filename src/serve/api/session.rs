@@ -99,6 +99,13 @@ struct Login {
 /// `POST /console/session`: `{"token": SECRET}` of a token allowed to
 /// `read` opens a session; the answer sets its cookie.
 pub(super) async fn login(State(api): State<Arc<Api>>, headers: HeaderMap, body: Body) -> Answer {
+    // Another site's form must not log a browser in as someone else.
+    if !same_origin(&headers) {
+        return Err(Reply::error(
+            StatusCode::FORBIDDEN,
+            "a session is opened only from the console's own page",
+        ));
+    }
     let value = body_of(&read_body(body).await?)?;
     let login: Login = serde_json::from_value(value).map_err(|_| {
         Reply::bad(

@@ -180,7 +180,8 @@ function action(label, need, opts, run) {
     type: 'button', class: opts.danger ? 'danger' : opts.plain ? 'plain' : '', 'data-action': opts.name,
   }, label);
   button.addEventListener('click', async () => {
-    if (opts.confirm && !(await confirmed(opts.confirm))) return;
+    const question = typeof opts.confirm === 'function' ? opts.confirm() : opts.confirm;
+    if (question && !(await confirmed(question))) return;
     try {
       await run(button);
     } catch (e) {
@@ -296,6 +297,7 @@ async function jobView(name, params) {
         next = page.next;
         summary.textContent = params.get('from') + ' \u2026 ' + (page.to || '') + (next ? ' (reading more\u2026)' : '') + ': ' + tally();
       }
+      performance.mark('grid:complete');
     } else {
       const page = await read('/v1/jobs/' + encodeURIComponent(name) + '/periods?'
         + query({ last: params.get('last') || '30', to: params.get('to') }));
@@ -309,14 +311,21 @@ async function jobView(name, params) {
       }
     }
   };
+  const shownCount = (state) => counts[state] || 0;
   const runs = el('div', { class: 'toolbar' },
-    action('Run what did not succeed', 'trigger', {
+    action('Run the failed', 'trigger', {
+      name: 'run-failed', plain: true,
+      confirm: () => 'Run again the ' + shownCount('failed') + ' failed period(s) shown? The others are passed over.',
+    }, (button) => startRun(button, name, { from: shown.from, to: shown.to, only_failed: true })),
+    action('Run all not succeeded', 'trigger', {
       name: 'run-range', plain: true,
-      confirm: 'Run every period shown that has not succeeded (failed, missing, released)? Succeeded ones are passed over.',
+      confirm: () => 'Run every period shown that has not succeeded: ' + shownCount('failed') + ' failed, '
+        + shownCount('missing') + ' missing (never claimed: a backfill), and any released? Succeeded ones are passed over.',
     }, (button) => startRun(button, name, { from: shown.from, to: shown.to })),
     action('Rerun all shown (force)', 'trigger', {
       name: 'rerun-range', danger: true,
-      confirm: 'Run every period shown again, succeeded ones included?',
+      confirm: () => 'Run all ' + Object.values(counts).reduce((a, b) => a + b, 0)
+        + ' periods shown again, succeeded ones included?',
     }, (button) => startRun(button, name, { from: shown.from, to: shown.to, force: true })),
     pauseButton(job));
   const page = [
@@ -432,9 +441,10 @@ async function runView(id) {
   const counts = {};
   for (const p of run.periods) counts[p.status] = (counts[p.status] || 0) + 1;
   const rows = run.periods.map((p) => {
-    const [job, ...rest] = p.key.split(':');
+    // A key is `<job>:<label>`; the run's job may itself hold a colon.
+    const label = p.key.startsWith(run.job + ':') ? p.key.slice(run.job.length + 1) : null;
     return el('tr', { 'data-key': p.key },
-      el('td', { class: 'mono' }, el('a', { href: periodHref(job, rest.join(':')) }, p.key)),
+      el('td', { class: 'mono' }, label === null ? p.key : el('a', { href: periodHref(run.job, label) }, p.key)),
       el('td', {}, stateBadge(p.status)),
       el('td', {}, p.attempt === undefined || p.attempt === null ? '\u2014' : String(p.attempt)),
       el('td', {}, p.detail || ''));
