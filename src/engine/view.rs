@@ -64,29 +64,52 @@ pub async fn periods(
     periods: &[Period],
     now: DateTime<Utc>,
 ) -> Result<Vec<PeriodView>, Error> {
-    let keys: Vec<PeriodKey> = periods
+    let mut views = of_jobs(store, &[(job, periods)], now).await?;
+    Ok(views.pop().unwrap_or_default())
+}
+
+/// The views of the periods of many jobs, per job in the order asked, as
+/// they stand at `now`: one statement per [`VIEWS_PER_READ`] periods in
+/// all, however many jobs (the console's jobs view shows each job's
+/// recent periods in one or two).
+pub async fn of_jobs(
+    store: &Store,
+    asked: &[(&Job, &[Period])],
+    now: DateTime<Utc>,
+) -> Result<Vec<Vec<PeriodView>>, Error> {
+    let pairs: Vec<(&Job, &Period)> = asked
         .iter()
-        .map(|p| PeriodKey::new(&job.name, &p.label))
+        .flat_map(|(job, periods)| periods.iter().map(move |p| (*job, p)))
+        .collect();
+    let keys: Vec<PeriodKey> = pairs
+        .iter()
+        .map(|(job, p)| PeriodKey::new(&job.name, &p.label))
         .collect();
     let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
-    let mut rows = store.rows(&names).await?;
-    let asked: Vec<(&Job, &Period)> = periods.iter().map(|p| (job, p)).collect();
-    let upstream = super::after::look(store, &asked, now).await?;
-    Ok(periods
+    let mut rows = std::collections::HashMap::new();
+    for chunk in names.chunks(VIEWS_PER_READ) {
+        rows.extend(store.rows(chunk).await?);
+    }
+    let upstream = super::after::look(store, &pairs, now).await?;
+    let mut views =
+        pairs
+            .into_iter()
+            .zip(keys)
+            .zip(upstream)
+            .map(|(((job, period), key), upstream)| {
+                let row = rows.remove(key.as_str());
+                let (state, fire) = super::due::standing(job, period, row.as_ref(), &upstream, now);
+                PeriodView {
+                    key,
+                    period: period.clone(),
+                    state,
+                    fire,
+                    row,
+                    upstream,
+                }
+            });
+    Ok(asked
         .iter()
-        .zip(keys)
-        .zip(upstream)
-        .map(|((period, key), upstream)| {
-            let row = rows.remove(key.as_str());
-            let (state, fire) = super::due::standing(job, period, row.as_ref(), &upstream, now);
-            PeriodView {
-                key,
-                period: period.clone(),
-                state,
-                fire,
-                row,
-                upstream,
-            }
-        })
+        .map(|(_, periods)| views.by_ref().take(periods.len()).collect())
         .collect())
 }

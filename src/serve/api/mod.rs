@@ -277,7 +277,7 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
         let next_key = next.map(|fire| {
             PeriodKey::new(&job.name, &job.period.period_of(&job.schedule, fire).label).to_string()
         });
-        let mut entry = json!({
+        let entry = json!({
             "job": job.name,
             "schedule": job.schedule.source(),
             "schedule_words": job.schedule.describe(),
@@ -294,15 +294,27 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
             "on_upstream_rerun": job.after.any().then(|| job.after.on_rerun.to_string()),
             "waiting": waiting.get(&job.name).copied().unwrap_or(0),
         });
-        if recent > 0 {
-            let (periods, _) = manual::periods_up_to(job, None, recent, Names::JSON, now)?;
-            let views = view::periods(api.store(), job, &periods, now).await?;
+        jobs.push(entry);
+    }
+    if recent > 0 {
+        // Every job's recent periods, read together.
+        let mut listed = Vec::with_capacity(config.jobs.len());
+        for job in &config.jobs {
+            listed.push(manual::periods_up_to(job, None, recent, Names::JSON, now)?.0);
+        }
+        let asked: Vec<(&Job, &[crate::period::Period])> = config
+            .jobs
+            .iter()
+            .zip(&listed)
+            .map(|(job, periods)| (job, periods.as_slice()))
+            .collect();
+        let views = view::of_jobs(api.store(), &asked, now).await?;
+        for (entry, views) in jobs.iter_mut().zip(views) {
             entry["recent"] = views
                 .iter()
                 .map(|v| json!({ "period": v.period.label, "state": v.state }))
                 .collect();
         }
-        jobs.push(entry);
     }
     Ok(Reply::ok(StatusCode::OK, json!({ "jobs": jobs })))
 }
