@@ -6,6 +6,7 @@
 
 mod auth;
 mod idempotent;
+mod read;
 mod reply;
 mod runs;
 mod session;
@@ -27,10 +28,9 @@ use tokio::task::JoinSet;
 
 use crate::config::{Config, Job};
 use crate::engine::manual::{self, Names, Request, Selection};
-use crate::engine::view::{self, PeriodView};
 use crate::engine::{Engine, operate};
 use crate::error::Error;
-use crate::period::{PeriodKey, utc_text};
+use crate::period::utc_text;
 use crate::store::{Released, Store};
 use auth::{Need, authorize};
 use idempotent::Idempotent;
@@ -53,12 +53,6 @@ const RANGE_LIMIT: usize = 10_000;
 /// How often a running run writes what it did so far, and so how far
 /// ahead it keeps itself alive (three times this).
 const RUN_TICK: Duration = Duration::from_secs(1);
-
-/// The oldest shared answer a read may ask for (`?max_age=`).
-const MAX_AGE: u64 = 60;
-
-/// How many shared answers are kept at most.
-const SHARED_READS: usize = 256;
 
 /// How long an Idempotency-Key may stay in progress past its request's own
 /// bound before another request may take it over (its replica went away).
@@ -118,7 +112,7 @@ impl Api {
     /// and shared answers past the oldest any read may ask for.
     pub async fn prune(&self) -> Result<u64, Error> {
         if let Ok(mut shared) = self.shared.lock() {
-            shared.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(MAX_AGE));
+            shared.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(read::MAX_AGE));
             if shared.is_empty() {
                 *shared = HashMap::new();
             }
@@ -127,50 +121,6 @@ impl Api {
             return Ok(0);
         }
         self.store().prune_api(false).await
-    }
-
-    /// The answer of a read, shared: with `max_age` (seconds), an answer
-    /// read at most that long ago for the same `key` is given again, and
-    /// readers who ask at the same moment wait for one read. The
-    /// console's auto-refresh asks this way, so any number of viewers
-    /// cost the database one read per view per interval. Without
-    /// `max_age`, `read` runs.
-    async fn shared<F>(&self, key: String, max_age: Option<u64>, read: F) -> Answer
-    where
-        F: Future<Output = Answer>,
-    {
-        let Some(max_age) = max_age.filter(|age| *age > 0) else {
-            return read.await;
-        };
-        let max_age = Duration::from_secs(max_age);
-        let fresh = || {
-            let shared = self.shared.lock().ok()?;
-            let (at, body) = shared.get(&key)?;
-            (at.elapsed() <= max_age).then(|| Reply::written(body.clone()))
-        };
-        if let Some(reply) = fresh() {
-            return Ok(reply);
-        }
-        let _reading = self.reading.lock().await;
-        if let Some(reply) = fresh() {
-            return Ok(reply);
-        }
-        let reply = read.await?;
-        if reply.status != StatusCode::OK || !reply.headers.is_empty() {
-            return Ok(reply);
-        }
-        let text: Arc<str> = format!("{}\n", reply.body).into();
-        drop(reply);
-        if let Ok(mut shared) = self.shared.lock() {
-            if shared.len() >= SHARED_READS {
-                shared.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(MAX_AGE));
-            }
-            if shared.len() >= SHARED_READS {
-                shared.clear();
-            }
-            shared.insert(key, (Instant::now(), text.clone()));
-        }
-        Ok(Reply::written(text))
     }
 
     /// Waits for the runs this replica started (at shutdown, they stop
@@ -192,11 +142,11 @@ impl Api {
 /// The `/v1/` routes.
 pub fn routes(api: Arc<Api>) -> Router {
     Router::new()
-        .route("/v1/jobs", get(jobs))
-        .route("/v1/jobs/{job}/periods", get(periods))
-        .route("/v1/jobs/{job}/periods/{label}", get(period))
+        .route("/v1/jobs", get(read::jobs))
+        .route("/v1/jobs/{job}/periods", get(read::periods))
+        .route("/v1/jobs/{job}/periods/{label}", get(read::period))
         .route("/v1/jobs/{job}/runs", post(start_run))
-        .route("/v1/runs", get(list_runs))
+        .route("/v1/runs", get(read::runs))
         .route("/v1/runs/{id}", get(get_run))
         .route("/v1/jobs/{job}/pause", post(pause))
         .route("/v1/jobs/{job}/resume", post(resume))
@@ -230,304 +180,6 @@ fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a Job, Reply> {
         }
         Reply::ok(StatusCode::NOT_FOUND, body)
     })
-}
-
-/// The most recent periods `GET /v1/jobs?recent=` shows per job.
-const RECENT_LIMIT: usize = 100;
-
-#[derive(Deserialize)]
-struct JobsQuery {
-    recent: Option<String>,
-    max_age: Option<String>,
-}
-
-async fn jobs(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Query(query): Query<JobsQuery>,
-) -> Answer {
-    let (config, _) = authorize(&api, &headers, Need::Read)?;
-    let recent = number("recent", query.recent.as_deref(), RECENT_LIMIT)?.unwrap_or(0);
-    let max_age = number("max_age", query.max_age.as_deref(), MAX_AGE as usize)?;
-    let key = format!("jobs?recent={recent}");
-    let read = list_jobs(&api, &config, recent);
-    api.shared(key, max_age.map(|a| a as u64), read).await
-}
-
-async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
-    let paused = api.store().paused_jobs().await?;
-    let now = Utc::now();
-    let all: Vec<&Job> = config.jobs.iter().collect();
-    let mut late =
-        crate::engine::due::late(api.store(), &all, config.settings.catch_up, now).await?;
-    let waiting = api.store().waiting_counts().await?;
-    let mut jobs = Vec::with_capacity(config.jobs.len());
-    for job in &config.jobs {
-        // A paused job skips its fires by design: none is late.
-        let late: Vec<String> = late
-            .remove(&job.name)
-            .filter(|_| !paused.contains(&job.name))
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(key, _)| key)
-            .collect();
-        let last_rows = api.store().recent(&job.name, 1).await?;
-        let last = crate::store::ClaimRow::finished_last(&last_rows);
-        let next = job.schedule.next_after(now);
-        let next_key = next.map(|fire| {
-            PeriodKey::new(&job.name, &job.period.period_of(&job.schedule, fire).label).to_string()
-        });
-        let entry = json!({
-            "job": job.name,
-            "schedule": job.schedule.source(),
-            "schedule_words": job.schedule.describe(),
-            "timezone": job.schedule.zone().name(),
-            "period": job.period.unit.to_string(),
-            "covers": job.period.covers.to_string(),
-            "next_fire": next.map(utc_text),
-            "next_key": next_key,
-            "paused": paused.contains(&job.name),
-            "last": last,
-            "deadline": job.deadline.map(crate::config::short),
-            "late": late,
-            "after": job.after.named.iter().map(|n| config.full_name(&n.name)).collect::<Vec<_>>(),
-            "on_upstream_rerun": job.after.any().then(|| job.after.on_rerun.to_string()),
-            "waiting": waiting.get(&job.name).copied().unwrap_or(0),
-        });
-        jobs.push(entry);
-    }
-    if recent > 0 {
-        // Every job's recent periods, read together.
-        let mut listed = Vec::with_capacity(config.jobs.len());
-        for job in &config.jobs {
-            listed.push(manual::periods_up_to(job, None, recent, Names::JSON, now)?.0);
-        }
-        let asked: Vec<(&Job, &[crate::period::Period])> = config
-            .jobs
-            .iter()
-            .zip(&listed)
-            .map(|(job, periods)| (job, periods.as_slice()))
-            .collect();
-        let views = view::of_jobs(api.store(), &asked, now).await?;
-        for (entry, views) in jobs.iter_mut().zip(views) {
-            entry["recent"] = views
-                .iter()
-                .map(|v| json!({ "period": v.period.label, "state": v.state }))
-                .collect();
-        }
-    }
-    Ok(Reply::ok(StatusCode::OK, json!({ "jobs": jobs })))
-}
-
-/// A whole number from 1 to `most` given as `?field=`, if given.
-fn number(field: &str, given: Option<&str>, most: usize) -> Result<Option<usize>, Reply> {
-    match given.map(str::parse::<usize>) {
-        None => Ok(None),
-        Some(Ok(n)) if (1..=most).contains(&n) => Ok(Some(n)),
-        Some(_) => Err(Reply::bad(
-            field,
-            format!("?{field}= takes a whole number from 1 to {most}"),
-        )),
-    }
-}
-
-#[derive(Deserialize)]
-struct Range {
-    from: Option<String>,
-    to: Option<String>,
-    last: Option<String>,
-    limit: Option<String>,
-    max_age: Option<String>,
-}
-
-async fn periods(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(range): Query<Range>,
-) -> Answer {
-    let (config, _) = authorize(&api, &headers, Need::Read)?;
-    let job = find_job(&config, &name)?;
-    let last = number("last", range.last.as_deref(), RANGE_LIMIT)?;
-    let limit = number("limit", range.limit.as_deref(), RANGE_LIMIT)?;
-    let max_age = number("max_age", range.max_age.as_deref(), MAX_AGE as usize)?;
-    let now = Utc::now();
-    // The periods, with the label that goes on from them: the next page
-    // of a range, or the period before the last ones.
-    let (listed, more) = match (last, &range.from, &range.to) {
-        (Some(_), Some(_), _) => {
-            return Err(Reply::bad(
-                "last",
-                "give `last` (with `to` or without), or `from` and `to`, not both",
-            ));
-        }
-        (Some(count), None, to) => {
-            let (periods, before) =
-                manual::periods_up_to(job, to.as_deref(), count, Names::JSON, now)?;
-            (periods, json!({ "previous": before }))
-        }
-        (None, Some(from), Some(to)) => match limit {
-            Some(limit) => {
-                let (periods, next) = manual::page_between(job, (from, to), limit, Names::JSON)?;
-                (periods, json!({ "next": next }))
-            }
-            None => (
-                manual::periods_between(job, (from, to), RANGE_LIMIT, Names::JSON)?,
-                json!({ "next": null }),
-            ),
-        },
-        (None, from, _) => {
-            let field = if from.is_none() { "from" } else { "to" };
-            return Err(Reply::bad(
-                field,
-                format!("`{field}` is missing: ask for ?from=LABEL&to=LABEL, or ?last=N"),
-            ));
-        }
-    };
-    let key = format!(
-        "periods/{}/{}/{}",
-        job.name,
-        listed.first().map_or("", |p| &p.label),
-        listed.last().map_or("", |p| &p.label),
-    );
-    let read = async {
-        let mut out = Vec::with_capacity(listed.len());
-        for chunk in listed.chunks(view::VIEWS_PER_READ) {
-            for view in view::periods(api.store(), job, chunk, now).await? {
-                out.push(period_json(view));
-            }
-        }
-        let mut body = json!({
-            "job": job.name,
-            "from": listed.first().map(|p| &p.label),
-            "to": listed.last().map(|p| &p.label),
-            "periods": out,
-        });
-        if let (Some(body), serde_json::Value::Object(more)) = (body.as_object_mut(), &more) {
-            body.extend(more.clone());
-        }
-        Ok(Reply::ok(StatusCode::OK, body))
-    };
-    api.shared(key, max_age.map(|a| a as u64), read).await
-}
-
-/// One period of `GET /v1/jobs/{job}/periods`.
-fn period_json(view: PeriodView) -> serde_json::Value {
-    let (waiting_for, stale) = (view.waiting_for(), view.stale_json());
-    let PeriodView {
-        key,
-        period,
-        state,
-        fire,
-        row,
-        ..
-    } = view;
-    let row = row.as_ref();
-    json!({
-        "period_key": key,
-        "period": period.label,
-        "state": state,
-        "fire": fire.map(utc_text),
-        "attempt": row.map(|r| r.attempt),
-        "failures": row.map(|r| r.failures),
-        "owner": row.map(|r| &r.owner),
-        "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
-        "retry_at": row.and_then(|r| r.retry_at).map(utc_text),
-        "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
-        "waiting_for": waiting_for,
-        "stale": stale,
-    })
-}
-
-#[derive(Deserialize)]
-struct Fresh {
-    max_age: Option<String>,
-}
-
-async fn period(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Path((name, label)): Path<(String, String)>,
-    Query(fresh): Query<Fresh>,
-) -> Answer {
-    let (config, _) = authorize(&api, &headers, Need::Read)?;
-    let job = find_job(&config, &name)?;
-    let max_age = number("max_age", fresh.max_age.as_deref(), MAX_AGE as usize)?;
-    let period = manual::periods_between(job, (&label, &label), 1, Names::PATH)?.remove(0);
-    let key = format!("period/{}/{}", job.name, period.label);
-    let read = async {
-        let mut views =
-            view::periods(api.store(), job, std::slice::from_ref(&period), Utc::now()).await?;
-        let view = views
-            .pop()
-            .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
-        let (waiting_for, stale) = (view.waiting_for(), view.stale_json());
-        let PeriodView {
-            key,
-            state,
-            fire,
-            row,
-            upstream,
-            ..
-        } = view;
-        let attempts = api.store().attempts(key.as_str(), 1_000).await?;
-        let notifications: Vec<_> = api
-            .store()
-            .notifications(&job.name, 1_000)
-            .await?
-            .into_iter()
-            .filter(|n| n.period_key == key.as_str())
-            .collect();
-        Ok(Reply::ok(
-            StatusCode::OK,
-            json!({
-                "job": job.name,
-                "period": period.label,
-                "period_key": key,
-                "state": state,
-                "fire": fire.map(utc_text),
-                "claim": row,
-                "waiting_for": waiting_for,
-                "upstream": upstream.waits,
-                "stale": stale,
-                "attempts": attempts,
-                "notifications": notifications,
-            }),
-        ))
-    };
-    api.shared(key, max_age.map(|a| a as u64), read).await
-}
-
-/// The most runs `GET /v1/runs` lists.
-const RUNS_LIMIT: usize = 500;
-
-#[derive(Deserialize)]
-struct RunsQuery {
-    limit: Option<String>,
-    max_age: Option<String>,
-}
-
-/// `GET /v1/runs`: the runs asked for over the API, newest first, each
-/// with its state, outcome and how many of its periods ended how.
-async fn list_runs(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Query(query): Query<RunsQuery>,
-) -> Answer {
-    authorize(&api, &headers, Need::Read)?;
-    let limit = number("limit", query.limit.as_deref(), RUNS_LIMIT)?.unwrap_or(50);
-    let max_age = number("max_age", query.max_age.as_deref(), MAX_AGE as usize)?;
-    let read = async {
-        let runs = api.store().api_runs(limit).await?;
-        let runs: Vec<_> = runs.iter().map(runs::run_summary).collect();
-        Ok(Reply::ok(StatusCode::OK, json!({ "runs": runs })))
-    };
-    api.shared(
-        format!("runs?limit={limit}"),
-        max_age.map(|a| a as u64),
-        read,
-    )
-    .await
 }
 
 async fn get_run(
