@@ -1,8 +1,9 @@
-//! The HTTP API under `/v1/`: bearer tokens from `[api]` (`auth`), the
-//! Idempotency-Key contract on every `POST` (`idempotent`), and manual
-//! runs through the engine's one driver ([`crate::engine::manual`]) on this
-//! replica, under its heartbeats and its shutdown (`runs`). This file
-//! holds the routes and what each answers.
+//! The HTTP API under `/v1/`: bearer tokens from `[api]` (`auth`) or the
+//! console's session cookie (`session`), the reads and the answers they
+//! share (`read`), the Idempotency-Key contract on every `POST`
+//! (`idempotent`), and manual runs through the engine's one driver
+//! ([`crate::engine::manual`]) on this replica, under its heartbeats and
+//! its shutdown (`runs`). This file holds the routes and the writes.
 
 mod auth;
 mod idempotent;
