@@ -431,9 +431,11 @@ pub async fn range(
     )?;
     for chunk in periods.chunks(view::VIEWS_PER_READ) {
         for view in view::periods(store, job, chunk, now).await? {
-            let waiting_for = view.waiting_for();
-            let stale = view.stale_json();
-            let detail = match (&view.row, &waiting_for) {
+            if as_json {
+                say(format_args!("{}", view.json()))?;
+                continue;
+            }
+            let detail = match (&view.row, view.waiting_for()) {
                 (None, _) if view.state == PeriodState::NotDue => {
                     format!("fires at {}", time(view.fire))
                 }
@@ -446,32 +448,7 @@ pub async fn range(
                     stale_words(&view)
                 ),
             };
-            let PeriodView {
-                key,
-                period,
-                state,
-                fire,
-                row,
-                ..
-            } = view;
-            let row = row.as_ref();
-            if as_json {
-                say(format_args!(
-                    "{}",
-                    json!({
-                        "period_key": key,
-                        "period": period.label,
-                        "state": state,
-                        "attempt": row.map(|r| r.attempt),
-                        "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
-                        "fire": fire.map(utc_text),
-                        "waiting_for": waiting_for,
-                        "stale": stale,
-                    })
-                ))?;
-            } else {
-                say(format_args!("{key}  {state:<13}  {detail}"))?;
-            }
+            say(format_args!("{}  {:<13}  {detail}", view.key, view.state))?;
         }
     }
     Ok(Outcome::Done)

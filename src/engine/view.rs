@@ -48,6 +48,28 @@ impl PeriodView {
         Some((self.upstream.newest_key.as_deref()?, self.upstream.newest?))
     }
 
+    /// The period as JSON, one shape for `status --json` and the API: its
+    /// key, label, state, fire, claim (attempt, failures, owner, lease,
+    /// retry, end), what it waits for and what made it stale.
+    pub fn json(&self) -> serde_json::Value {
+        use crate::period::utc_text;
+        let row = self.row.as_ref();
+        serde_json::json!({
+            "period_key": self.key,
+            "period": self.period.label,
+            "state": self.state,
+            "fire": self.fire.map(utc_text),
+            "attempt": row.map(|r| r.attempt),
+            "failures": row.map(|r| r.failures),
+            "owner": row.map(|r| &r.owner),
+            "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
+            "retry_at": row.and_then(|r| r.retry_at).map(utc_text),
+            "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
+            "waiting_for": self.waiting_for(),
+            "stale": self.stale_json(),
+        })
+    }
+
     /// [`PeriodView::stale_by`] as JSON: `{"upstream": key, "succeeded_at": …}`.
     pub fn stale_json(&self) -> Option<serde_json::Value> {
         self.stale_by().map(|(key, at)| {

@@ -234,7 +234,7 @@ pub(super) async fn periods(
         let mut out = Vec::with_capacity(listed.len());
         for chunk in listed.chunks(view::VIEWS_PER_READ) {
             for view in view::periods(api.store(), job, chunk, now).await? {
-                out.push(period_json(view));
+                out.push(view.json());
             }
         }
         let mut body = json!({
@@ -249,34 +249,6 @@ pub(super) async fn periods(
         Ok(Reply::ok(StatusCode::OK, body))
     };
     api.shared(key, max_age.map(|a| a as u64), read).await
-}
-
-/// One period of `GET /v1/jobs/{job}/periods`.
-fn period_json(view: PeriodView) -> serde_json::Value {
-    let (waiting_for, stale) = (view.waiting_for(), view.stale_json());
-    let PeriodView {
-        key,
-        period,
-        state,
-        fire,
-        row,
-        ..
-    } = view;
-    let row = row.as_ref();
-    json!({
-        "period_key": key,
-        "period": period.label,
-        "state": state,
-        "fire": fire.map(utc_text),
-        "attempt": row.map(|r| r.attempt),
-        "failures": row.map(|r| r.failures),
-        "owner": row.map(|r| &r.owner),
-        "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
-        "retry_at": row.and_then(|r| r.retry_at).map(utc_text),
-        "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
-        "waiting_for": waiting_for,
-        "stale": stale,
-    })
 }
 
 #[derive(Deserialize)]
