@@ -400,6 +400,13 @@ fn a_session_is_a_cookie_scripts_cannot_read_that_holds_no_token_and_acts_only_f
             .header("Sec-Fetch-Site", "same-origin"),
     );
     assert_eq!(paused.status(), StatusCode::OK);
+    // Saying neither where it comes from (not a browser): refused.
+    let unsaid = with_cookie(
+        http()
+            .post(format!("{base}/v1/jobs/report/resume"))
+            .header("Idempotency-Key", "r0"),
+    );
+    assert_eq!(unsaid.status(), StatusCode::FORBIDDEN);
     // From another site: refused, whatever it sends.
     for (origin, site) in [
         ("http://evil.example", "cross-site"),
@@ -431,6 +438,8 @@ fn a_session_is_a_cookie_scripts_cannot_read_that_holds_no_token_and_acts_only_f
             .send()
             .unwrap();
         assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{value}");
+        let said = refused.text().unwrap_or_default();
+        assert!(said.contains("session has ended"), "{said}");
     }
 
     // Logging out makes the browser forget it.
@@ -496,6 +505,7 @@ fn reads_with_max_age_share_one_answer_and_the_grid_pages_through_a_range() {
             "limit",
         ),
         ("/v1/jobs/report/periods?last=3&from=2026-01-01", "last"),
+        ("/v1/jobs/report/periods?last=3&limit=2", "limit"),
         ("/v1/jobs?recent=1000", "recent"),
         ("/v1/jobs?max_age=61", "max_age"),
     ] {

@@ -67,11 +67,17 @@ pub(super) fn authorize(
         }
         // The console's session, from its cookie.
         None => {
-            let token =
-                session::token_of(settings, headers, chrono::Utc::now()).ok_or_else(|| {
-                    unauthorized("missing bearer token: send `Authorization: Bearer <secret>`")
-                })?;
-            if !matches!(need, Need::Read) && !session::same_origin(headers) {
+            let token = session::token_of(settings, headers, chrono::Utc::now());
+            // A session is a reader's: a token that lost `read` (a reload)
+            // ends its sessions.
+            let token = token.filter(|t| t.allow.read).ok_or_else(|| {
+                unauthorized(if session::has_cookie(headers) {
+                    "the console's session has ended: log in again"
+                } else {
+                    "missing bearer token: send `Authorization: Bearer <secret>`"
+                })
+            })?;
+            if !matches!(need, Need::Read) && !session::same_origin(headers, true) {
                 return Err(Reply::error(
                     StatusCode::FORBIDDEN,
                     "a session may act only from the console's own page",

@@ -69,9 +69,10 @@ pub struct Api {
     /// Answers of reads asked with `?max_age=`, by route and query, with
     /// when each was read.
     shared: Mutex<HashMap<String, (Instant, Arc<str>)>>,
-    /// Held while a shared answer is read, so that viewers who ask at the
-    /// same moment cost one read.
-    reading: tokio::sync::Mutex<()>,
+    /// Reads answered at once: each may hold thousands of periods in
+    /// memory and a connection, so readers queue rather than crowd out the
+    /// scheduler's own statements.
+    readers: tokio::sync::Semaphore,
 }
 
 impl Api {
@@ -87,7 +88,7 @@ impl Api {
             shutdown,
             runs: tokio::sync::Mutex::new(JoinSet::new()),
             shared: Mutex::new(HashMap::new()),
-            reading: tokio::sync::Mutex::new(()),
+            readers: tokio::sync::Semaphore::new(read::READERS),
         })
     }
 
@@ -95,6 +96,10 @@ impl Api {
     pub fn set_config(&self, config: Arc<Config>) {
         if let Ok(mut current) = self.config.write() {
             *current = config;
+        }
+        // A shared answer may name a job the new configuration dropped.
+        if let Ok(mut shared) = self.shared.lock() {
+            shared.clear();
         }
     }
 

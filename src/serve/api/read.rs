@@ -26,22 +26,26 @@ pub(super) const MAX_AGE: u64 = 60;
 /// How many shared answers are kept at most.
 const SHARED_READS: usize = 256;
 
+/// How many bytes of shared answers are kept at most.
+const SHARED_BYTES: usize = 16 << 20;
+
+/// How many reads a replica answers at once.
+pub(super) const READERS: usize = 2;
+
 impl Api {
-    /// The answer of a read, shared: with `max_age` (seconds), an answer
-    /// read at most that long ago for the same `key` is given again, and
-    /// readers who ask at the same moment wait for one read. The
-    /// console's auto-refresh asks this way, so any number of viewers
-    /// cost the database one read per view per interval. Without
-    /// `max_age`, `read` runs.
+    /// The answer of a read, at most [`READERS`] at once on this replica.
+    /// With `max_age` (seconds) it is shared: an answer read at most that
+    /// long ago for the same `key` is given again (readers queued behind
+    /// one read get its answer), and kept as text, [`SHARED_BYTES`] in all
+    /// at most. The console's auto-refresh asks this way, so any number of
+    /// viewers cost the database one read per view per interval.
     async fn shared<F>(&self, key: String, max_age: Option<u64>, read: F) -> Answer
     where
         F: Future<Output = Answer>,
     {
-        let Some(max_age) = max_age.filter(|age| *age > 0) else {
-            return read.await;
-        };
-        let max_age = Duration::from_secs(max_age);
+        let max_age = max_age.filter(|age| *age > 0).map(Duration::from_secs);
         let fresh = || {
+            let max_age = max_age?;
             let shared = self.shared.lock().ok()?;
             let (at, body) = shared.get(&key)?;
             (at.elapsed() <= max_age).then(|| Reply::written(body.clone()))
@@ -49,24 +53,34 @@ impl Api {
         if let Some(reply) = fresh() {
             return Ok(reply);
         }
-        let _reading = self.reading.lock().await;
+        let _turn = self.readers.acquire().await;
         if let Some(reply) = fresh() {
             return Ok(reply);
         }
         let reply = read.await?;
-        if reply.status != StatusCode::OK || !reply.headers.is_empty() {
+        if max_age.is_none() || reply.status != StatusCode::OK || !reply.headers.is_empty() {
             return Ok(reply);
         }
         let text: Arc<str> = format!("{}\n", reply.body).into();
         drop(reply);
         if let Ok(mut shared) = self.shared.lock() {
-            if shared.len() >= SHARED_READS {
-                shared.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(MAX_AGE));
+            shared.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(MAX_AGE));
+            // The oldest go first while there are too many, or too much.
+            let mut bytes: usize = shared.values().map(|(_, t)| t.len()).sum();
+            while !shared.is_empty()
+                && (shared.len() >= SHARED_READS || bytes + text.len() > SHARED_BYTES)
+            {
+                let oldest = shared
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| k.clone());
+                if let Some((_, (_, gone))) = oldest.and_then(|k| shared.remove_entry(&k)) {
+                    bytes -= gone.len();
+                }
             }
-            if shared.len() >= SHARED_READS {
-                shared.clear();
+            if text.len() <= SHARED_BYTES {
+                shared.insert(key, (Instant::now(), text.clone()));
             }
-            shared.insert(key, (Instant::now(), text.clone()));
         }
         Ok(Reply::written(text))
     }
@@ -195,6 +209,12 @@ pub(super) async fn periods(
     // The periods, with the label that goes on from them: the next page
     // of a range, or the period before the last ones.
     let (listed, more) = match (last, &range.from, &range.to) {
+        (Some(_), _, _) if limit.is_some() => {
+            return Err(Reply::bad(
+                "limit",
+                "`limit` pages a range (`from` and `to`); `last` is one page already",
+            ));
+        }
         (Some(_), Some(_), _) => {
             return Err(Reply::bad(
                 "last",

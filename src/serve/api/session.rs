@@ -53,6 +53,11 @@ pub(super) fn token_of(
     bool::from(sealed.ct_eq(mac.as_slice())).then(|| token.clone())
 }
 
+/// Whether `headers` carry a session cookie, good or not.
+pub(super) fn has_cookie(headers: &HeaderMap) -> bool {
+    cookie(headers).is_some()
+}
+
 /// The session cookie's value among `headers`.
 fn cookie(headers: &HeaderMap) -> Option<&str> {
     headers
@@ -73,16 +78,16 @@ fn message(name: &str, expires: i64) -> Vec<u8> {
 /// console's own page: a browser says where a request comes from
 /// (`Sec-Fetch-Site`, `Origin`), and a page of another site is refused.
 /// `SameSite=Strict` already keeps the cookie off such requests; this is
-/// the second lock.
-pub(super) fn same_origin(headers: &HeaderMap) -> bool {
+/// the second lock. `strict`: a request that says neither (not a browser's)
+/// is refused too.
+pub(super) fn same_origin(headers: &HeaderMap, strict: bool) -> bool {
     let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site"))
-        && site != "same-origin"
-    {
+    let site = text(header::HeaderName::from_static("sec-fetch-site"));
+    if site.is_some_and(|site| site != "same-origin") {
         return false;
     }
     match (text(header::ORIGIN), text(header::HOST)) {
-        (None, _) => true,
+        (None, _) => !strict || site.is_some(),
         (Some(origin), Some(host)) => origin
             .split_once("://")
             .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
@@ -100,7 +105,7 @@ struct Login {
 /// `read` opens a session; the answer sets its cookie.
 pub(super) async fn login(State(api): State<Arc<Api>>, headers: HeaderMap, body: Body) -> Answer {
     // Another site's form must not log a browser in as someone else.
-    if !same_origin(&headers) {
+    if !same_origin(&headers, false) {
         return Err(Reply::error(
             StatusCode::FORBIDDEN,
             "a session is opened only from the console's own page",

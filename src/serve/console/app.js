@@ -27,9 +27,16 @@ function el(tag, attrs, ...children) {
   }
   for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
-    node.append(child instanceof Node ? child : String(child));
+    node.append(child instanceof Node ? child : plain(child));
   }
   return node;
+}
+
+// Characters that reorder the text around them (a right-to-left override
+// makes `gnp.exe` read `exe.png`) are shown as their code instead.
+function plain(text) {
+  return String(text).replace(/[\u202a-\u202e\u2066-\u2069\u200e\u200f]/g,
+    (c) => '\\u{' + c.charCodeAt(0).toString(16) + '}');
 }
 
 function stateClass(state) {
@@ -128,10 +135,18 @@ function newKey() {
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
+// Operations sent and not yet answered for good, by what they ask: a
+// button drawn again by a refresh, clicked again, sends the same key.
+const operations = new Map();
+let inFlight = 0;
+
 async function act(button, path, body) {
   if (button.disabled) return null;
   button.disabled = true;
-  button.operationKey = button.operationKey || newKey();
+  const operation = path + ' ' + JSON.stringify(body === undefined ? {} : body);
+  if (!operations.has(operation)) operations.set(operation, newKey());
+  button.operationKey = operations.get(operation);
+  inFlight += 1;
   try {
     for (let attempt = 1; attempt <= 6; attempt++) {
       let answer;
@@ -151,11 +166,12 @@ async function act(button, path, body) {
         await sleep(1000 * attempt);
         continue;
       }
-      button.operationKey = null;
+      operations.delete(operation);
       return answer;
     }
     return null;
   } finally {
+    inFlight -= 1;
     button.disabled = false;
   }
 }
@@ -347,14 +363,16 @@ async function periodView(name, label) {
   const data = await read('/v1/jobs/' + encodeURIComponent(name) + '/periods/' + encodeURIComponent(label));
   const claim = data.claim;
   const attempts = data.attempts || [];
+  // A late period may be running: what its claim says decides.
+  const running = Boolean(claim && claim.state === 'running');
   const actions = el('div', { class: 'toolbar' },
-    data.state !== 'succeeded' && data.state !== 'stale' && data.state !== 'running' && data.state !== 'not due'
+    !running && !['succeeded', 'stale', 'not due'].includes(data.state)
       ? action('Run', 'trigger', { name: 'run' }, (button) => startRun(button, name, { period: data.period })) : null,
     action('Rerun (force)', 'trigger', {
       name: 'rerun', danger: true,
       confirm: 'Run ' + data.period_key + ' again, even if it succeeded?',
     }, (button) => startRun(button, name, { period: data.period, force: true })),
-    data.state === 'running' ? action('Release', 'operate', {
+    running ? action('Release', 'operate', {
       name: 'release', danger: true,
       confirm: 'Release ' + data.period_key + '? Its runner is stopped and the period runs again.',
     }, async (button) => {
@@ -505,7 +523,9 @@ function stamp() {
 async function refresh(now) {
   if (!session || document.visibilityState !== 'visible') return;
   // Not under someone's hands: a field being typed in, a question asked.
-  if (!now && (document.activeElement instanceof HTMLInputElement || document.getElementById('confirm').open)) return;
+  // Nor while an operation is out: its button stays as it is.
+  if (!now && (inFlight > 0 || document.activeElement instanceof HTMLInputElement
+    || document.getElementById('confirm').open)) return;
   const hash = window.location.hash;
   const big = /^#\/job\/[^/]+\?.*from=/.test(hash);
   if (big && !now) return;
