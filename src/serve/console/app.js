@@ -9,6 +9,8 @@ const REFRESH_MS = 5000;
 const MAX_AGE = 5;
 // Periods read per request of the grid; one statement per page.
 const PAGE = 1000;
+// The most periods a grid shows, and a run asks for.
+const MOST = 10000;
 const STATES = ['succeeded', 'failed', 'running', 'missing', 'waiting', 'late', 'stale',
   'released', 'lease expired', 'not due'];
 
@@ -119,8 +121,12 @@ async function api(method, path, body, key) {
   return { status: response.status, data: data || {}, headers: response.headers };
 }
 
+// Until then reads ask for fresh answers: an action just done must show.
+let freshUntil = 0;
+
 async function read(path) {
-  const answer = await api('GET', path + (path.includes('?') ? '&' : '?') + 'max_age=' + MAX_AGE);
+  const shared = Date.now() < freshUntil ? '' : (path.includes('?') ? '&' : '?') + 'max_age=' + MAX_AGE;
+  const answer = await api('GET', path + shared);
   if (answer.status !== 200) throw new Error(answer.data.error || 'the server answered ' + answer.status);
   return answer.data;
 }
@@ -167,6 +173,7 @@ async function act(button, path, body) {
         continue;
       }
       operations.delete(operation);
+      freshUntil = Date.now() + 2 * REFRESH_MS;
       return answer;
     }
     return null;
@@ -254,9 +261,10 @@ async function jobsView() {
           ' \u00b7 ', job.period, job.covers === 'previous' ? ' (covers the previous)' : ''),
         job.after.length ? el('div', { class: 'muted' }, 'after ', job.after.join(', ')) : null),
       el('div', { class: 'facts' },
-        el('div', {}, 'next: ', job.next_key ? el('span', { class: 'mono' }, job.next_key) : '\u2014'),
-        el('div', { class: 'muted' }, when(job.next_fire)),
-        el('div', {}, 'last: ', last ? [el('a', { href: periodHref(job.job, last.period) }, last.period),
+        job.paused ? el('div', {}, 'next: paused') : [
+          el('div', {}, 'next: ', job.next_key ? el('span', { class: 'mono' }, job.next_key) : '\u2014'),
+          el('div', { class: 'muted' }, when(job.next_fire))],
+        el('div', {}, 'last finished: ', last ? [el('a', { href: periodHref(job.job, last.period) }, last.period),
           ' ', last.state] : '\u2014')),
       el('div', { class: 'actions' }, pauseButton(job)));
   });
@@ -285,9 +293,11 @@ async function jobView(name, params) {
   });
   const counts = {};
   let shown = null;
+  let lastDue = null;
   const fill = (page) => {
     const fragment = document.createDocumentFragment();
     for (const p of page.periods) {
+      if (p.state !== 'not due') lastDue = p.period;
       counts[p.state] = (counts[p.state] || 0) + 1;
       fragment.append(cell(name, p.period, p.state, p.period + ' \u2014 ' + p.state
         + (p.waiting_for ? '\n' + p.waiting_for : '')));
@@ -300,10 +310,12 @@ async function jobView(name, params) {
     if (params.get('from') && params.get('to')) {
       let next = params.get('from');
       let first = true;
-      while (next) {
+      let taken = 0;
+      while (next && taken < MOST) {
         const page = await read('/v1/jobs/' + encodeURIComponent(name) + '/periods?'
           + query({ from: next, to: params.get('to'), limit: String(PAGE) }));
         fill(page);
+        taken += page.periods.length;
         if (first) {
           first = false;
           shown = { from: page.from, to: params.get('to') };
@@ -311,7 +323,10 @@ async function jobView(name, params) {
           requestAnimationFrame(() => setTimeout(() => performance.mark('grid:painted'), 0));
         }
         next = page.next;
-        summary.textContent = params.get('from') + ' \u2026 ' + (page.to || '') + (next ? ' (reading more\u2026)' : '') + ': ' + tally();
+        if (next && taken >= MOST) shown.to = page.to;
+        summary.textContent = params.get('from') + ' \u2026 ' + (page.to || '') + (next ? (taken >= MOST
+          ? ' (the first ' + MOST + ' periods of the range: ask for a shorter one to see the rest)'
+          : ' (reading more\u2026)') : '') + ': ' + tally();
       }
       performance.mark('grid:complete');
     } else {
@@ -328,21 +343,27 @@ async function jobView(name, params) {
     }
   };
   const shownCount = (state) => counts[state] || 0;
+  // A run asks for the periods shown up to the last that is due: one not
+  // due yet would need `early`, which the console does not offer.
+  const dueTo = () => {
+    if (!lastDue) throw new Error('no period shown is due yet');
+    return lastDue;
+  };
   const runs = el('div', { class: 'toolbar' },
     action('Run the failed', 'trigger', {
       name: 'run-failed', plain: true,
       confirm: () => 'Run again the ' + shownCount('failed') + ' failed period(s) shown? The others are passed over.',
-    }, (button) => startRun(button, name, { from: shown.from, to: shown.to, only_failed: true })),
+    }, (button) => startRun(button, name, { from: shown.from, to: dueTo(), only_failed: true })),
     action('Run all not succeeded', 'trigger', {
       name: 'run-range', plain: true,
       confirm: () => 'Run every period shown that has not succeeded: ' + shownCount('failed') + ' failed, '
         + shownCount('missing') + ' missing (never claimed: a backfill), and any released? Succeeded ones are passed over.',
-    }, (button) => startRun(button, name, { from: shown.from, to: shown.to })),
+    }, (button) => startRun(button, name, { from: shown.from, to: dueTo() })),
     action('Rerun all shown (force)', 'trigger', {
       name: 'rerun-range', danger: true,
       confirm: () => 'Run all ' + Object.values(counts).reduce((a, b) => a + b, 0)
         + ' periods shown again, succeeded ones included?',
-    }, (button) => startRun(button, name, { from: shown.from, to: shown.to, force: true })),
+    }, (button) => startRun(button, name, { from: shown.from, to: dueTo(), force: true })),
     pauseButton(job));
   const page = [
     el('h1', {}, name, job.paused ? el('span', { class: 'badge paused' }, 'paused') : null),
@@ -368,7 +389,7 @@ async function periodView(name, label) {
   const actions = el('div', { class: 'toolbar' },
     !running && !['succeeded', 'stale', 'not due'].includes(data.state)
       ? action('Run', 'trigger', { name: 'run' }, (button) => startRun(button, name, { period: data.period })) : null,
-    action('Rerun (force)', 'trigger', {
+    data.state === 'not due' ? null : action('Rerun (force)', 'trigger', {
       name: 'rerun', danger: true,
       confirm: 'Run ' + data.period_key + ' again, even if it succeeded?',
     }, (button) => startRun(button, name, { period: data.period, force: true })),
@@ -387,7 +408,7 @@ async function periodView(name, label) {
     el('tr', { 'data-attempt': a.attempt },
       el('td', {}, a.attempt),
       el('td', {}, a.trigger, a.requested_by ? el('div', { class: 'muted' }, 'by ' + a.requested_by) : null,
-        a.asked ? el('div', { class: 'muted' }, a.asked) : null),
+        a.asked && a.asked !== a.trigger ? el('div', { class: 'muted' }, a.asked) : null),
       el('td', { class: 'mono' }, a.owner),
       el('td', {}, a.started_at),
       el('td', {}, duration(a.started_at, a.finished_at)),
@@ -539,6 +560,7 @@ async function refresh(now) {
 }
 
 function login() {
+  document.getElementById('refreshed').textContent = '';
   document.getElementById('nav').hidden = true;
   document.getElementById('who').hidden = true;
   document.getElementById('logout').hidden = true;
@@ -551,7 +573,9 @@ function login() {
     const answer = await api('POST', '/console/session', { token: input.value });
     input.value = '';
     if (answer.status !== 200) {
-      document.getElementById('login-error').textContent = answer.data.error || 'the server answered ' + answer.status;
+      const why = answer.status === 401 ? 'That is not the secret of a token of [api] in jobs.toml.'
+        : answer.data.error || 'the server answered ' + answer.status;
+      document.getElementById('login-error').textContent = why;
       return;
     }
     start(answer.data);
