@@ -7,7 +7,7 @@
 //! `cargo bench --bench api`
 
 mod support;
-use support::postgres_database;
+use support::{free_port, postgres_database, wait_ready};
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,13 +22,6 @@ fn jobs_toml() -> String {
          [[job]]\nname = \"daily\"\nschedule = \"0 3 * * *\"\nperiod = \"day\"\nconcurrency = 100\n\
          sql = {{ statement = \"SELECT 1\" }}\n"
     )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(18_080)
 }
 
 fn client() -> reqwest::blocking::Client {
@@ -99,18 +92,7 @@ fn bench(backend: &str, url: &str) {
         .spawn()
         .expect("serve");
     let base = format!("http://{addr}");
-    let ready = Instant::now();
-    while client()
-        .get(format!("{base}/readyz"))
-        .send()
-        .map_or(true, |r| !r.status().is_success())
-    {
-        assert!(
-            ready.elapsed() < Duration::from_secs(30),
-            "serve never got ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_ready(&base);
     let range = format!("{base}/v1/jobs/daily/periods?from=2024-01-01&to=2026-09-26");
     let probe = client()
         .get(&range)

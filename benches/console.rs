@@ -10,9 +10,12 @@
 #[allow(dead_code)]
 #[path = "../tests/it/browser.rs"]
 mod browser;
+#[allow(dead_code)] // its PostgreSQL helpers: this bench runs on SQLite
+mod support;
+use support::{free_port, wait_ready};
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::{Days, NaiveDate};
 
@@ -69,19 +72,8 @@ fn main() {
             .expect("serve"),
     );
     let base = format!("http://{addr}");
+    wait_ready(&base);
     let http = reqwest::blocking::Client::new();
-    let ready = Instant::now();
-    while http
-        .get(format!("{base}/readyz"))
-        .send()
-        .map_or(true, |r| !r.status().is_success())
-    {
-        assert!(
-            ready.elapsed() < Duration::from_secs(30),
-            "serve never got ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 
     // One page, as the grid asks for it, timed at the client.
     let page = format!("{base}/v1/jobs/daily/periods?from={first}&to={last}&limit=1000");
@@ -148,11 +140,4 @@ impl Drop for Serve {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(18_081)
 }
