@@ -7,6 +7,9 @@
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
+    // sqlx::migrate! reads the directory when the crate builds: a new
+    // migration must build it again.
+    println!("cargo::rerun-if-changed=migrations");
     let native = std::env::var("TARGET").ok() == std::env::var("HOST").ok();
     if native && glibc_loads_packed_relocations() {
         println!("cargo::rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");

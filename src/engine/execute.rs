@@ -14,6 +14,11 @@ use crate::error::Error;
 use crate::handler::Handler;
 use crate::store::Finish;
 
+/// How long a finished job's outcome is tried again while the database
+/// is away before the run gives up (exit 3; the period is then recovered
+/// once its lease runs out).
+const RECORD_PATIENCE: Duration = Duration::from_secs(600);
+
 /// How a run ended, as far as the caller is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
@@ -162,21 +167,26 @@ impl Engine {
         // The lease is still renewed while the outcome is written; a claim
         // that the write itself settles is not a takeover.
         watch.recording();
-        // A database that is briefly away is waited for; the fence keeps a
-        // late write from landing on a claim that moved on.
+        // A database that is away is waited for, and tried again at least
+        // once a heartbeat interval: the job has finished, and if its end
+        // is not written the period runs again once the lease is taken
+        // over. The renewals go on meanwhile and hold the lease (an expired
+        // one too, while no one took it); replicas that saw the outage
+        // leave it alone for a lease after it ends (`store::outage`). The
+        // attempt fences a write that comes too late.
+        let every = self.heartbeats.interval().max(Duration::from_millis(100));
         let mut delay = Duration::from_millis(100);
-        let mut tries = 0;
+        let patience = tokio::time::Instant::now() + RECORD_PATIENCE;
         let recorded = loop {
             match self.outcomes.finish(run.lease, &finish).await {
                 Ok(recorded) => break recorded,
-                Err(e) if tries < 8 => {
+                Err(e) if tokio::time::Instant::now() < patience => {
                     tracing::warn!(
                         period_key = run.key.as_str(),
                         "cannot record the outcome yet: {e}"
                     );
-                    tries += 1;
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    delay = (delay * 2).min(every);
                 }
                 Err(e) => return Err(e),
             }

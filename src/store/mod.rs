@@ -37,6 +37,7 @@ macro_rules! on_pool {
 mod api;
 mod group;
 mod notify;
+mod outage;
 mod postgres;
 mod sqlite;
 mod waiting;
@@ -409,7 +410,10 @@ impl Store {
     /// the application's (WAL and `synchronous = FULL` keep an
     /// acknowledged claim through a power cut).
     pub fn from_sqlite_pool(pool: sqlx::SqlitePool) -> Store {
-        Store::Sqlite(sqlite::SqliteStore { pool })
+        Store::Sqlite(sqlite::SqliteStore {
+            pool,
+            outage: Default::default(),
+        })
     }
 
     /// Applies pending migrations, returning which (`0004 api`);
@@ -484,7 +488,8 @@ impl Store {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let claims = bounded!(self.claim_many(requests, wait))?;
+        let hold = self.outage().holding(requests[0].lease);
+        let claims = self.seen(bounded!(self.claim_many(requests, wait, hold)))?;
         if claims.len() != requests.len() {
             return Err(Error::Database(format!(
                 "database error: {} claims asked for, {} answered",
@@ -497,7 +502,8 @@ impl Store {
 
     /// Renews the leases of `leases`; returns, in order, whether each is still ours.
     pub async fn renew(&self, leases: &[&Lease], lease: Duration) -> Result<Vec<bool>, Error> {
-        dispatch!(self.renew(leases, lease)).map_err(query_error)
+        let renewed = dispatch!(self.renew(leases, lease)).map_err(query_error);
+        self.seen(renewed)
     }
 
     /// Records how an attempt ended; `false` if the claim had moved on.
@@ -509,7 +515,7 @@ impl Store {
     /// Records how many attempts ended, in one statement and one commit;
     /// for each, in order, `false` if its claim had moved on.
     pub async fn finish_many(&self, outcomes: &[(&Lease, Finish)]) -> Result<Vec<bool>, Error> {
-        let recorded = bounded!(self.finish_many(outcomes))?;
+        let recorded = self.seen(bounded!(self.finish_many(outcomes)))?;
         Ok(outcomes
             .iter()
             .map(|(lease, _)| recorded.contains(lease.key.as_str()))
@@ -587,7 +593,22 @@ impl Store {
     /// The claims of `jobs` that can be taken again now (an expired lease,
     /// a release, a retry that is due), oldest first.
     pub async fn takeable(&self, jobs: &[String], limit: u32) -> Result<Vec<Reclaimable>, Error> {
-        bounded!(self.reclaimable(jobs, limit))
+        self.seen(bounded!(self.reclaimable(jobs, limit)))
+    }
+
+    /// What this process saw of its database lately ([`outage`]).
+    fn outage(&self) -> &outage::Outage {
+        match self {
+            Store::Sqlite(s) => &s.outage,
+            Store::Postgres(s) => &s.outage,
+        }
+    }
+
+    /// `result`, noted as a sign of the database being away or back: the
+    /// claims, renewals, outcomes and scans every running process sends.
+    fn seen<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
+        self.outage().note(&result);
+        result
     }
 
     /// Records `jobs` as seen (now, on the database's clock) where new, in

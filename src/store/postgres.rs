@@ -61,6 +61,7 @@ pub struct PgStore {
     pub(super) pool: PgPool,
     /// `sql` actions only, each holding a connection for its statement.
     actions: PgPool,
+    pub(super) outage: std::sync::Arc<super::outage::Outage>,
 }
 
 /// The most connections `sql` actions of one process hold at once; more
@@ -181,6 +182,7 @@ impl PgStore {
         PgStore {
             actions: pool.clone(),
             pool,
+            outage: Default::default(),
         }
     }
 
@@ -222,7 +224,11 @@ impl PgStore {
             // locks against the takeover; the server ends such a
             // transaction (a live runner is never idle inside one).
             .connect_lazy_with(options.options([("idle_in_transaction_session_timeout", "30s")]));
-        Ok(PgStore { pool, actions })
+        Ok(PgStore {
+            pool,
+            actions,
+            outage: Default::default(),
+        })
     }
 
     pub(super) async fn has_schema(&self) -> Result<bool, sqlx::Error> {
@@ -248,10 +254,14 @@ impl PgStore {
 
     /// `wait`: for the jobs' locks, or else answer the keys of a job whose
     /// lock another transaction holds contended (a batch of several keys).
+    /// `hold`: an expired lease is answered as held, not taken over
+    /// ([`super::outage`]): the claim runs in a transaction that says so to
+    /// `scheduler_claimable`, three more round trips, only after an outage.
     pub(super) async fn claim_many(
         &self,
         requests: &[ClaimRequest<'_>],
         wait: bool,
+        hold: bool,
     ) -> Result<Vec<Claim>, sqlx::Error> {
         let keys: Vec<PeriodKey> = requests.iter().map(ClaimRequest::key).collect();
         let column = |f: &dyn Fn(&ClaimRequest<'_>) -> String| -> Vec<String> {
@@ -297,7 +307,17 @@ impl PgStore {
         if noting {
             statement = statement.bind(&how).bind(&by);
         }
-        let rows = statement.fetch_all(&self.pool).await?;
+        let rows = if hold {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT set_config('scheduler.recovery', 'hold', true)")
+                .execute(&mut *tx)
+                .await?;
+            let rows = statement.fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            rows
+        } else {
+            statement.fetch_all(&self.pool).await?
+        };
         let mut claims: Vec<Option<Claim>> = vec![None; requests.len()];
         for row in &rows {
             let ord: i32 = row.try_get("o_ord")?;

@@ -43,6 +43,7 @@ const NOT_SEEN: &str = "253402214400000";
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pub(super) pool: SqlitePool,
+    pub(super) outage: std::sync::Arc<super::outage::Outage>,
 }
 
 fn ms(t: DateTime<Utc>) -> i64 {
@@ -108,7 +109,10 @@ impl SqliteStore {
                 other => break other?,
             }
         };
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore {
+            pool,
+            outage: Default::default(),
+        })
     }
 
     pub(super) async fn has_schema(&self) -> Result<bool, sqlx::Error> {
@@ -155,10 +159,13 @@ impl SqliteStore {
     }
 
     /// `_wait`: claims take turns through the write lock, whatever it says.
+    /// `hold`: an expired lease is answered as held, not taken over
+    /// ([`super::outage`]).
     pub(super) async fn claim_many(
         &self,
         requests: &[ClaimRequest<'_>],
         _wait: bool,
+        hold: bool,
     ) -> Result<Vec<Claim>, sqlx::Error> {
         // One write transaction, so one commit for the whole batch; inside
         // it each key is the one-key claim statement, which sees what the
@@ -166,7 +173,7 @@ impl SqliteStore {
         let mut tx = self.begin().await?;
         let mut claims = Vec::with_capacity(requests.len());
         for r in requests {
-            claims.push(claim(&mut tx, r).await?);
+            claims.push(claim(&mut tx, r, hold).await?);
         }
         // How manual runs were asked for, on the attempts won, in the same
         // commit and one statement; (key, attempt, how, by) travel as one
@@ -327,7 +334,7 @@ impl SqliteStore {
         let rows = sqlx::query(&format!(
             "SELECT c.*, {} AS claimable, {NOW} AS now FROM scheduler_claims c
               WHERE c.period_key IN (SELECT value FROM json_each(?1))",
-            claimable("0", "0")
+            claimable("0", "0", "0")
         ))
         .bind(keys)
         .fetch_all(&self.pool)
@@ -345,7 +352,7 @@ impl SqliteStore {
             "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
               WHERE job IN (SELECT value FROM json_each(?1)) AND {}
               ORDER BY period_start LIMIT ?2",
-            claimable("0", "0")
+            claimable("0", "0", "0")
         ))
         .bind(jobs)
         .bind(limit)
@@ -500,7 +507,7 @@ impl SqliteStore {
                                              WHERE job = ?1 AND finished_at IS NOT NULL
                                              ORDER BY finished_at DESC LIMIT 1))
               ORDER BY c.period_start DESC",
-            claimable("0", "0")
+            claimable("0", "0", "0")
         ))
         .bind(job)
         .bind(limit)
@@ -569,12 +576,13 @@ impl SqliteStore {
 /// Which claims can be taken again: the rule, written once for SQLite (a
 /// lease that ran out, a released claim whose runner confirmed the stop or
 /// whose lease ran out, a failed one whose retry is due or any failed one
-/// when `manual`, a succeeded one when `force`). `manual` and `force` are
-/// SQL: a parameter or a literal. Unqualified columns: in an upsert's
+/// when `manual`, a succeeded one when `force`; no expired lease while
+/// `hold`, see [`super::outage`]). `manual`, `force` and `hold` are SQL: a
+/// parameter or a literal. Unqualified columns: in an upsert's
 /// `DO UPDATE … WHERE` they name the existing row.
-fn claimable(manual: &str, force: &str) -> String {
+fn claimable(manual: &str, force: &str, hold: &str) -> String {
     format!(
-        "((state = 'running' AND lease_until < {NOW})
+        "((state = 'running' AND lease_until < {NOW} AND NOT {hold})
           OR (state = 'released' AND (lease_until IS NULL OR lease_until < {NOW}))
           OR (state = 'failed' AND ({manual} OR retry_at <= {NOW}))
           OR (state = 'succeeded' AND {force}))"
@@ -591,6 +599,7 @@ fn claimable(manual: &str, force: &str) -> String {
 async fn claim(
     tx: &mut Transaction<'static, Sqlite>,
     r: &ClaimRequest<'_>,
+    hold: bool,
 ) -> Result<Claim, sqlx::Error> {
     static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
@@ -619,13 +628,13 @@ async fn claim(
                 finished_at = NULL
              WHERE {}
              RETURNING attempt, failures, trigger",
-            claimable("?9", "?10")
+            claimable("?9", "?10", "?13")
         )
     });
     static CURRENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "SELECT *, {} AS claimable, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1",
-            claimable("?2", "?3")
+            claimable("?2", "?3", "?4")
         )
     });
     let key = r.key();
@@ -642,6 +651,7 @@ async fn claim(
         .bind(r.force)
         .bind(r.concurrency)
         .bind(ms(r.scheduled_at))
+        .bind(hold)
         .fetch_optional(&mut **tx)
         .await?;
     if let Some(row) = won {
@@ -657,6 +667,7 @@ async fn claim(
         .bind(key.as_str())
         .bind(r.manual)
         .bind(r.force)
+        .bind(hold)
         .fetch_optional(&mut **tx)
         .await?;
     Ok(match row {
@@ -665,10 +676,6 @@ async fn claim(
     })
 }
 
-/// Writes an attempt's outcome if the claim is still at that attempt
-/// (running, or released by `scheduler release` and not claimed since); the
-/// trigger `scheduler_attempts_outcome` settles the claim in the same
-/// statement.
 /// Writes outcomes in one statement, each only if its claim is still at
 /// that attempt (running, or released by `scheduler release` and not
 /// claimed since); the trigger `scheduler_attempts_outcome` settles each

@@ -410,6 +410,65 @@ fn replicas_survive_a_database_outage_and_run_what_was_missed_once() {
     assert_once_without_gaps(&runs);
 }
 
+/// A job finished just as the database went away for longer than its
+/// lease, and its outcome could not be written: the other replica, back
+/// first, must not take the period over while the runner, back a moment
+/// later, may still write it (the double run seen once under load in the
+/// test above, made certain here).
+#[test]
+fn a_job_that_finished_as_the_database_went_away_is_not_run_again() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let (proxy_a, url_a) = crate::support::proxied(&db);
+    let (proxy_b, url_b) = crate::support::proxied(&db);
+    // One fire takes `armed`, says which replica runs it, and ends as soon
+    // as both replicas' connections are cut.
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n\
+         [[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\n\
+         shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt; if mv armed taken 2>/dev/null; then \
+         echo $REPLICA > runner; while [ ! -e cut ]; do sleep 0.01; done; fi\"\n",
+    );
+    let replica = |name: &str, url: &str| {
+        let log = std::fs::File::create(ws.path().join(format!("serve-{name}.log"))).unwrap();
+        ws.command(&["--database-url", url, "serve"])
+            .env("REPLICA", name)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start serve")
+    };
+    let replicas = [replica("a", &url_a), replica("b", &url_b)];
+    std::thread::sleep(Duration::from_secs(3));
+    std::fs::write(ws.path().join("armed"), "").unwrap();
+    let mut runner = String::new();
+    eventually("a replica to run the armed fire", BOUND, || {
+        runner = std::fs::read_to_string(ws.path().join("runner")).unwrap_or_default();
+        runner.ends_with('\n')
+    });
+    proxy_a.cut();
+    proxy_b.cut();
+    std::fs::write(ws.path().join("cut"), "").unwrap();
+    // Past the lease: the runner's claim expires while it cannot write.
+    std::thread::sleep(Duration::from_secs(8));
+    let (first, last) = if runner.trim() == "a" {
+        (&proxy_b, &proxy_a)
+    } else {
+        (&proxy_a, &proxy_b)
+    };
+    first.restore();
+    // The other replica scans every second meanwhile.
+    std::thread::sleep(Duration::from_millis(2_500));
+    last.restore();
+    std::thread::sleep(Duration::from_secs(8));
+    for replica in replicas {
+        assert_eq!(stop(replica), 0);
+    }
+    let runs = seconds(&lines(ws.path().join("runs.txt")));
+    assert_once_without_gaps(&runs);
+}
+
 /// Zombie processes whose parent is `pid`.
 fn zombies_of(pid: u32) -> usize {
     std::fs::read_dir("/proc")
