@@ -8,7 +8,9 @@
 //! The map of the crate:
 //! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column;
 //!   [`config::DatabaseUrl`], where the database is, its password never shown.
-//! - [`schedule`]: cron + zone + DST rule → fire instants (pure).
+//! - [`schedule`]: cron + zone + DST rule → fire instants (pure);
+//!   [`calendar`]: working days and active dates, which fires exist.
+//! - [`fires`]: a job's fires as they run: moved off days off, jittered (pure).
 //! - [`clock`]: the wall clock as the serve loop reads it, stopped in tests.
 //! - [`period`]: fire instant → period label, start and end; labels given by hand;
 //!   [`period::PeriodKey`], the one way a key is made (pure).
@@ -34,6 +36,7 @@
 //!   `status`, `history`, `release`, `pause`, `prune`.
 //! - [`error`]: error kinds and exit codes.
 
+pub mod calendar;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod clock;
@@ -41,6 +44,7 @@ pub mod config;
 pub mod embed;
 pub mod engine;
 pub mod error;
+pub mod fires;
 pub mod handler;
 pub mod period;
 pub mod schedule;

@@ -8,10 +8,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, LocalResult, NaiveDateTime, NaiveTime, Offset, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
+
+use crate::calendar::{Days, Step};
 use serde::Deserialize;
 
 /// What a wall-clock fire time inside a spring-forward gap does.
@@ -70,6 +72,8 @@ pub struct Schedule {
     source: Arc<str>,
     zone: Tz,
     dst: DstRule,
+    /// The dates whose fires exist: an active window, working days.
+    days: Option<Arc<Days>>,
 }
 
 impl Schedule {
@@ -82,6 +86,7 @@ impl Schedule {
             source: pattern.into(),
             zone,
             dst,
+            days: None,
         };
         // A pattern such as `0 0 30 2 *` parses but never fires.
         let probe = (DateTime::UNIX_EPOCH + TimeDelta::days(365 * 56)).naive_utc();
@@ -91,6 +96,18 @@ impl Schedule {
             )));
         }
         Ok(schedule)
+    }
+
+    /// The schedule with fires only on `days` (local dates in its zone):
+    /// a fire on any other date does not exist, for every walk below.
+    pub fn with_days(mut self, days: Days) -> Self {
+        self.days = (days != Days::default()).then(|| Arc::new(days));
+        self
+    }
+
+    /// The dates whose fires exist, if any are left out.
+    pub fn days(&self) -> Option<&Days> {
+        self.days.as_deref()
     }
 
     /// The pattern as written.
@@ -137,6 +154,19 @@ impl Schedule {
             {
                 return Some(at);
             }
+            match self
+                .days
+                .as_ref()
+                .map_or(Step::Here, |d| d.forward(wall.date()))
+            {
+                Step::Here => {}
+                // Strictly after the second before that day begins.
+                Step::To(date) => {
+                    cursor = date.and_time(NaiveTime::MIN) - TimeDelta::seconds(1);
+                    continue;
+                }
+                Step::End => return best.map(|(_, at)| at),
+            }
             if let Some(at) = self.instants(wall).into_iter().flatten().find(|at| *at > t)
                 && best.is_none_or(|(_, b)| at < b)
             {
@@ -173,6 +203,19 @@ impl Schedule {
                 && best_wall.checked_sub_signed(slack).is_none_or(|w| wall < w)
             {
                 return Some(at);
+            }
+            match self
+                .days
+                .as_ref()
+                .map_or(Step::Here, |d| d.backward(wall.date()))
+            {
+                Step::Here => {}
+                // Strictly before the day after it begins.
+                Step::To(date) => {
+                    cursor = date.succ_opt()?.and_time(NaiveTime::MIN);
+                    continue;
+                }
+                Step::End => return best.map(|(_, at)| at),
             }
             if let Some(at) = self
                 .instants(wall)

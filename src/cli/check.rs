@@ -5,22 +5,36 @@ use std::io::Write;
 use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job};
+use crate::fires::Fire;
 use crate::period::{PeriodKey, utc_text};
 
-/// One line per fire: local time in the job's zone, UTC, period key, and
-/// for a job with a `deadline` when the period is late if not succeeded.
-pub fn fire_line(job: &Job, fire: DateTime<Utc>) -> String {
-    let local = fire.with_timezone(&job.schedule.zone());
-    let period = job.period.period_of(&job.schedule, fire);
-    let deadline = job
+/// One line per fire: local time in the job's zone, UTC, period key; for
+/// a fire moved to a working day the day it was moved from, for a
+/// jittered one its delay; for a job with a `deadline` when the period is
+/// late if not succeeded.
+pub fn fire_line(job: &Job, fire: Fire) -> String {
+    let zone = job.schedule.zone();
+    let timing = job.timing();
+    let period = timing.period_of(&fire);
+    let mut notes = String::new();
+    let nominal_day = fire.nominal.with_timezone(&zone).date_naive();
+    if fire.at.with_timezone(&zone).date_naive() != nominal_day {
+        notes += &format!("  moved from {nominal_day}");
+    }
+    let jitter = timing.jitter(fire.nominal);
+    if !jitter.is_zero() {
+        notes += &format!("  jitter +{}s", jitter.num_seconds());
+    }
+    if let Some(d) = job
         .deadline
         .and_then(|d| chrono::TimeDelta::from_std(d).ok())
-        .map(|d| format!("  late after {}", utc_text(fire + d)))
-        .unwrap_or_default();
+    {
+        notes += &format!("  late after {}", utc_text(fire.at + d));
+    }
     format!(
-        "{}  {}  {}{deadline}",
-        local.format("%Y-%m-%d %H:%M:%S %Z"),
-        utc_text(fire),
+        "{}  {}  {}{notes}",
+        fire.at.with_timezone(&zone).format("%Y-%m-%d %H:%M:%S %Z"),
+        utc_text(fire.at),
         PeriodKey::new(&job.name, &period.label)
     )
 }
@@ -36,8 +50,8 @@ pub fn check(config: &Config, now: DateTime<Utc>, out: &mut dyn Write) -> std::i
     )?;
     for job in &config.jobs {
         let next = job
-            .schedule
-            .next_after(now)
+            .timing()
+            .next(now)
             .map_or_else(|| "never".to_owned(), |fire| fire_line(job, fire));
         let mut after: Vec<&str> = job
             .after
@@ -73,13 +87,22 @@ pub fn next(
     count: u32,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let fires = std::iter::successors(job.schedule.next_after(after), |t| {
-        job.schedule.next_after(*t)
-    });
+    let timing = job.timing();
     let mut shown = 0;
-    for fire in fires.take(count as usize) {
-        writeln!(out, "{}", fire_line(job, fire))?;
-        shown += 1;
+    let mut from = after;
+    while shown < count {
+        let Some(first) = timing.next(from) else {
+            break;
+        };
+        // Every fire due at that instant (a weekend's, moved to Monday).
+        let tick = chrono::TimeDelta::nanoseconds(1);
+        for fire in timing.between(first.at - tick, first.at) {
+            if shown < count {
+                writeln!(out, "{}", fire_line(job, fire))?;
+                shown += 1;
+            }
+        }
+        from = first.at;
     }
     if shown < count {
         // Said beside the fires, not among them: a script reads those.

@@ -185,10 +185,11 @@ impl JobStatus<'_> {
         if self.paused {
             return None;
         }
-        let fire = self.job.schedule.next_after(now)?;
-        let period = self.job.period.period_of(&self.job.schedule, fire);
+        let timing = self.job.timing();
+        let fire = timing.next(now)?;
+        let period = timing.period_of(&fire);
         Some((
-            fire,
+            fire.at,
             PeriodKey::new(&self.job.name, &period.label).to_string(),
         ))
     }

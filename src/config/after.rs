@@ -54,6 +54,15 @@ pub struct Upstream {
     pub schedule: Schedule,
     /// Its period rule.
     pub period: PeriodRule,
+    /// How its fires move and are delayed.
+    pub fires: crate::fires::FireRules,
+}
+
+impl Upstream {
+    /// Its fires as they run.
+    pub fn timing(&self) -> crate::fires::Timing<'_> {
+        crate::fires::Timing::new(&self.job, &self.schedule, &self.period, &self.fires)
+    }
 }
 
 /// `on_upstream_rerun`: what a succeeded period becomes when a period it
@@ -156,6 +165,7 @@ impl Config {
                             job: up.name.clone(),
                             schedule: up.schedule.clone(),
                             period: up.period,
+                            fires: up.fires.clone(),
                         }
                     })
                     .collect()

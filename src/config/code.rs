@@ -266,6 +266,7 @@ impl CodeJob {
             name: self.name,
             schedule,
             period: self.period,
+            fires: Default::default(),
             action: Action::Code(handler),
             timeout: self.timeout,
             concurrency: self.concurrency,

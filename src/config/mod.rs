@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+use crate::fires::{FireRules, Timing};
 use crate::period::PeriodRule;
 use crate::schedule::Schedule;
 use crate::suggest::nearest;
@@ -375,6 +376,10 @@ pub struct Job {
     pub schedule: Schedule,
     /// What a fire covers.
     pub period: PeriodRule,
+    /// How its fires move to working days and are delayed (which fires
+    /// exist at all is the schedule's: its active window, a skipping
+    /// calendar).
+    pub fires: FireRules,
     /// What it does.
     pub action: Action,
     /// Killed and counted failed past this.
@@ -403,16 +408,37 @@ pub struct Job {
 }
 
 impl Job {
+    /// Its fires as they run: the one answer to when a period is due.
+    pub fn timing(&self) -> Timing<'_> {
+        Timing::new(&self.name, &self.schedule, &self.period, &self.fires)
+    }
+
     /// Computes [`Job::definition`] from the rest.
     fn fingerprint(&self) -> Fingerprint {
         use sha2::Digest;
-        let text = format!(
+        let mut text = format!(
             "{}\n{}\n{:?}\n{}",
             self.schedule.source(),
             self.schedule.zone().name(),
             self.period,
             self.action.exact()
         );
+        // Which fires exist and when they run: only where set, so a job
+        // without them keeps the fingerprint it had.
+        let calendar = |c: &crate::calendar::Calendar| {
+            let holidays: Vec<String> = c.holidays().map(|d| d.to_string()).collect();
+            format!("{} {:?} {}", c.name, c.weekdays(), holidays.join(","))
+        };
+        if let Some(days) = self.schedule.days() {
+            let working = days.working.as_deref().map(calendar);
+            text += &format!("\n{:?} {:?} {working:?}", days.from, days.until);
+        }
+        if let Some(shift) = &self.fires.shift {
+            text += &format!("\n{} {}", shift.to, calendar(&shift.calendar));
+        }
+        if let Some(jitter) = self.fires.jitter {
+            text += &format!("\njitter {}", jitter.as_secs());
+        }
         let hash = sha2::Sha256::digest(text.as_bytes());
         let mut digits = [0; 12];
         // Six bytes make exactly twelve hex digits.
@@ -845,6 +871,7 @@ struct Sections<'t> {
     api: Option<toml::Spanned<toml::de::DeValue<'t>>>,
     jobs: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
     notify: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
+    calendars: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
 }
 
 impl<'t> Sections<'t> {
@@ -868,6 +895,15 @@ impl<'t> Sections<'t> {
                         }
                     }
                 },
+                "calendar" => match value.get_ref().as_array() {
+                    Some(calendars) => sections.calendars.extend(calendars.iter().cloned()),
+                    None => {
+                        let raw = Vec::<raw::RawCalendar>::deserialize(value.into_deserializer());
+                        if let Err(e) = raw {
+                            errors.push(at.toml_error(&e));
+                        }
+                    }
+                },
                 "notify" => match value.get_ref().as_array() {
                     Some(notify) => sections.notify.extend(notify.iter().cloned()),
                     None => {
@@ -878,13 +914,13 @@ impl<'t> Sections<'t> {
                     }
                 },
                 other => {
-                    let hint = nearest(other, ["scheduler", "api", "job", "notify"])
+                    let hint = nearest(other, ["scheduler", "api", "job", "notify", "calendar"])
                         .map(|n| format!("; did you mean `{n}`?"))
                         .unwrap_or_default();
                     errors.push(at.error(
                         key.span(),
                         format!(
-                            "unknown field `{other}`, expected `scheduler`, `api`, `job` or `notify`{hint}"
+                            "unknown field `{other}`, expected `scheduler`, `api`, `job`, `notify` or `calendar`{hint}"
                         ),
                     ));
                 }
@@ -942,16 +978,43 @@ impl<'t> Sections<'t> {
         })
     }
 
+    /// Every `[[calendar]]`, validated, names unique.
+    fn calendars(&mut self, at: &Locator<'_>, errors: &mut Vec<ConfigError>) -> raw::Calendars {
+        use serde::de::IntoDeserializer;
+        let mut calendars = raw::Calendars::new();
+        for value in std::mem::take(&mut self.calendars) {
+            let span = value.span();
+            let validated = raw::RawCalendar::deserialize(value.into_deserializer())
+                .map_err(|e| at.toml_error(&e))
+                .and_then(|raw| raw.validate(at));
+            match validated {
+                Ok(c) if calendars.contains_key(&c.name) => errors.push(at.error(
+                    span,
+                    format!(
+                        "calendar name `{}` is used twice; each needs its own",
+                        c.name
+                    ),
+                )),
+                Ok(c) => {
+                    calendars.insert(c.name.clone(), std::sync::Arc::new(c));
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        calendars
+    }
+
     /// Every `[[job]]`, validated, names unique; with the `${VAR}`s each
     /// one names that are not set (job, variable).
     fn jobs(
-        self,
+        mut self,
         at: &Locator<'_>,
         settings: &Settings,
         vars: &raw::Vars<'_>,
         errors: &mut Vec<ConfigError>,
     ) -> (Vec<Job>, Vec<(String, String)>) {
         use serde::de::IntoDeserializer;
+        let calendars = self.calendars(at, errors);
         let mut jobs: Vec<Job> = Vec::with_capacity(self.jobs.len());
         let mut incomplete: Vec<(String, String)> = Vec::new();
         let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
@@ -965,7 +1028,7 @@ impl<'t> Sections<'t> {
             };
             let name_span = raw_job.name.span();
             let mark = vars.mark();
-            let mut job = match raw_job.validate(at, settings, vars) {
+            let mut job = match raw_job.validate(at, settings, vars, &calendars) {
                 Ok(job) => job,
                 Err(e) => {
                     errors.push(e);

@@ -4,8 +4,10 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{NaiveDate, Weekday};
 use chrono_tz::Tz;
 use serde::Deserialize;
 use toml::Spanned;
@@ -16,6 +18,8 @@ use super::{
     Action, Allow, ApiSettings, ConfigError, Fingerprint, HttpAction, Job, Locator, Missed,
     ProcessAction, Program, Retry, Secret, Settings, Token,
 };
+use crate::calendar::{Calendar, Days, OnDayOff, parse_dates};
+use crate::fires::{FireRules, Shift};
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::{DstRule, Gap, Repeat, Schedule};
 use crate::suggest::nearest;
@@ -62,6 +66,117 @@ pub(super) struct RawJob {
     on_upstream_rerun: Option<Spanned<super::after::OnRerun>>,
     #[serde(default)]
     dst: RawDst,
+    calendar: Option<Spanned<String>>,
+    on_day_off: Option<Spanned<OnDayOff>>,
+    active_from: Option<Spanned<String>>,
+    active_until: Option<Spanned<String>>,
+    jitter: Option<Spanned<String>>,
+}
+
+/// `[[calendar]]`: working weekdays and holidays, shared by jobs.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCalendar {
+    name: Spanned<String>,
+    working_days: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    holidays: Vec<Spanned<String>>,
+    holidays_file: Option<Spanned<String>>,
+}
+
+/// The calendars of a file by name.
+pub(super) type Calendars = BTreeMap<String, Arc<Calendar>>;
+
+impl RawCalendar {
+    pub(super) fn validate(self, at: &Locator) -> Result<Calendar, ConfigError> {
+        let mut errors: Vec<ConfigError> = Vec::new();
+        let name = self.name.get_ref();
+        if let Some(problem) = job_name_problem(name) {
+            errors.push(at.error(
+                self.name.span(),
+                problem.replace("job name", "calendar name"),
+            ));
+        }
+        let weekdays: Vec<Weekday> = match &self.working_days {
+            None => vec![
+                Weekday::Mon,
+                Weekday::Tue,
+                Weekday::Wed,
+                Weekday::Thu,
+                Weekday::Fri,
+            ],
+            Some(days) => days
+                .get_ref()
+                .iter()
+                .filter_map(|day| {
+                    kept(
+                        &mut errors,
+                        day.get_ref().parse::<Weekday>().map_err(|_| {
+                            at.error(
+                                day.span(),
+                                format!(
+                                    "`{}` is not a weekday: expected `mon`, `tue`, `wed`, `thu`, `fri`, `sat` or `sun`",
+                                    day.get_ref()
+                                ),
+                            )
+                        }),
+                    )
+                })
+                .collect(),
+        };
+        let mut holidays: Vec<NaiveDate> = self
+            .holidays
+            .iter()
+            .filter_map(|day| kept(&mut errors, date(at, day)))
+            .collect();
+        if let Some(file) = &self.holidays_file {
+            let path = at.directory().join(file.get_ref());
+            let read = std::fs::read_to_string(&path)
+                .map_err(|e| {
+                    at.error(
+                        file.span(),
+                        format!("`holidays_file`: cannot read {}: {e}", path.display()),
+                    )
+                })
+                .and_then(|text| {
+                    parse_dates(&text).map_err(|(line, text)| {
+                        at.error(
+                            file.span(),
+                            format!(
+                                "`holidays_file` {} line {line}: `{text}` is not a date: expected one ISO date a line, e.g. `2027-01-01`",
+                                path.display()
+                            ),
+                        )
+                    })
+                });
+            holidays.extend(kept(&mut errors, read).unwrap_or_default());
+        }
+        let calendar = Calendar::new(name, &weekdays, holidays).map_err(|e| {
+            let span = self
+                .working_days
+                .as_ref()
+                .map_or(self.name.span(), Spanned::span);
+            at.error(span, e.to_string())
+        });
+        let calendar = kept(&mut errors, calendar);
+        match calendar {
+            Some(calendar) if errors.is_empty() => Ok(calendar),
+            _ => Err(ConfigError::joined(errors)),
+        }
+    }
+}
+
+/// A local date written `YYYY-MM-DD`.
+fn date(at: &Locator, value: &Spanned<String>) -> Result<NaiveDate, ConfigError> {
+    NaiveDate::parse_from_str(value.get_ref(), "%Y-%m-%d").map_err(|_| {
+        at.error(
+            value.span(),
+            format!(
+                "`{}` is not a date: expected `YYYY-MM-DD`, e.g. `2027-01-01`",
+                value.get_ref()
+            ),
+        )
+    })
 }
 
 #[derive(Deserialize)]
@@ -545,6 +660,7 @@ impl RawJob {
         at: &Locator,
         settings: &Settings,
         env: Env,
+        calendars: &Calendars,
     ) -> Result<Job, ConfigError> {
         // Every mistake of the job is reported at once, not one per `check`.
         let mut errors: Vec<ConfigError> = Vec::new();
@@ -570,6 +686,20 @@ impl RawJob {
                 .map_err(|problem| at.error(self.schedule.span(), problem)),
         )
         .filter(|_| zone.is_some());
+        let (days, fires_rules) = self.days_and_fires(at, calendars, &mut errors);
+        let schedule = schedule.map(|s| s.with_days(days));
+        if let (Some(schedule), Some(shift)) = (&schedule, &fires_rules.shift)
+            && let Some(problem) = too_frequent_to_move(schedule)
+        {
+            errors.push(
+                at.error(
+                    self.on_day_off
+                        .as_ref()
+                        .map_or(self.schedule.span(), Spanned::span),
+                    format!("`on_day_off = \"{}\"`: {problem}", shift.to),
+                ),
+            );
+        }
         let action = kept(&mut errors, self.action(at, env));
         let retry = self.retry(at, &mut errors);
         let timeout = kept(
@@ -613,6 +743,7 @@ impl RawJob {
                 unit: self.period,
                 covers: self.covers,
             },
+            fires: fires_rules,
             action,
             timeout,
             concurrency,
@@ -624,6 +755,86 @@ impl RawJob {
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })
+    }
+
+    /// Which fires exist (`active_from`, `active_until`, a calendar with
+    /// `on_day_off = "skip"`) and how they move and are delayed (a calendar
+    /// with `next` or `previous`, `jitter`); mistakes added to `errors`.
+    fn days_and_fires(
+        &self,
+        at: &Locator,
+        calendars: &Calendars,
+        errors: &mut Vec<ConfigError>,
+    ) -> (Days, FireRules) {
+        let mut days = Days {
+            from: self
+                .active_from
+                .as_ref()
+                .and_then(|d| kept(errors, date(at, d))),
+            until: self
+                .active_until
+                .as_ref()
+                .and_then(|d| kept(errors, date(at, d))),
+            ..Days::default()
+        };
+        if let (Some(from), Some(until), Some(written)) =
+            (days.from, days.until, &self.active_until)
+            && until < from
+        {
+            errors.push(at.error(
+                written.span(),
+                format!("`active_until` {until} comes before `active_from` {from}: the job would never fire"),
+            ));
+        }
+        let on_day_off = self.on_day_off.as_ref().map(|o| *o.get_ref());
+        let calendar = match &self.calendar {
+            Some(name) => match calendars.get(name.get_ref()) {
+                Some(calendar) => Some(calendar.clone()),
+                None => {
+                    let hint = nearest(name.get_ref(), calendars.keys().map(String::as_str))
+                        .map(|n| format!("; did you mean `{n}`?"))
+                        .unwrap_or_default();
+                    let known = if calendars.is_empty() {
+                        "the file has no `[[calendar]]`".to_owned()
+                    } else {
+                        let names: Vec<String> =
+                            calendars.keys().map(|n| format!("`{n}`")).collect();
+                        format!("calendars: {}", names.join(", "))
+                    };
+                    errors.push(at.error(
+                        name.span(),
+                        format!("unknown calendar `{}` ({known}){hint}", name.get_ref()),
+                    ));
+                    None
+                }
+            },
+            None => {
+                if let Some(written) = &self.on_day_off {
+                    errors.push(at.error(
+                        written.span(),
+                        "`on_day_off` without `calendar`: no day is a day off for this job; name a `[[calendar]]`".into(),
+                    ));
+                }
+                None
+            }
+        };
+        let mut rules = FireRules::default();
+        match (calendar, on_day_off.unwrap_or_default()) {
+            (Some(calendar), OnDayOff::Skip) => days.working = Some(calendar),
+            (Some(calendar), to) => rules.shift = Some(Shift { calendar, to }),
+            (None, _) => {}
+        }
+        if let Some(written) = &self.jitter {
+            match duration(at, Some(written), "") {
+                Ok(jitter) if jitter < Duration::from_secs(1) => errors.push(at.error(
+                    written.span(),
+                    "`jitter` must be at least `1s`: fires are delayed by whole seconds".into(),
+                )),
+                Ok(jitter) => rules.jitter = Some(jitter),
+                Err(e) => errors.push(e),
+            }
+        }
+        (days, rules)
     }
 
     /// `after` as written, each name with its place; linked to the jobs it
@@ -1035,6 +1246,22 @@ fn variable_in(text: &str) -> Option<&str> {
 }
 
 /// The value of `result`, or `None` with its error added to `errors`.
+/// Why fires of `schedule` cannot be moved to working days: moving is for
+/// schedules of at most 24 fires a day (every walk over moved fires looks
+/// at every fire within the calendar's longest closure).
+fn too_frequent_to_move(schedule: &Schedule) -> Option<String> {
+    // A week of the pattern, read in UTC: how often it fires, not where.
+    let start = chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::days(365 * 57);
+    let week = start + chrono::TimeDelta::days(7);
+    let fires = schedule.fires_between(start, week).take(24 * 7 + 1).count();
+    (fires > 24 * 7).then(|| {
+        format!(
+            "`{}` fires more than 24 times a day; a fire is moved to a working day only for schedules of at most hourly fires (use `on_day_off = \"skip\"`)",
+            schedule.source()
+        )
+    })
+}
+
 fn kept<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>) -> Option<T> {
     result.map_err(|e| errors.push(e)).ok()
 }

@@ -136,7 +136,7 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
         {
             needed.push(Needed {
                 key: PeriodKey::new(&up.job, &p.label).to_string(),
-                fire: up.period.fire_for(&up.schedule, &p),
+                fire: up.timing().of(&p),
                 job: up.job.clone(),
                 label: p.label,
                 previous: false,
@@ -148,7 +148,7 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
     {
         needed.push(Needed {
             key: PeriodKey::new(&job.name, &p.label).to_string(),
-            fire: job.period.fire_for(&job.schedule, &p),
+            fire: job.timing().of(&p),
             job: job.name.clone(),
             label: p.label,
             previous: true,
@@ -382,7 +382,7 @@ pub async fn reopen_stale(
             attempt = row.attempt,
             "stale: a period it needed succeeded again; reopened for a new attempt (on_upstream_rerun = \"rerun\")"
         );
-        let Some(fire) = job.period.fire_for(&job.schedule, period) else {
+        let Some(fire) = job.timing().of(period) else {
             continue;
         };
         reopened.push((

@@ -29,31 +29,42 @@ pub struct Due {
 /// the only one). The latest fire's period comes last when `with_latest`.
 pub fn due(job: &Job, now: DateTime<Utc>, since: DateTime<Utc>, with_latest: bool) -> Vec<Due> {
     let tick = TimeDelta::nanoseconds(1);
-    let Some(latest) = job.schedule.prev_before(now + tick) else {
+    let timing = job.timing();
+    let Some(latest) = timing.latest(now) else {
         return Vec::new();
     };
-    let latest = Due {
-        period: job.period.period_of(&job.schedule, latest),
-        fire: latest,
-        trigger: Trigger::Schedule,
+    // Fires moved to the latest one's instant (a weekend's, on Monday) are
+    // as due as it is; older ones are missed.
+    let older = match job.missed {
+        Missed::All => timing.between(since - tick, latest.at - tick),
+        _ => Vec::new(),
     };
+    let newest = match with_latest {
+        true => timing.between(latest.at - tick, latest.at),
+        false => Vec::new(),
+    };
+    // Newest first, so that a period two fires name is the newest one's.
+    let mut seen = HashSet::from([timing.period_of(&latest).label]);
+    if with_latest {
+        seen.clear();
+    }
     let mut due = Vec::new();
-    if job.missed == Missed::All {
-        let mut seen = HashSet::from([latest.period.label.clone()]);
-        for fire in job.schedule.fires_between(since - tick, latest.fire - tick) {
-            let period = job.period.period_of(&job.schedule, fire);
-            if seen.insert(period.label.clone()) {
-                due.push(Due {
-                    period,
-                    fire,
-                    trigger: Trigger::CatchUp,
-                });
-            }
+    let fires = newest
+        .iter()
+        .map(|f| (f, Trigger::Schedule))
+        .rev()
+        .chain(older.iter().rev().map(|f| (f, Trigger::CatchUp)));
+    for (fire, trigger) in fires {
+        let period = timing.period_of(fire);
+        if seen.insert(period.label.clone()) {
+            due.push(Due {
+                period,
+                fire: fire.at,
+                trigger,
+            });
         }
     }
-    if with_latest {
-        due.push(latest);
-    }
+    due.reverse();
     due
 }
 
@@ -67,7 +78,7 @@ pub fn standing(
     upstream: &super::after::Upstream,
     now: DateTime<Utc>,
 ) -> (PeriodState, Option<DateTime<Utc>>) {
-    let fire = job.period.fire_for(&job.schedule, period);
+    let fire = job.timing().of(period);
     let state = match row {
         None if fire.is_some_and(|f| f > now) => PeriodState::NotDue,
         None if upstream.waiting() => PeriodState::Waiting,
@@ -124,11 +135,16 @@ struct Open {
     /// nothing new for the job (a yearly job's fire is looked for once an
     /// hour, not each minute).
     next: Option<DateTime<Utc>>,
-    /// The fires of the periods still open; their keys are made again when
-    /// they are looked up (a fire is 12 bytes, a key a heap string: a
-    /// failing every-second job keeps 86,400 of them a day).
-    fires: BTreeSet<DateTime<Utc>>,
+    /// The fires of the periods still open, when due and the nominal
+    /// instant that names the period; their keys are made again when they
+    /// are looked up (a fire is 24 bytes, a key a heap string: a failing
+    /// every-second job keeps 86,400 of them a day).
+    fires: BTreeSet<OpenFire>,
 }
+
+/// The fire of an open period: when it was due, and the nominal instant
+/// that names the period.
+type OpenFire = (DateTime<Utc>, DateTime<Utc>);
 
 impl OverdueCount {
     /// The number of overdue periods of each of `jobs` (as [`overdue`]
@@ -156,7 +172,11 @@ impl OverdueCount {
             .iter()
             .filter_map(|(name, open)| {
                 let deadline = TimeDelta::from_std(open.job.deadline?).ok()?;
-                let late = open.fires.range(..=now - deadline).count();
+                let after = (
+                    now - deadline + TimeDelta::nanoseconds(1),
+                    DateTime::<Utc>::MIN_UTC,
+                );
+                let late = open.fires.range(..after).count();
                 Some((name.clone(), late))
             })
             .collect()
@@ -180,7 +200,7 @@ impl OverdueCount {
         let mut counted: HashMap<String, usize> = HashMap::new();
         // Periods to look up, a statement's worth at a time: the new fires
         // of a minute (60 of an every-second job) are never all held.
-        let mut asked: Vec<(String, DateTime<Utc>, String)> = Vec::new();
+        let mut asked: Vec<(String, OpenFire, String)> = Vec::new();
         for job in jobs {
             let Some(seen) = first_seen.get(&job.name) else {
                 continue;
@@ -206,12 +226,11 @@ impl OverdueCount {
             open.job = job.clone();
             open.upto = now + TimeDelta::nanoseconds(1);
             if !quiet {
-                open.next = job.schedule.next_after(now);
+                open.next = job.timing().next(now).map(|fire| fire.at);
             }
             let kept = std::mem::take(&mut open.fires)
-                .split_off(&since)
-                .into_iter()
-                .map(|fire| (fire, job.period.period_of(&job.schedule, fire)));
+                .split_off(&(since, DateTime::<Utc>::MIN_UTC))
+                .into_iter();
             let new = match quiet {
                 true => Vec::new(),
                 false => due(job, now, from, true),
@@ -219,10 +238,11 @@ impl OverdueCount {
             let new = new
                 .into_iter()
                 .filter(|d| d.fire >= from)
-                .map(|d| (d.fire, d.period));
-            for (fire, period) in kept.chain(new) {
+                .filter_map(|d| Some((d.fire, job.period.fire_for(&job.schedule, &d.period)?)));
+            for (fire, nominal) in kept.chain(new) {
+                let period = job.period.period_of(&job.schedule, nominal);
                 let key = PeriodKey::new(&job.name, &period.label).to_string();
-                asked.push((job.name.clone(), fire, key));
+                asked.push((job.name.clone(), (fire, nominal), key));
                 if asked.len() == LOOKUP_CHUNK {
                     self.look_up(store, &mut asked, &mut counted).await?;
                 }
@@ -237,7 +257,7 @@ impl OverdueCount {
     async fn look_up(
         &mut self,
         store: &Store,
-        asked: &mut Vec<(String, DateTime<Utc>, String)>,
+        asked: &mut Vec<(String, OpenFire, String)>,
         counted: &mut HashMap<String, usize>,
     ) -> Result<(), Error> {
         if asked.is_empty() {
@@ -331,7 +351,10 @@ pub async fn were_late(
             let until = now - deadline;
             // A job with no fire in its span has nothing to look up: most
             // jobs, most checks.
-            let fires = job.schedule.next_after(from - TimeDelta::nanoseconds(1));
+            let fires = job
+                .timing()
+                .next(from - TimeDelta::nanoseconds(1))
+                .map(|fire| fire.at);
             fires
                 .is_some_and(|fire| fire <= until)
                 .then_some((*job, from, until))

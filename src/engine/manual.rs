@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -58,24 +58,31 @@ struct RangeWalk {
 }
 
 impl RangeWalk {
+    /// The next period a fire covers: a day the schedule, its calendar or
+    /// its active dates leave out is no period, and is passed over.
     fn step(&mut self, job: &Job) -> Option<Period> {
-        let current = self.next.take()?;
-        // A last label a spring-forward makes empty ends the walk before
-        // the period that starts at its instant (the hour after it).
-        if is_empty(&self.last)
-            && current.label != self.last.label
-            && current.start >= self.last.start
-        {
-            return None;
-        }
-        if current.label != self.last.label && current.start < self.last.start {
-            let following = job.period.following(&job.schedule, &current);
-            // A walk that does not move forward ends rather than loops.
-            if following.start > current.start {
-                self.next = Some(following);
+        loop {
+            let current = self.next.take()?;
+            // A last label a spring-forward makes empty ends the walk
+            // before the period that starts at its instant (the hour after
+            // it).
+            if is_empty(&self.last)
+                && current.label != self.last.label
+                && current.start >= self.last.start
+            {
+                return None;
+            }
+            if current.label != self.last.label && current.start < self.last.start {
+                let following = job.period.following(&job.schedule, &current);
+                // A walk that does not move forward ends rather than loops.
+                if following.start > current.start {
+                    self.next = Some(following);
+                }
+            }
+            if job.period.fire_for(&job.schedule, &current).is_some() {
+                return Some(current);
             }
         }
-        Some(current)
     }
 }
 
@@ -913,11 +920,7 @@ fn upstream_plans<'a>(
             let periods: Vec<Period> = labels
                 .iter()
                 .filter_map(|label| up.period.parse_label(&up.schedule, label).ok())
-                .filter(|p| {
-                    up.period
-                        .fire_for(&up.schedule, p)
-                        .is_some_and(|f| f <= now)
-                })
+                .filter(|p| up.timing().of(p).is_some_and(|f| f <= now))
                 .collect();
             let further: Vec<(String, String)> = periods
                 .iter()
@@ -1027,6 +1030,7 @@ fn manual_range(
                 )));
             }
             refuse_future(&period, now, n.period)?;
+            refuse_fireless(job, &period, n.period)?;
             if !request.early {
                 refuse_not_due(job, &period, now, (n.period, n.early))?;
             }
@@ -1101,8 +1105,8 @@ pub fn periods_up_to(
 ) -> Result<(Vec<Period>, Option<String>), Error> {
     let last = match to {
         Some(label) => parse_label(job, label, names.to)?,
-        None => match job.schedule.prev_before(now + TimeDelta::nanoseconds(1)) {
-            Some(fire) => job.period.period_of(&job.schedule, fire),
+        None => match job.timing().latest(now) {
+            Some(fire) => job.timing().period_of(&fire),
             None => return Ok((Vec::new(), None)),
         },
     };
@@ -1176,6 +1180,25 @@ fn refuse_future(period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), 
     Ok(())
 }
 
+/// A period no fire covers (a day the schedule, its calendar or its
+/// active dates leave out) is no period of the job: there is nothing to
+/// run, and a run of it would be one no schedule ever asks for.
+fn refuse_fireless(job: &Job, period: &Period, flag: &str) -> Result<(), Error> {
+    if job.period.fire_for(&job.schedule, period).is_some() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "{flag}: no fire of job `{}` covers {}: its schedule{} leaves it out (see `scheduler next {}`)",
+        job.name,
+        period.label,
+        match job.schedule.days() {
+            Some(_) => ", calendar or active dates",
+            None => "",
+        },
+        job.name
+    )))
+}
+
 /// A period whose fire is still ahead would, run now, turn its scheduled
 /// run into a no-op (and cover a period that is not over).
 fn refuse_not_due(
@@ -1184,7 +1207,7 @@ fn refuse_not_due(
     now: DateTime<Utc>,
     (field, early): (&str, &str),
 ) -> Result<(), Error> {
-    match job.period.fire_for(&job.schedule, period) {
+    match job.timing().of(period) {
         Some(fire) if fire > now => Err(Error::Usage(format!(
             "{field}: {} is not due yet: its fire is at {}; run now, it would turn that scheduled run into a no-op; pass {early} to run it anyway",
             PeriodKey::new(&job.name, &period.label),
@@ -1196,8 +1219,8 @@ fn refuse_not_due(
 
 fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Due {
     let fire = job
-        .period
-        .fire_for(&job.schedule, &period)
+        .timing()
+        .of(&period)
         .filter(|f| *f <= now)
         .unwrap_or(now);
     Due {

@@ -474,7 +474,7 @@ fn next_deadline(config: &Config, after: DateTime<Utc>) -> Option<DateTime<Utc>>
         })
         .filter_map(|job| {
             let deadline = TimeDelta::from_std(job.deadline?).ok()?;
-            Some(job.schedule.next_after(after - deadline)? + deadline)
+            Some(job.timing().next(after - deadline)?.at + deadline)
         })
         .min()
 }

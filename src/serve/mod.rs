@@ -249,9 +249,9 @@ impl Service {
             // sample.
             metrics::counter!("scheduler_periods_dropped_total", "job" => job.name.clone())
                 .increment(0);
-            if let Some(next) = job.schedule.next_after(now) {
+            if let Some(next) = job.timing().next(now) {
                 metrics::gauge!("scheduler_next_fire_timestamp_seconds", "job" => job.name.clone())
-                    .set(next.timestamp_millis() as f64 / 1000.0);
+                    .set(next.at.timestamp_millis() as f64 / 1000.0);
             }
         }
     }
@@ -1276,6 +1276,39 @@ mod tests {
         assert_eq!(fires.len(), 25);
         let labels: HashSet<&str> = fires.iter().map(|d| d.period.label.as_str()).collect();
         assert_eq!(labels.len(), 24, "{labels:?}");
+    }
+
+    #[tokio::test]
+    async fn a_weekend_moved_to_monday_fires_all_its_periods_then_and_a_holiday_the_day_after() {
+        let job = "[[calendar]]\nname = \"business\"\nholidays = [\"2027-01-12\"]\n\n\
+            [[job]]\nname = \"daily\"\nschedule = \"0 6 * * *\"\nperiod = \"day\"\n\
+            timezone = \"Europe/Berlin\"\ncalendar = \"business\"\non_day_off = \"next\"\n\
+            command = [\"true\"]\n";
+        // Friday 8 January 2027 to Thursday 14th, Tuesday 12th a holiday.
+        let from = Utc.with_ymd_and_hms(2027, 1, 7, 23, 0, 0).unwrap();
+        let fires = drive(job, from, from + TimeDelta::days(6)).await;
+        let seen: Vec<(String, String, Trigger)> = fires
+            .iter()
+            .map(|d| {
+                (
+                    crate::period::utc_text(d.fire),
+                    d.period.label.clone(),
+                    d.trigger,
+                )
+            })
+            .collect();
+        let at = |fire: &str, label: &str| (fire.to_owned(), label.to_owned(), Trigger::Schedule);
+        assert_eq!(
+            seen,
+            [
+                at("2027-01-08T05:00:00Z", "2027-01-08"),
+                at("2027-01-11T05:00:00Z", "2027-01-09"),
+                at("2027-01-11T05:00:00Z", "2027-01-10"),
+                at("2027-01-11T05:00:00Z", "2027-01-11"),
+                at("2027-01-13T05:00:00Z", "2027-01-12"),
+                at("2027-01-13T05:00:00Z", "2027-01-13"),
+            ]
+        );
     }
 
     #[tokio::test]

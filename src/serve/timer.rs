@@ -14,8 +14,12 @@ use crate::store::Trigger;
 /// The next fire of every job, earliest first.
 #[derive(Default)]
 pub(super) struct Timer {
-    heap: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+    heap: BinaryHeap<Reverse<Next>>,
 }
+
+/// When a job's next fire is due, the job's index, and the instant its
+/// fires were last taken up to.
+type Next = (DateTime<Utc>, usize, DateTime<Utc>);
 
 impl Timer {
     /// A timer with each job's first fire after `now`.
@@ -37,73 +41,71 @@ impl Timer {
             .enumerate()
             .filter_map(|(i, job)| {
                 let from = if known(&job.name) { fired_until } else { now };
-                job.schedule.next_after(from).map(|at| Reverse((at, i)))
+                job.timing()
+                    .next(from)
+                    .map(|fire| Reverse((fire.at, i, from)))
             })
             .collect();
         Timer { heap }
     }
 
     pub(super) fn next(&self) -> Option<DateTime<Utc>> {
-        self.heap.peek().map(|Reverse((at, _))| *at)
+        self.heap.peek().map(|Reverse((at, _, _))| *at)
     }
 
     /// Every fire at or before `now`, as (job, fire), added to `fired`
     /// (a burst's 10,000 go straight where they wait, not through a list of
     /// their own). A job whose fires were slept through (a suspend, a clock
     /// step) gets its latest as `schedule` and, with `missed = "all"`, the
-    /// older ones as `catch-up`. Each job's next fire is computed from its
-    /// last one.
+    /// older ones as `catch-up`; fires moved to the same instant (a
+    /// weekend's, moved to Monday) are all `schedule`. Each job's fires are
+    /// taken up from where the last ones were.
     pub(super) fn pop_due(
         &mut self,
         jobs: &[Arc<Job>],
         now: DateTime<Utc>,
         fired: &mut Vec<(Arc<Job>, Due)>,
     ) {
-        while let Some(Reverse((at, i))) = self.heap.peek().copied() {
+        while let Some(Reverse((at, i, from))) = self.heap.peek().copied() {
             if at > now {
                 break;
             }
             self.heap.pop();
             let job = &jobs[i];
-            let mut fires = vec![at];
-            let mut next = job.schedule.next_after(at);
-            while let Some(later) = next.filter(|t| *t <= now) {
-                fires.push(later);
-                next = job.schedule.next_after(later);
-            }
-            if let Some(next) = next {
-                self.heap.push(Reverse((next, i)));
+            let timing = job.timing();
+            let fires = timing.between(from, now);
+            if let Some(next) = timing.next(now) {
+                self.heap.push(Reverse((next.at, i, now)));
                 metrics::gauge!("scheduler_next_fire_timestamp_seconds", "job" => job.name.clone())
-                    .set(next.timestamp_millis() as f64 / 1000.0);
+                    .set(next.at.timestamp_millis() as f64 / 1000.0);
             }
-            let latest = fires.pop().unwrap_or(at);
-            let period = job.period.period_of(&job.schedule, latest);
-            if job.missed == Missed::All {
-                // The latest fire's period runs as `schedule`: an older fire
-                // of the same period must not dispatch it a second time.
-                let mut seen = HashSet::from([period.label.clone()]);
-                for fire in fires {
-                    let period = job.period.period_of(&job.schedule, fire);
-                    if seen.insert(period.label.clone()) {
-                        fired.push((
-                            job.clone(),
-                            Due {
-                                period,
-                                fire,
-                                trigger: Trigger::CatchUp,
-                            },
-                        ));
-                    }
+            let Some(latest) = fires.last().map(|f| f.at) else {
+                continue;
+            };
+            // Newest first, so that a period fired twice (an older fire of
+            // the latest fire's period) is the latest fire's; then oldest
+            // first, as they were fired.
+            let mut seen = HashSet::new();
+            let mut due = Vec::new();
+            for fire in fires.iter().rev() {
+                let trigger = if fire.at == latest {
+                    Trigger::Schedule
+                } else if job.missed == Missed::All {
+                    Trigger::CatchUp
+                } else {
+                    continue;
+                };
+                let period = timing.period_of(fire);
+                if seen.insert(period.label.clone()) {
+                    due.push(Due {
+                        period,
+                        fire: fire.at,
+                        trigger,
+                    });
                 }
             }
-            fired.push((
-                job.clone(),
-                Due {
-                    period,
-                    fire: latest,
-                    trigger: Trigger::Schedule,
-                },
-            ));
+            due.reverse();
+            fired.extend(due.into_iter().map(|d| (job.clone(), d)));
         }
     }
 }

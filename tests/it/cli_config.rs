@@ -541,3 +541,110 @@ fn a_listen_address_without_an_ip_says_what_to_write() {
         }
     }
 }
+
+#[test]
+fn calendar_mistakes_are_refused_with_their_place() {
+    let job = |extra: &str| {
+        format!("[[job]]\nname = \"a\"\nschedule = \"0 2 1 * *\"\n{extra}\ncommand = [\"x\"]\n")
+    };
+    let cases: Vec<(String, &[&str])> = vec![
+        (
+            "[[calendar]]\nname = \"never\"\nworking_days = []\n".to_owned() + &job(""),
+            &[
+                "jobs.toml:3:16",
+                "calendar `never` has no working weekday: it excludes every day",
+            ],
+        ),
+        (
+            "[[calendar]]\nname = \"business\"\n".to_owned() + &job("calendar = \"busines\""),
+            &[
+                "jobs.toml:6:12",
+                "unknown calendar `busines` (calendars: `business`)",
+                "did you mean `business`?",
+            ],
+        ),
+        (
+            job("calendar = \"business\""),
+            &[
+                "jobs.toml:4:12",
+                "unknown calendar `business` (the file has no `[[calendar]]`)",
+            ],
+        ),
+        (
+            "[[calendar]]\nname = \"b\"\nholidays = [\"2027-02-30\"]\n".to_owned() + &job(""),
+            &[
+                "jobs.toml:3:13",
+                "`2027-02-30` is not a date: expected `YYYY-MM-DD`",
+            ],
+        ),
+        (
+            "[[calendar]]\nname = \"b\"\nworking_days = [\"mon\", \"fry\"]\n".to_owned() + &job(""),
+            &["jobs.toml:3:24", "`fry` is not a weekday"],
+        ),
+        (
+            job("on_day_off = \"next\""),
+            &["jobs.toml:4:14", "`on_day_off` without `calendar`"],
+        ),
+        (
+            job("active_from = \"2027-03-01\"\nactive_until = \"2027-02-01\""),
+            &[
+                "jobs.toml:5:16",
+                "`active_until` 2027-02-01 comes before `active_from` 2027-03-01",
+            ],
+        ),
+        (
+            job("active_from = \"March\""),
+            &["jobs.toml:4:15", "`March` is not a date"],
+        ),
+        (
+            job("jitter = \"soon\""),
+            &["jobs.toml:4:10", "`soon` is not a duration"],
+        ),
+        (
+            "[[calendar]]\nname = \"b\"\n".to_owned()
+                + &job("calendar = \"b\"\non_day_off = \"next\"")
+                    .replace("0 2 1 * *", "*/5 * * * *"),
+            &[
+                "jobs.toml:7:14",
+                "fires more than 24 times a day",
+                "(use `on_day_off = \"skip\"`)",
+            ],
+        ),
+        (
+            "[[calendar]]\nname = \"b\"\n[[calendar]]\nname = \"b\"\n".to_owned() + &job(""),
+            &["jobs.toml:3:1", "calendar name `b` is used twice"],
+        ),
+    ];
+    for (toml, parts) in &cases {
+        assert_says(&check_fails(toml), parts);
+    }
+}
+
+#[test]
+fn a_holidays_file_line_that_is_not_a_date_is_named() {
+    let ws = Workspace::new(
+        "[[calendar]]\nname = \"b\"\nholidays_file = \"holidays.txt\"\n\n\
+         [[job]]\nname = \"a\"\nschedule = \"0 2 1 * *\"\ncalendar = \"b\"\ncommand = [\"x\"]\n",
+    );
+    std::fs::write(
+        ws.path().join("holidays.txt"),
+        "# generated\n2027-01-01\n\n2027-13-01\n",
+    )
+    .unwrap();
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stdout());
+    assert_says(
+        &out.stderr(),
+        &[
+            "jobs.toml:3:17",
+            "holidays.txt line 4: `2027-13-01` is not a date",
+        ],
+    );
+    std::fs::remove_file(ws.path().join("holidays.txt")).unwrap();
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stdout());
+    assert_says(
+        &out.stderr(),
+        &["jobs.toml:3:17", "`holidays_file`: cannot read"],
+    );
+}

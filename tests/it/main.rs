@@ -7,6 +7,7 @@ mod after;
 mod api;
 mod browser;
 mod burst;
+mod calendars;
 mod cli_config;
 mod cli_run;
 mod console;

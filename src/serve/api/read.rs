@@ -127,10 +127,11 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
             .collect();
         let last_rows = api.store().recent(&job.name, 1).await?;
         let last = crate::store::ClaimRow::finished_last(&last_rows);
-        let next = job.schedule.next_after(now);
-        let next_key = next.map(|fire| {
-            PeriodKey::new(&job.name, &job.period.period_of(&job.schedule, fire).label).to_string()
-        });
+        let timing = job.timing();
+        let next_fire = timing.next(now);
+        let next = next_fire.map(|fire| fire.at);
+        let next_key = next_fire
+            .map(|fire| PeriodKey::new(&job.name, &timing.period_of(&fire).label).to_string());
         let entry = json!({
             "job": job.name,
             "schedule": job.schedule.source(),

@@ -1,0 +1,235 @@
+//! A job's fires as they run: the schedule's fire (the *nominal* instant,
+//! which names the period) moved off a day off to a working day, then
+//! delayed by the job's jitter. Pure, and the one place every front end
+//! asks when a period is due: the timer, catch-up, `run`, backfill,
+//! dependencies, deadlines, `next`, `status` and the API.
+//!
+//! Which fires exist at all (the active window, a skipping calendar) is
+//! decided a level down, by the schedule's [`crate::calendar::Days`]: a
+//! fire that does not exist is no period, so never missing nor late.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use crate::calendar::{Calendar, OnDayOff};
+use crate::period::{Period, PeriodKey, PeriodRule};
+use crate::schedule::{Schedule, earliest_instant, local};
+
+/// How a job's fires are moved and delayed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FireRules {
+    /// Fires on a day off of this calendar go to a working day.
+    pub shift: Option<Shift>,
+    /// Each period's fire is delayed by less than this.
+    pub jitter: Option<Duration>,
+}
+
+/// Where a fire on a day off goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shift {
+    /// Whose working days.
+    pub calendar: Arc<Calendar>,
+    /// [`OnDayOff::Next`] or [`OnDayOff::Previous`].
+    pub to: OnDayOff,
+}
+
+/// One fire: the instant its period is named by, and the instant it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fire {
+    /// The schedule's own instant: the period comes from it.
+    pub nominal: DateTime<Utc>,
+    /// When it is due: moved and delayed.
+    pub at: DateTime<Utc>,
+}
+
+/// A job's fires: its name (for the jitter), schedule, period rule and
+/// rules, borrowed.
+#[derive(Clone, Copy)]
+pub struct Timing<'a> {
+    job: &'a str,
+    schedule: &'a Schedule,
+    period: &'a PeriodRule,
+    rules: &'a FireRules,
+}
+
+impl<'a> Timing<'a> {
+    /// The fires of job `job`.
+    pub fn new(
+        job: &'a str,
+        schedule: &'a Schedule,
+        period: &'a PeriodRule,
+        rules: &'a FireRules,
+    ) -> Timing<'a> {
+        Timing {
+            job,
+            schedule,
+            period,
+            rules,
+        }
+    }
+
+    /// When the fire of nominal instant `nominal` runs.
+    pub fn at(&self, nominal: DateTime<Utc>) -> DateTime<Utc> {
+        let mut at = nominal;
+        if let Some(shift) = &self.rules.shift {
+            let zone = self.schedule.zone();
+            let wall = local(zone, nominal);
+            let date = wall.date();
+            if !shift.calendar.is_working(date) {
+                let moved = match shift.to {
+                    OnDayOff::Next => shift.calendar.next_working(date),
+                    OnDayOff::Previous => shift.calendar.previous_working(date),
+                    OnDayOff::Skip => None,
+                };
+                if let Some(moved) = moved {
+                    at = earliest_instant(zone, moved.and_time(wall.time()));
+                }
+            }
+        }
+        at + self.jitter(nominal)
+    }
+
+    /// The jitter of the fire of `nominal`: from a hash of the period key,
+    /// in whole seconds, below the bound and below the time to the next
+    /// fire; the same in every process and every version.
+    pub fn jitter(&self, nominal: DateTime<Utc>) -> TimeDelta {
+        let Some(bound) = self.rules.jitter else {
+            return TimeDelta::zero();
+        };
+        let mut limit = bound.as_secs();
+        if let Some(next) = self.schedule.next_after(nominal) {
+            limit = limit.min((next - nominal).num_seconds().max(0).unsigned_abs());
+        }
+        if limit <= 1 {
+            return TimeDelta::zero();
+        }
+        let period = self.period.period_of(self.schedule, nominal);
+        let key = PeriodKey::new(self.job, &period.label);
+        TimeDelta::seconds((stable_hash(key.as_str()) % limit) as i64)
+    }
+
+    /// When `period` is due, if a fire covers it.
+    pub fn of(&self, period: &Period) -> Option<DateTime<Utc>> {
+        self.period
+            .fire_for(self.schedule, period)
+            .map(|nominal| self.at(nominal))
+    }
+
+    /// The period a fire names.
+    pub fn period_of(&self, fire: &Fire) -> Period {
+        self.period.period_of(self.schedule, fire.nominal)
+    }
+
+    /// The first fire due strictly after `t`.
+    pub fn next(&self, t: DateTime<Utc>) -> Option<Fire> {
+        let (back, ahead) = self.reach();
+        if back.is_zero() && ahead.is_zero() {
+            return self.schedule.next_after(t).map(plain);
+        }
+        let mut best: Option<Fire> = None;
+        // A nominal fire at or before `t - ahead` runs at `t` at the latest.
+        let mut nominal = self.schedule.next_after(t - ahead);
+        while let Some(n) = nominal {
+            // Later ones run at `n - back` at the earliest.
+            if best.is_some_and(|b| n - back > b.at) {
+                break;
+            }
+            let at = self.at(n);
+            if at > t && best.is_none_or(|b| at < b.at) {
+                best = Some(Fire { nominal: n, at });
+            }
+            nominal = self.schedule.next_after(n);
+        }
+        best
+    }
+
+    /// The fires due in `(after, until]`, by when they are due (then by
+    /// nominal instant).
+    pub fn between(&self, after: DateTime<Utc>, until: DateTime<Utc>) -> Vec<Fire> {
+        let (back, ahead) = self.reach();
+        if back.is_zero() && ahead.is_zero() {
+            return self
+                .schedule
+                .fires_between(after, until)
+                .map(plain)
+                .collect();
+        }
+        let mut fires: Vec<Fire> = self
+            .schedule
+            .fires_between(after - ahead, until + back)
+            .map(|n| Fire {
+                nominal: n,
+                at: self.at(n),
+            })
+            .filter(|f| f.at > after && f.at <= until)
+            .collect();
+        fires.sort_by_key(|f| (f.at, f.nominal));
+        fires
+    }
+
+    /// The last fire due at or before `now`.
+    pub fn latest(&self, now: DateTime<Utc>) -> Option<Fire> {
+        let tick = TimeDelta::nanoseconds(1);
+        let (back, ahead) = self.reach();
+        if back.is_zero() && ahead.is_zero() {
+            return self.schedule.prev_before(now + tick).map(plain);
+        }
+        let mut best: Option<Fire> = None;
+        // A nominal fire after `now + back` runs after `now`.
+        let mut nominal = self.schedule.prev_before(now + back + tick);
+        while let Some(n) = nominal {
+            // Earlier ones run at `n + ahead` at the latest.
+            if best.is_some_and(|b| n + ahead < b.at) {
+                break;
+            }
+            let at = self.at(n);
+            if at <= now && best.is_none_or(|b| at > b.at) {
+                best = Some(Fire { nominal: n, at });
+            }
+            nominal = self.schedule.prev_before(n);
+        }
+        best
+    }
+
+    /// How far before its nominal instant a fire can run (moved to a
+    /// previous working day), and how far after (moved on, delayed); a day
+    /// more than the calendar's longest closure covers a daylight-saving
+    /// change on the way.
+    fn reach(&self) -> (TimeDelta, TimeDelta) {
+        let days = |c: &Calendar| TimeDelta::days(i64::from(c.longest_closure()) + 1);
+        let (back, mut ahead) = match &self.rules.shift {
+            Some(Shift {
+                calendar,
+                to: OnDayOff::Previous,
+            }) => (days(calendar), TimeDelta::zero()),
+            Some(Shift {
+                calendar,
+                to: OnDayOff::Next,
+            }) => (TimeDelta::zero(), days(calendar)),
+            _ => (TimeDelta::zero(), TimeDelta::zero()),
+        };
+        if let Some(jitter) = self.rules.jitter {
+            ahead += TimeDelta::from_std(jitter).unwrap_or(TimeDelta::zero());
+        }
+        (back, ahead)
+    }
+}
+
+fn plain(nominal: DateTime<Utc>) -> Fire {
+    Fire {
+        nominal,
+        at: nominal,
+    }
+}
+
+/// The first eight bytes of the SHA-256 of `text`: fixed by the standard,
+/// so no process, platform or release computes another jitter.
+fn stable_hash(text: &str) -> u64 {
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(text.as_bytes());
+    let mut first = [0; 8];
+    first.copy_from_slice(&hash[..8]);
+    u64::from_be_bytes(first)
+}
