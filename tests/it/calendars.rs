@@ -436,3 +436,49 @@ fn a_burst_of_a_thousand_jittered_jobs_spreads_its_starts_over_the_bound() {
         "{per_second:?}"
     );
 }
+
+#[test]
+fn the_api_shows_a_jobs_calendar_its_moved_next_fire_and_no_day_off_in_a_grid() {
+    use crate::api::{CI, Server, with_api};
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(
+        "\n[[calendar]]\nname = \"business\"\nholidays = [\"2026-11-11\"]\n\n\
+         [[job]]\nname = \"daily\"\nschedule = \"0 6 * * *\"\nperiod = \"day\"\n\
+         calendar = \"business\"\nactive_from = \"2026-11-01\"\njitter = \"10m\"\n\
+         command = [\"true\"]\n",
+    ));
+    let server = Server::start(&ws, &db.url);
+    let jobs: serde_json::Value = server.get(crate::api::CI, "/v1/jobs").json().unwrap();
+    let job = &jobs["jobs"][0];
+    assert_eq!(
+        job["calendar"],
+        serde_json::json!({
+            "name": "business", "on_day_off": "skip", "active_from": "2026-11-01",
+            "active_until": null, "jitter": "10m",
+        })
+    );
+    // The next fire is the next working day's, delayed by its jitter.
+    let next = at(job["next_fire"].as_str().unwrap());
+    let key = job["next_key"].as_str().unwrap();
+    let day = key.strip_prefix("daily:").unwrap();
+    let nominal = at(&format!("{day}T06:00:00Z"));
+    assert!(
+        next >= nominal && next - nominal < TimeDelta::minutes(10),
+        "{job}"
+    );
+    let grid: serde_json::Value = server
+        .get(CI, "/v1/jobs/daily/periods?from=2026-11-09&to=2026-11-15")
+        .json()
+        .unwrap();
+    let labels: Vec<&str> = grid["periods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["period"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        ["2026-11-09", "2026-11-10", "2026-11-12", "2026-11-13"]
+    );
+    assert_eq!(server.stop(), 0);
+}

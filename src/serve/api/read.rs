@@ -148,6 +148,7 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
             "after": job.after.named.iter().map(|n| config.full_name(&n.name)).collect::<Vec<_>>(),
             "on_upstream_rerun": job.after.any().then(|| job.after.on_rerun.to_string()),
             "waiting": waiting.get(&job.name).copied().unwrap_or(0),
+            "calendar": calendar_of(job),
         });
         jobs.push(entry);
     }
@@ -172,6 +173,29 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
         }
     }
     Ok(Reply::ok(StatusCode::OK, json!({ "jobs": jobs })))
+}
+
+/// A job's calendar, active dates and jitter, `null` where it has none.
+fn calendar_of(job: &Job) -> serde_json::Value {
+    let days = job.schedule.days();
+    let (name, on_day_off) = match (&job.fires.shift, days.and_then(|d| d.working.as_ref())) {
+        (Some(shift), _) => (Some(shift.calendar.name.clone()), shift.to),
+        (None, Some(calendar)) => (Some(calendar.name.clone()), Default::default()),
+        (None, None) => (None, Default::default()),
+    };
+    let active_from = days.and_then(|d| d.from).map(|d| d.to_string());
+    let active_until = days.and_then(|d| d.until).map(|d| d.to_string());
+    let jitter = job.fires.jitter.map(crate::config::short);
+    if name.is_none() && active_from.is_none() && active_until.is_none() && jitter.is_none() {
+        return serde_json::Value::Null;
+    }
+    json!({
+        "name": name,
+        "on_day_off": name.is_some().then(|| on_day_off.to_string()),
+        "active_from": active_from,
+        "active_until": active_until,
+        "jitter": jitter,
+    })
 }
 
 /// A whole number from 1 to `most` given as `?field=`, if given.
