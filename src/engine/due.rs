@@ -8,6 +8,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::config::{Job, Missed};
 use crate::error::Error;
+use crate::fires::Fire;
 use crate::period::{Period, PeriodKey};
 use crate::store::{Claim, ClaimRow, PeriodState, Store, Trigger};
 
@@ -33,28 +34,38 @@ pub fn due(job: &Job, now: DateTime<Utc>, since: DateTime<Utc>, with_latest: boo
     let Some(latest) = timing.latest(now) else {
         return Vec::new();
     };
-    // Fires moved to the latest one's instant (a weekend's, on Monday) are
-    // as due as it is; older ones are missed.
-    let older = match job.missed {
+    let mut fires = match job.missed {
         Missed::All => timing.between(since - tick, latest.at - tick),
         _ => Vec::new(),
     };
-    let newest = match with_latest {
-        true => timing.between(latest.at - tick, latest.at),
-        false => Vec::new(),
-    };
-    // Newest first, so that a period two fires name is the newest one's.
-    let mut seen = HashSet::from([timing.period_of(&latest).label]);
-    if with_latest {
-        seen.clear();
+    fires.extend(timing.between(latest.at - tick, latest.at));
+    let mut due = of_fires(job, &fires);
+    if !with_latest {
+        due.retain(|d| d.trigger != Trigger::Schedule);
     }
+    due
+}
+
+/// The periods `fires` (in the order they are due) make due, oldest first:
+/// those due at the last instant as `schedule` (one fire, or several moved
+/// to it: a weekend's, on Monday), the older ones as `catch-up` where
+/// `missed = "all"`. A period two fires name comes once, as the newer
+/// one's.
+pub fn of_fires(job: &Job, fires: &[Fire]) -> Vec<Due> {
+    let Some(latest) = fires.last().map(|f| f.at) else {
+        return Vec::new();
+    };
+    let timing = job.timing();
+    let mut seen = HashSet::new();
     let mut due = Vec::new();
-    let fires = newest
-        .iter()
-        .map(|f| (f, Trigger::Schedule))
-        .rev()
-        .chain(older.iter().rev().map(|f| (f, Trigger::CatchUp)));
-    for (fire, trigger) in fires {
+    for fire in fires.iter().rev() {
+        let trigger = if fire.at == latest {
+            Trigger::Schedule
+        } else if job.missed == Missed::All {
+            Trigger::CatchUp
+        } else {
+            continue;
+        };
         let period = timing.period_of(fire);
         if seen.insert(period.label.clone()) {
             due.push(Due {

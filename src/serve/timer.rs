@@ -2,14 +2,13 @@
 //! Pure: it takes `now` and never sleeps, so it is tested one step at a time.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use crate::config::{Job, Missed};
+use crate::config::Job;
 use crate::engine::due::Due;
-use crate::store::Trigger;
 
 /// The next fire of every job, earliest first.
 #[derive(Default)]
@@ -79,32 +78,7 @@ impl Timer {
                 metrics::gauge!("scheduler_next_fire_timestamp_seconds", "job" => job.name.clone())
                     .set(next.at.timestamp_millis() as f64 / 1000.0);
             }
-            let Some(latest) = fires.last().map(|f| f.at) else {
-                continue;
-            };
-            // Newest first, so that a period fired twice (an older fire of
-            // the latest fire's period) is the latest fire's; then oldest
-            // first, as they were fired.
-            let mut seen = HashSet::new();
-            let mut due = Vec::new();
-            for fire in fires.iter().rev() {
-                let trigger = if fire.at == latest {
-                    Trigger::Schedule
-                } else if job.missed == Missed::All {
-                    Trigger::CatchUp
-                } else {
-                    continue;
-                };
-                let period = timing.period_of(fire);
-                if seen.insert(period.label.clone()) {
-                    due.push(Due {
-                        period,
-                        fire: fire.at,
-                        trigger,
-                    });
-                }
-            }
-            due.reverse();
+            let due = crate::engine::due::of_fires(job, &fires);
             fired.extend(due.into_iter().map(|d| (job.clone(), d)));
         }
     }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::TimeDelta;
 use proptest::prelude::*;
 
 use crate::support::{Said, TestDb, Workspace, at, count, databases, job, lines};
@@ -381,55 +381,65 @@ proptest! {
 #[test]
 fn a_burst_of_a_thousand_jittered_jobs_spreads_its_starts_over_the_bound() {
     let db = TestDb::sqlite();
+    // `sql` actions: the starts are the claims, with no process to spawn.
     let mut toml = String::from("[scheduler]\nmax_running = 100\n");
     for i in 0..1_000 {
         toml += &format!(
             "\n[[job]]\nname = \"j{i}\"\nschedule = \"*/30 * * * * *\"\njitter = \"20s\"\n\
-             shell = \"echo $(date +%s.%N) $SCHEDULER_SCHEDULED_AT >> starts.txt\"\n"
+             sql = {{ statement = \"SELECT 1\" }}\n"
         );
     }
     let ws = Workspace::new(&toml);
     let serve = crate::serve::serve(&ws, &db.url);
-    // One half-minute's fires, all of them started.
-    let mut starts: Vec<(f64, DateTime<Utc>)> = Vec::new();
+    let file = std::path::PathBuf::from(db.url.strip_prefix("sqlite://").unwrap());
+    crate::support::eventually("the database", std::time::Duration::from_secs(60), || {
+        file.exists()
+            && count(
+                &db.url,
+                "SELECT count(*) FROM sqlite_master WHERE name = 'scheduler_attempts'",
+            ) == 1
+    });
+    // One half-minute's fires, all of them started: (start, boundary) in
+    // milliseconds.
+    let mut starts: Vec<(i64, i64)> = Vec::new();
+    let complete = |starts: &[(i64, i64)]| {
+        let mut per_boundary: HashMap<i64, usize> = HashMap::new();
+        for (_, boundary) in starts {
+            *per_boundary.entry(*boundary).or_default() += 1;
+        }
+        per_boundary
+            .into_iter()
+            .find(|(_, n)| *n == 1_000)
+            .map(|(b, _)| b)
+    };
     crate::support::eventually(
         "a half-minute's 1,000 fires",
-        std::time::Duration::from_secs(120),
+        std::time::Duration::from_secs(240),
         || {
-            starts = lines(ws.path().join("starts.txt"))
-                .iter()
-                .filter_map(|l| {
-                    let (start, scheduled) = l.split_once(' ')?;
-                    Some((start.parse().ok()?, at(scheduled)))
-                })
-                .collect();
-            let mut per_boundary: HashMap<i64, usize> = HashMap::new();
-            for (_, scheduled) in &starts {
-                *per_boundary.entry(scheduled.timestamp() / 30).or_default() += 1;
-            }
-            per_boundary.values().any(|n| *n == 1_000)
+            starts = crate::support::sqlite_rows(
+                &db.url,
+                "SELECT started_at || ' ' || (scheduled_at / 30000 * 30000) FROM scheduler_attempts",
+            )
+            .iter()
+            .filter_map(|row| {
+                let (start, boundary) = row.split_once(' ')?;
+                Some((start.parse().ok()?, boundary.parse().ok()?))
+            })
+            .collect();
+            complete(&starts).is_some()
         },
     );
     assert_eq!(crate::serve::stop(serve), 0);
-    let mut per_boundary: HashMap<i64, Vec<f64>> = HashMap::new();
-    for (start, scheduled) in &starts {
-        per_boundary
-            .entry(scheduled.timestamp() / 30)
-            .or_default()
-            .push(start - (scheduled.timestamp() / 30 * 30) as f64);
-    }
-    let offsets = per_boundary
-        .into_values()
-        .find(|o| o.len() == 1_000)
-        .unwrap();
+    let boundary = complete(&starts).unwrap();
     // Every second of the bound has starts, none more than a tenth.
     let mut per_second = [0usize; 21];
-    for offset in &offsets {
+    for (start, _) in starts.iter().filter(|(_, b)| *b == boundary) {
+        let offset = (start - boundary) as f64 / 1000.0;
         assert!(
-            (0.0..21.0).contains(offset),
+            (0.0..21.0).contains(&offset),
             "started {offset:.3}s after the boundary"
         );
-        per_second[*offset as usize] += 1;
+        per_second[offset as usize] += 1;
     }
     assert!(
         per_second[..20].iter().all(|n| *n > 0 && *n < 100),
