@@ -9,7 +9,9 @@
 //! minutes). `BURST=pg:1000:3,sqlite:1000:2` picks the runs (backend, jobs,
 //! replicas); `BURST_MINUTES` the minutes; `BURST_LISTEN=1` starts each
 //! replica with `--listen` (`/metrics` recorded, nobody scraping), as the
-//! `Dockerfile` does; `BURST_MAX_RUNNING=N` sets `max_running` (default 16).
+//! `Dockerfile` does; `BURST_MAX_RUNNING=N` sets `max_running` (default 16);
+//! `BURST_JITTER=30s` gives every job that `jitter` (lateness is then
+//! counted from each job's own delayed fire).
 
 mod support;
 use support::postgres_database;
@@ -45,9 +47,12 @@ fn jobs_toml(jobs: usize, backend: &str) -> String {
     if let Ok(n) = std::env::var("BURST_MAX_RUNNING") {
         text.push_str(&format!("[scheduler]\nmax_running = {n}\n\n"));
     }
+    let jitter = std::env::var("BURST_JITTER")
+        .map(|j| format!("jitter = \"{j}\"\n"))
+        .unwrap_or_default();
     for i in 0..jobs {
         text.push_str(&format!(
-            "[[job]]\nname = \"job-{i}\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\n\
+            "[[job]]\nname = \"job-{i}\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\n{jitter}\
              sql = {{ statement = \"{statement}\", params = [\"{{period_key}}\", \"{{scheduled_at}}\"] }}\n\n"
         ));
     }
@@ -203,7 +208,12 @@ fn burst(setup: &Setup, url: &str) {
     let mut by_minute: HashMap<DateTime<Utc>, Vec<(String, f64)>> = HashMap::new();
     for (key, fire, started) in rows {
         let ms = (started - fire).num_microseconds().unwrap_or(0) as f64 / 1000.0;
-        by_minute.entry(fire).or_default().push((key, ms));
+        // A jittered fire falls within its minute.
+        let minute = fire.with_second(0).and_then(|f| f.with_nanosecond(0));
+        by_minute
+            .entry(minute.unwrap_or(fire))
+            .or_default()
+            .push((key, ms));
     }
     println!(
         "{} jobs firing every minute, an sql insert each, {} replicas on {} ({:.0} s):",

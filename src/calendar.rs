@@ -212,20 +212,28 @@ impl Days {
 }
 
 /// One ISO date a line (`2027-01-01`); blank lines and `#` comments are
-/// passed over. A line that is not a date is named by its number.
-pub fn parse_dates(text: &str) -> Result<Vec<NaiveDate>, (usize, String)> {
+/// passed over. Every line that is not a date is named by its number.
+pub fn parse_dates(text: &str) -> Result<Vec<NaiveDate>, Vec<(usize, String)>> {
     let mut dates = Vec::new();
+    let mut bad = Vec::new();
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
         }
-        match NaiveDate::parse_from_str(line, "%Y-%m-%d") {
-            Ok(date) => dates.push(date),
-            Err(_) => return Err((n + 1, line.to_owned())),
+        match iso_date(line) {
+            Some(date) => dates.push(date),
+            None => bad.push((n + 1, line.to_owned())),
         }
     }
-    Ok(dates)
+    if bad.is_empty() { Ok(dates) } else { Err(bad) }
+}
+
+/// `YYYY-MM-DD` exactly: `2027-1-5` is refused, not read as 5 January.
+pub fn iso_date(text: &str) -> Option<NaiveDate> {
+    let date = NaiveDate::parse_from_str(text, "%Y-%m-%d").ok()?;
+    (date.format("%Y-%m-%d").to_string() == text).then_some(date)
 }
 
 #[cfg(test)]
@@ -273,8 +281,8 @@ mod tests {
             Ok(vec![date("2027-01-01"), date("2027-12-25")])
         );
         assert_eq!(
-            parse_dates("2027-01-01\n2027-13-01\n"),
-            Err((2, "2027-13-01".into()))
+            parse_dates("2027-01-01\n2027-13-01\n2027-1-5\n"),
+            Err(vec![(2, "2027-13-01".into()), (3, "2027-1-5".into())])
         );
     }
 

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
 
 use crate::calendar::{Calendar, OnDayOff};
-use crate::period::{Period, PeriodKey, PeriodRule};
+use crate::period::{Covers, Period, PeriodKey, PeriodRule, Unit};
 use crate::schedule::{Schedule, earliest_instant, local};
 
 /// How a job's fires are moved and delayed.
@@ -78,17 +78,42 @@ impl<'a> Timing<'a> {
             let wall = local(zone, nominal);
             let date = wall.date();
             if !shift.calendar.is_working(date) {
+                let on = |day: NaiveDate| earliest_instant(zone, day.and_time(wall.time()));
+                let next = || shift.calendar.next_working(date).map(on);
                 let moved = match shift.to {
-                    OnDayOff::Next => shift.calendar.next_working(date),
-                    OnDayOff::Previous => shift.calendar.previous_working(date),
+                    OnDayOff::Next => next(),
+                    // Never before the period may run: a day period before
+                    // its day, a covered month before its end. Where the
+                    // working day before is too early, the one after.
+                    OnDayOff::Previous => {
+                        let earliest = self.earliest(nominal);
+                        match shift.calendar.previous_working(date).map(on) {
+                            Some(before) if earliest.is_none_or(|e| before >= e) => Some(before),
+                            _ => next(),
+                        }
+                    }
                     OnDayOff::Skip => None,
                 };
                 if let Some(moved) = moved {
-                    at = earliest_instant(zone, moved.and_time(wall.time()));
+                    at = moved;
                 }
             }
         }
         at + self.jitter(nominal)
+    }
+
+    /// The earliest instant a fire of `nominal` may run on another day:
+    /// the start of a calendar period it covers as `current`, the end of
+    /// one it covers as `previous`. A `fire` period is its fire's own.
+    fn earliest(&self, nominal: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        if self.period.unit == Unit::Fire {
+            return None;
+        }
+        let period = self.period.period_of(self.schedule, nominal);
+        Some(match self.period.covers {
+            Covers::Current => period.start,
+            Covers::Previous => period.end,
+        })
     }
 
     /// The jitter of the fire of `nominal`: from a hash of the period key,
@@ -200,10 +225,11 @@ impl<'a> Timing<'a> {
     fn reach(&self) -> (TimeDelta, TimeDelta) {
         let days = |c: &Calendar| TimeDelta::days(i64::from(c.longest_closure()) + 1);
         let (back, mut ahead) = match &self.rules.shift {
+            // Moved back, or on where back is too early.
             Some(Shift {
                 calendar,
                 to: OnDayOff::Previous,
-            }) => (days(calendar), TimeDelta::zero()),
+            }) => (days(calendar), days(calendar)),
             Some(Shift {
                 calendar,
                 to: OnDayOff::Next,

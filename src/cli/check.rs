@@ -106,11 +106,15 @@ pub fn next(
     }
     if shown < count {
         // Said beside the fires, not among them: a script reads those.
+        let why = match job.schedule.days().and_then(|d| d.until) {
+            Some(until) => format!("its active dates end on {until}"),
+            None => "within the dates the scheduler computes".to_owned(),
+        };
         eprintln!(
-            "{}: no {}fire after {} within the dates the scheduler computes",
+            "{}: no {}fire after {}: {why}",
             job.name,
             if shown == 0 { "" } else { "further " },
-            crate::period::utc_text(after)
+            crate::period::utc_text(from)
         );
     }
     Ok(())

@@ -984,22 +984,29 @@ impl<'t> Sections<'t> {
         let mut calendars = raw::Calendars::new();
         for value in std::mem::take(&mut self.calendars) {
             let span = value.span();
-            let validated = raw::RawCalendar::deserialize(value.into_deserializer())
-                .map_err(|e| at.toml_error(&e))
-                .and_then(|raw| raw.validate(at));
-            match validated {
-                Ok(c) if calendars.contains_key(&c.name) => errors.push(at.error(
-                    span,
-                    format!(
-                        "calendar name `{}` is used twice; each needs its own",
-                        c.name
-                    ),
-                )),
-                Ok(c) => {
-                    calendars.insert(c.name.clone(), std::sync::Arc::new(c));
+            let raw = match raw::RawCalendar::deserialize(value.into_deserializer()) {
+                Ok(raw) => raw,
+                Err(e) => {
+                    errors.push(at.toml_error(&e));
+                    continue;
                 }
-                Err(e) => errors.push(e),
+            };
+            let name = raw.name().to_owned();
+            if calendars.contains_key(&name) {
+                errors.push(at.error(
+                    span,
+                    format!("calendar name `{name}` is used twice; each needs its own"),
+                ));
+                continue;
             }
+            // A calendar with a mistake is still known by name: its jobs
+            // are not told it is missing as well.
+            let calendar = raw
+                .validate(at)
+                .map_err(|e| errors.push(e))
+                .ok()
+                .map(std::sync::Arc::new);
+            calendars.insert(name, calendar);
         }
         calendars
     }

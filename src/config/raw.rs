@@ -68,8 +68,8 @@ pub(super) struct RawJob {
     dst: RawDst,
     calendar: Option<Spanned<String>>,
     on_day_off: Option<Spanned<OnDayOff>>,
-    active_from: Option<Spanned<String>>,
-    active_until: Option<Spanned<String>>,
+    active_from: Option<Spanned<toml::Value>>,
+    active_until: Option<Spanned<toml::Value>>,
     jitter: Option<Spanned<String>>,
 }
 
@@ -80,14 +80,20 @@ pub(super) struct RawCalendar {
     name: Spanned<String>,
     working_days: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
-    holidays: Vec<Spanned<String>>,
+    holidays: Vec<Spanned<toml::Value>>,
     holidays_file: Option<Spanned<String>>,
 }
 
-/// The calendars of a file by name.
-pub(super) type Calendars = BTreeMap<String, Arc<Calendar>>;
+/// The calendars of a file by name; `None` for one with a mistake (which
+/// is reported on its own).
+pub(super) type Calendars = BTreeMap<String, Option<Arc<Calendar>>>;
 
 impl RawCalendar {
+    /// The name as written.
+    pub(super) fn name(&self) -> &str {
+        self.name.get_ref()
+    }
+
     pub(super) fn validate(self, at: &Locator) -> Result<Calendar, ConfigError> {
         let mut errors: Vec<ConfigError> = Vec::new();
         let name = self.name.get_ref();
@@ -112,10 +118,14 @@ impl RawCalendar {
                     kept(
                         &mut errors,
                         day.get_ref().parse::<Weekday>().map_err(|_| {
+                            const NAMES: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+                            let hint = nearest(&day.get_ref().to_lowercase(), NAMES)
+                                .map(|n| format!("; did you mean `{n}`?"))
+                                .unwrap_or_default();
                             at.error(
                                 day.span(),
                                 format!(
-                                    "`{}` is not a weekday: expected `mon`, `tue`, `wed`, `thu`, `fri`, `sat` or `sun`",
+                                    "`{}` is not a weekday: expected `mon`, `tue`, `wed`, `thu`, `fri`, `sat` or `sun` (or the whole name){hint}",
                                     day.get_ref()
                                 ),
                             )
@@ -139,12 +149,21 @@ impl RawCalendar {
                     )
                 })
                 .and_then(|text| {
-                    parse_dates(&text).map_err(|(line, text)| {
+                    parse_dates(&text).map_err(|bad| {
+                        let shown: Vec<String> = bad
+                            .iter()
+                            .take(5)
+                            .map(|(line, text)| format!("{}:{line}: `{text}`", path.display()))
+                            .collect();
+                        let more = match bad.len() {
+                            n if n > 5 => format!(" and {} more", n - 5),
+                            _ => String::new(),
+                        };
                         at.error(
                             file.span(),
                             format!(
-                                "`holidays_file` {} line {line}: `{text}` is not a date: expected one ISO date a line, e.g. `2027-01-01`",
-                                path.display()
+                                "`holidays_file`: not a date: {}{more}; expected one ISO date a line, e.g. `2027-01-01`",
+                                shown.join(", ")
                             ),
                         )
                     })
@@ -166,14 +185,25 @@ impl RawCalendar {
     }
 }
 
-/// A local date written `YYYY-MM-DD`.
-fn date(at: &Locator, value: &Spanned<String>) -> Result<NaiveDate, ConfigError> {
-    NaiveDate::parse_from_str(value.get_ref(), "%Y-%m-%d").map_err(|_| {
+/// A local date: a string `"YYYY-MM-DD"`, or a TOML date (`2027-01-01`
+/// unquoted) without a time.
+fn date(at: &Locator, value: &Spanned<toml::Value>) -> Result<NaiveDate, ConfigError> {
+    let date = match value.get_ref() {
+        toml::Value::String(text) => crate::calendar::iso_date(text),
+        toml::Value::Datetime(d) if d.time.is_none() && d.offset.is_none() => d
+            .date
+            .and_then(|d| NaiveDate::from_ymd_opt(i32::from(d.year), d.month.into(), d.day.into())),
+        _ => None,
+    };
+    date.ok_or_else(|| {
         at.error(
             value.span(),
             format!(
                 "`{}` is not a date: expected `YYYY-MM-DD`, e.g. `2027-01-01`",
-                value.get_ref()
+                match value.get_ref() {
+                    toml::Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                }
             ),
         )
     })
@@ -789,7 +819,7 @@ impl RawJob {
         let on_day_off = self.on_day_off.as_ref().map(|o| *o.get_ref());
         let calendar = match &self.calendar {
             Some(name) => match calendars.get(name.get_ref()) {
-                Some(calendar) => Some(calendar.clone()),
+                Some(calendar) => calendar.clone(),
                 None => {
                     let hint = nearest(name.get_ref(), calendars.keys().map(String::as_str))
                         .map(|n| format!("; did you mean `{n}`?"))

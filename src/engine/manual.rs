@@ -805,6 +805,12 @@ async fn plan<'a>(
                 now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
             let since = window.max(seen.first_seen);
             let mut listed = due(job, now, since, true);
+            // A job past its last active date has no period now: its last
+            // one is owed within the catch-up window, as `serve` has it,
+            // not for ever.
+            if job.timing().next(now).is_none() {
+                listed.retain(|d| d.fire >= since);
+            }
             // Failed periods whose retry is due, and claims whose lease ran
             // out or that were released, run again as `serve`'s scan would
             // take them, however old: a platform cron container may be all
@@ -1188,12 +1194,12 @@ fn refuse_fireless(job: &Job, period: &Period, flag: &str) -> Result<(), Error> 
         return Ok(());
     }
     Err(Error::Usage(format!(
-        "{flag}: no fire of job `{}` covers {}: its schedule{} leaves it out (see `scheduler next {}`)",
+        "{flag}: no fire of job `{}` covers {}: it is not a period of the job ({} it out; see `scheduler next {}`)",
         job.name,
         period.label,
         match job.schedule.days() {
-            Some(_) => ", calendar or active dates",
-            None => "",
+            Some(_) => "its schedule, calendar or active dates leave",
+            None => "its schedule leaves",
         },
         job.name
     )))

@@ -296,6 +296,54 @@ fn an_active_window_holds_for_serve_and_for_backfill() {
         "{}",
         out.stderr()
     );
+    // Past its last date: `next` says so, and `run w` has nothing due (its
+    // last period is weeks past the catch-up window), as `serve` would.
+    let out = ws.run(&["next", "w", "--after", "2026-11-11T12:00:00Z"]);
+    assert_eq!(out.stdout().lines().count(), 1, "{}", out.stdout());
+    assert!(
+        out.stderr().contains(
+            "no further fire after 2026-11-12T09:00:00Z: its active dates end on 2026-11-12"
+        ),
+        "{}",
+        out.stderr()
+    );
+    std::fs::remove_file(ws.path().join("runs.txt")).unwrap();
+    let db = TestDb::sqlite();
+    let out = ws.run(&["--database-url", &db.url, "run", "w"]);
+    assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+    assert!(
+        lines(ws.path().join("runs.txt")).is_empty(),
+        "{}",
+        out.stdout()
+    );
+}
+
+#[test]
+fn a_move_to_the_working_day_before_never_runs_a_period_before_it_may() {
+    let job_with = |extra: &str| {
+        job(&format!(
+            "schedule = \"0 2 * * *\"\ntimezone = \"Europe/Berlin\"\ncalendar = \"business\"\n\
+             on_day_off = \"previous\"\n{extra}\n\n\
+             [[calendar]]\nname = \"business\"\nholidays = [\"2027-01-01\"]"
+        ))
+    };
+    let fire = |job: &scheduler::config::Job, nominal: &str| utc_text(job.timing().at(at(nominal)));
+    // A day period: Saturday's fire is not run on Friday, before Saturday
+    // begins, but on Monday.
+    let daily = job_with("period = \"day\"");
+    assert_eq!(fire(&daily, "2027-01-09T01:00:00Z"), "2027-01-11T01:00:00Z");
+    // A month it covers as `previous`: December is billed after it ends.
+    let billing = job_with("period = \"month\"\ncovers = \"previous\"");
+    assert_eq!(
+        fire(&billing, "2027-01-01T01:00:00Z"),
+        "2027-01-04T01:00:00Z"
+    );
+    // A month it covers as `current`: the last business day, in the month.
+    let close = job_with("period = \"month\"");
+    assert_eq!(fire(&close, "2027-01-31T01:00:00Z"), "2027-01-29T01:00:00Z");
+    // A `fire` period moves back as asked.
+    let plain = job_with("");
+    assert_eq!(fire(&plain, "2027-01-09T01:00:00Z"), "2027-01-08T01:00:00Z");
 }
 
 #[test]
@@ -490,5 +538,18 @@ fn the_api_shows_a_jobs_calendar_its_moved_next_fire_and_no_day_off_in_a_grid() 
         labels,
         ["2026-11-09", "2026-11-10", "2026-11-12", "2026-11-13"]
     );
+    // A day off is no period: 404 (the server once panicked on it).
+    for day_off in ["2026-11-11", "2026-11-14", "2026-10-30"] {
+        let answer = server.get(CI, &format!("/v1/jobs/daily/periods/{day_off}"));
+        assert_eq!(answer.status().as_u16(), 404, "{day_off}");
+        let body: serde_json::Value = answer.json().unwrap();
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("it is not a period of the job"),
+            "{body}"
+        );
+    }
     assert_eq!(server.stop(), 0);
 }

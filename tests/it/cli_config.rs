@@ -614,6 +614,25 @@ fn calendar_mistakes_are_refused_with_their_place() {
             "[[calendar]]\nname = \"b\"\n[[calendar]]\nname = \"b\"\n".to_owned() + &job(""),
             &["jobs.toml:3:1", "calendar name `b` is used twice"],
         ),
+        (
+            job("active_from = \"2027-1-5\""),
+            &[
+                "jobs.toml:4:15",
+                "`2027-1-5` is not a date: expected `YYYY-MM-DD`",
+            ],
+        ),
+        (
+            job("active_from = 2027-06-01T10:00:00"),
+            &["jobs.toml:4:15", "`2027-06-01T10:00:00` is not a date"],
+        ),
+        (
+            "[[calendar]]\nname = \"b\"\nworking_days = [\"tues\"]\n".to_owned() + &job(""),
+            &[
+                "jobs.toml:3:17",
+                "`tues` is not a weekday",
+                "did you mean `tue`?",
+            ],
+        ),
     ];
     for (toml, parts) in &cases {
         assert_says(&check_fails(toml), parts);
@@ -637,7 +656,7 @@ fn a_holidays_file_line_that_is_not_a_date_is_named() {
         &out.stderr(),
         &[
             "jobs.toml:3:17",
-            "holidays.txt line 4: `2027-13-01` is not a date",
+            "holidays.txt:4: `2027-13-01`; expected one ISO date a line",
         ],
     );
     std::fs::remove_file(ws.path().join("holidays.txt")).unwrap();
@@ -647,4 +666,17 @@ fn a_holidays_file_line_that_is_not_a_date_is_named() {
         &out.stderr(),
         &["jobs.toml:3:17", "`holidays_file`: cannot read"],
     );
+}
+
+#[test]
+fn a_calendar_with_a_mistake_is_not_also_called_unknown_and_toml_dates_are_dates() {
+    let text = "[[calendar]]\nname = \"b\"\nholidays = [2027-01-01, \"2027-02-30\"]\n\n\
+                [[job]]\nname = \"a\"\nschedule = \"0 2 1 * *\"\ncalendar = \"b\"\n\
+                active_from = 2027-01-01\ncommand = [\"x\"]\n";
+    let stderr = check_fails(text);
+    assert_says(&stderr, &["jobs.toml:3:25", "`2027-02-30` is not a date"]);
+    assert!(!stderr.contains("unknown calendar"), "{stderr}");
+    let ws = Workspace::new(&text.replace(", \"2027-02-30\"", ""));
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr());
 }

@@ -310,7 +310,23 @@ pub(super) async fn period(
     let (config, _) = authorize(&api, &headers, Need::Read)?;
     let job = find_job(&config, &name)?;
     let max_age = number("max_age", fresh.max_age.as_deref(), MAX_AGE as usize)?;
-    let period = manual::periods_between(job, (&label, &label), 1, Names::PATH)?.remove(0);
+    // A label no fire covers (a day off, a date outside the job's active
+    // dates) names no period of the job.
+    let Some(period) = manual::periods_between(job, (&label, &label), 1, Names::PATH)?
+        .into_iter()
+        .next()
+    else {
+        return Err(Reply::ok(
+            StatusCode::NOT_FOUND,
+            json!({
+                "error": format!(
+                    "no fire of job `{}` covers {label}: it is not a period of the job (its schedule, calendar or active dates leave it out)",
+                    job.name
+                ),
+                "field": "period",
+            }),
+        ));
+    };
     let key = format!("period/{}/{}", job.name, period.label);
     let read = async {
         let mut views =
