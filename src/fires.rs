@@ -15,7 +15,7 @@ use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
 
 use crate::calendar::{Calendar, OnDayOff};
 use crate::period::{Covers, Period, PeriodKey, PeriodRule, Unit};
-use crate::schedule::{Schedule, earliest_instant, local};
+use crate::schedule::{Schedule, earliest_instant};
 
 /// How a job's fires are moved and delayed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl<'a> Timing<'a> {
         let mut at = nominal;
         if let Some(shift) = &self.rules.shift {
             let zone = self.schedule.zone();
-            let wall = local(zone, nominal);
+            let wall = self.schedule.wall_of(nominal);
             let date = wall.date();
             if !shift.calendar.is_working(date) {
                 let on = |day: NaiveDate| earliest_instant(zone, day.and_time(wall.time()));

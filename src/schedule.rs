@@ -234,6 +234,21 @@ impl Schedule {
         }
     }
 
+    /// The wall-clock time the pattern matched for `fire`: its local time,
+    /// or, for a fire shifted out of a spring-forward gap, the time in the
+    /// gap it was written for (02:30, not the 03:00 it ran at).
+    pub fn wall_of(&self, fire: DateTime<Utc>) -> NaiveDateTime {
+        let wall = local(self.zone, fire);
+        let before = local(self.zone, fire - TimeDelta::seconds(1));
+        if wall - before <= TimeDelta::seconds(1) {
+            return wall;
+        }
+        match self.cron.find_previous_occurrence(&wall, false) {
+            Ok(matched) if matched > before => matched,
+            _ => wall,
+        }
+    }
+
     /// The fires in `(after, until]`, oldest first.
     pub fn fires_between(
         &self,

@@ -344,6 +344,12 @@ fn a_move_to_the_working_day_before_never_runs_a_period_before_it_may() {
     // A `fire` period moves back as asked.
     let plain = job_with("");
     assert_eq!(fire(&plain, "2027-01-09T01:00:00Z"), "2027-01-08T01:00:00Z");
+    // A 02:30 fire that spring-forward shifted to 03:00 moves as 02:30.
+    let gap = job(
+        "schedule = \"30 2 * * *\"\ntimezone = \"Europe/Berlin\"\ncalendar = \"b\"\n\
+         on_day_off = \"previous\"\n\n[[calendar]]\nname = \"b\"",
+    );
+    assert_eq!(fire(&gap, "2027-03-28T01:00:00Z"), "2027-03-26T01:30:00Z");
 }
 
 #[test]
