@@ -25,12 +25,25 @@ pub struct Calendar {
     longest: u32,
 }
 
-/// A calendar that would have no working day.
+/// The most days off in a row a calendar may have: a year and a day. More
+/// is a mistake (a file of every date), and every walk over moved fires
+/// looks that far.
+pub const LONGEST_CLOSURE: u32 = 366;
+
+/// A calendar that cannot be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "calendar `{0}` has no working weekday: it excludes every day, so no fire of a job on it would ever run"
-)]
-pub struct NoWorkingDay(pub String);
+pub enum CalendarError {
+    /// No working weekday.
+    #[error(
+        "calendar `{0}` has no working weekday: it excludes every day, so no fire of a job on it would ever run"
+    )]
+    NoWorkingDay(String),
+    /// More than [`LONGEST_CLOSURE`] days off in a row.
+    #[error(
+        "calendar `{0}` has {1} days off in a row: at most {LONGEST_CLOSURE} (a year and a day); is every date of a span listed as a holiday?"
+    )]
+    TooLongClosed(String, u32),
+}
 
 impl Calendar {
     /// A calendar; refused without a working weekday.
@@ -38,13 +51,13 @@ impl Calendar {
         name: &str,
         weekdays: &[Weekday],
         holidays: impl IntoIterator<Item = NaiveDate>,
-    ) -> Result<Calendar, NoWorkingDay> {
+    ) -> Result<Calendar, CalendarError> {
         let mut working = [false; 7];
         for day in weekdays {
             working[day.num_days_from_monday() as usize] = true;
         }
         if !working.contains(&true) {
-            return Err(NoWorkingDay(name.to_owned()));
+            return Err(CalendarError::NoWorkingDay(name.to_owned()));
         }
         let mut calendar = Calendar {
             name: name.to_owned(),
@@ -53,6 +66,12 @@ impl Calendar {
             longest: 0,
         };
         calendar.longest = calendar.measure_longest();
+        if calendar.longest > LONGEST_CLOSURE {
+            return Err(CalendarError::TooLongClosed(
+                name.to_owned(),
+                calendar.longest,
+            ));
+        }
         Ok(calendar)
     }
 
@@ -269,9 +288,16 @@ mod tests {
     }
 
     #[test]
-    fn a_calendar_without_a_working_weekday_is_refused() {
+    fn a_calendar_without_a_working_weekday_or_with_years_off_is_refused() {
         let e = Calendar::new("never", &[], []).unwrap_err();
         assert!(e.to_string().contains("excludes every day"), "{e}");
+        let start = date("1800-01-01");
+        let every = (0..1_000).map(|n| start + chrono::Days::new(n));
+        let e = Calendar::new("all", &[Weekday::Mon], every).unwrap_err();
+        assert!(
+            e.to_string().contains("days off in a row: at most 366"),
+            "{e}"
+        );
     }
 
     #[test]

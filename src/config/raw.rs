@@ -718,6 +718,22 @@ impl RawJob {
         .filter(|_| zone.is_some());
         let (days, fires_rules) = self.days_and_fires(at, calendars, &mut errors);
         let schedule = schedule.map(|s| s.with_days(days));
+        if let Some(schedule) = &schedule
+            && schedule.days().is_some()
+            && schedule.next_after(chrono::DateTime::UNIX_EPOCH).is_none()
+        {
+            let span = self
+                .calendar
+                .as_ref()
+                .map_or(self.schedule.span(), Spanned::span);
+            errors.push(at.error(
+                span,
+                format!(
+                    "job `{name}` would never fire: `{}` falls only on days its calendar skips or outside its active dates",
+                    schedule.source()
+                ),
+            ));
+        }
         if let (Some(schedule), Some(shift)) = (&schedule, &fires_rules.shift)
             && let Some(problem) = too_frequent_to_move(schedule)
         {

@@ -444,7 +444,8 @@ fn a_burst_of_a_thousand_jittered_jobs_spreads_its_starts_over_the_bound() {
         );
     }
     let ws = Workspace::new(&toml);
-    let serve = crate::serve::serve(&ws, &db.url);
+    // Killed if the test fails before it stops it.
+    let mut serve = Replica(Some(crate::serve::serve(&ws, &db.url)));
     let file = std::path::PathBuf::from(db.url.strip_prefix("sqlite://").unwrap());
     crate::support::eventually("the database", std::time::Duration::from_secs(60), || {
         file.exists()
@@ -483,7 +484,7 @@ fn a_burst_of_a_thousand_jittered_jobs_spreads_its_starts_over_the_bound() {
             complete(&starts).is_some()
         },
     );
-    assert_eq!(crate::serve::stop(serve), 0);
+    assert_eq!(crate::serve::stop(serve.0.take().unwrap()), 0);
     let boundary = complete(&starts).unwrap();
     // Every second of the bound has starts, none more than a tenth.
     let mut per_second = [0usize; 21];
@@ -558,4 +559,16 @@ fn the_api_shows_a_jobs_calendar_its_moved_next_fire_and_no_day_off_in_a_grid() 
         );
     }
     assert_eq!(server.stop(), 0);
+}
+
+/// A `serve` killed when dropped, unless stopped first.
+struct Replica(Option<std::process::Child>);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

@@ -680,3 +680,37 @@ fn a_calendar_with_a_mistake_is_not_also_called_unknown_and_toml_dates_are_dates
     let out = ws.run(&["check"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
 }
+
+#[test]
+fn a_calendar_of_years_off_and_a_job_that_would_never_fire_are_refused() {
+    let ws = Workspace::new(
+        "[[calendar]]\nname = \"all\"\nholidays_file = \"every-day.txt\"\n\n\
+         [[job]]\nname = \"a\"\nschedule = \"0 7 * * *\"\ncalendar = \"all\"\non_day_off = \"next\"\n\
+         command = [\"x\"]\n",
+    );
+    let start = chrono::NaiveDate::from_ymd_opt(1800, 1, 1).unwrap();
+    let every: Vec<String> = (0..100_000)
+        .map(|n| (start + chrono::Days::new(n)).to_string())
+        .collect();
+    std::fs::write(ws.path().join("every-day.txt"), every.join("\n")).unwrap();
+    let out = ws.run(&["check"]);
+    assert_eq!(out.code(), 2, "{}", out.stdout());
+    assert_says(
+        &out.stderr(),
+        &[
+            "jobs.toml:2:8",
+            "calendar `all` has 100000 days off in a row: at most 366",
+        ],
+    );
+    let stderr = check_fails(
+        "[[calendar]]\nname = \"b\"\n\n[[job]]\nname = \"sat\"\nschedule = \"0 7 * * 6\"\n\
+         calendar = \"b\"\ncommand = [\"x\"]\n",
+    );
+    assert_says(
+        &stderr,
+        &[
+            "jobs.toml:7:12",
+            "job `sat` would never fire: `0 7 * * 6` falls only on days its calendar skips",
+        ],
+    );
+}
