@@ -235,7 +235,9 @@ impl Days {
 pub fn parse_dates(text: &str) -> Result<Vec<NaiveDate>, Vec<(usize, String)>> {
     let mut dates = Vec::new();
     let mut bad = Vec::new();
+    // A byte-order mark, CRLF or CR line ends: as a spreadsheet saves it.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let text = text.replace("\r\n", "\n").replace('\r', "\n");
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
@@ -304,6 +306,10 @@ mod tests {
     fn a_holiday_file_names_the_line_that_is_not_a_date() {
         assert_eq!(
             parse_dates("# holidays\n2027-01-01\n\n2027-12-25 # Christmas\n"),
+            Ok(vec![date("2027-01-01"), date("2027-12-25")])
+        );
+        assert_eq!(
+            parse_dates("\u{feff}2027-01-01\r2027-12-25\r\n"),
             Ok(vec![date("2027-01-01"), date("2027-12-25")])
         );
         assert_eq!(

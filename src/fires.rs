@@ -149,13 +149,12 @@ impl<'a> Timing<'a> {
 
     /// The first fire due strictly after `t`.
     pub fn next(&self, t: DateTime<Utc>) -> Option<Fire> {
-        let (back, ahead) = self.reach();
-        if back.is_zero() && ahead.is_zero() {
+        if self.is_plain() {
             return self.schedule.next_after(t).map(plain);
         }
+        let (back, ahead) = self.reach();
         let mut best: Option<Fire> = None;
-        // A nominal fire at or before `t - ahead` runs at `t` at the latest.
-        let mut nominal = self.schedule.next_after(t - ahead);
+        let mut nominal = self.first_after(t - ahead);
         while let Some(n) = nominal {
             // Later ones run at `n - back` at the earliest.
             if best.is_some_and(|b| n - back > b.at) {
@@ -173,17 +172,17 @@ impl<'a> Timing<'a> {
     /// The fires due in `(after, until]`, by when they are due (then by
     /// nominal instant).
     pub fn between(&self, after: DateTime<Utc>, until: DateTime<Utc>) -> Vec<Fire> {
-        let (back, ahead) = self.reach();
-        if back.is_zero() && ahead.is_zero() {
+        if self.is_plain() {
             return self
                 .schedule
                 .fires_between(after, until)
                 .map(plain)
                 .collect();
         }
-        let mut fires: Vec<Fire> = self
-            .schedule
-            .fires_between(after - ahead, until + back)
+        let (back, ahead) = self.reach();
+        let first = self.first_after(after - ahead);
+        let mut fires: Vec<Fire> = std::iter::successors(first, |n| self.schedule.next_after(*n))
+            .take_while(|n| *n <= until + back)
             .map(|n| Fire {
                 nominal: n,
                 at: self.at(n),
@@ -197,34 +196,53 @@ impl<'a> Timing<'a> {
     /// The last fire due at or before `now`.
     pub fn latest(&self, now: DateTime<Utc>) -> Option<Fire> {
         let tick = TimeDelta::nanoseconds(1);
-        let (back, ahead) = self.reach();
-        if back.is_zero() && ahead.is_zero() {
+        if self.is_plain() {
             return self.schedule.prev_before(now + tick).map(plain);
         }
+        let (back, ahead) = self.reach();
         let mut best: Option<Fire> = None;
         // A nominal fire after `now + back` runs after `now`.
         let mut nominal = self.schedule.prev_before(now + back + tick);
+        let mut later = nominal.and_then(|n| self.schedule.next_after(n));
         while let Some(n) = nominal {
-            // Earlier ones run at `n + ahead` at the latest.
-            if best.is_some_and(|b| n + ahead < b.at) {
+            // This one and earlier ones run before `later + ahead`.
+            if let (Some(b), Some(l)) = (best, later)
+                && l + ahead <= b.at
+            {
                 break;
             }
             let at = self.at(n);
             if at <= now && best.is_none_or(|b| at > b.at) {
                 best = Some(Fire { nominal: n, at });
             }
+            later = Some(n);
             nominal = self.schedule.prev_before(n);
         }
         best
     }
 
+    fn is_plain(&self) -> bool {
+        self.rules.shift.is_none() && self.rules.jitter.is_none()
+    }
+
+    /// The first nominal fire that can run after `t`, given that a fire
+    /// moved on by at most `ahead` still runs before its successor's
+    /// nominal instant plus `ahead` (the jitter stays below the gap): the
+    /// last one at or before `t`, else the first after it.
+    fn first_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.schedule
+            .prev_before(t + TimeDelta::nanoseconds(1))
+            .or_else(|| self.schedule.next_after(t))
+    }
+
     /// How far before its nominal instant a fire can run (moved to a
-    /// previous working day), and how far after (moved on, delayed); a day
-    /// more than the calendar's longest closure covers a daylight-saving
-    /// change on the way.
+    /// previous working day), and how far after its *next* fire's nominal
+    /// instant (moved on; the jitter, below the gap, adds nothing past
+    /// that); a day more than the calendar's longest closure covers a
+    /// daylight-saving change on the way.
     fn reach(&self) -> (TimeDelta, TimeDelta) {
         let days = |c: &Calendar| TimeDelta::days(i64::from(c.longest_closure()) + 1);
-        let (back, mut ahead) = match &self.rules.shift {
+        match &self.rules.shift {
             // Moved back, or on where back is too early.
             Some(Shift {
                 calendar,
@@ -235,12 +253,31 @@ impl<'a> Timing<'a> {
                 to: OnDayOff::Next,
             }) => (TimeDelta::zero(), days(calendar)),
             _ => (TimeDelta::zero(), TimeDelta::zero()),
-        };
-        if let Some(jitter) = self.rules.jitter {
-            ahead += TimeDelta::from_std(jitter).unwrap_or(TimeDelta::zero());
         }
-        (back, ahead)
     }
+}
+
+/// Where a job's fires are taken up again after a reload changed how they
+/// run (`old` → `new`): from the earliest fire the old rules may not have
+/// run by `fired_until`, so that one the new rules make due earlier (a
+/// smaller jitter, a holiday taken out) is not lost; what already ran is
+/// answered done by its claim. Unchanged rules go on from `fired_until`.
+pub fn resume_from(old: &Timing, new: &Timing, fired_until: DateTime<Utc>) -> DateTime<Utc> {
+    let same = old.schedule.source() == new.schedule.source()
+        && old.schedule.zone() == new.schedule.zone()
+        && old.schedule.dst() == new.schedule.dst()
+        && old.schedule.days() == new.schedule.days()
+        && old.period == new.period
+        && old.rules == new.rules;
+    if same {
+        return fired_until;
+    }
+    let (_, ahead) = old.reach();
+    let (back, _) = new.reach();
+    old.first_after(fired_until - ahead)
+        .map_or(fired_until, |n| {
+            (n - back - TimeDelta::nanoseconds(1)).min(fired_until)
+        })
 }
 
 fn plain(nominal: DateTime<Utc>) -> Fire {

@@ -17,11 +17,12 @@ pub fn fire_line(job: &Job, fire: Fire) -> String {
     let timing = job.timing();
     let period = timing.period_of(&fire);
     let mut notes = String::new();
+    let jitter = timing.jitter(fire.nominal);
     let nominal_day = fire.nominal.with_timezone(&zone).date_naive();
-    if fire.at.with_timezone(&zone).date_naive() != nominal_day {
+    // Moved by the calendar, not carried past midnight by the jitter.
+    if (fire.at - jitter).with_timezone(&zone).date_naive() != nominal_day {
         notes += &format!("  moved from {nominal_day}");
     }
-    let jitter = timing.jitter(fire.nominal);
     if !jitter.is_zero() {
         notes += &format!("  jitter +{}s", jitter.num_seconds());
     }

@@ -871,11 +871,17 @@ impl Service {
         {
             retire_gauges(&gone.name);
         }
-        let (old, old_jobs) = (&self.by_name, &self.jobs);
+        let (old, old_jobs, fired_until) = (&self.by_name, &self.jobs, self.fired_until);
         self.timer = Timer::resumed(
             &jobs,
-            |name| old.find(old_jobs, name).is_some(),
-            self.fired_until,
+            |job| {
+                let was = &old_jobs[old.find(old_jobs, &job.name)?];
+                Some(crate::fires::resume_from(
+                    &was.timing(),
+                    &job.timing(),
+                    fired_until,
+                ))
+            },
             self.clock.now(),
         );
         self.by_name = by_name;
@@ -1309,6 +1315,56 @@ mod tests {
                 at("2027-01-13T05:00:00Z", "2027-01-13"),
             ]
         );
+    }
+
+    /// A reload that makes a period due earlier than it was, at an instant
+    /// already past, still fires it (the review found it lost: the timer
+    /// went on from where it had fired other jobs up to).
+    #[tokio::test]
+    async fn a_reload_that_makes_a_period_due_earlier_still_fires_it() {
+        let text = |jitter: &str| {
+            format!(
+                "[[job]]\nname = \"h\"\nschedule = \"*/5 * * * * *\"\njitter = \"{jitter}\"\ncommand = [\"true\"]\n\n\
+                 [[job]]\nname = \"k\"\nschedule = \"*/5 * * * * *\"\ncommand = [\"true\"]\n"
+            )
+        };
+        let path = std::path::Path::new("jobs.toml");
+        let config = Config::parse(path, &text("1h"), &|_| None).expect("valid jobs");
+        // A fire of `h` delayed three seconds or more.
+        let start = Utc.with_ymd_and_hms(2027, 1, 4, 10, 0, 0).unwrap();
+        let p = (0..100)
+            .map(|n| start + TimeDelta::seconds(5 * n))
+            .find(|p| config.jobs[0].timing().jitter(*p) >= TimeDelta::seconds(3))
+            .expect("a fire delayed 3 s");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let clock = Arc::new(StoppedClock::at(p - TimeDelta::seconds(1)));
+        let (_down, shutdown) = watch::channel(false);
+        let mut service =
+            Service::on(path.into(), config, engine, shutdown).with_clock(clock.clone());
+        let mut fired = Vec::new();
+        let mut step = |service: &mut Service, millis: i64| {
+            clock.advance(TimeDelta::milliseconds(millis));
+            service.fire();
+            fired.extend(
+                service
+                    .pending
+                    .drain(..)
+                    .map(|(job, due)| format!("{}:{}", job.name, due.period.label)),
+            );
+        };
+        // `k` fires at P; `h`'s P is due three seconds or more later ...
+        step(&mut service, 1_000);
+        step(&mut service, 2_800);
+        // ... when a reload takes its jitter down to nothing: now past.
+        let reloaded = Config::parse(path, &text("1s"), &|_| None).expect("valid jobs");
+        service.replace_jobs(shared(reloaded.jobs));
+        step(&mut service, 100);
+        let label = crate::period::utc_text(p);
+        assert!(fired.contains(&format!("h:{label}")), "{fired:?}");
+        assert!(fired.contains(&format!("k:{label}")), "{fired:?}");
     }
 
     #[tokio::test]

@@ -23,23 +23,23 @@ type Next = (DateTime<Utc>, usize, DateTime<Utc>);
 impl Timer {
     /// A timer with each job's first fire after `now`.
     pub(super) fn new(jobs: &[Arc<Job>], now: DateTime<Utc>) -> Timer {
-        Timer::resumed(jobs, |_| false, now, now)
+        Timer::resumed(jobs, |_| None, now)
     }
 
-    /// A timer for jobs.toml read again: a job it had before (`known`)
-    /// goes on from `fired_until`, so its fires since then are due; a new
-    /// one starts after `now`.
+    /// A timer for jobs.toml read again: a job it had before goes on from
+    /// where `known` says (where its fires were taken up to, or earlier
+    /// if the reload changed them: [`crate::fires::resume_from`]), so its
+    /// fires since then are due; a new one starts after `now`.
     pub(super) fn resumed(
         jobs: &[Arc<Job>],
-        known: impl Fn(&str) -> bool,
-        fired_until: DateTime<Utc>,
+        known: impl Fn(&Job) -> Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Timer {
         let heap = jobs
             .iter()
             .enumerate()
             .filter_map(|(i, job)| {
-                let from = if known(&job.name) { fired_until } else { now };
+                let from = known(job).unwrap_or(now);
                 job.timing()
                     .next(from)
                     .map(|fire| Reverse((fire.at, i, from)))
@@ -175,8 +175,7 @@ mod tests {
         let jobs = jobs(TWO_JOBS);
         let mut timer = Timer::resumed(
             &jobs,
-            |name| name == "a",
-            at("2026-07-15T10:00:30Z"),
+            |job| (job.name == "a").then(|| at("2026-07-15T10:00:30Z")),
             at("2026-07-15T10:03:30Z"),
         );
         let mut due = popped(&mut timer, &jobs, "2026-07-15T10:03:30Z");
