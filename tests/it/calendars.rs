@@ -572,3 +572,58 @@ impl Drop for Replica {
         }
     }
 }
+
+/// The reload the review found losing a period, on a real `serve`: a
+/// SIGHUP that takes a job's jitter down makes its pending period due at
+/// an instant already past; it runs, once.
+#[test]
+fn a_sighup_that_makes_a_period_due_earlier_runs_it_once() {
+    let db = TestDb::sqlite();
+    let toml = |jitter: &str| {
+        format!(
+            "[scheduler]\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n\
+             [[job]]\nname = \"h\"\nschedule = \"*/10 * * * * *\"\njitter = \"{jitter}\"\n\
+             shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n\n\
+             [[job]]\nname = \"k\"\nschedule = \"*/10 * * * * *\"\ncommand = [\"true\"]\n"
+        )
+    };
+    let ws = Workspace::new(&toml("1h"));
+    let mut serve = Replica(Some(crate::serve::serve(&ws, &db.url)));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // A fire of `h` delayed six seconds or more, three seconds away or more.
+    let out = ws.run(&["next", "h", "-n", "30"]);
+    let now = chrono::Utc::now();
+    let nominal = out
+        .stdout()
+        .lines()
+        .find_map(|line| {
+            let cols: Vec<&str> = line.split("  ").collect();
+            let nominal = at(cols[2].strip_prefix("h:")?);
+            let jitter: i64 = cols
+                .get(3)?
+                .strip_prefix("jitter +")?
+                .strip_suffix('s')?
+                .parse()
+                .ok()?;
+            (jitter >= 6 && nominal - now >= TimeDelta::seconds(3)).then_some(nominal)
+        })
+        .unwrap_or_else(|| panic!("no fire delayed 6 s in:\n{}", out.stdout()));
+    let until = |t: chrono::DateTime<chrono::Utc>| {
+        let wait = (t - chrono::Utc::now()).to_std().unwrap_or_default();
+        std::thread::sleep(wait);
+    };
+    // `k` has fired at the nominal instant; `h`'s period is still ahead ...
+    until(nominal + TimeDelta::seconds(3));
+    // ... when a reload takes the jitter down to nothing: now past.
+    std::fs::write(ws.path().join("jobs.toml"), toml("1s")).unwrap();
+    crate::serve::signal(serve.0.as_ref().unwrap(), nix::sys::signal::Signal::SIGHUP);
+    until(nominal + TimeDelta::seconds(14));
+    assert_eq!(crate::serve::stop(serve.0.take().unwrap()), 0);
+    let key = format!("h:{}", utc_text(nominal));
+    let runs = lines(ws.path().join("runs.txt"));
+    assert_eq!(
+        runs.iter().filter(|r| **r == key).count(),
+        1,
+        "{key} in {runs:?}"
+    );
+}
