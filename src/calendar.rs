@@ -186,13 +186,6 @@ pub enum Step {
 }
 
 impl Days {
-    /// Whether fires on `date` exist.
-    pub fn allows(&self, date: NaiveDate) -> bool {
-        self.from.is_none_or(|from| date >= from)
-            && self.until.is_none_or(|until| date <= until)
-            && self.working.as_ref().is_none_or(|c| c.is_working(date))
-    }
-
     /// Walking forward from `date`.
     pub fn forward(&self, date: NaiveDate) -> Step {
         if self.until.is_some_and(|until| date > until) {
@@ -343,6 +336,7 @@ mod tests {
             Step::To(date("2027-01-08"))
         );
         assert_eq!(days.backward(date("2027-01-05")), Step::End);
-        assert!(days.allows(date("2027-01-07")) && !days.allows(date("2027-01-09")));
+        assert_eq!(days.forward(date("2027-01-07")), Step::Here);
+        assert_eq!(days.backward(date("2027-01-07")), Step::Here);
     }
 }
