@@ -62,15 +62,31 @@ impl fmt::Display for ClaimState {
     }
 }
 
-/// Where one period stands now: the one view of a period that `status`,
-/// the HTTP API and the library show, made from its claim (if any), its
-/// fire and the database's clock.
+/// Where one period stands now: the one view of a period (SPEC §12) that
+/// every mode and view reads, made from its claim (if any), its fire, when
+/// its job was first seen, `catch_up`, its upstream periods and the
+/// database's clock. Past its deadline an unfinished period is also
+/// *late*: a mark beside the state, not a state of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PeriodState {
     /// Its fire is still ahead.
     NotDue,
-    /// Due, and never claimed.
-    Missing,
+    /// Fired before the job was first seen (and not the latest fire
+    /// within `catch_up` of that sighting): nobody runs it on its own.
+    /// Drawn neutral, never as an alarm.
+    BeforeFirstSeen,
+    /// Fired since the job owes its fires, within `catch_up`, never
+    /// claimed: the next wake-up, scan or `run JOB` takes it.
+    Due,
+    /// Fired since the job owes its fires, older than `catch_up`, never
+    /// claimed: nobody runs it on its own; an alarm.
+    Missed,
+    /// Due and never claimed, and an upstream period it needs (its job's
+    /// `after`) has not succeeded: claimed once they all have.
+    Waiting,
+    /// Due and never claimed, and every upstream period it needs has
+    /// succeeded: the next scan or `run JOB` takes it.
+    Ready,
     /// An attempt runs it under a live lease.
     Running,
     /// Released while running: held until its runner confirms the stop or
@@ -84,16 +100,13 @@ pub enum PeriodState {
     Succeeded,
     /// Its latest attempt failed.
     Failed,
-    /// Due and never claimed, and an upstream period it needs (its job's
-    /// `after`) has not succeeded: claimed once they all have.
-    Waiting,
     /// Its latest attempt succeeded, but an upstream period it needs
     /// succeeded again since that attempt started (a forced rerun): its
     /// result may be built on what was replaced.
     Stale,
-    /// Past its deadline (the job's `deadline` after its fire) and not
-    /// succeeded: never claimed, running, failed or waiting.
-    Late,
+    /// Recorded by `scheduler adopt` as done by an earlier system: never
+    /// run here, succeeded for `after`.
+    Adopted,
 }
 
 impl PeriodState {
@@ -102,16 +115,34 @@ impl PeriodState {
     pub fn as_str(self) -> &'static str {
         match self {
             PeriodState::NotDue => "not due",
-            PeriodState::Missing => "missing",
+            PeriodState::BeforeFirstSeen => "before first seen",
+            PeriodState::Due => "due",
+            PeriodState::Missed => "missed",
+            PeriodState::Waiting => "waiting",
+            PeriodState::Ready => "ready",
             PeriodState::Running => "running",
             PeriodState::Stopping | PeriodState::Released => "released",
             PeriodState::LeaseExpired => "lease expired",
             PeriodState::Succeeded => "succeeded",
             PeriodState::Failed => "failed",
-            PeriodState::Waiting => "waiting",
             PeriodState::Stale => "stale",
-            PeriodState::Late => "late",
+            PeriodState::Adopted => "adopted",
         }
+    }
+
+    /// Whether it is done: succeeded (stale too: it did) or adopted. A
+    /// period not done is late once its deadline passed, unless nobody
+    /// owes it (before first seen) or its fire is ahead.
+    pub fn is_done(self) -> bool {
+        matches!(
+            self,
+            PeriodState::Succeeded | PeriodState::Stale | PeriodState::Adopted
+        )
+    }
+
+    /// Whether a deadline can make it late: owed and not done.
+    pub fn can_be_late(self) -> bool {
+        !self.is_done() && !matches!(self, PeriodState::NotDue | PeriodState::BeforeFirstSeen)
     }
 }
 
@@ -204,6 +235,9 @@ pub enum Trigger {
     /// of them succeeded again and its job reruns on that
     /// (`on_upstream_rerun = "rerun"`).
     Upstream,
+    /// Recorded by `scheduler adopt`: an earlier system ran it; no job
+    /// ever starts under this trigger.
+    Adopted,
 }
 
 impl Trigger {
@@ -216,6 +250,7 @@ impl Trigger {
             Trigger::Recovery => "recovery",
             Trigger::Manual => "manual",
             Trigger::Upstream => "upstream",
+            Trigger::Adopted => "adopted",
         }
     }
 
@@ -226,6 +261,7 @@ impl Trigger {
             "recovery" => Trigger::Recovery,
             "manual" => Trigger::Manual,
             "upstream" => Trigger::Upstream,
+            "adopted" => Trigger::Adopted,
             _ => Trigger::Schedule,
         }
     }

@@ -9,6 +9,7 @@ use crate::cli::inspect;
 use crate::cli::run;
 use crate::cli::{Cli, Command};
 use crate::config::{Config, ConfigError};
+use crate::engine::operate::Adoption;
 use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Unread, say};
 use crate::serve::Service;
@@ -71,7 +72,8 @@ pub async fn execute(cli: Cli) -> Result<Outcome, Error> {
 }
 
 /// The commands that read or change the database without running jobs:
-/// `migrate`, `status`, `history`, `release`, `pause`, `resume`, `prune`.
+/// `migrate`, `status`, `history`, `release`, `adopt`, `pause`, `resume`,
+/// `prune`.
 async fn inspect_database(
     command: Command,
     config: &Config,
@@ -136,6 +138,21 @@ async fn inspect_database(
         Command::Release { job, period } => inspect::release(config, store, &job, &period)
             .await
             .or_else(Unread::into_result),
+        Command::Adopt {
+            job,
+            through,
+            from,
+            to,
+        } => {
+            let which = match (&through, &from, &to) {
+                (Some(through), _, _) => Adoption::Through(through),
+                (None, Some(from), Some(to)) => Adoption::Range(from, to),
+                _ => return Err(Error::Usage("adopt: give --through LABEL, or --from and --to".into())),
+            };
+            inspect::adopt(config, store, &job, which, now)
+                .await
+                .or_else(Unread::into_result)
+        }
         Command::Pause { job } => inspect::pause(store, &config.full_name(&job), true)
             .await
             .or_else(Unread::into_result),
@@ -228,7 +245,10 @@ fn without_database(
         } => {
             inspect::period_key_of(config.job(job)?, period)?;
         }
-        Command::History { job, .. } | Command::Pause { job } | Command::Resume { job } => {
+        Command::History { job, .. }
+        | Command::Pause { job }
+        | Command::Resume { job }
+        | Command::Adopt { job, .. } => {
             config.job(job)?;
         }
         Command::Status {
@@ -264,7 +284,9 @@ async fn open(
     if let Some(flag) = flag {
         config.mask_also(&crate::config::address::url_passwords(flag));
     }
-    let creates = runs_actions || matches!(command, Command::Migrate);
+    // `adopt` is the step before a job's first run when it moves from
+    // another scheduler: it may be the first thing to touch the database.
+    let creates = runs_actions || matches!(command, Command::Migrate | Command::Adopt { .. });
     if matches!(url, DatabaseUrl::Sqlite { .. }) && runs_actions {
         config.check_for_sqlite()?;
     }

@@ -414,7 +414,8 @@ async fn stale(
 pub const RANGE_LIMIT: usize = 100_000;
 
 /// `scheduler status JOB --from L --to L`: one line per period of the
-/// range: succeeded, failed, running, missing (due, never run) or not due.
+/// range, in the words of the one rule (SPEC §12), `late` beside any
+/// owed period past its deadline.
 pub async fn range(
     config: &Config,
     store: &Store,
@@ -440,8 +441,19 @@ pub async fn range(
                 (None, _) if view.state == PeriodState::NotDue => {
                     format!("fires at {}", time(view.fire))
                 }
-                (None, Some(waits)) => format!("due, waiting for {waits}"),
-                (None, None) => "due, never run".to_owned(),
+                (None, _) if view.state == PeriodState::BeforeFirstSeen => format!(
+                    "fired at {}, before the job was first seen: runs only by hand (or `adopt` it)",
+                    time(view.fire)
+                ),
+                (None, _) if view.state == PeriodState::Missed => format!(
+                    "fired at {}, older than catch_up, never run: runs only by hand",
+                    time(view.fire)
+                ),
+                (None, Some(waits)) => format!("waiting for {waits}"),
+                (None, None) => format!("fired at {}, never run: the next run takes it", time(view.fire)),
+                (Some(row), _) if view.state == PeriodState::Adopted => {
+                    format!("adopted ({}) at {}", row.owner, time(row.finished_at))
+                }
                 (Some(row), _) => format!(
                     "attempt {}  {}{}",
                     row.attempt,
@@ -449,7 +461,11 @@ pub async fn range(
                     stale_words(&view)
                 ),
             };
-            say(format_args!("{}  {:<13}  {detail}", view.key, view.state))?;
+            let late = if view.late { "  late" } else { "" };
+            say(format_args!(
+                "{}  {:<17}  {detail}{late}",
+                view.key, view.state
+            ))?;
         }
     }
     Ok(Outcome::Done)
@@ -660,6 +676,39 @@ pub async fn release(
         }
     }
     Ok(Outcome::Done)
+}
+
+/// `scheduler adopt JOB --through L` / `--from A --to B`: one line per
+/// period recorded; a period with a claim refuses them all (exit 2), each
+/// named with where it stands.
+pub async fn adopt(
+    config: &Config,
+    store: &Store,
+    job: &str,
+    which: operate::Adoption<'_>,
+    now: DateTime<Utc>,
+) -> Result<Outcome, Unread> {
+    let job = config.job(job)?;
+    let by = format!("cli:{}", crate::cli::run::user());
+    let names = crate::engine::manual::Names::FLAGS;
+    match operate::adopt(store, job, which, &by, now, names).await? {
+        operate::Adopted::Recorded(keys) => {
+            for key in &keys {
+                say(format_args!("{key}  adopted"))?;
+            }
+            Ok(Outcome::Done)
+        }
+        operate::Adopted::Claimed(rows) => {
+            let said: Vec<String> = rows
+                .iter()
+                .map(|row| format!("{} is {} (attempt {})", row.period_key, row.standing(), row.attempt))
+                .collect();
+            Err(Unread::Failed(Error::Usage(format!(
+                "adopt: nothing adopted: {}; a period that has a claim here ran here (or was adopted already) and is never adopted",
+                said.join(", ")
+            ))))
+        }
+    }
 }
 
 /// The period key `--period LABEL` names for `job`.

@@ -124,6 +124,25 @@ pub enum Command {
         #[arg(long)]
         period: String,
     },
+    /// Record periods an earlier system (cron, a CronJob) already ran as
+    /// `adopted`: never run here, succeeded for `after`. Refused for a
+    /// period that has a claim, or is not due; nothing is written then.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["through", "from"])))]
+    Adopt {
+        /// The job.
+        job: String,
+        /// Every period through this label that the scheduler could take
+        /// on its own (those fired within catch_up before the job was
+        /// first seen, or before now), this one included.
+        #[arg(long, conflicts_with_all = ["from", "to"])]
+        through: Option<String>,
+        /// The first period of a range to adopt, inclusive.
+        #[arg(long, requires = "to")]
+        from: Option<String>,
+        /// The last period of the range, inclusive.
+        #[arg(long, requires = "from")]
+        to: Option<String>,
+    },
     /// Stop scheduling a job, on every replica.
     Pause {
         /// The job.

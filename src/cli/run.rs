@@ -37,7 +37,7 @@ pub fn request(args: &RunArgs) -> Request {
 }
 
 /// Who runs this command, by the name of their user.
-fn user() -> String {
+pub(crate) fn user() -> String {
     nix::unistd::User::from_uid(nix::unistd::getuid())
         .ok()
         .flatten()

@@ -286,6 +286,7 @@ impl CodeJob {
                 on_rerun: self.on_upstream_rerun.unwrap_or_default(),
                 ..After::default()
             },
+            catch_up: settings.catch_up,
             definition: Fingerprint::default(),
             secrets: Default::default(),
         };

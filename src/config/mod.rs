@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chrono::{DateTime, TimeDelta, Utc};
 use chrono_tz::Tz;
 use serde::Deserialize;
 
@@ -397,6 +398,10 @@ pub struct Job {
     pub deadline: Option<Duration>,
     /// The upstream periods each of its periods waits for.
     pub after: after::After,
+    /// How far back missed periods are owed: `[scheduler].catch_up`,
+    /// copied here so that the one rule of what a job owes
+    /// ([`Job::owed_since`]) needs nothing but the job.
+    pub catch_up: Duration,
     /// A fingerprint of what it does and when (schedule, zone, period
     /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
     /// recorded on every attempt, so `history` shows where it changed. A
@@ -411,6 +416,23 @@ impl Job {
     /// Its fires as they run: the one answer to when a period is due.
     pub fn timing(&self) -> Timing<'_> {
         Timing::new(&self.name, &self.schedule, &self.period, &self.fires)
+    }
+
+    /// The instant from which the job's fires are owed, given when a
+    /// `serve` or `run JOB` first saw it (SPEC §12): the latest fire at
+    /// that sighting if it lies within `catch_up` of it (a platform cron
+    /// container starts minutes after its fire: that fire is why it
+    /// started), else the sighting itself. A fire before this instant is
+    /// *before first seen*: no mode runs it on its own, no view counts it
+    /// as missed, late or waiting. One rule for the timer, the scan, a
+    /// reload, a resume, `run JOB`, `--dry-run` and every view.
+    pub fn owed_since(&self, first_seen: DateTime<Utc>) -> DateTime<Utc> {
+        let window = TimeDelta::from_std(self.catch_up).unwrap_or(TimeDelta::MAX);
+        self.timing()
+            .latest(first_seen)
+            .map(|fire| fire.at)
+            .filter(|at| first_seen - *at <= window)
+            .map_or(first_seen, |at| at.min(first_seen))
     }
 
     /// Computes [`Job::definition`] from the rest.

@@ -798,6 +798,7 @@ impl RawJob {
             keep,
             deadline,
             after: after.unwrap_or_default(),
+            catch_up: settings.catch_up,
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })

@@ -179,7 +179,7 @@ pub fn upstream_of(job: &Job, period: &Period) -> Vec<(String, String)> {
 /// whether it was ever claimed or not: one from before that job was
 /// deployed is missing until it is run (`--with-upstream`). A job's own
 /// previous period is not waited for if it was never claimed and its fire
-/// came before the job was first seen (or, never seen, before now): no
+/// came before the job owes its fires ([`Job::owed_since`]; never seen, before now): no
 /// scheduler runs such a period on its own, and the job's first period
 /// has no previous one; its older periods are backfilled in order.
 pub async fn look(
@@ -212,10 +212,15 @@ pub async fn look(
         .collect();
     jobs.sort_unstable();
     jobs.dedup();
+    // From when each of them owes its fires (SPEC §12).
     let first_seen = match jobs.is_empty() {
         true => HashMap::new(),
         false => store.first_seen(&jobs).await?,
     };
+    let owed: HashMap<String, DateTime<Utc>> = asked
+        .iter()
+        .filter_map(|(job, _)| Some((job.name.clone(), job.owed_since(*first_seen.get(&job.name)?))))
+        .collect();
     // A previous period from before the first sighting that is noted
     // waiting will run (a first `run` takes the latest due period): it is
     // waited for, so the job's periods run in order.
@@ -231,7 +236,7 @@ pub async fn look(
     };
     Ok(needs
         .into_iter()
-        .map(|needs| standing(needs, &rows, &first_seen, &noted, now))
+        .map(|needs| standing(needs, &rows, &owed, &noted, now))
         .collect())
 }
 
@@ -239,7 +244,7 @@ pub async fn look(
 fn standing(
     needs: Vec<Needed>,
     rows: &HashMap<String, ClaimRow>,
-    first_seen: &HashMap<String, DateTime<Utc>>,
+    owed: &HashMap<String, DateTime<Utc>>,
     noted: &HashMap<String, String>,
     now: DateTime<Utc>,
 ) -> Upstream {
@@ -259,7 +264,7 @@ fn standing(
             && !noted.contains_key(&need.key)
             && need
                 .fire
-                .is_some_and(|fire| fire < first_seen.get(&need.job).copied().unwrap_or(now));
+                .is_some_and(|fire| fire < owed.get(&need.job).copied().unwrap_or(now));
         if before_first_seen {
             continue;
         }

@@ -79,39 +79,58 @@ pub fn of_fires(job: &Job, fires: &[Fire]) -> Vec<Due> {
     due
 }
 
-/// How one period of `job` stands, with the fire that makes it due, its
-/// upstream periods (`after`) as [`super::after::look`] found them. One
-/// answer for `status JOB --from --to`, the API and the notifications.
+/// Where one period stands at an instant, as every mode and view sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// Its state.
+    pub state: PeriodState,
+    /// The fire that makes it due, if the schedule has one.
+    pub fire: Option<DateTime<Utc>>,
+    /// Past its deadline and not done, though owed: the mark `late`.
+    pub late: bool,
+}
+
+/// How one period of `job` stands at `now` (SPEC §12): the one rule, from
+/// its claim, its fire, when the job was first seen (`None`: never; a
+/// first `run` or `serve` now would see it), `catch_up`, its deadline and
+/// its upstream periods (`after`) as [`super::after::look`] found them.
+/// Every view reads it: `status`, `status --from/--to`, the API, the
+/// console, the notifications.
 pub fn standing(
     job: &Job,
     period: &Period,
     row: Option<&ClaimRow>,
+    first_seen: Option<DateTime<Utc>>,
     upstream: &super::after::Upstream,
     now: DateTime<Utc>,
-) -> (PeriodState, Option<DateTime<Utc>>) {
+) -> Standing {
     let fire = job.timing().of(period);
-    let state = match row {
-        None if fire.is_some_and(|f| f > now) => PeriodState::NotDue,
-        None if upstream.waiting() => PeriodState::Waiting,
-        None => PeriodState::Missing,
-        Some(row) => match row.standing() {
+    let owed = job.owed_since(first_seen.unwrap_or(now));
+    let window = TimeDelta::from_std(job.catch_up)
+        .ok()
+        .and_then(|w| now.checked_sub_signed(w))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let state = match (row, fire) {
+        (None, Some(f)) if f > now => PeriodState::NotDue,
+        (None, Some(f)) if f < owed => PeriodState::BeforeFirstSeen,
+        (None, _) if upstream.waiting() => PeriodState::Waiting,
+        (None, Some(f)) if f < window => PeriodState::Missed,
+        (None, _) if job.after.any() => PeriodState::Ready,
+        (None, _) => PeriodState::Due,
+        (Some(row), _) => match row.standing() {
             PeriodState::Succeeded if upstream.stale(row.started_at) => PeriodState::Stale,
             state => state,
         },
     };
-    // Past its deadline and not succeeded, a period is late, whatever else
-    // it is (never claimed, running, failed, waiting).
-    let past_deadline = job
-        .deadline
-        .and_then(|d| TimeDelta::from_std(d).ok())
-        .zip(fire)
-        .is_some_and(|(d, fire)| fire + d <= now);
-    let state = match state {
-        PeriodState::Succeeded | PeriodState::Stale | PeriodState::NotDue => state,
-        _ if past_deadline => PeriodState::Late,
-        _ => state,
-    };
-    (state, fire)
+    // Past its deadline and not done, an owed period is late, whatever
+    // else it is (never claimed, running, failed, waiting).
+    let late = state.can_be_late()
+        && job
+            .deadline
+            .and_then(|d| TimeDelta::from_std(d).ok())
+            .zip(fire)
+            .is_some_and(|(d, fire)| fire + d <= now);
+    Standing { state, fire, late }
 }
 
 /// `serve`'s overdue gauge, counted each minute from what the count before
@@ -216,7 +235,7 @@ impl OverdueCount {
             let Some(seen) = first_seen.get(&job.name) else {
                 continue;
             };
-            let since = window.max(*seen);
+            let since = window.max(job.owed_since(*seen));
             let open = self.jobs.entry(job.name.clone()).or_insert_with(|| Open {
                 job: job.clone(),
                 upto: since,
@@ -405,11 +424,11 @@ async fn unfinished(
     // kept, however long the window.
     let mut asked: Vec<Asked> = Vec::new();
     for (job, from, until) in jobs {
-        // Never seen: `serve` starts it at its next fire.
+        // Never seen: it owes nothing yet.
         let Some(seen) = first_seen.get(&job.name) else {
             continue;
         };
-        let since = (*from).max(*seen);
+        let since = (*from).max(job.owed_since(*seen));
         if *until < since {
             continue;
         }

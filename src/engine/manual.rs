@@ -803,14 +803,13 @@ async fn plan<'a>(
             }
             let window =
                 now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-            let since = window.max(seen.first_seen);
+            // What `serve` would take at this instant (SPEC §12): the fires
+            // the job owes since it was first seen, within the window; the
+            // latest one too only if it is owed (a job first seen days after
+            // its monthly fire does not run that month on its own).
+            let since = window.max(job.owed_since(seen.first_seen));
             let mut listed = due(job, now, since, true);
-            // A job past its last active date has no period now: its last
-            // one is owed within the catch-up window, as `serve` has it,
-            // not for ever.
-            if job.timing().next(now).is_none() {
-                listed.retain(|d| d.fire >= since);
-            }
+            listed.retain(|d| d.fire >= since);
             // Failed periods whose retry is due, and claims whose lease ran
             // out or that were released, run again as `serve`'s scan would
             // take them, however old: a platform cron container may be all
@@ -1164,6 +1163,16 @@ fn bounds(job: &Job, (from, to): (&str, &str), names: Names) -> Result<(Period, 
         )));
     }
     Ok((first, last))
+}
+
+/// The period `label` names for `job`, refused (naming `flag` and why) if
+/// it is no period of the job: not a label of its period rule, a period a
+/// spring-forward skips, or one no fire covers (a day off its calendar
+/// skips, a date outside its active dates).
+pub fn period_of_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
+    let period = parse_label(job, label, flag)?;
+    refuse_fireless(job, &period, flag)?;
+    Ok(period)
 }
 
 fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {

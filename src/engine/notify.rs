@@ -189,7 +189,10 @@ impl Engine {
                     state: match (row, waits.get(key)) {
                         (Some(row), _) => row.standing().as_str(),
                         (None, Some(_)) => crate::state::PeriodState::Waiting.as_str(),
-                        (None, None) => crate::state::PeriodState::Missing.as_str(),
+                        (None, None) if job.after.any() => {
+                            crate::state::PeriodState::Ready.as_str()
+                        }
+                        (None, None) => crate::state::PeriodState::Due.as_str(),
                     },
                     waiting_for: waits.get(key).map(String::as_str),
                     attempt: row.map(|r| r.attempt),

@@ -23,6 +23,105 @@ pub async fn release(
     Ok((key, released))
 }
 
+/// Which periods `scheduler adopt` records.
+#[derive(Debug, Clone, Copy)]
+pub enum Adoption<'a> {
+    /// Every period through this label that the scheduler could take on
+    /// its own: from the oldest one fired within `catch_up` before the
+    /// job's first sighting (before now, if no process has seen it yet),
+    /// or this one alone if it is older.
+    Through(&'a str),
+    /// Every period of the range, both ends included.
+    Range(&'a str, &'a str),
+}
+
+/// What `adopt` did.
+#[derive(Debug)]
+pub enum Adopted {
+    /// These periods are recorded as adopted, oldest first.
+    Recorded(Vec<PeriodKey>),
+    /// Nothing written: these periods have a claim (running, succeeded,
+    /// failed, released, or adopted already), with where each stands.
+    Claimed(Vec<crate::store::ClaimRow>),
+}
+
+/// How many periods one `adopt` records at most.
+pub const ADOPT_LIMIT: usize = 100_000;
+
+/// Records the periods `which` names of `job` as adopted (SPEC §12): an
+/// earlier system ran them, so no mode runs them, `after` counts them
+/// succeeded and every view shows them apart. Refused (a usage error,
+/// nothing written) for a label that is no period of the job or a period
+/// not yet due; with nothing written when any of them has a claim.
+pub async fn adopt(
+    store: &Store,
+    job: &Job,
+    which: Adoption<'_>,
+    by: &str,
+    now: chrono::DateTime<chrono::Utc>,
+    names: super::manual::Names,
+) -> Result<Adopted, Error> {
+    use super::manual::{page_between, period_of_label};
+    let (from, to) = match which {
+        Adoption::Range(from, to) => {
+            period_of_label(job, from, names.from)?;
+            (from.to_owned(), to)
+        }
+        Adoption::Through(to) => {
+            let last = period_of_label(job, to, names.to)?;
+            let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
+            let seen = seen.get(&job.name).copied().unwrap_or(now).min(now);
+            let window = chrono::TimeDelta::from_std(job.catch_up)
+                .ok()
+                .and_then(|w| seen.checked_sub_signed(w))
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+            let first = job
+                .timing()
+                .next(window - chrono::TimeDelta::nanoseconds(1))
+                .map(|fire| job.timing().period_of(&fire))
+                .filter(|first| first.start < last.start)
+                .unwrap_or(last);
+            (first.label, to)
+        }
+    };
+    period_of_label(job, to, names.to)?;
+    let (periods, more) = page_between(job, (&from, to), ADOPT_LIMIT, names)?;
+    if more.is_some() {
+        return Err(Error::Usage(format!(
+            "{}: the range holds more than {ADOPT_LIMIT} periods; adopt it in parts",
+            names.to
+        )));
+    }
+    let timing = job.timing();
+    let mut asked = Vec::with_capacity(periods.len());
+    for period in periods {
+        let fire = timing.of(&period).filter(|fire| *fire <= now).ok_or_else(|| {
+            Error::Usage(format!(
+                "{}: {} is not due yet (its fire is {}): only a period an earlier system has run can be adopted",
+                names.to,
+                PeriodKey::new(&job.name, &period.label),
+                timing
+                    .of(&period)
+                    .map_or_else(|| "never".to_owned(), crate::period::utc_text)
+            ))
+        })?;
+        asked.push((period, fire));
+    }
+    let taken = store.adopt(&job.name, &asked, by).await?;
+    if !taken.is_empty() {
+        let rows = store.rows(&taken).await?;
+        let mut rows: Vec<_> = rows.into_values().collect();
+        rows.sort_by(|a, b| a.period_key.cmp(&b.period_key));
+        return Ok(Adopted::Claimed(rows));
+    }
+    Ok(Adopted::Recorded(
+        asked
+            .iter()
+            .map(|(period, _)| PeriodKey::new(&job.name, &period.label))
+            .collect(),
+    ))
+}
+
 /// Pauses the job named `job` (`true`) or resumes it, for every replica:
 /// each reads it at its next scan. A process with no loop of its own (the
 /// command line) says it this way.

@@ -22,6 +22,8 @@ pub struct PeriodView {
     pub period: Period,
     /// Where it stands.
     pub state: PeriodState,
+    /// Past its deadline and not done, though owed.
+    pub late: bool,
     /// The fire that makes it due, if the schedule has one.
     pub fire: Option<DateTime<Utc>>,
     /// Its claim, if it was ever claimed.
@@ -32,11 +34,9 @@ pub struct PeriodView {
 }
 
 impl PeriodView {
-    /// What it waits for, in words: for a due period never claimed whose
-    /// upstream periods have not all succeeded.
+    /// What it waits for, in words: for a waiting period.
     pub fn waiting_for(&self) -> Option<String> {
-        let due = self.state != PeriodState::NotDue;
-        (due && self.row.is_none() && self.upstream.waiting()).then(|| self.upstream.to_string())
+        (self.state == PeriodState::Waiting).then(|| self.upstream.to_string())
     }
 
     /// For a stale period, the upstream period that succeeded again since
@@ -58,6 +58,7 @@ impl PeriodView {
             "period_key": self.key,
             "period": self.period.label,
             "state": self.state,
+            "late": self.late,
             "fire": self.fire.map(utc_text),
             "attempt": row.map(|r| r.attempt),
             "failures": row.map(|r| r.failures),
@@ -113,6 +114,8 @@ pub async fn of_jobs(
         rows.extend(store.rows(chunk).await?);
     }
     let upstream = super::after::look(store, &pairs, now).await?;
+    let names: Vec<String> = asked.iter().map(|(job, _)| job.name.clone()).collect();
+    let first_seen = store.first_seen(&names).await?;
     let mut views =
         pairs
             .into_iter()
@@ -120,12 +123,15 @@ pub async fn of_jobs(
             .zip(upstream)
             .map(|(((job, period), key), upstream)| {
                 let row = rows.remove(key.as_str());
-                let (state, fire) = super::due::standing(job, period, row.as_ref(), &upstream, now);
+                let seen = first_seen.get(&job.name).copied();
+                let standing =
+                    super::due::standing(job, period, row.as_ref(), seen, &upstream, now);
                 PeriodView {
                     key,
                     period: period.clone(),
-                    state,
-                    fire,
+                    state: standing.state,
+                    late: standing.late,
+                    fire: standing.fire,
                     row,
                     upstream,
                 }

@@ -104,6 +104,10 @@ pub struct Service {
     /// Paused jobs, with the instant from which their fires were skipped
     /// here: caught up from there when they are resumed.
     paused: HashMap<String, DateTime<Utc>>,
+    /// When each job was first seen, as the database answered: its fires
+    /// are owed from [`Job::owed_since`] that instant, whatever finds them
+    /// (the timer resumed by a reload, a catch-up, a resume).
+    first_seen: HashMap<String, DateTime<Utc>>,
     timer: Timer,
     /// Every fire up to this instant has been dispatched: a timer built
     /// anew (a reload) goes on from here for the jobs it had, so a fire that
@@ -206,6 +210,7 @@ impl Service {
             by_name: Index::new(&jobs),
             jobs,
             paused: HashMap::new(),
+            first_seen: HashMap::new(),
             engine,
             waiting: BTreeMap::new(),
             backlog: VecDeque::new(),
@@ -438,11 +443,12 @@ impl Service {
         let last_fires = store.last_fires(&names).await?;
         let now = self.clock.now();
         let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
+        self.first_seen = records.iter().map(|(name, r)| (name.clone(), r.first_seen)).collect();
         for job in self.jobs.clone() {
             let Some(record) = records.get(&job.name) else {
                 continue;
             };
-            let mut since = window.max(record.first_seen);
+            let mut since = window.max(job.owed_since(record.first_seen));
             if let Some(last) = last_fires.get(&job.name) {
                 since = since.max(*last + TimeDelta::nanoseconds(1));
             }
@@ -462,7 +468,7 @@ impl Service {
         // Nothing older than the window is listed: it would only be dropped,
         // and listing it first would hold the window's own fires back.
         let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        let since = since.max(now - window);
+        let since = since.max(now - window).max(self.owed_since(&job));
         let with_latest = job.missed != Missed::Skip;
         let missed: Vec<Due> = due(&job, now, since, with_latest)
             .into_iter()
@@ -479,6 +485,15 @@ impl Service {
                 self.wait(job.name.clone(), d);
             }
         }
+    }
+
+    /// The instant from which `job`'s fires are owed ([`Job::owed_since`]);
+    /// the distant past for a job whose first sighting is not known here
+    /// yet (the database did not answer the reload that brought it).
+    fn owed_since(&self, job: &Job) -> DateTime<Utc> {
+        self.first_seen
+            .get(&job.name)
+            .map_or(DateTime::<Utc>::MIN_UTC, |seen| job.owed_since(*seen))
     }
 
     /// Follows the pauses in the database (a scan) or the API's: a newly
@@ -872,15 +887,16 @@ impl Service {
             retire_gauges(&gone.name);
         }
         let (old, old_jobs, fired_until) = (&self.by_name, &self.jobs, self.fired_until);
+        // A reload that makes fires due earlier (a holiday removed) goes
+        // back to them, but never before what the job owes: a fire from
+        // before it was first seen runs for nobody on its own.
         self.timer = Timer::resumed(
             &jobs,
             |job| {
                 let was = &old_jobs[old.find(old_jobs, &job.name)?];
-                Some(crate::fires::resume_from(
-                    &was.timing(),
-                    &job.timing(),
-                    fired_until,
-                ))
+                let from = crate::fires::resume_from(&was.timing(), &job.timing(), fired_until);
+                let owed = self.owed_since(job) - TimeDelta::nanoseconds(1);
+                Some(from.max(owed))
             },
             self.clock.now(),
         );
@@ -926,8 +942,11 @@ impl Service {
         self.notify.send_replace(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
-        if let Err(e) = self.engine.store().see_jobs(&names).await {
-            tracing::warn!("reload: cannot record new jobs yet: {e}");
+        match self.engine.store().see_jobs(&names).await {
+            Ok(records) => {
+                self.first_seen = records.into_iter().map(|(name, r)| (name, r.first_seen)).collect();
+            }
+            Err(e) => tracing::warn!("reload: cannot record new jobs yet: {e}"),
         }
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");

@@ -211,6 +211,11 @@ pub struct Attempt {
     pub definition: Option<String>,
 }
 
+/// The attempt number of a period `scheduler adopt` recorded: an earlier
+/// system ran it, no attempt here did. A claim that takes it (`--force`)
+/// raises it to 1 as any claim does.
+pub const ADOPTED_ATTEMPT: i32 = 0;
+
 /// A claim row as it stands, for `status`, `--dry-run` and `--wait`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClaimRow {
@@ -260,6 +265,8 @@ impl ClaimRow {
             (Claim::Held { .. }, _) => PeriodState::Running,
             (_, ClaimState::Running) => PeriodState::LeaseExpired,
             (_, ClaimState::Released) => PeriodState::Released,
+            // Attempt 0 is no attempt: `scheduler adopt` wrote it.
+            (_, ClaimState::Succeeded) if self.attempt == ADOPTED_ATTEMPT => PeriodState::Adopted,
             (_, ClaimState::Succeeded) => PeriodState::Succeeded,
             (_, ClaimState::Failed) => PeriodState::Failed,
         }
@@ -615,6 +622,22 @@ impl Store {
     /// one statement, and returns each one's record.
     pub async fn see_jobs(&self, jobs: &[String]) -> Result<HashMap<String, JobRecord>, Error> {
         bounded!(self.see_jobs(jobs))
+    }
+
+    /// Records `periods` of `job` (each with the fire it stands for) as
+    /// adopted (`scheduler adopt`): done by an earlier system, never run
+    /// here. A claim row at [`ADOPTED_ATTEMPT`], succeeded, with an
+    /// attempt row that says who adopted it, in one transaction: all of
+    /// them, or, if any of them has a claim already, none (the keys that
+    /// have one are returned and nothing is written). Inserted, never
+    /// updated: a period that ran here is never made adopted.
+    pub async fn adopt(
+        &self,
+        job: &str,
+        periods: &[(Period, DateTime<Utc>)],
+        by: &str,
+    ) -> Result<Vec<String>, Error> {
+        bounded!(self.adopt(job, periods, by))
     }
 
     /// When each of `jobs` was first seen, for those seen at all; reads only.

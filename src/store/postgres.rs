@@ -13,7 +13,7 @@ use sqlx::{Connection, Row};
 
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
+    ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
     Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
 };
 use crate::handler::Transaction;
@@ -643,6 +643,70 @@ impl PgStore {
                 Ok((row.try_get("name")?, record))
             })
             .collect()
+    }
+
+    pub(super) async fn adopt(
+        &self,
+        job: &str,
+        periods: &[(Period, DateTime<Utc>)],
+        by: &str,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let keys: Vec<String> = periods
+            .iter()
+            .map(|(p, _)| PeriodKey::new(job, &p.label).to_string())
+            .collect();
+        let labels: Vec<&str> = periods.iter().map(|(p, _)| p.label.as_str()).collect();
+        let starts: Vec<DateTime<Utc>> = periods.iter().map(|(p, _)| p.start).collect();
+        let ends: Vec<DateTime<Utc>> = periods.iter().map(|(p, _)| p.end).collect();
+        let fires: Vec<DateTime<Utc>> = periods.iter().map(|(_, f)| *f).collect();
+        let mut tx = self.pool.begin().await?;
+        // Inserted as running and then settled, so that what a success
+        // wakes (periods waiting for it) wakes; every row or none.
+        let inserted: Vec<String> = sqlx::query_scalar(&format!(
+            "INSERT INTO scheduler_claims
+                (period_key, job, period, period_start, period_end, scheduled_at, state,
+                 attempt, failures, trigger, owner, started_at)
+             SELECT k, $6, l, s, e, f, 'running', {ADOPTED_ATTEMPT}, 0, 'adopted', $7, now()
+               FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[],
+                           $5::timestamptz[]) AS r(k, l, s, e, f)
+             ON CONFLICT (period_key) DO NOTHING
+             RETURNING period_key"
+        ))
+        .bind(&keys)
+        .bind(&labels)
+        .bind(&starts)
+        .bind(&ends)
+        .bind(&fires)
+        .bind(job)
+        .bind(by)
+        .fetch_all(&mut *tx)
+        .await?;
+        if inserted.len() < keys.len() {
+            let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
+            tx.rollback().await?;
+            return Ok(keys.into_iter().filter(|k| !inserted.contains(k)).collect());
+        }
+        sqlx::query(&format!(
+            "INSERT INTO scheduler_attempts
+                (period_key, attempt, job, trigger, owner, scheduled_at, started_at,
+                 finished_at, outcome, asked, requested_by)
+             SELECT period_key, attempt, job, trigger, owner, scheduled_at, started_at,
+                    now(), 'succeeded', 'adopt', $2
+               FROM scheduler_claims WHERE period_key = ANY($1) AND attempt = {ADOPTED_ATTEMPT}"
+        ))
+        .bind(&keys)
+        .bind(by)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE scheduler_claims SET state = 'succeeded', finished_at = now()
+              WHERE period_key = ANY($1)",
+        )
+        .bind(&keys)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Vec::new())
     }
 
     pub(super) async fn first_seen(

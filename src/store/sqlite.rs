@@ -18,11 +18,11 @@ use sqlx::{Row, Sqlite, Transaction};
 
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
-    Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
+    ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
     Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
 };
 use crate::handler;
-use crate::period::Period;
+use crate::period::{Period, PeriodKey};
 
 /// The scheduler's migrations, beside whatever else `_sqlx_migrations`
 /// holds (see [`super::SCHEDULER_VERSIONS`]).
@@ -400,6 +400,65 @@ impl SqliteStore {
                 Ok((row.try_get("name")?, record))
             })
             .collect()
+    }
+
+    pub(super) async fn adopt(
+        &self,
+        job: &str,
+        periods: &[(Period, DateTime<Utc>)],
+        by: &str,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let rows: Vec<serde_json::Value> = periods
+            .iter()
+            .map(|(period, fire)| {
+                serde_json::json!([
+                    PeriodKey::new(job, &period.label).to_string(),
+                    period.label,
+                    ms(period.start),
+                    ms(period.end),
+                    ms(*fire)
+                ])
+            })
+            .collect();
+        let rows = serde_json::Value::from(rows).to_string();
+        let mut tx = self.begin().await?;
+        let taken: Vec<String> = sqlx::query_scalar(
+            "SELECT c.period_key FROM json_each(?1) AS r
+               JOIN scheduler_claims AS c ON c.period_key = r.value ->> 0",
+        )
+        .bind(&rows)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !taken.is_empty() {
+            return Ok(taken);
+        }
+        // The trigger `scheduler_claims_attempt_new` writes the attempt row;
+        // recording its outcome settles the claim, as every outcome does.
+        sqlx::query(&format!(
+            "INSERT INTO scheduler_claims
+                (period_key, job, period, period_start, period_end, scheduled_at, state,
+                 attempt, failures, trigger, owner, lease_until, started_at)
+             SELECT r.value ->> 0, ?2, r.value ->> 1, r.value ->> 2, r.value ->> 3,
+                    r.value ->> 4, 'running', {ADOPTED_ATTEMPT}, 0, 'adopted', ?3, {NOW}, {NOW}
+               FROM json_each(?1) AS r"
+        ))
+        .bind(&rows)
+        .bind(job)
+        .bind(by)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&format!(
+            "UPDATE scheduler_attempts
+                SET outcome = 'succeeded', finished_at = {NOW}, asked = 'adopt', requested_by = ?2
+              WHERE attempt = {ADOPTED_ATTEMPT}
+                AND period_key IN (SELECT value ->> 0 FROM json_each(?1))"
+        ))
+        .bind(&rows)
+        .bind(by)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Vec::new())
     }
 
     pub(super) async fn first_seen(
