@@ -333,7 +333,7 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
         .seconds(Seconds::Optional)
         .year(Year::Disallowed)
         .build()
-        .parse(pattern)
+        .parse(&as_vixie_reads(pattern))
         .map_err(|e| {
             let reason = e.to_string();
             CronPatternError(format!(
@@ -347,6 +347,49 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
         .map_err(poisoned)?
         .insert(pattern.to_owned(), cron.clone());
     Ok(cron)
+}
+
+/// The pattern rewritten so that croner reads it as Vixie cron and cronie
+/// do, where croner departs from them (a crontab moved over means what it
+/// meant):
+/// - a day-of-month or day-of-week field that *starts with* `*` (`*`,
+///   `*/2`) leaves the other day field alone: both must match (croner's `+`
+///   on the day-of-week field), not either, so `0 16 */2 * SAT` fires on
+///   odd-numbered Saturdays only; with both fields restricted otherwise,
+///   either matches, as in every cron;
+/// - a `*` inside a list (`*,15`) stands for the whole field, written as
+///   its range (croner refuses a bare `*` among other values).
+fn as_vixie_reads(pattern: &str) -> String {
+    const RANGES: [&str; 6] = ["0-59", "0-59", "0-23", "1-31", "1-12", "0-6"];
+    let fields: Vec<&str> = pattern.split_whitespace().collect();
+    let ranges = match fields.len() {
+        5 => &RANGES[1..],
+        6 => &RANGES[..],
+        _ => return pattern.to_owned(),
+    };
+    let mut fields: Vec<String> = fields
+        .iter()
+        .zip(ranges)
+        .map(|(field, range)| match field.contains(',') {
+            true => field
+                .split(',')
+                .map(|part| if part == "*" { *range } else { part })
+                .collect::<Vec<_>>()
+                .join(","),
+            false => (*field).to_owned(),
+        })
+        .collect();
+    let n = fields.len();
+    let (dom, dow) = (pattern_field(pattern, n - 3), pattern_field(pattern, n - 1));
+    if (dom.starts_with('*') || dow.starts_with('*')) && !fields[n - 1].starts_with('+') {
+        fields[n - 1].insert(0, '+');
+    }
+    fields.join(" ")
+}
+
+/// The `i`th whitespace-separated field of `pattern`, as written.
+fn pattern_field(pattern: &str, i: usize) -> &str {
+    pattern.split_whitespace().nth(i).unwrap_or("")
 }
 
 /// Names a number out of its field's range (`hour 25 is out of range
@@ -420,6 +463,84 @@ mod tests {
             .fires_between(at(from), at(to))
             .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_day_field_starting_with_a_star_leaves_the_other_one_alone_as_vixie_cron_reads_it() {
+        // Odd-numbered days that are Saturdays, written out by hand from a
+        // 2026 calendar (January's Saturdays: 3, 10, 17, 24, 31; February's
+        // and March's: 7, 14, 21, 28).
+        assert_eq!(
+            fires(
+                "0 16 */2 * SAT",
+                "UTC",
+                DstRule::default(),
+                "2026-01-05T00:00:00Z",
+                "2026-03-31T00:00:00Z"
+            ),
+            [
+                "2026-01-17T16:00:00Z",
+                "2026-01-31T16:00:00Z",
+                "2026-02-07T16:00:00Z",
+                "2026-02-21T16:00:00Z",
+                "2026-03-07T16:00:00Z",
+                "2026-03-21T16:00:00Z",
+            ]
+        );
+        // The day-of-week field starred: `*/3` is Sunday, Wednesday and
+        // Saturday (0, 3, 6), and the 13th must be one of them.
+        assert_eq!(
+            fires(
+                "0 9 13 * */3",
+                "UTC",
+                DstRule::default(),
+                "2026-01-01T00:00:00Z",
+                "2026-12-31T00:00:00Z"
+            ),
+            // The 13ths of 2026 on a Sunday, Wednesday or Saturday.
+            ["2026-05-13T09:00:00Z", "2026-06-13T09:00:00Z", "2026-09-13T09:00:00Z", "2026-12-13T09:00:00Z"]
+        );
+        // Both restricted otherwise: either matches, as in every cron (the
+        // 1st and the 15th, and every Monday).
+        assert_eq!(
+            fires(
+                "0 0 1,15 * MON",
+                "UTC",
+                DstRule::default(),
+                "2026-05-31T12:00:00Z",
+                "2026-06-16T00:00:00Z"
+            ),
+            [
+                "2026-06-01T00:00:00Z",
+                "2026-06-08T00:00:00Z",
+                "2026-06-15T00:00:00Z",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_star_in_a_list_stands_for_the_whole_field() {
+        assert_eq!(
+            fires(
+                "0 0 *,15 * *",
+                "UTC",
+                DstRule::default(),
+                "2026-02-26T12:00:00Z",
+                "2026-03-03T12:00:00Z"
+            ),
+            [
+                "2026-02-27T00:00:00Z",
+                "2026-02-28T00:00:00Z",
+                "2026-03-01T00:00:00Z",
+                "2026-03-02T00:00:00Z",
+                "2026-03-03T00:00:00Z",
+            ]
+        );
+        // A star that is not first: still the whole field.
+        assert_eq!(
+            fires("30 9,* * * *", "UTC", DstRule::default(), "2026-01-01T00:00:00Z", "2026-01-01T02:59:00Z"),
+            ["2026-01-01T00:30:00Z", "2026-01-01T01:30:00Z", "2026-01-01T02:30:00Z"]
+        );
     }
 
     #[test]

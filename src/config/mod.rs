@@ -849,6 +849,21 @@ impl Locator<'_> {
             }
         }
         if let Some(span) = e.span()
+            && message.starts_with("invalid type: ")
+            && !message.contains("expected a sequence")
+        {
+            let at = span.start.min(self.text.len());
+            let line_start = self.text[..at].rfind('\n').map_or(0, |i| i + 1);
+            let key = self.text[line_start..at]
+                .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .find(|word| !word.is_empty())
+                .unwrap_or("");
+            let value = self.text.get(span.clone()).unwrap_or("").trim();
+            if let Some(said) = wrong_type(key, value, &message) {
+                message = said;
+            }
+        }
+        if let Some(span) = e.span()
             && message.starts_with("invalid type: map")
             && message.contains("expected a sequence")
             && self.text[span.start.min(self.text.len())..]
@@ -872,6 +887,75 @@ impl Locator<'_> {
             },
         }
     }
+}
+
+/// For serde's "invalid type: integer `3`, expected struct RawRetry" on
+/// `key` (written `value`), what to write instead, in the file's words:
+/// "`retry` is a number, but it must be a table: retry = { attempts = 3 }".
+/// No name of an internal type reaches a user: a key not listed here gets
+/// serde's message with the type names said in TOML's words.
+fn wrong_type(key: &str, value: &str, message: &str) -> Option<String> {
+    let rest = message.strip_prefix("invalid type: ")?;
+    let given = match rest.split([' ', ',']).next().unwrap_or("") {
+        "string" => "a string",
+        "integer" | "floating" => "a number",
+        "boolean" => "true or false",
+        "sequence" => "an array",
+        "map" => "a table",
+        _ => "a value of another type",
+    };
+    let string = value.starts_with('"') || value.starts_with('\'');
+    let number = value.trim_matches(['"', '\'']);
+    let number = number.parse::<u64>().ok().filter(|_| !number.is_empty());
+    const DURATIONS: [&str; 11] = [
+        "timeout",
+        "deadline",
+        "lease",
+        "catch_up",
+        "shutdown_grace",
+        "scan_interval",
+        "keep",
+        "jitter",
+        "key_ttl",
+        "backoff",
+        "max_backoff",
+    ];
+    let (must, example) = match key {
+        "sql" if string => ("a table", format!("sql = {{ statement = {value} }}")),
+        "sql" => ("a table", "sql = { statement = \"SELECT 1\" }".to_owned()),
+        "http" if string => ("a table", format!("http = {{ url = {value} }}")),
+        "http" => ("a table", "http = { url = \"https://example.com/hook\" }".to_owned()),
+        "retry" => (
+            "a table",
+            format!("retry = {{ attempts = {}, backoff = \"1m\" }}", number.unwrap_or(3)),
+        ),
+        "env" | "headers" => (
+            "a table of names and values",
+            format!("{key} = {{ NAME = \"value\" }}"),
+        ),
+        "dst" => ("a table", "dst = { gap = \"shift\", repeat = \"first\" }".to_owned()),
+        "concurrency" | "max_running" | "attempts" => (
+            "a whole number, without quotes",
+            format!("{key} = {}", number.unwrap_or(2)),
+        ),
+        key if DURATIONS.contains(&key) => (
+            "a duration in quotes",
+            format!("{key} = \"{}\"", number.map_or("30s".to_owned(), |n| format!("{n}s"))),
+        ),
+        _ => {
+            let said = message
+                .replace("expected a map", "expected a table")
+                .replace("expected a sequence", "expected an array")
+                .replace("expected i64", "expected a whole number")
+                .replace("expected u32", "expected a whole number")
+                .replace("expected u64", "expected a whole number");
+            return match said.find("expected struct ") {
+                Some(at) => Some(format!("{}expected a table", &said[..at])),
+                None => (said != message).then_some(said),
+            };
+        }
+    };
+    Some(format!("`{key}` is {given}, but it must be {must}: {example}"))
 }
 
 /// From serde's "unknown field `x`, expected one of `a`, `b`", the given

@@ -560,7 +560,9 @@ impl Engine {
 
     /// Runs what one unit won and reports how each period ended: `sql`
     /// periods as groups (one transaction each), the others side by side.
-    /// The one place where a period's action chooses how it runs.
+    /// The one place where a period's action chooses how it runs, and
+    /// where each outcome is logged, the same whoever asked (the timer, a
+    /// scan, `run`, the API, the console, the library).
     pub async fn run_won(
         &self,
         won: Vec<(Ask, Won)>,
@@ -571,11 +573,16 @@ impl Engine {
             let stop_now = stop_now.clone();
             async move { self.run_action(&ask, won, stop_now).await }
         }));
-        if sql.is_empty() {
-            return apart.await;
+        let reports = if sql.is_empty() {
+            apart.await
+        } else {
+            let (mut reports, grouped) = tokio::join!(apart, self.run_group(sql, stop_now));
+            reports.extend(grouped);
+            reports
+        };
+        for report in &reports {
+            report.log();
         }
-        let (mut reports, grouped) = tokio::join!(apart, self.run_group(sql, stop_now));
-        reports.extend(grouped);
         reports
     }
 

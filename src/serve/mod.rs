@@ -468,7 +468,7 @@ impl Service {
         // Nothing older than the window is listed: it would only be dropped,
         // and listing it first would hold the window's own fires back.
         let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        let since = since.max(now - window).max(self.owed_since(&job));
+        let since = since.max(now - window).max(self.owed_since(&job).unwrap_or(since));
         let with_latest = job.missed != Missed::Skip;
         let missed: Vec<Due> = due(&job, now, since, with_latest)
             .into_iter()
@@ -488,12 +488,10 @@ impl Service {
     }
 
     /// The instant from which `job`'s fires are owed ([`Job::owed_since`]);
-    /// the distant past for a job whose first sighting is not known here
-    /// yet (the database did not answer the reload that brought it).
-    fn owed_since(&self, job: &Job) -> DateTime<Utc> {
-        self.first_seen
-            .get(&job.name)
-            .map_or(DateTime::<Utc>::MIN_UTC, |seen| job.owed_since(*seen))
+    /// `None` for a job whose first sighting is not known here yet (the
+    /// database did not answer the reload that brought it).
+    fn owed_since(&self, job: &Job) -> Option<DateTime<Utc>> {
+        self.first_seen.get(&job.name).map(|seen| job.owed_since(*seen))
     }
 
     /// Follows the pauses in the database (a scan) or the API's: a newly
@@ -895,8 +893,8 @@ impl Service {
             |job| {
                 let was = &old_jobs[old.find(old_jobs, &job.name)?];
                 let from = crate::fires::resume_from(&was.timing(), &job.timing(), fired_until);
-                let owed = self.owed_since(job) - TimeDelta::nanoseconds(1);
-                Some(from.max(owed))
+                let owed = self.owed_since(job).map(|at| at - TimeDelta::nanoseconds(1));
+                Some(owed.map_or(from, |owed| from.max(owed)))
             },
             self.clock.now(),
         );
@@ -1146,7 +1144,6 @@ impl Batch {
             tokio::spawn(async move {
                 let _slot = slot;
                 for report in engine.run_won(claimed.won, stop_now).await {
-                    report.log();
                     let (job, _) = report.key.parts();
                     let succeeded = matches!(report.status, Status::Succeeded);
                     let _ = events.send(Event::Done(job.to_owned(), succeeded));
@@ -1384,6 +1381,51 @@ mod tests {
         let label = crate::period::utc_text(p);
         assert!(fired.contains(&format!("h:{label}")), "{fired:?}");
         assert!(fired.contains(&format!("k:{label}")), "{fired:?}");
+    }
+
+    /// A reload that gives back a day its calendar took (a holiday
+    /// removed) fires only what the job owes since it was first seen: the
+    /// latest fire within `catch_up` of that sighting and the ones after,
+    /// never the day's earlier fires (issue 39: 36 periods ran at once, 35
+    /// of them from before the job existed).
+    #[tokio::test]
+    async fn a_reload_that_gives_a_day_back_runs_nothing_from_before_the_job_was_first_seen() {
+        let text = |holidays: &str| {
+            format!(
+                "[scheduler]\ncatch_up = \"3h\"\n\n[[calendar]]\nname = \"c\"\nholidays = [{holidays}]\n\n\
+                 [[job]]\nname = \"k\"\nschedule = \"*/5 * * * *\"\ncalendar = \"c\"\n\
+                 on_day_off = \"skip\"\ncommand = [\"true\"]\n"
+            )
+        };
+        let path = std::path::Path::new("jobs.toml");
+        // Monday 4 January 2027, a holiday when the job is first seen.
+        let config = Config::parse(path, &text("\"2027-01-04\""), &|_| None).expect("valid jobs");
+        let seen = Utc.with_ymd_and_hms(2027, 1, 4, 16, 17, 0).unwrap();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let clock = Arc::new(StoppedClock::at(seen));
+        let (_down, shutdown) = watch::channel(false);
+        let mut service =
+            Service::on(path.into(), config, engine, shutdown).with_clock(clock.clone());
+        service.first_seen.insert("k".into(), seen);
+        clock.advance(TimeDelta::seconds(5));
+        service.fire();
+        assert!(service.pending.is_empty(), "a holiday fired");
+        // The holiday is taken back out five seconds after the sighting.
+        let reloaded = Config::parse(path, &text(""), &|_| None).expect("valid jobs");
+        service.replace_jobs(shared(reloaded.jobs));
+        clock.advance(TimeDelta::seconds(1));
+        service.fire();
+        let fired: Vec<String> = service
+            .pending
+            .drain(..)
+            .map(|(job, due)| format!("{}:{}", job.name, due.period.label))
+            .collect();
+        // 16:15 is the latest fire within catch_up of the sighting: owed,
+        // as a first `run k` at 16:17 would have taken it. Nothing older.
+        assert_eq!(fired, ["k:2027-01-04T16:15:00Z"]);
     }
 
     #[tokio::test]

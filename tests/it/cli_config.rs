@@ -714,3 +714,47 @@ fn a_calendar_of_years_off_and_a_job_that_would_never_fire_are_refused() {
         ],
     );
 }
+
+/// A value of the wrong type is answered in the file's words, with what to
+/// write, never with the name of an internal type (issue 39, item 8).
+#[test]
+fn a_value_of_the_wrong_type_says_what_to_write() {
+    let job = "[[job]]\nname = \"a\"\nschedule = \"@daily\"\n";
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "sql = \"SELECT 1\"\n",
+            &["`sql` is a string, but it must be a table: sql = { statement = \"SELECT 1\" }"],
+        ),
+        (
+            "http = \"https://example.com/x\"\n",
+            &["`http` is a string, but it must be a table: http = { url = \"https://example.com/x\" }"],
+        ),
+        (
+            "command = [\"true\"]\nretry = 3\n",
+            &["`retry` is a number, but it must be a table: retry = { attempts = 3, backoff = \"1m\" }"],
+        ),
+        (
+            "command = [\"true\"]\nconcurrency = \"2\"\n",
+            &["`concurrency` is a string, but it must be a whole number, without quotes: concurrency = 2"],
+        ),
+        (
+            "command = [\"true\"]\nenv = [\"A=1\"]\n",
+            &["`env` is an array, but it must be a table of names and values: env = { NAME = \"value\" }"],
+        ),
+        (
+            "command = [\"true\"]\ntimeout = 30\n",
+            &["`timeout` is a number, but it must be a duration in quotes: timeout = \"30s\""],
+        ),
+        (
+            "command = [\"true\"]\ndeadline = 5\n",
+            &["`deadline` is a number, but it must be a duration in quotes: deadline = \"5s\""],
+        ),
+    ];
+    for (body, parts) in cases {
+        let stderr = check_fails(&format!("{job}{body}"));
+        assert_says(&stderr, parts);
+        for internal in ["struct", "Raw", "i64", "u32", "a map"] {
+            assert!(!stderr.contains(internal), "{internal:?} reached the user:\n{stderr}");
+        }
+    }
+}
