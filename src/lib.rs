@@ -58,6 +58,7 @@ pub use config::after::OnRerun;
 pub use config::code::CodeJob;
 pub use config::{Missed, Retry};
 pub use embed::{Builder, Handle, PeriodRun, RunOptions, RunOutcome, Scheduler};
+pub use engine::operate::{Adopted, Adoption};
 pub use error::Error;
 pub use handler::{BoxFuture, Context, Failure, Handled, Transaction};
 pub use period::{Covers, Unit};

@@ -498,7 +498,12 @@ mod tests {
                 "2026-12-31T00:00:00Z"
             ),
             // The 13ths of 2026 on a Sunday, Wednesday or Saturday.
-            ["2026-05-13T09:00:00Z", "2026-06-13T09:00:00Z", "2026-09-13T09:00:00Z", "2026-12-13T09:00:00Z"]
+            [
+                "2026-05-13T09:00:00Z",
+                "2026-06-13T09:00:00Z",
+                "2026-09-13T09:00:00Z",
+                "2026-12-13T09:00:00Z"
+            ]
         );
         // Both restricted otherwise: either matches, as in every cron (the
         // 1st and the 15th, and every Monday).
@@ -538,8 +543,18 @@ mod tests {
         );
         // A star that is not first: still the whole field.
         assert_eq!(
-            fires("30 9,* * * *", "UTC", DstRule::default(), "2026-01-01T00:00:00Z", "2026-01-01T02:59:00Z"),
-            ["2026-01-01T00:30:00Z", "2026-01-01T01:30:00Z", "2026-01-01T02:30:00Z"]
+            fires(
+                "30 9,* * * *",
+                "UTC",
+                DstRule::default(),
+                "2026-01-01T00:00:00Z",
+                "2026-01-01T02:59:00Z"
+            ),
+            [
+                "2026-01-01T00:30:00Z",
+                "2026-01-01T01:30:00Z",
+                "2026-01-01T02:30:00Z"
+            ]
         );
     }
 

@@ -147,7 +147,11 @@ async fn inspect_database(
             let which = match (&through, &from, &to) {
                 (Some(through), _, _) => Adoption::Through(through),
                 (None, Some(from), Some(to)) => Adoption::Range(from, to),
-                _ => return Err(Error::Usage("adopt: give --through LABEL, or --from and --to".into())),
+                _ => {
+                    return Err(Error::Usage(
+                        "adopt: give --through LABEL, or --from and --to".into(),
+                    ));
+                }
             };
             inspect::adopt(config, store, &job, which, now)
                 .await

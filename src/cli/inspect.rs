@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::config::{Config, Job};
 use crate::engine::operate;
+use crate::engine::overview::{self, JobOverview};
 use crate::engine::view::{self, PeriodView};
 use crate::error::{Error, Outcome, Unread, say};
 use crate::period::{PeriodKey, utc_text};
@@ -19,7 +20,8 @@ fn time(t: Option<DateTime<Utc>>) -> String {
 }
 
 /// `scheduler status [JOB] [--json]`: a table on a terminal (plain
-/// aligned columns when piped), one JSON object per job with `--json`.
+/// aligned columns when piped), one JSON object per job with `--json`;
+/// both from the one overview ([`overview::of_jobs`]) the API shows.
 pub async fn status(
     config: &Config,
     store: &Store,
@@ -27,40 +29,17 @@ pub async fn status(
     as_json: bool,
     now: DateTime<Utc>,
 ) -> Result<Outcome, Unread> {
-    let paused_jobs = store.paused_jobs().await?;
     let jobs: Vec<&Job> = config
         .jobs
         .iter()
         .filter(|j| only.is_none_or(|name| config.full_name(name) == j.name))
         .collect();
-    // Overdue periods of every job in a few statements.
-    let catch_up = config.settings.catch_up;
-    let mut overdue = crate::engine::due::overdue(store, &jobs, catch_up, now).await?;
-    let mut late = crate::engine::due::late(store, &jobs, catch_up, now).await?;
-    let mut all = Vec::new();
-    for job in jobs {
-        // A paused job skips its fires by design: none is overdue or late.
-        let paused = paused_jobs.contains(&job.name);
-        let overdue = overdue.remove(&job.name).filter(|_| !paused);
-        let late = late.remove(&job.name).filter(|_| !paused);
-        let recent = store.recent(&job.name, RECENT).await?;
-        all.push(JobStatus {
-            waiting: waiting(store, job, now).await?,
-            stale: stale(store, job, &recent, now).await?,
-            job,
-            paused,
-            recent,
-            overdue: overdue.unwrap_or_default(),
-            late: late
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(key, _)| key)
-                .collect(),
-        });
-    }
+    let all = overview::of_jobs(store, &jobs, RECENT, now).await?;
     if as_json {
         for job in &all {
-            say(format_args!("{}", job.json(now)))?;
+            let mut json = overview::json(job, now);
+            json["recent"] = serde_json::to_value(&job.recent).unwrap_or_default();
+            say(format_args!("{json}"))?;
         }
         return Ok(Outcome::Done);
     }
@@ -70,7 +49,7 @@ pub async fn status(
         "JOB", "SCHEDULE", "NEXT", "LAST", "RUNNING", "FAILED", "OVERDUE", "LATE", "WAITING",
     ]);
     for job in &all {
-        table.add_row(job.cells(&look, now));
+        table.add_row(cells(job, &look, now));
     }
     if look.terminal {
         say(format_args!("{table}"))?;
@@ -84,7 +63,25 @@ pub async fn status(
         }
     }
     if let [job] = &all[..] {
-        for (what, keys) in [("overdue", &job.overdue), ("late", &job.late)] {
+        if let Some(first_run) = &job.first_run {
+            match &first_run[..] {
+                [] => say(format_args!(
+                    "not seen yet: a first `serve` or `run {}` now runs nothing before its next fire (its latest fire is older than catch_up); `run --period` runs an older period by hand",
+                    job.job.name
+                ))?,
+                keys => say(format_args!(
+                    "not seen yet: a first `serve` or `run {}` now takes {} (the latest fire within catch_up); if an earlier system ran it, `scheduler adopt {} --through LABEL` first",
+                    job.job.name,
+                    keys.join(", "),
+                    job.job.name
+                ))?,
+            }
+        }
+        for (what, keys) in [
+            ("overdue", &job.overdue),
+            ("late", &job.late),
+            ("ready", &job.ready),
+        ] {
             if !keys.is_empty() {
                 say(format_args!("{what} ({}):", keys.len()))?;
                 for key in keys {
@@ -163,251 +160,92 @@ impl Look {
     }
 }
 
-/// What `status` knows of one job.
-struct JobStatus<'a> {
-    job: &'a Job,
-    paused: bool,
-    recent: Vec<ClaimRow>,
-    overdue: Vec<String>,
-    /// Past the job's `deadline` and not succeeded.
-    late: Vec<String>,
-    /// Due, never claimed, and waiting for upstream periods: each key
-    /// with what it waits for.
-    waiting: Vec<(String, String)>,
-    /// Of the recent periods, the stale ones: each key with the upstream
-    /// period that succeeded again, and when.
-    stale: Vec<(String, String, DateTime<Utc>)>,
+/// A failed period's line: its retries left and when the next is, or why
+/// there is none.
+fn failed_line(job: &JobOverview<'_>, row: &ClaimRow) -> String {
+    let left = job.retries_left(row);
+    match row.retry_at {
+        Some(at) => format!(
+            "{}: {left} retr{} left, next at {}",
+            row.period_key,
+            if left == 1 { "y" } else { "ies" },
+            utc_text(at)
+        ),
+        None if job.job.retry.attempts <= 1 => {
+            format!("{}: failed, no retry configured", row.period_key)
+        }
+        None => format!("{}: retries exhausted", row.period_key),
+    }
 }
 
-impl JobStatus<'_> {
-    /// The next fire and its key; none while paused.
-    fn next(&self, now: DateTime<Utc>) -> Option<(DateTime<Utc>, String)> {
-        if self.paused {
-            return None;
-        }
-        let timing = self.job.timing();
-        let fire = timing.next(now)?;
-        let period = timing.period_of(&fire);
-        Some((
-            fire.at,
-            PeriodKey::new(&self.job.name, &period.label).to_string(),
-        ))
+/// How many of `keys` there are, and the newest three.
+fn newest(keys: &[String]) -> String {
+    let n = keys.len();
+    if n == 0 {
+        return "-".to_owned();
     }
+    let newest: Vec<&str> = keys.iter().rev().take(3).map(String::as_str).collect();
+    format!(
+        "{n}: {}{}",
+        newest.join(", "),
+        if n > 3 { ", …" } else { "" }
+    )
+}
 
-    fn last(&self) -> Option<&ClaimRow> {
-        ClaimRow::finished_last(&self.recent)
-    }
-
-    fn running(&self) -> impl Iterator<Item = &ClaimRow> {
-        self.recent.iter().filter(|r| r.state.is_live())
-    }
-
-    fn failed(&self) -> impl Iterator<Item = &ClaimRow> {
-        self.recent.iter().filter(|r| r.state == ClaimState::Failed)
-    }
-
-    /// How many retries a failed period has left.
-    fn retries_left(&self, row: &ClaimRow) -> u32 {
-        let failures = u32::try_from(row.failures).unwrap_or(0);
-        match row.retry_at {
-            Some(_) => self.job.retry.attempts.saturating_sub(failures).max(1),
-            None => 0,
-        }
-    }
-
-    /// A failed period's line: its retries left and when the next is, or
-    /// why there is none.
-    fn failed_line(&self, row: &ClaimRow) -> String {
-        let left = self.retries_left(row);
-        match row.retry_at {
-            Some(at) => format!(
-                "{}: {left} retr{} left, next at {}",
+/// One job's row of the `status` table.
+fn cells(job: &JobOverview<'_>, look: &Look, now: DateTime<Utc>) -> Vec<comfy_table::Cell> {
+    use comfy_table::Color;
+    let schedule = format!("{} {}", job.job.schedule.source(), job.job.schedule.zone());
+    let next = match &job.next {
+        _ if job.paused => look.cell("paused".into(), Some(Color::Yellow)),
+        Some((fire, key)) => look.cell(format!("{} {key}", utc_text(*fire)), None),
+        None => look.cell("-".into(), None),
+    };
+    let last = match job.last() {
+        Some(row) => look.cell(
+            format!(
+                "{} {} at {}",
+                row.state,
                 row.period_key,
-                if left == 1 { "y" } else { "ies" },
-                utc_text(at)
+                time(row.finished_at)
             ),
-            None if self.job.retry.attempts <= 1 => {
-                format!("{}: failed, no retry configured", row.period_key)
-            }
-            None => format!("{}: retries exhausted", row.period_key),
+            (row.state == ClaimState::Failed).then_some(Color::Red),
+        ),
+        None => look.cell("-".into(), None),
+    };
+    let running: Vec<String> = job.running().map(|row| running_line(row, now)).collect();
+    let failed: Vec<String> = job.failed().map(|row| failed_line(job, row)).collect();
+    let waiting: Vec<String> = job.waiting.iter().map(|(key, _)| key.clone()).collect();
+    // A piped row stays one line, for grep and awk.
+    let separator = if look.terminal { "\n" } else { "; " };
+    let or_dash = |lines: Vec<String>| {
+        if lines.is_empty() {
+            "-".to_owned()
+        } else {
+            lines.join(separator)
         }
-    }
-
-    /// How many of `keys` there are, and the newest three.
-    fn newest(keys: &[String]) -> String {
-        let n = keys.len();
-        if n == 0 {
-            return "-".to_owned();
-        }
-        let newest: Vec<&str> = keys.iter().rev().take(3).map(String::as_str).collect();
-        format!(
-            "{n}: {}{}",
-            newest.join(", "),
-            if n > 3 { ", …" } else { "" }
-        )
-    }
-
-    fn cells(&self, look: &Look, now: DateTime<Utc>) -> Vec<comfy_table::Cell> {
-        use comfy_table::Color;
-        let schedule = format!(
-            "{} {}",
-            self.job.schedule.source(),
-            self.job.schedule.zone()
-        );
-        let next = match self.next(now) {
-            _ if self.paused => look.cell("paused".into(), Some(Color::Yellow)),
-            Some((fire, key)) => look.cell(format!("{} {key}", utc_text(fire)), None),
-            None => look.cell("-".into(), None),
-        };
-        let last = match self.last() {
-            Some(row) => look.cell(
-                format!(
-                    "{} {} at {}",
-                    row.state,
-                    row.period_key,
-                    time(row.finished_at)
-                ),
-                (row.state == ClaimState::Failed).then_some(Color::Red),
-            ),
-            None => look.cell("-".into(), None),
-        };
-        let running: Vec<String> = self.running().map(|row| running_line(row, now)).collect();
-        let failed: Vec<String> = self.failed().map(|row| self.failed_line(row)).collect();
-        let overdue = Self::newest(&self.overdue);
-        let late = Self::newest(&self.late);
-        let waiting: Vec<String> = self.waiting.iter().map(|(key, _)| key.clone()).collect();
-        let waiting_cell = Self::newest(&waiting);
-        // A piped row stays one line, for grep and awk.
-        let separator = if look.terminal { "\n" } else { "; " };
-        let or_dash = |lines: Vec<String>| {
-            if lines.is_empty() {
-                "-".to_owned()
-            } else {
-                lines.join(separator)
-            }
-        };
-        let failed_colour = (!failed.is_empty()).then_some(Color::Red);
-        vec![
-            look.cell(self.job.name.clone(), None),
-            look.cell(schedule, None),
-            next,
-            last,
-            look.cell(or_dash(running), None),
-            look.cell(or_dash(failed), failed_colour),
-            look.cell(overdue, (!self.overdue.is_empty()).then_some(Color::Yellow)),
-            look.cell(late, (!self.late.is_empty()).then_some(Color::Red)),
-            look.cell(waiting_cell, None),
-        ]
-    }
-
-    fn json(&self, now: DateTime<Utc>) -> serde_json::Value {
-        let next = self.next(now);
-        let running: Vec<serde_json::Value> = self
-            .running()
-            .map(|row| {
-                let held = matches!(row.as_claim(), Claim::Held { .. });
-                json!({
-                    "period_key": row.period_key,
-                    "attempt": row.attempt,
-                    "owner": row.owner,
-                    "state": row.state,
-                    "lease_until": row.lease_until.map(utc_text),
-                    "lease_left_s": row.lease_until.filter(|_| held).map(|u| (u - now).num_seconds().max(0)),
-                    "lease_expired": !held && row.state == ClaimState::Running,
-                })
-            })
-            .collect();
-        let failed: Vec<serde_json::Value> = self
-            .failed()
-            .map(|row| {
-                json!({
-                    "period_key": row.period_key,
-                    "attempt": row.attempt,
-                    "failures": row.failures,
-                    "retry_at": row.retry_at.map(utc_text),
-                    "retries_left": self.retries_left(row),
-                    "retries_exhausted": row.retry_at.is_none(),
-                })
-            })
-            .collect();
-        json!({
-            "job": self.job.name,
-            "schedule": self.job.schedule.source(),
-            "timezone": self.job.schedule.zone().name(),
-            "period": self.job.period.unit.to_string(),
-            "paused": self.paused,
-            "next_fire": next.as_ref().map(|(fire, _)| utc_text(*fire)),
-            "next_key": next.map(|(_, key)| key),
-            "last": self.last(),
-            "recent": self.recent,
-            "running": running,
-            "failed": failed,
-            "overdue": self.overdue,
-            "deadline": self.job.deadline.map(crate::config::short),
-            "late": self.late,
-            "waiting": self
-                .waiting
-                .iter()
-                .map(|(key, waits)| json!({ "period_key": key, "waiting_for": waits }))
-                .collect::<Vec<_>>(),
-            "stale": self
-                .stale
-                .iter()
-                .map(|(key, upstream, at)| json!({ "period_key": key, "upstream": upstream, "succeeded_at": utc_text(*at) }))
-                .collect::<Vec<_>>(),
-        })
-    }
-}
-
-/// How many waiting periods of one job `status` shows at most.
-const WAITING_SHOWN: u32 = 100;
-
-/// The periods of `job` noted as waiting that still wait, each with what
-/// it waits for as it stands now.
-async fn waiting(
-    store: &Store,
-    job: &Job,
-    now: DateTime<Utc>,
-) -> Result<Vec<(String, String)>, Error> {
-    if !job.after.any() {
-        return Ok(Vec::new());
-    }
-    let noted = store
-        .waiting_periods(std::slice::from_ref(&job.name), WAITING_SHOWN)
-        .await?;
-    let periods: Vec<crate::period::Period> = noted.into_iter().map(|w| w.period).collect();
-    Ok(view::periods(store, job, &periods, now)
-        .await?
-        .into_iter()
-        .filter(|v| v.row.is_none() && v.upstream.waiting())
-        .map(|v| (v.key.to_string(), v.upstream.to_string()))
-        .collect())
-}
-
-/// Of `recent` (claim rows of `job`), the succeeded ones made stale by an
-/// upstream period that succeeded again since they started.
-async fn stale(
-    store: &Store,
-    job: &Job,
-    recent: &[ClaimRow],
-    now: DateTime<Utc>,
-) -> Result<Vec<(String, String, DateTime<Utc>)>, Error> {
-    if !job.after.any() {
-        return Ok(Vec::new());
-    }
-    let periods: Vec<crate::period::Period> = recent
-        .iter()
-        .filter(|row| row.state == ClaimState::Succeeded)
-        .filter_map(|row| job.period.parse_label(&job.schedule, &row.period).ok())
-        .collect();
-    Ok(view::periods(store, job, &periods, now)
-        .await?
-        .iter()
-        .filter_map(|v| {
-            let (upstream, at) = v.stale_by()?;
-            Some((v.key.to_string(), upstream.to_owned(), at))
-        })
-        .collect())
+    };
+    let failed_colour = (!failed.is_empty()).then_some(Color::Red);
+    // Owed and unclaimed, whether or not an upstream run made it ready.
+    let mut overdue = job.overdue.clone();
+    overdue.extend(job.ready.iter().cloned());
+    vec![
+        look.cell(job.job.name.clone(), None),
+        look.cell(schedule, None),
+        next,
+        last,
+        look.cell(or_dash(running), None),
+        look.cell(or_dash(failed), failed_colour),
+        look.cell(
+            newest(&overdue),
+            (!overdue.is_empty()).then_some(Color::Yellow),
+        ),
+        look.cell(
+            newest(&job.late),
+            (!job.late.is_empty()).then_some(Color::Red),
+        ),
+        look.cell(newest(&waiting), None),
+    ]
 }
 
 /// The longest range `status JOB --from --to` prints.
@@ -450,7 +288,10 @@ pub async fn range(
                     time(view.fire)
                 ),
                 (None, Some(waits)) => format!("waiting for {waits}"),
-                (None, None) => format!("fired at {}, never run: the next run takes it", time(view.fire)),
+                (None, None) => format!(
+                    "fired at {}, never run: the next run takes it",
+                    time(view.fire)
+                ),
                 (Some(row), _) if view.state == PeriodState::Adopted => {
                     format!("adopted ({}) at {}", row.owner, time(row.finished_at))
                 }
@@ -531,22 +372,54 @@ pub async fn history(
     shown: Shown,
 ) -> Result<Outcome, Unread> {
     if let Some(defined) = defined {
-        let waiting = waiting(store, defined, Utc::now()).await?;
-        let waiting = waiting
-            .iter()
-            .filter(|(k, _)| key.is_none_or(|key| k == key));
-        for (i, (key, waits)) in waiting.enumerate() {
+        // What the one overview says of its periods that are not plain
+        // claims: waiting (and what for), ready, stale.
+        let overview = overview::of_jobs(store, &[defined], RECENT, Utc::now()).await?;
+        let Some(o) = overview.first() else {
+            return Ok(Outcome::Done);
+        };
+        let mine = |k: &str| key.is_none_or(|key| k == key);
+        let waiting = o.waiting.iter().filter(|(k, _)| mine(k));
+        for (i, (k, waits)) in waiting.enumerate() {
             if shown.json {
                 say(format_args!(
                     "{}",
-                    json!({ "waiting": { "period_key": key, "waiting_for": waits } })
+                    json!({ "waiting": { "period_key": k, "waiting_for": waits } })
                 ))?;
                 continue;
             }
             if i == 0 {
                 say(format_args!("waiting:"))?;
             }
-            say(format_args!("  {key}  waiting for {waits}"))?;
+            say(format_args!("  {k}  waiting for {waits}"))?;
+        }
+        for (i, k) in o.ready.iter().filter(|k| mine(k)).enumerate() {
+            if shown.json {
+                say(format_args!("{}", json!({ "ready": { "period_key": k } })))?;
+                continue;
+            }
+            if i == 0 {
+                say(format_args!(
+                    "ready (its upstream periods are done; the next scan or run takes it):"
+                ))?;
+            }
+            say(format_args!("  {k}"))?;
+        }
+        for (i, (k, upstream, at)) in o.stale.iter().filter(|(k, _, _)| mine(k)).enumerate() {
+            if shown.json {
+                say(format_args!(
+                    "{}",
+                    json!({ "stale": { "period_key": k, "upstream": upstream, "succeeded_at": utc_text(*at) } })
+                ))?;
+                continue;
+            }
+            if i == 0 {
+                say(format_args!("stale:"))?;
+            }
+            say(format_args!(
+                "  {k}  {upstream} succeeded again at {}, after it ran",
+                utc_text(*at)
+            ))?;
         }
     }
     let attempts = match key {
@@ -690,8 +563,7 @@ pub async fn adopt(
 ) -> Result<Outcome, Unread> {
     let job = config.job(job)?;
     let by = format!("cli:{}", crate::cli::run::user());
-    let names = crate::engine::manual::Names::FLAGS;
-    match operate::adopt(store, job, which, &by, now, names).await? {
+    match operate::adopt(store, job, which, &by, now, operate::AdoptNames::FLAGS).await? {
         operate::Adopted::Recorded(keys) => {
             for key in &keys {
                 say(format_args!("{key}  adopted"))?;
@@ -701,7 +573,14 @@ pub async fn adopt(
         operate::Adopted::Claimed(rows) => {
             let said: Vec<String> = rows
                 .iter()
-                .map(|row| format!("{} is {} (attempt {})", row.period_key, row.standing(), row.attempt))
+                .map(|row| {
+                    format!(
+                        "{} is {} (attempt {})",
+                        row.period_key,
+                        row.standing(),
+                        row.attempt
+                    )
+                })
                 .collect();
             Err(Unread::Failed(Error::Usage(format!(
                 "adopt: nothing adopted: {}; a period that has a claim here ran here (or was adopted already) and is never adopted",

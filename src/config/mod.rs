@@ -924,23 +924,35 @@ fn wrong_type(key: &str, value: &str, message: &str) -> Option<String> {
         "sql" if string => ("a table", format!("sql = {{ statement = {value} }}")),
         "sql" => ("a table", "sql = { statement = \"SELECT 1\" }".to_owned()),
         "http" if string => ("a table", format!("http = {{ url = {value} }}")),
-        "http" => ("a table", "http = { url = \"https://example.com/hook\" }".to_owned()),
+        "http" => (
+            "a table",
+            "http = { url = \"https://example.com/hook\" }".to_owned(),
+        ),
         "retry" => (
             "a table",
-            format!("retry = {{ attempts = {}, backoff = \"1m\" }}", number.unwrap_or(3)),
+            format!(
+                "retry = {{ attempts = {}, backoff = \"1m\" }}",
+                number.unwrap_or(3)
+            ),
         ),
         "env" | "headers" => (
             "a table of names and values",
             format!("{key} = {{ NAME = \"value\" }}"),
         ),
-        "dst" => ("a table", "dst = { gap = \"shift\", repeat = \"first\" }".to_owned()),
+        "dst" => (
+            "a table",
+            "dst = { gap = \"shift\", repeat = \"first\" }".to_owned(),
+        ),
         "concurrency" | "max_running" | "attempts" => (
             "a whole number, without quotes",
             format!("{key} = {}", number.unwrap_or(2)),
         ),
         key if DURATIONS.contains(&key) => (
             "a duration in quotes",
-            format!("{key} = \"{}\"", number.map_or("30s".to_owned(), |n| format!("{n}s"))),
+            format!(
+                "{key} = \"{}\"",
+                number.map_or("30s".to_owned(), |n| format!("{n}s"))
+            ),
         ),
         _ => {
             let said = message
@@ -955,7 +967,9 @@ fn wrong_type(key: &str, value: &str, message: &str) -> Option<String> {
             };
         }
     };
-    Some(format!("`{key}` is {given}, but it must be {must}: {example}"))
+    Some(format!(
+        "`{key}` is {given}, but it must be {must}: {example}"
+    ))
 }
 
 /// From serde's "unknown field `x`, expected one of `a`, `b`", the given

@@ -224,6 +224,31 @@ impl Scheduler {
         Ok(released.is_some())
     }
 
+    /// Records the periods of `job` that `which` names as adopted, as
+    /// `scheduler adopt` does: an earlier system ran them, so no replica
+    /// runs them and `after` counts them succeeded. Nothing is written if
+    /// any of them has a claim ([`operate::Adopted::Claimed`] says which);
+    /// a label that is no period of the job, or a period not yet due, is an
+    /// [`Error::Usage`].
+    pub async fn adopt(
+        &self,
+        job: &str,
+        which: operate::Adoption<'_>,
+    ) -> Result<operate::Adopted, Error> {
+        let job = self.config.job(job)?;
+        let by = format!("library:{}", self.engine.owner());
+        let names = operate::AdoptNames::JSON;
+        operate::adopt(
+            self.engine.store(),
+            job,
+            which,
+            &by,
+            chrono::Utc::now(),
+            names,
+        )
+        .await
+    }
+
     /// Pauses `job` (`true`) or resumes it, for every replica, as `scheduler
     /// pause` and `resume` do.
     pub async fn pause(&self, job: &str, paused: bool) -> Result<(), Error> {

@@ -219,7 +219,12 @@ pub async fn look(
     };
     let owed: HashMap<String, DateTime<Utc>> = asked
         .iter()
-        .filter_map(|(job, _)| Some((job.name.clone(), job.owed_since(*first_seen.get(&job.name)?))))
+        .filter_map(|(job, _)| {
+            Some((
+                job.name.clone(),
+                job.owed_since(*first_seen.get(&job.name)?),
+            ))
+        })
         .collect();
     // A previous period from before the first sighting that is noted
     // waiting will run (a first `run` takes the latest due period): it is

@@ -23,6 +23,28 @@ pub struct Due {
     pub trigger: Trigger,
 }
 
+/// Says, for a job a `serve` or `run JOB` has just seen for the first
+/// time, what it owes (SPEC §12): the latest fire within `catch_up` (and
+/// its period), or nothing before the next fire. Nothing else says it.
+pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
+    let owed = job.owed_since(first_seen);
+    let since = crate::period::utc_text(owed);
+    match job.timing().latest(first_seen).filter(|f| f.at == owed) {
+        Some(fire) => tracing::info!(
+            job = job.name,
+            owes_from = since,
+            "first seen: its latest fire ({}, period {}) is within catch_up and runs; nothing older runs on its own (`scheduler adopt` records what an earlier system ran)",
+            crate::period::utc_text(fire.at),
+            job.timing().period_of(&fire).label
+        ),
+        None => tracing::info!(
+            job = job.name,
+            owes_from = since,
+            "first seen: its latest fire is older than catch_up, so nothing runs before its next fire; older periods run only by hand"
+        ),
+    }
+}
+
 /// The periods due for `job` at `now`, oldest first.
 ///
 /// Older periods are those whose fires lie in `[since, latest fire)`, kept
@@ -90,9 +112,21 @@ pub struct Standing {
     pub late: bool,
 }
 
+/// What the database says of a job and a period beyond its claim, for
+/// [`standing`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sighting {
+    /// When a `serve` or `run JOB` first saw the job; `None`: never (a
+    /// first one now would see it).
+    pub first_seen: Option<DateTime<Utc>>,
+    /// A gate noted the period waiting for its upstream periods (a
+    /// backfill asked for it, or a scan found it): it runs once they are
+    /// done, whenever it fired.
+    pub noted: bool,
+}
+
 /// How one period of `job` stands at `now` (SPEC §12): the one rule, from
-/// its claim, its fire, when the job was first seen (`None`: never; a
-/// first `run` or `serve` now would see it), `catch_up`, its deadline and
+/// its claim, its fire, the job's sighting, `catch_up`, its deadline and
 /// its upstream periods (`after`) as [`super::after::look`] found them.
 /// Every view reads it: `status`, `status --from/--to`, the API, the
 /// console, the notifications.
@@ -100,21 +134,31 @@ pub fn standing(
     job: &Job,
     period: &Period,
     row: Option<&ClaimRow>,
-    first_seen: Option<DateTime<Utc>>,
+    sighting: Sighting,
     upstream: &super::after::Upstream,
     now: DateTime<Utc>,
 ) -> Standing {
     let fire = job.timing().of(period);
-    let owed = job.owed_since(first_seen.unwrap_or(now));
+    let owed = job.owed_since(sighting.first_seen.unwrap_or(now));
     let window = TimeDelta::from_std(job.catch_up)
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
     let state = match (row, fire) {
         (None, Some(f)) if f > now => PeriodState::NotDue,
+        (None, _) if sighting.noted && upstream.waiting() => PeriodState::Waiting,
+        (None, _) if sighting.noted => PeriodState::Ready,
         (None, Some(f)) if f < owed => PeriodState::BeforeFirstSeen,
         (None, _) if upstream.waiting() => PeriodState::Waiting,
         (None, Some(f)) if f < window => PeriodState::Missed,
+        // `missed = "latest"` or `"skip"`: an older fire nothing ran at is
+        // passed over for good; only the latest is taken.
+        (None, Some(f))
+            if job.missed != Missed::All
+                && job.timing().latest(now).is_some_and(|latest| latest.at > f) =>
+        {
+            PeriodState::Missed
+        }
         (None, _) if job.after.any() => PeriodState::Ready,
         (None, _) => PeriodState::Due,
         (Some(row), _) => match row.standing() {
@@ -123,8 +167,10 @@ pub fn standing(
         },
     };
     // Past its deadline and not done, an owed period is late, whatever
-    // else it is (never claimed, running, failed, waiting).
+    // else it is (never claimed, running, failed, waiting); one from
+    // before the job was first seen never is, even run by hand.
     let late = state.can_be_late()
+        && fire.is_some_and(|f| f >= owed)
         && job
             .deadline
             .and_then(|d| TimeDelta::from_std(d).ok())
@@ -533,6 +579,424 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::engine::{Ask, Engine, Taken};
+    use crate::state::ClaimState;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s)
+            .expect("an instant")
+            .to_utc()
+    }
+
+    fn jobs(text: &str) -> Vec<Job> {
+        Config::parse(std::path::Path::new("jobs.toml"), text, &|_| None)
+            .expect("valid jobs")
+            .jobs
+    }
+
+    /// A claim row of `label` in `state` at attempt `attempt`, its lease
+    /// (for a running one) live until `until`, read at `now`.
+    fn row(label: &str, state: ClaimState, attempt: i32, now: &str) -> ClaimRow {
+        let now = at(now);
+        ClaimRow {
+            period_key: format!("x:{label}"),
+            period: label.into(),
+            state,
+            attempt,
+            failures: i32::from(state == ClaimState::Failed),
+            owner: "h".into(),
+            lease_until: state.is_live().then(|| now + TimeDelta::seconds(30)),
+            started_at: Some(now),
+            retry_at: None,
+            finished_at: state.is_finished().then_some(now),
+            claimable: false,
+            now,
+        }
+    }
+
+    fn waiting_for_ingest() -> super::super::after::Upstream {
+        super::super::after::Upstream {
+            waits: vec![super::super::after::Wait {
+                job: "ingest".into(),
+                done: 29,
+                needed: 30,
+                missing: vec!["2026-11-30".into()],
+                claimed: vec![None],
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The one rule (SPEC §12), as a table: every state, a first sighting
+    /// inside and outside `catch_up` (and none), each `missed` policy, the
+    /// deadline's mark, upstream periods noted or not, a DST shift and a
+    /// calendar's move.
+    #[test]
+    fn the_one_rule_decides_every_state_the_same_way() {
+        let month = "[[job]]\nname = \"x\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+                     deadline = \"6h\"\ncommand = [\"true\"]\n";
+        let job = &jobs(month)[0];
+        let latest = &jobs(&month.replace("command", "missed = \"latest\"\ncommand"))[0];
+        let skip = &jobs(&month.replace("command", "missed = \"skip\"\ncommand"))[0];
+        let after = &jobs(&format!(
+            "{month}after = [\"ingest\"]\n\n[[job]]\nname = \"ingest\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\ncommand = [\"true\"]\n"
+        ))[0];
+        let none = super::super::after::Upstream::default();
+        let waits = waiting_for_ingest();
+        use PeriodState::*;
+        // (job, label, row, first seen, noted, upstream, now) -> (state, late)
+        type Case<'a> = (
+            &'a Job,
+            &'a str,
+            Option<ClaimRow>,
+            Option<&'a str>,
+            bool,
+            &'a super::super::after::Upstream,
+            &'a str,
+            PeriodState,
+            bool,
+        );
+        let dec5 = "2026-12-05T12:00:00Z";
+        let cases: Vec<Case> = vec![
+            // First seen 5 December: November fired 1 December, outside
+            // catch_up (24h) of the sighting: before first seen, never late.
+            (
+                job,
+                "2026-11",
+                None,
+                Some("2026-12-05T10:00:00Z"),
+                false,
+                &none,
+                dec5,
+                BeforeFirstSeen,
+                false,
+            ),
+            (
+                job,
+                "2026-12",
+                None,
+                Some("2026-12-05T10:00:00Z"),
+                false,
+                &none,
+                dec5,
+                NotDue,
+                false,
+            ),
+            // Never seen: what a first run now would take.
+            (
+                job,
+                "2026-11",
+                None,
+                None,
+                false,
+                &none,
+                dec5,
+                BeforeFirstSeen,
+                false,
+            ),
+            (
+                job,
+                "2026-11",
+                None,
+                None,
+                false,
+                &none,
+                "2026-12-01T03:00:00Z",
+                Due,
+                false,
+            ),
+            // First seen within catch_up of the 1 December fire: owed.
+            (
+                job,
+                "2026-11",
+                None,
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &none,
+                "2026-12-01T05:00:00Z",
+                Due,
+                false,
+            ),
+            (
+                job,
+                "2026-11",
+                None,
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &none,
+                "2026-12-01T09:00:00Z",
+                Due,
+                true,
+            ),
+            (
+                job,
+                "2026-11",
+                None,
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &none,
+                dec5,
+                Missed,
+                true,
+            ),
+            (
+                job,
+                "2026-10",
+                None,
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &none,
+                dec5,
+                BeforeFirstSeen,
+                false,
+            ),
+            // Seen long ago: the policies of `missed`.
+            (
+                job,
+                "2026-10",
+                None,
+                Some("2026-01-01T00:00:00Z"),
+                false,
+                &none,
+                "2026-12-01T03:00:00Z",
+                Missed,
+                true,
+            ),
+            (
+                latest,
+                "2026-11",
+                None,
+                Some("2026-01-01T00:00:00Z"),
+                false,
+                &none,
+                "2026-12-01T03:00:00Z",
+                Due,
+                false,
+            ),
+            (
+                skip,
+                "2026-11",
+                None,
+                Some("2026-01-01T00:00:00Z"),
+                false,
+                &none,
+                "2026-12-01T03:00:00Z",
+                Due,
+                false,
+            ),
+            // Claims, whoever made them, whenever the job was seen.
+            (
+                job,
+                "2026-11",
+                Some(row("2026-11", ClaimState::Succeeded, 1, dec5)),
+                None,
+                false,
+                &none,
+                dec5,
+                Succeeded,
+                false,
+            ),
+            (
+                job,
+                "2026-11",
+                Some(row("2026-11", ClaimState::Succeeded, 0, dec5)),
+                None,
+                false,
+                &none,
+                dec5,
+                Adopted,
+                false,
+            ),
+            (
+                job,
+                "2026-11",
+                Some(row("2026-11", ClaimState::Failed, 1, dec5)),
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &none,
+                dec5,
+                Failed,
+                true,
+            ),
+            (
+                job,
+                "2026-11",
+                Some(row("2026-11", ClaimState::Running, 2, dec5)),
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &none,
+                dec5,
+                Running,
+                true,
+            ),
+            (
+                job,
+                "2026-11",
+                Some(row("2026-11", ClaimState::Released, 2, dec5)),
+                None,
+                false,
+                &none,
+                dec5,
+                Stopping,
+                false,
+            ),
+            // Upstream periods: noted waiting runs once ready, whenever it
+            // fired; not noted and owed waits; not noted and before first
+            // seen is nobody's.
+            (
+                after,
+                "2026-11",
+                None,
+                Some("2026-12-05T10:00:00Z"),
+                true,
+                &waits,
+                dec5,
+                Waiting,
+                false,
+            ),
+            (
+                after,
+                "2026-11",
+                None,
+                Some("2026-12-05T10:00:00Z"),
+                true,
+                &none,
+                dec5,
+                Ready,
+                false,
+            ),
+            (
+                after,
+                "2026-11",
+                None,
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &waits,
+                "2026-12-01T04:00:00Z",
+                Waiting,
+                false,
+            ),
+            (
+                after,
+                "2026-11",
+                None,
+                Some("2026-12-01T03:00:00Z"),
+                false,
+                &none,
+                "2026-12-01T04:00:00Z",
+                Ready,
+                false,
+            ),
+            (
+                after,
+                "2026-11",
+                None,
+                Some("2026-12-05T10:00:00Z"),
+                false,
+                &waits,
+                dec5,
+                BeforeFirstSeen,
+                false,
+            ),
+        ];
+        for (n, (job, label, row, seen, noted, upstream, now, state, late)) in
+            cases.into_iter().enumerate()
+        {
+            let period = job
+                .period
+                .parse_label(&job.schedule, label)
+                .expect("a label");
+            let sighting = Sighting {
+                first_seen: seen.map(at),
+                noted,
+            };
+            let got = standing(job, &period, row.as_ref(), sighting, upstream, at(now));
+            assert_eq!(
+                (got.state, got.late),
+                (state, late),
+                "case {n}: {label} at {now}"
+            );
+        }
+    }
+
+    /// The rule across a spring-forward and a calendar's move: a fire
+    /// shifted out of the gap, or moved to a working day, is owed from
+    /// where it runs.
+    #[test]
+    fn a_shifted_or_moved_fire_is_owed_from_where_it_runs() {
+        let dst = &jobs(
+            "[[job]]\nname = \"x\"\nschedule = \"30 2 * * *\"\ntimezone = \"America/New_York\"\nperiod = \"day\"\ncommand = [\"true\"]\n",
+        )[0];
+        let none = super::super::after::Upstream::default();
+        let day = |job: &Job, label: &str| {
+            job.period
+                .parse_label(&job.schedule, label)
+                .expect("a label")
+        };
+        let seen = |s: &str| Sighting {
+            first_seen: Some(at(s)),
+            noted: false,
+        };
+        // 8 March 2026: 02:30 does not exist; the fire runs at 03:00 EDT
+        // (07:00Z). Seen half an hour later: owed.
+        let got = standing(
+            dst,
+            &day(dst, "2026-03-08"),
+            None,
+            seen("2026-03-08T07:30:00Z"),
+            &none,
+            at("2026-03-08T08:00:00Z"),
+        );
+        assert_eq!(got.state, PeriodState::Due);
+        assert_eq!(
+            dst.owed_since(at("2026-03-08T07:30:00Z")),
+            at("2026-03-08T07:00:00Z")
+        );
+        // Seen the next morning after its own fire: the 8th is history.
+        let got = standing(
+            dst,
+            &day(dst, "2026-03-08"),
+            None,
+            seen("2026-03-09T07:00:00Z"),
+            &none,
+            at("2026-03-09T08:00:00Z"),
+        );
+        assert_eq!(got.state, PeriodState::BeforeFirstSeen);
+
+        let moved = &jobs(
+            "[[calendar]]\nname = \"business\"\n\n[[job]]\nname = \"x\"\nschedule = \"0 9 * * *\"\nperiod = \"day\"\n\
+             calendar = \"business\"\non_day_off = \"next\"\ncommand = [\"true\"]\n",
+        )[0];
+        // Seen on Sunday 3 January 2027: Saturday's fire runs on Monday
+        // at 09:00, after the sighting, so it is owed; Friday's is not.
+        let sunday = seen("2027-01-03T12:00:00Z");
+        let got = standing(
+            moved,
+            &day(moved, "2027-01-02"),
+            None,
+            sunday,
+            &none,
+            at("2027-01-03T13:00:00Z"),
+        );
+        assert_eq!(got.state, PeriodState::NotDue);
+        let got = standing(
+            moved,
+            &day(moved, "2027-01-02"),
+            None,
+            sunday,
+            &none,
+            at("2027-01-04T10:00:00Z"),
+        );
+        assert_eq!(got.state, PeriodState::Due);
+        let got = standing(
+            moved,
+            &day(moved, "2027-01-01"),
+            None,
+            sunday,
+            &none,
+            at("2027-01-04T10:00:00Z"),
+        );
+        assert_eq!(got.state, PeriodState::BeforeFirstSeen);
+    }
 
     /// The gauge's count, kept from one count to the next, agrees with a
     /// count afresh at every step: new fires, a success, a failure, and

@@ -40,6 +40,10 @@ struct Plan<'a> {
     /// Periods of an upstream job run first by `--with-upstream`: those
     /// already succeeded are passed over without a line.
     upstream: bool,
+    /// A job that waits for the jobs run before it (`after`): its periods
+    /// noted waiting that those runs made ready, worked out when its turn
+    /// comes ([`Backfill::made_ready`]).
+    downstream: bool,
 }
 
 /// A job's periods, handed out a chunk at a time.
@@ -303,6 +307,7 @@ pub async fn drive(
         out_of_slots: false,
         changed: std::collections::HashMap::new(),
         max_running: config.settings.max_running,
+        config,
     };
     if let Err(stop) = backfill.plans(&mut plans, now).await? {
         return stop.into_result();
@@ -321,6 +326,7 @@ pub async fn drive(
 /// side by side where the job's `concurrency` (and `max_running`) allows.
 struct Backfill<'a> {
     engine: &'a Engine,
+    config: &'a Config,
     request: &'a Request,
     shutdown: watch::Receiver<bool>,
     stop_now: watch::Receiver<bool>,
@@ -346,6 +352,12 @@ impl Backfill<'_> {
     ) -> Result<Result<(), Unread>, Error> {
         for plan in plans {
             self.out_of_slots = false;
+            if plan.downstream {
+                match self.made_ready(plan.job, now).await? {
+                    Some(ready) => plan.periods = Periods::Listed(ready.into_iter()),
+                    None => continue,
+                }
+            }
             let job = Arc::new(plan.job.clone());
             let request = Request {
                 force: plan.force,
@@ -452,6 +464,47 @@ impl Backfill<'_> {
             }
         }
         Ok(Ok(()))
+    }
+
+    /// The periods of `job` noted waiting whose upstream periods have all
+    /// succeeded now (the runs before made them ready), oldest first;
+    /// `None` if there are none, or if this run cannot run the job (its
+    /// `${VAR}`s were not given: it names them and the command to run).
+    async fn made_ready(&self, job: &Job, now: DateTime<Utc>) -> Result<Option<Vec<Due>>, Error> {
+        let store = self.engine.store();
+        let noted = store
+            .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
+            .await?;
+        let asked: Vec<(&Job, &Period)> = noted.iter().map(|w| (job, &w.period)).collect();
+        let standing = super::after::look(store, &asked, now).await?;
+        let ready: Vec<Due> = noted
+            .iter()
+            .zip(standing)
+            .filter(|(_, up)| !up.waiting())
+            .map(|(w, _)| Due {
+                period: w.period.clone(),
+                fire: w.scheduled_at,
+                trigger: Trigger::Upstream,
+            })
+            .collect();
+        if ready.is_empty() {
+            return Ok(None);
+        }
+        if let Some((_, var)) = self
+            .config
+            .incomplete
+            .iter()
+            .find(|(name, _)| *name == job.name)
+        {
+            tracing::warn!(
+                job = job.name,
+                ready = ready.len(),
+                "ready: its upstream periods are done, but this run was not given {var}, which the job needs; `scheduler run {}` runs them (so does any `serve`, within a scan)",
+                job.name
+            );
+            return Ok(None);
+        }
+        Ok(Some(ready))
     }
 
     /// The claims of a chunk's periods, in one statement, so a repeated
@@ -767,6 +820,28 @@ impl Backfill<'_> {
     }
 }
 
+/// How `job` stands as `run JOB` sees it: recorded as seen (now, if this
+/// is its first sighting), or, for `--dry-run`, which writes nothing, as it
+/// would be: a job never seen would be seen now.
+async fn sighting(
+    store: &Store,
+    job: &Job,
+    dry_run: bool,
+    now: DateTime<Utc>,
+) -> Result<Option<crate::store::JobRecord>, Error> {
+    let name = std::slice::from_ref(&job.name);
+    if !dry_run {
+        return Ok(store.see_jobs(name).await?.remove(&job.name));
+    }
+    let first_seen = store.first_seen(name).await?.remove(&job.name);
+    let paused = store.paused_jobs().await?.contains(&job.name);
+    Ok(Some(crate::store::JobRecord {
+        first_seen: first_seen.unwrap_or(now),
+        paused,
+        new: first_seen.is_none(),
+    }))
+}
+
 /// How many retryable or recoverable periods of a job one `run` takes.
 const RECLAIM_LIMIT: u32 = 1_000;
 
@@ -793,10 +868,13 @@ async fn plan<'a>(
             }
             Periods::Range(walk)
         } else {
-            let seen = store.see_jobs(std::slice::from_ref(&job.name)).await?;
-            let Some(seen) = seen.get(&job.name) else {
+            let seen = sighting(store, job, request.dry_run, now).await?;
+            let Some(seen) = seen else {
                 continue;
             };
+            if seen.new && !request.dry_run {
+                super::due::log_first_sighting(job, seen.first_seen);
+            }
             if seen.paused {
                 sink.paused(&job.name);
                 continue;
@@ -857,9 +935,45 @@ async fn plan<'a>(
             manual,
             force: request.force,
             upstream: false,
+            downstream: false,
         });
     }
+    // A run of an upstream job runs what it made ready downstream, in a
+    // platform cron container as `serve`'s scan would within seconds, not
+    // at the downstream job's next fire (a month later for a monthly
+    // report). `run --all` runs every job already; a dry run makes
+    // nothing ready.
+    if let Some(name) = request.job.as_deref().filter(|_| !request.dry_run) {
+        plans.extend(downstream_of(config, name).into_iter().map(|job| Plan {
+            job,
+            periods: Periods::Listed(Vec::new().into_iter()),
+            manual: false,
+            force: false,
+            upstream: false,
+            downstream: true,
+        }));
+    }
     Ok(plans)
+}
+
+/// The jobs that wait, directly or through others, for job `name`, each
+/// after every job of its `after`.
+fn downstream_of<'a>(config: &'a Config, name: &str) -> Vec<&'a Job> {
+    let mut reached: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    reached.insert(name);
+    let mut found = Vec::new();
+    for job in in_dependency_order(&config.jobs) {
+        if job
+            .after
+            .upstream
+            .iter()
+            .any(|up| reached.contains(up.job.as_str()))
+        {
+            reached.insert(&job.name);
+            found.push(job);
+        }
+    }
+    found
 }
 
 /// `jobs`, each after every job of its `after`, otherwise in their order.
@@ -960,6 +1074,7 @@ fn upstream_plans<'a>(
                 manual: true,
                 force: false,
                 upstream: true,
+                downstream: false,
             }
         })
         .collect())

@@ -16,6 +16,7 @@ pub mod manual;
 pub mod notify;
 pub mod operate;
 mod outcomes;
+pub mod overview;
 mod plain;
 mod process;
 mod report;

@@ -45,6 +45,33 @@ pub enum Adopted {
     Claimed(Vec<crate::store::ClaimRow>),
 }
 
+/// What the labels of an adoption are called where they were given, for
+/// its messages.
+#[derive(Debug, Clone, Copy)]
+pub struct AdoptNames {
+    /// The last period of [`Adoption::Through`].
+    pub through: &'static str,
+    /// The first period of [`Adoption::Range`].
+    pub from: &'static str,
+    /// The last period of [`Adoption::Range`].
+    pub to: &'static str,
+}
+
+impl AdoptNames {
+    /// The command line's flags.
+    pub const FLAGS: AdoptNames = AdoptNames {
+        through: "--through",
+        from: "--from",
+        to: "--to",
+    };
+    /// The HTTP API's JSON fields.
+    pub const JSON: AdoptNames = AdoptNames {
+        through: "through",
+        from: "from",
+        to: "to",
+    };
+}
+
 /// How many periods one `adopt` records at most.
 pub const ADOPT_LIMIT: usize = 100_000;
 
@@ -59,16 +86,33 @@ pub async fn adopt(
     which: Adoption<'_>,
     by: &str,
     now: chrono::DateTime<chrono::Utc>,
-    names: super::manual::Names,
+    given: AdoptNames,
 ) -> Result<Adopted, Error> {
-    use super::manual::{page_between, period_of_label};
+    use super::manual::{Names, page_between, period_of_label};
+    let (last_name, names) = match which {
+        Adoption::Through(_) => (
+            given.through,
+            Names {
+                to: given.through,
+                ..Names::FLAGS
+            },
+        ),
+        Adoption::Range(..) => (
+            given.to,
+            Names {
+                from: given.from,
+                to: given.to,
+                ..Names::FLAGS
+            },
+        ),
+    };
     let (from, to) = match which {
         Adoption::Range(from, to) => {
             period_of_label(job, from, names.from)?;
             (from.to_owned(), to)
         }
         Adoption::Through(to) => {
-            let last = period_of_label(job, to, names.to)?;
+            let last = period_of_label(job, to, last_name)?;
             let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
             let seen = seen.get(&job.name).copied().unwrap_or(now).min(now);
             let window = chrono::TimeDelta::from_std(job.catch_up)
@@ -84,12 +128,11 @@ pub async fn adopt(
             (first.label, to)
         }
     };
-    period_of_label(job, to, names.to)?;
+    period_of_label(job, to, last_name)?;
     let (periods, more) = page_between(job, (&from, to), ADOPT_LIMIT, names)?;
     if more.is_some() {
         return Err(Error::Usage(format!(
-            "{}: the range holds more than {ADOPT_LIMIT} periods; adopt it in parts",
-            names.to
+            "{last_name}: the range holds more than {ADOPT_LIMIT} periods; adopt it in parts"
         )));
     }
     let timing = job.timing();
@@ -97,8 +140,7 @@ pub async fn adopt(
     for period in periods {
         let fire = timing.of(&period).filter(|fire| *fire <= now).ok_or_else(|| {
             Error::Usage(format!(
-                "{}: {} is not due yet (its fire is {}): only a period an earlier system has run can be adopted",
-                names.to,
+                "{last_name}: {} is not due yet (its fire is {}): only a period an earlier system has run can be adopted",
                 PeriodKey::new(&job.name, &period.label),
                 timing
                     .of(&period)

@@ -108,14 +108,33 @@ pub async fn of_jobs(
         .iter()
         .map(|(job, p)| PeriodKey::new(&job.name, &p.label))
         .collect();
-    let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
+    let key_names = names_of_keys(&pairs);
     let mut rows = std::collections::HashMap::new();
-    for chunk in names.chunks(VIEWS_PER_READ) {
+    for chunk in key_names.chunks(VIEWS_PER_READ) {
         rows.extend(store.rows(chunk).await?);
     }
     let upstream = super::after::look(store, &pairs, now).await?;
     let names: Vec<String> = asked.iter().map(|(job, _)| job.name.clone()).collect();
     let first_seen = store.first_seen(&names).await?;
+    // The periods a gate noted waiting (a backfill, a scan): they run once
+    // ready, whenever they fired.
+    let mut noted = std::collections::HashSet::new();
+    let waiting_jobs: Vec<&str> = asked
+        .iter()
+        .filter(|(job, _)| job.after.any())
+        .map(|(job, _)| job.name.as_str())
+        .collect();
+    if !waiting_jobs.is_empty() {
+        let keys: Vec<String> = pairs
+            .iter()
+            .zip(&names_of_keys(&pairs))
+            .filter(|((job, _), _)| waiting_jobs.contains(&job.name.as_str()))
+            .map(|(_, key)| key.clone())
+            .collect();
+        for chunk in keys.chunks(VIEWS_PER_READ) {
+            noted.extend(store.waits(chunk).await?.into_keys());
+        }
+    }
     let mut views =
         pairs
             .into_iter()
@@ -124,8 +143,12 @@ pub async fn of_jobs(
             .map(|(((job, period), key), upstream)| {
                 let row = rows.remove(key.as_str());
                 let seen = first_seen.get(&job.name).copied();
+                let sighting = super::due::Sighting {
+                    first_seen: seen,
+                    noted: noted.contains(key.as_str()),
+                };
                 let standing =
-                    super::due::standing(job, period, row.as_ref(), seen, &upstream, now);
+                    super::due::standing(job, period, row.as_ref(), sighting, &upstream, now);
                 PeriodView {
                     key,
                     period: period.clone(),
@@ -140,4 +163,12 @@ pub async fn of_jobs(
         .iter()
         .map(|(_, periods)| views.by_ref().take(periods.len()).collect())
         .collect())
+}
+
+/// The period keys of `pairs`, as text.
+fn names_of_keys(pairs: &[(&Job, &Period)]) -> Vec<String> {
+    pairs
+        .iter()
+        .map(|(job, p)| PeriodKey::new(&job.name, &p.label).to_string())
+        .collect()
 }

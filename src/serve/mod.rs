@@ -443,11 +443,17 @@ impl Service {
         let last_fires = store.last_fires(&names).await?;
         let now = self.clock.now();
         let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        self.first_seen = records.iter().map(|(name, r)| (name.clone(), r.first_seen)).collect();
+        self.first_seen = records
+            .iter()
+            .map(|(name, r)| (name.clone(), r.first_seen))
+            .collect();
         for job in self.jobs.clone() {
             let Some(record) = records.get(&job.name) else {
                 continue;
             };
+            if record.new {
+                crate::engine::due::log_first_sighting(&job, record.first_seen);
+            }
             let mut since = window.max(job.owed_since(record.first_seen));
             if let Some(last) = last_fires.get(&job.name) {
                 since = since.max(*last + TimeDelta::nanoseconds(1));
@@ -468,7 +474,9 @@ impl Service {
         // Nothing older than the window is listed: it would only be dropped,
         // and listing it first would hold the window's own fires back.
         let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        let since = since.max(now - window).max(self.owed_since(&job).unwrap_or(since));
+        let since = since
+            .max(now - window)
+            .max(self.owed_since(&job).unwrap_or(since));
         let with_latest = job.missed != Missed::Skip;
         let missed: Vec<Due> = due(&job, now, since, with_latest)
             .into_iter()
@@ -491,7 +499,9 @@ impl Service {
     /// `None` for a job whose first sighting is not known here yet (the
     /// database did not answer the reload that brought it).
     fn owed_since(&self, job: &Job) -> Option<DateTime<Utc>> {
-        self.first_seen.get(&job.name).map(|seen| job.owed_since(*seen))
+        self.first_seen
+            .get(&job.name)
+            .map(|seen| job.owed_since(*seen))
     }
 
     /// Follows the pauses in the database (a scan) or the API's: a newly
@@ -893,7 +903,9 @@ impl Service {
             |job| {
                 let was = &old_jobs[old.find(old_jobs, &job.name)?];
                 let from = crate::fires::resume_from(&was.timing(), &job.timing(), fired_until);
-                let owed = self.owed_since(job).map(|at| at - TimeDelta::nanoseconds(1));
+                let owed = self
+                    .owed_since(job)
+                    .map(|at| at - TimeDelta::nanoseconds(1));
                 Some(owed.map_or(from, |owed| from.max(owed)))
             },
             self.clock.now(),
@@ -942,7 +954,15 @@ impl Service {
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         match self.engine.store().see_jobs(&names).await {
             Ok(records) => {
-                self.first_seen = records.into_iter().map(|(name, r)| (name, r.first_seen)).collect();
+                for job in &jobs {
+                    if let Some(record) = records.get(&job.name).filter(|r| r.new) {
+                        crate::engine::due::log_first_sighting(job, record.first_seen);
+                    }
+                }
+                self.first_seen = records
+                    .into_iter()
+                    .map(|(name, r)| (name, r.first_seen))
+                    .collect();
             }
             Err(e) => tracing::warn!("reload: cannot record new jobs yet: {e}"),
         }

@@ -325,6 +325,8 @@ pub struct Reclaimable {
 pub struct JobRecord {
     /// When a `run` or `serve` first saw it.
     pub first_seen: DateTime<Utc>,
+    /// Seen for the first time by the call that returned this.
+    pub new: bool,
     /// Paused for every replica.
     pub paused: bool,
 }

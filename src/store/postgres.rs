@@ -13,8 +13,8 @@ use sqlx::{Connection, Row};
 
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
-    ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
+    ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql,
+    JobRecord, Lease, Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
 };
 use crate::handler::Transaction;
 use crate::period::{Period, PeriodKey};
@@ -629,7 +629,7 @@ impl PgStore {
              SELECT name, now() FROM unnest($1::text[]) AS name
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = LEAST(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, paused",
+             RETURNING name, first_seen, paused, first_seen = now() AS new",
         )
         .bind(jobs)
         .fetch_all(&self.pool)
@@ -639,6 +639,7 @@ impl PgStore {
                 let record = JobRecord {
                     first_seen: row.try_get("first_seen")?,
                     paused: row.try_get("paused")?,
+                    new: row.try_get("new")?,
                 };
                 Ok((row.try_get("name")?, record))
             })

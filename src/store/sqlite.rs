@@ -18,8 +18,8 @@ use sqlx::{Row, Sqlite, Transaction};
 
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
-    ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql, JobRecord, Lease,
-    Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
+    ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql,
+    JobRecord, Lease, Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
 };
 use crate::handler;
 use crate::period::{Period, PeriodKey};
@@ -380,22 +380,30 @@ impl SqliteStore {
     ) -> Result<HashMap<String, JobRecord>, sqlx::Error> {
         let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
         let mut tx = self.begin().await?;
-        let rows = sqlx::query(&format!(
+        // One instant for every row, read once: a row that holds it after
+        // the statement was seen for the first time by it.
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        let rows = sqlx::query(
             "INSERT INTO scheduler_jobs (name, first_seen)
-             SELECT value, {NOW} FROM json_each(?1) WHERE true
+             SELECT value, ?2 FROM json_each(?1) WHERE true
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = min(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, paused"
-        ))
+             RETURNING name, first_seen, paused",
+        )
         .bind(names)
+        .bind(now)
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
         rows.iter()
             .map(|row| {
+                let first_seen: i64 = row.try_get("first_seen")?;
                 let record = JobRecord {
-                    first_seen: time(row.try_get("first_seen")?),
+                    first_seen: time(first_seen),
                     paused: row.try_get("paused")?,
+                    new: first_seen == now,
                 };
                 Ok((row.try_get("name")?, record))
             })

@@ -560,9 +560,18 @@ fn reading_periods_and_operating_jobs_over_the_api() {
             .iter()
             .map(|p| p["state"].as_str().unwrap())
             .collect();
+        // The months around the backfill fired before `serve` first saw
+        // the job (a monthly job's latest fire is older than catch_up):
+        // nobody owes them.
         assert_eq!(
             states,
-            ["missing", "succeeded", "succeeded", "succeeded", "missing"]
+            [
+                "before first seen",
+                "succeeded",
+                "succeeded",
+                "succeeded",
+                "before first seen"
+            ]
         );
         let (_, _, _, later) =
             answer(server.get(READER, "/v1/jobs/billing/periods?from=2099-01&to=2099-01"));

@@ -157,7 +157,7 @@ fn config_mistakes_name_their_place_and_the_expected_value() {
             "[scheduler]\nlease = 60\n",
             &[
                 "jobs.toml:2:9",
-                "invalid type: integer `60`, expected a string",
+                "`lease` is a number, but it must be a duration in quotes: lease = \"60s\"",
             ],
         ),
         (
@@ -727,19 +727,27 @@ fn a_value_of_the_wrong_type_says_what_to_write() {
         ),
         (
             "http = \"https://example.com/x\"\n",
-            &["`http` is a string, but it must be a table: http = { url = \"https://example.com/x\" }"],
+            &[
+                "`http` is a string, but it must be a table: http = { url = \"https://example.com/x\" }",
+            ],
         ),
         (
             "command = [\"true\"]\nretry = 3\n",
-            &["`retry` is a number, but it must be a table: retry = { attempts = 3, backoff = \"1m\" }"],
+            &[
+                "`retry` is a number, but it must be a table: retry = { attempts = 3, backoff = \"1m\" }",
+            ],
         ),
         (
             "command = [\"true\"]\nconcurrency = \"2\"\n",
-            &["`concurrency` is a string, but it must be a whole number, without quotes: concurrency = 2"],
+            &[
+                "`concurrency` is a string, but it must be a whole number, without quotes: concurrency = 2",
+            ],
         ),
         (
             "command = [\"true\"]\nenv = [\"A=1\"]\n",
-            &["`env` is an array, but it must be a table of names and values: env = { NAME = \"value\" }"],
+            &[
+                "`env` is an array, but it must be a table of names and values: env = { NAME = \"value\" }",
+            ],
         ),
         (
             "command = [\"true\"]\ntimeout = 30\n",
@@ -754,7 +762,10 @@ fn a_value_of_the_wrong_type_says_what_to_write() {
         let stderr = check_fails(&format!("{job}{body}"));
         assert_says(&stderr, parts);
         for internal in ["struct", "Raw", "i64", "u32", "a map"] {
-            assert!(!stderr.contains(internal), "{internal:?} reached the user:\n{stderr}");
+            assert!(
+                !stderr.contains(internal),
+                "{internal:?} reached the user:\n{stderr}"
+            );
         }
     }
 }

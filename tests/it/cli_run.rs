@@ -720,12 +720,16 @@ fn status_history_and_prune_report_what_the_database_holds() {
     assert_eq!(history.stdout(), "");
 }
 
+/// Each job's latest fire within catch_up, seen for the first time; a job
+/// whose latest fire is older (here: its last active day long past) runs
+/// nothing.
 #[test]
 fn run_all_runs_the_latest_period_of_every_job() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(
-        "[[job]]\nname = \"a\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"echo a >> runs.txt\"\n\n\
-         [[job]]\nname = \"b\"\nschedule = \"0 3 * * *\"\nperiod = \"day\"\nmissed = \"skip\"\nshell = \"echo b >> runs.txt\"\n",
+        "[[job]]\nname = \"a\"\nschedule = \"*/5 * * * *\"\nperiod = \"hour\"\nshell = \"echo a >> runs.txt\"\n\n\
+         [[job]]\nname = \"b\"\nschedule = \"0 3 * * *\"\nperiod = \"day\"\nmissed = \"skip\"\nshell = \"echo b >> runs.txt\"\n\n\
+         [[job]]\nname = \"c\"\nschedule = \"0 3 * * *\"\nperiod = \"day\"\nactive_until = \"2020-01-01\"\nshell = \"echo c >> runs.txt\"\n",
     );
     let out = ws.run(&["--database-url", &db.url, "run", "--all"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
@@ -997,7 +1001,14 @@ fn run_job_takes_due_retries_and_released_claims_older_than_catch_up() {
 fn only_serves_timer_logs_lateness() {
     let db = TestDb::sqlite();
     let ws = workspace("command = [\"true\"]");
-    let out = ws.run(&["--database-url", &db.url, "run", "billing"]);
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "billing",
+        "--period",
+        "2026-11",
+    ]);
     assert_eq!(out.code(), 0, "{}", out.stderr());
     assert!(out.stderr().contains("claim won"), "{}", out.stderr());
     assert!(!out.stderr().contains("lateness_ms"), "{}", out.stderr());

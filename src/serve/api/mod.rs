@@ -157,6 +157,7 @@ pub fn routes(api: Arc<Api>) -> Router {
         .route("/v1/jobs/{job}/pause", post(pause))
         .route("/v1/jobs/{job}/resume", post(resume))
         .route("/v1/jobs/{job}/periods/{label}/release", post(release))
+        .route("/v1/jobs/{job}/adopt", post(adopt))
         .route(
             "/console/session",
             get(session::current)
@@ -381,6 +382,70 @@ async fn set_paused(
             StatusCode::OK,
             json!({ "job": job.name, "paused": paused }),
         ))
+    });
+    Ok(answer.await)
+}
+
+/// The body of `POST /v1/jobs/{job}/adopt`: `{"through": L}` or
+/// `{"from": A, "to": B}`, as `scheduler adopt` takes them.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdoptBody {
+    through: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+async fn adopt(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Answer {
+    let (config, token) = authorize(&api, &headers, Need::Operate)?;
+    let value = body_of(&read_body(body).await?)?;
+    let asked: AdoptBody = serde_json::from_value(value.clone())
+        .map_err(|e| Reply::bad("body", format!("the body: {e}")))?;
+    let idempotent = Idempotent {
+        api: &api,
+        token: &token,
+        route: "POST /v1/jobs/{job}/adopt",
+        path: format!("/v1/jobs/{name}/adopt"),
+        bound: BODY_TIMEOUT,
+        run_id: None,
+    };
+    let store = api.store().clone();
+    let by = token.name.clone();
+    let answer = idempotent.answer(&headers, &value, |_| async move {
+        let job = find_job(&config, &name)?;
+        let which = match (&asked.through, &asked.from, &asked.to) {
+            (Some(through), None, None) => operate::Adoption::Through(through),
+            (None, Some(from), Some(to)) => operate::Adoption::Range(from, to),
+            _ => {
+                return Err(Reply::bad(
+                    "through",
+                    "give `through`, or `from` and `to` (labels of the job's periods)",
+                ));
+            }
+        };
+        let names = operate::AdoptNames::JSON;
+        Ok(match operate::adopt(&store, job, which, &by, Utc::now(), names).await? {
+            operate::Adopted::Recorded(keys) => {
+                tracing::info!(job = %job.name, by = %by, periods = keys.len(), "adopted over the API");
+                Reply::ok(StatusCode::OK, json!({ "job": job.name, "adopted": keys }))
+            }
+            // As `scheduler adopt` exits 2: nothing was written.
+            operate::Adopted::Claimed(rows) => Reply::ok(
+                StatusCode::CONFLICT,
+                json!({
+                    "error": "nothing adopted: a period that has a claim here ran here (or was adopted already) and is never adopted",
+                    "claimed": rows
+                        .iter()
+                        .map(|r| json!({ "period_key": r.period_key, "state": r.standing(), "attempt": r.attempt }))
+                        .collect::<Vec<_>>(),
+                }),
+            ),
+        })
     });
     Ok(answer.await)
 }

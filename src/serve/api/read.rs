@@ -16,9 +16,10 @@ use super::reply::{Answer, Reply};
 use super::{Api, RANGE_LIMIT, find_job, runs as api_runs};
 use crate::config::{Config, Job};
 use crate::engine::manual::{self, Names};
+use crate::engine::overview;
 use crate::engine::view::{self, PeriodView};
 use crate::error::Error;
-use crate::period::{PeriodKey, utc_text};
+use crate::period::utc_text;
 
 /// The oldest shared answer a read may ask for (`?max_age=`).
 pub(super) const MAX_AGE: u64 = 60;
@@ -109,47 +110,24 @@ pub(super) async fn jobs(
 }
 
 async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
-    let paused = api.store().paused_jobs().await?;
     let now = Utc::now();
     let all: Vec<&Job> = config.jobs.iter().collect();
-    let mut late =
-        crate::engine::due::late(api.store(), &all, config.settings.catch_up, now).await?;
-    let waiting = api.store().waiting_counts().await?;
+    // The one overview `status` shows, with the API's few fields more.
+    let overviews = overview::of_jobs(api.store(), &all, 1, now).await?;
     let mut jobs = Vec::with_capacity(config.jobs.len());
-    for job in &config.jobs {
-        // A paused job skips its fires by design: none is late.
-        let late: Vec<String> = late
-            .remove(&job.name)
-            .filter(|_| !paused.contains(&job.name))
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(key, _)| key)
-            .collect();
-        let last_rows = api.store().recent(&job.name, 1).await?;
-        let last = crate::store::ClaimRow::finished_last(&last_rows);
-        let timing = job.timing();
-        let next_fire = timing.next(now);
-        let next = next_fire.map(|fire| fire.at);
-        let next_key = next_fire
-            .map(|fire| PeriodKey::new(&job.name, &timing.period_of(&fire).label).to_string());
-        let entry = json!({
-            "job": job.name,
-            "schedule": job.schedule.source(),
-            "schedule_words": job.schedule.describe(),
-            "timezone": job.schedule.zone().name(),
-            "period": job.period.unit.to_string(),
-            "covers": job.period.covers.to_string(),
-            "next_fire": next.map(utc_text),
-            "next_key": next_key,
-            "paused": paused.contains(&job.name),
-            "last": last,
-            "deadline": job.deadline.map(crate::config::short),
-            "late": late,
-            "after": job.after.named.iter().map(|n| config.full_name(&n.name)).collect::<Vec<_>>(),
-            "on_upstream_rerun": job.after.any().then(|| job.after.on_rerun.to_string()),
-            "waiting": waiting.get(&job.name).copied().unwrap_or(0),
-            "calendar": calendar_of(job),
-        });
+    for o in &overviews {
+        let job = o.job;
+        let mut entry = overview::json(o, now);
+        entry["schedule_words"] = json!(job.schedule.describe());
+        entry["after"] = json!(
+            job.after
+                .named
+                .iter()
+                .map(|n| config.full_name(&n.name))
+                .collect::<Vec<_>>()
+        );
+        entry["on_upstream_rerun"] = json!(job.after.any().then(|| job.after.on_rerun.to_string()));
+        entry["calendar"] = calendar_of(job);
         jobs.push(entry);
     }
     if recent > 0 {
@@ -168,7 +146,7 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
         for (entry, views) in jobs.iter_mut().zip(views) {
             entry["recent"] = views
                 .iter()
-                .map(|v| json!({ "period": v.period.label, "state": v.state }))
+                .map(|v| json!({ "period": v.period.label, "state": v.state, "late": v.late }))
                 .collect();
         }
     }

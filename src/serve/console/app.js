@@ -11,8 +11,10 @@ const MAX_AGE = 5;
 const PAGE = 1000;
 // The most periods a grid shows, and a run asks for.
 const MOST = 10000;
-const STATES = ['succeeded', 'failed', 'running', 'missing', 'waiting', 'late', 'stale',
-  'released', 'lease expired', 'not due'];
+// The words of the one period rule, as the API sends them; `late` is a
+// mark on a cell, not a state of its own.
+const STATES = ['succeeded', 'adopted', 'failed', 'running', 'due', 'ready', 'waiting', 'missed',
+  'stale', 'released', 'lease expired', 'before first seen', 'not due'];
 
 let session = null;
 let view = null;
@@ -42,17 +44,19 @@ function plain(text) {
 }
 
 function stateClass(state) {
-  return 's-' + String(state || 'missing').replace(/ /g, '-');
+  return 's-' + String(state || 'due').replace(/ /g, '-');
 }
 
-function cell(job, period, state, title) {
+function cell(job, period, state, title, late) {
+  const words = state + (late ? ', late' : '');
   return el('a', {
-    class: 'cell ' + stateClass(state),
+    class: 'cell ' + stateClass(state) + (late ? ' late' : ''),
     href: periodHref(job, period),
-    title: title || period + ' \u2014 ' + state,
-    'aria-label': period + ': ' + state,
+    title: title || period + ' \u2014 ' + words,
+    'aria-label': period + ': ' + words,
     'data-period': period,
     'data-state': state,
+    'data-late': late ? 'true' : null,
   });
 }
 
@@ -63,7 +67,8 @@ function stateBadge(state) {
 
 function legend() {
   return el('div', { class: 'legend', 'aria-label': 'legend' },
-    STATES.map((s) => el('span', {}, el('span', { class: 'cell ' + stateClass(s) }), s)));
+    STATES.map((s) => el('span', {}, el('span', { class: 'cell ' + stateClass(s) }), s)),
+    el('span', {}, el('span', { class: 'cell s-due late' }), 'late (a mark: past its deadline)'));
 }
 
 function jobHref(job) { return '#/job/' + encodeURIComponent(job); }
@@ -254,7 +259,7 @@ async function jobsView() {
         job.paused ? el('span', { class: 'badge paused' }, 'paused') : null,
         job.late.length ? el('span', { class: 'badge late', title: job.late.join('\n') }, job.late.length + ' late') : null,
         job.waiting ? el('span', { class: 'badge waiting' }, job.waiting + ' waiting') : null,
-        el('div', { class: 'strip' }, (job.recent || []).map((p) => cell(job.job, p.period, p.state)))),
+        el('div', { class: 'strip' }, (job.recent || []).map((p) => cell(job.job, p.period, p.state, null, p.late)))),
       el('div', { class: 'facts' },
         el('div', {}, job.schedule_words),
         el('div', { class: 'muted' }, el('code', {}, job.schedule), ' \u00b7 ', job.timezone,
@@ -294,13 +299,18 @@ async function jobView(name, params) {
   const counts = {};
   let shown = null;
   let lastDue = null;
+  // The first period shown that the job owes: bulk runs start there, so
+  // they never take periods from before the job was first seen.
+  let firstOwed = null;
   const fill = (page) => {
     const fragment = document.createDocumentFragment();
     for (const p of page.periods) {
       if (p.state !== 'not due') lastDue = p.period;
+      if (!firstOwed && p.state !== 'before first seen' && p.state !== 'not due') firstOwed = p.period;
       counts[p.state] = (counts[p.state] || 0) + 1;
+      if (p.late) counts.late = (counts.late || 0) + 1;
       fragment.append(cell(name, p.period, p.state, p.period + ' \u2014 ' + p.state
-        + (p.waiting_for ? '\n' + p.waiting_for : '')));
+        + (p.late ? ', late' : '') + (p.waiting_for ? '\n' + p.waiting_for : ''), p.late));
     }
     grid.append(fragment);
   };
@@ -349,21 +359,26 @@ async function jobView(name, params) {
     if (!lastDue) throw new Error('no period shown is due yet');
     return lastDue;
   };
+  const owedFrom = () => {
+    if (!firstOwed) throw new Error('every period shown is from before the job was first seen: run one from its page');
+    return firstOwed;
+  };
   const runs = el('div', { class: 'toolbar' },
     action('Run the failed', 'trigger', {
       name: 'run-failed', plain: true,
       confirm: () => 'Run again the ' + shownCount('failed') + ' failed period(s) shown? The others are passed over.',
-    }, (button) => startRun(button, name, { from: shown.from, to: dueTo(), only_failed: true })),
+    }, (button) => startRun(button, name, { from: owedFrom(), to: dueTo(), only_failed: true })),
     action('Run all not succeeded', 'trigger', {
       name: 'run-range', plain: true,
-      confirm: () => 'Run every period shown that has not succeeded: ' + shownCount('failed') + ' failed, '
-        + shownCount('missing') + ' missing (never claimed: a backfill), and any released? Succeeded ones are passed over.',
-    }, (button) => startRun(button, name, { from: shown.from, to: dueTo() })),
+      confirm: () => 'Run every period shown that the job owes and has not succeeded: ' + shownCount('failed') + ' failed, '
+        + (shownCount('due') + shownCount('missed') + shownCount('ready')) + ' never claimed, and any released? Succeeded and adopted ones are passed over, and so are the '
+        + shownCount('before first seen') + ' from before the job was first seen.',
+    }, (button) => startRun(button, name, { from: owedFrom(), to: dueTo() })),
     action('Rerun all shown (force)', 'trigger', {
       name: 'rerun-range', danger: true,
-      confirm: () => 'Run all ' + Object.values(counts).reduce((a, b) => a + b, 0)
-        + ' periods shown again, succeeded ones included?',
-    }, (button) => startRun(button, name, { from: shown.from, to: dueTo(), force: true })),
+      confirm: () => 'Run all the periods shown that the job owes again, succeeded ones included (not the '
+        + shownCount('before first seen') + ' from before the job was first seen)?',
+    }, (button) => startRun(button, name, { from: owedFrom(), to: dueTo(), force: true })),
     pauseButton(job));
   const page = [
     el('h1', {}, name, job.paused ? el('span', { class: 'badge paused' }, 'paused') : null),
@@ -387,7 +402,7 @@ async function periodView(name, label) {
   // A late period may be running: what its claim says decides.
   const running = Boolean(claim && claim.state === 'running');
   const actions = el('div', { class: 'toolbar' },
-    !running && !['succeeded', 'stale', 'not due'].includes(data.state)
+    !running && !['succeeded', 'stale', 'adopted', 'not due'].includes(data.state)
       ? action('Run', 'trigger', { name: 'run' }, (button) => startRun(button, name, { period: data.period })) : null,
     data.state === 'not due' ? null : action('Rerun (force)', 'trigger', {
       name: 'rerun', danger: true,
@@ -431,7 +446,7 @@ async function periodView(name, label) {
     el('p', {}, el('a', { href: jobHref(name) }, '\u2190 ' + name)),
     el('h1', {}, data.period_key),
     el('dl', { class: 'facts card' },
-      el('dt', {}, 'state'), el('dd', { id: 'period-state' }, stateBadge(data.state)),
+      el('dt', {}, 'state'), el('dd', { id: 'period-state' }, stateBadge(data.state), data.late ? el('span', { class: 'badge late' }, 'late') : null),
       el('dt', {}, 'fire'), el('dd', {}, when(data.fire)),
       claim ? [el('dt', {}, 'attempt'), el('dd', {}, String(claim.attempt) + ' (' + claim.failures + ' failed)'),
         el('dt', {}, 'runner'), el('dd', { class: 'mono' }, claim.owner)] : null,

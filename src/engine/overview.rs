@@ -1,0 +1,272 @@
+//! The one overview of a job: what `status`, `GET /v1/jobs` and the
+//! console's jobs view show of it, composed once from the one period rule
+//! ([`super::due::standing`]) and read for every job in a few statements.
+//! The edges only turn it into words or JSON.
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use super::view;
+use crate::config::Job;
+use crate::error::Error;
+use crate::period::{Period, PeriodKey};
+use crate::state::{ClaimState, PeriodState};
+use crate::store::{ClaimRow, Store};
+
+/// How many noted waiting periods of one job an overview looks at.
+const NOTED_LOOKED_AT: u32 = 1_000;
+
+/// One job as it stands at an instant.
+#[derive(Debug, Clone)]
+pub struct JobOverview<'a> {
+    /// The job.
+    pub job: &'a Job,
+    /// Paused for every replica: its fires are skipped, so nothing of it
+    /// is overdue or late.
+    pub paused: bool,
+    /// When a `serve` or `run JOB` first saw it; `None`: never.
+    pub first_seen: Option<DateTime<Utc>>,
+    /// Its next fire and that fire's key; none while paused.
+    pub next: Option<(DateTime<Utc>, PeriodKey)>,
+    /// Its newest claims, every unsettled one, and the one that finished
+    /// last ([`Store::recent`]).
+    pub recent: Vec<ClaimRow>,
+    /// Owed, within `catch_up`, never claimed or let go, not waiting for
+    /// an upstream period: what the next wake-up, scan or `run JOB` takes.
+    pub overdue: Vec<String>,
+    /// Owed, within `catch_up`, past the deadline and not done.
+    pub late: Vec<String>,
+    /// Noted waiting, an upstream period still not succeeded: each key with
+    /// what it waits for.
+    pub waiting: Vec<(String, String)>,
+    /// Noted waiting, every upstream period succeeded since, not claimed
+    /// yet: the next scan or `run` (of it, or of its upstream job) takes it.
+    pub ready: Vec<String>,
+    /// Of the recent periods, the succeeded ones an upstream period made
+    /// stale: each key with that upstream period and when it succeeded.
+    pub stale: Vec<(String, String, DateTime<Utc>)>,
+    /// For a job no process has seen yet: the keys a first `serve` or
+    /// `run JOB` would take now (the latest fire, if within `catch_up`).
+    pub first_run: Option<Vec<String>>,
+}
+
+impl JobOverview<'_> {
+    /// The period that finished last (succeeded or failed).
+    pub fn last(&self) -> Option<&ClaimRow> {
+        ClaimRow::finished_last(&self.recent)
+    }
+
+    /// The recent claims an attempt may still run under.
+    pub fn running(&self) -> impl Iterator<Item = &ClaimRow> {
+        self.recent.iter().filter(|r| r.state.is_live())
+    }
+
+    /// The recent failed claims.
+    pub fn failed(&self) -> impl Iterator<Item = &ClaimRow> {
+        self.recent.iter().filter(|r| r.state == ClaimState::Failed)
+    }
+
+    /// How many retries a failed period has left.
+    pub fn retries_left(&self, row: &ClaimRow) -> u32 {
+        let failures = u32::try_from(row.failures).unwrap_or(0);
+        match row.retry_at {
+            Some(_) => self.job.retry.attempts.saturating_sub(failures).max(1),
+            None => 0,
+        }
+    }
+}
+
+/// The overviews of `jobs` at `now`, in their order, each with its
+/// `recent` newest claims: the paused jobs, first sightings, overdue and
+/// late periods of every job in a few statements, then each job's claims.
+pub async fn of_jobs<'a>(
+    store: &Store,
+    jobs: &[&'a Job],
+    recent: u32,
+    now: DateTime<Utc>,
+) -> Result<Vec<JobOverview<'a>>, Error> {
+    let paused = store.paused_jobs().await?;
+    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let first_seen = store.first_seen(&names).await?;
+    let catch_up = jobs.first().map_or_else(Default::default, |j| j.catch_up);
+    let mut overdue = super::due::overdue(store, jobs, catch_up, now).await?;
+    let mut late = super::due::late(store, jobs, catch_up, now).await?;
+    let mut all = Vec::with_capacity(jobs.len());
+    for job in jobs.iter().copied() {
+        // A paused job skips its fires by design: none is overdue or late.
+        let paused = paused.contains(&job.name);
+        let rows = store.recent(&job.name, recent).await?;
+        let (waiting, ready) = waiting_and_ready(store, job, now).await?;
+        let overdue = overdue.remove(&job.name).filter(|_| !paused);
+        let late = late.remove(&job.name).filter(|_| !paused);
+        let seen = first_seen.get(&job.name).copied();
+        all.push(JobOverview {
+            job,
+            paused,
+            first_seen: seen,
+            next: (!paused).then(|| next(job, now)).flatten(),
+            stale: stale(store, job, &rows, now).await?,
+            recent: rows,
+            overdue: overdue
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|key| !ready.contains(key))
+                .collect(),
+            late: late
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, _)| key)
+                .collect(),
+            waiting,
+            ready,
+            first_run: seen.is_none().then(|| first_run(job, now)),
+        });
+    }
+    Ok(all)
+}
+
+/// A job's next fire and its key.
+fn next(job: &Job, now: DateTime<Utc>) -> Option<(DateTime<Utc>, PeriodKey)> {
+    let timing = job.timing();
+    let fire = timing.next(now)?;
+    let period = timing.period_of(&fire);
+    Some((fire.at, PeriodKey::new(&job.name, &period.label)))
+}
+
+/// What a first `serve` or `run JOB` of a job no process has seen would
+/// take at `now`: the periods it would owe ([`Job::owed_since`] now),
+/// within `catch_up`.
+fn first_run(job: &Job, now: DateTime<Utc>) -> Vec<String> {
+    let window = TimeDelta::from_std(job.catch_up)
+        .ok()
+        .and_then(|w| now.checked_sub_signed(w))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let since = window.max(job.owed_since(now));
+    super::due::due(job, now, since, true)
+        .into_iter()
+        .filter(|d| d.fire >= since)
+        .map(|d| PeriodKey::new(&job.name, &d.period.label).to_string())
+        .collect()
+}
+
+/// The periods of `job` noted waiting and not yet claimed, split by the
+/// one rule into those still waiting (with what for) and those ready.
+async fn waiting_and_ready(
+    store: &Store,
+    job: &Job,
+    now: DateTime<Utc>,
+) -> Result<(Vec<(String, String)>, Vec<String>), Error> {
+    if !job.after.any() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let noted = store
+        .waiting_periods(std::slice::from_ref(&job.name), NOTED_LOOKED_AT)
+        .await?;
+    let periods: Vec<Period> = noted.into_iter().map(|w| w.period).collect();
+    let mut waiting = Vec::new();
+    let mut ready = Vec::new();
+    for chunk in periods.chunks(view::VIEWS_PER_READ) {
+        for v in view::periods(store, job, chunk, now).await? {
+            match v.state {
+                PeriodState::Waiting => waiting.push((v.key.to_string(), v.upstream.to_string())),
+                PeriodState::Ready | PeriodState::Due | PeriodState::Missed => {
+                    ready.push(v.key.to_string());
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok((waiting, ready))
+}
+
+/// Of `recent` (claim rows of `job`), the succeeded ones made stale by an
+/// upstream period that succeeded again since they started.
+async fn stale(
+    store: &Store,
+    job: &Job,
+    recent: &[ClaimRow],
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, String, DateTime<Utc>)>, Error> {
+    if !job.after.any() {
+        return Ok(Vec::new());
+    }
+    let periods: Vec<Period> = recent
+        .iter()
+        .filter(|row| row.state == ClaimState::Succeeded)
+        .filter_map(|row| job.period.parse_label(&job.schedule, &row.period).ok())
+        .collect();
+    Ok(view::periods(store, job, &periods, now)
+        .await?
+        .iter()
+        .filter_map(|v| {
+            let (upstream, at) = v.stale_by()?;
+            Some((v.key.to_string(), upstream.to_owned(), at))
+        })
+        .collect())
+}
+
+/// [`of_jobs`] as JSON per job, one shape for `status --json` and
+/// `GET /v1/jobs`: its schedule, next fire, last and recent claims,
+/// running and failed ones, overdue, late, waiting, ready and stale
+/// periods, and for a job never seen what a first run would take.
+pub fn json(o: &JobOverview<'_>, now: DateTime<Utc>) -> serde_json::Value {
+    use crate::period::utc_text;
+    let running: Vec<serde_json::Value> = o
+        .running()
+        .map(|row| {
+            let held = matches!(row.as_claim(), crate::store::Claim::Held { .. });
+            serde_json::json!({
+                "period_key": row.period_key,
+                "attempt": row.attempt,
+                "owner": row.owner,
+                "state": row.state,
+                "lease_until": row.lease_until.map(utc_text),
+                "lease_left_s": row.lease_until.filter(|_| held).map(|u| (u - now).num_seconds().max(0)),
+                "lease_expired": !held && row.state == ClaimState::Running,
+            })
+        })
+        .collect();
+    let failed: Vec<serde_json::Value> = o
+        .failed()
+        .map(|row| {
+            serde_json::json!({
+                "period_key": row.period_key,
+                "attempt": row.attempt,
+                "failures": row.failures,
+                "retry_at": row.retry_at.map(utc_text),
+                "retries_left": o.retries_left(row),
+                "retries_exhausted": row.retry_at.is_none(),
+            })
+        })
+        .collect();
+    let job = o.job;
+    serde_json::json!({
+        "job": job.name,
+        "schedule": job.schedule.source(),
+        "timezone": job.schedule.zone().name(),
+        "period": job.period.unit.to_string(),
+        "covers": job.period.covers.to_string(),
+        "paused": o.paused,
+        "first_seen": o.first_seen.map(utc_text),
+        "first_run": o.first_run,
+        "next_fire": o.next.as_ref().map(|(fire, _)| utc_text(*fire)),
+        "next_key": o.next.as_ref().map(|(_, key)| key.to_string()),
+        "last": o.last(),
+        "running": running,
+        "failed": failed,
+        "overdue": o.overdue,
+        "deadline": job.deadline.map(crate::config::short),
+        "late": o.late,
+        "waiting": o.waiting.len(),
+        "waiting_periods": o
+            .waiting
+            .iter()
+            .map(|(key, waits)| serde_json::json!({ "period_key": key, "waiting_for": waits }))
+            .collect::<Vec<_>>(),
+        "ready": o.ready,
+        "stale": o
+            .stale
+            .iter()
+            .map(|(key, upstream, at)| serde_json::json!({ "period_key": key, "upstream": upstream, "succeeded_at": utc_text(*at) }))
+            .collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,331 @@
+//! One meaning (SPEC §12), with real processes on both backends: moving a
+//! cron job onto the scheduler (what the first run takes, `adopt`), `serve`
+//! and `run JOB` taking the same first period, a cron container's upstream
+//! run that makes a downstream period ready, and the views agreeing period
+//! by period.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Timelike, Utc};
+use serde_json::Value;
+
+use crate::serve::{serve, stop};
+use crate::support::{Said, TestDb, Workspace, databases, eventually, lines};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+/// `scheduler --database-url URL ARGS…`.
+fn said(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Output {
+    ws.run(&[&["--database-url", &db.url], args].concat())
+}
+
+/// `scheduler --database-url URL ARGS…`, which must exit 0.
+fn ok(ws: &Workspace, db: &TestDb, args: &[&str]) -> String {
+    let out = said(ws, db, args);
+    assert_eq!(out.code(), 0, "{args:?}: {}{}", out.stdout(), out.stderr());
+    out.stdout()
+}
+
+fn runs(ws: &Workspace) -> Vec<String> {
+    lines(ws.path().join("runs.txt"))
+}
+
+/// A daily `billing` job in UTC whose fire was `ago` before now (its
+/// period is the fire's day), with `catch_up`; and that day's label.
+fn daily_fired(ago: TimeDelta, catch_up: &str) -> (String, String) {
+    let fire: DateTime<Utc> = Utc::now() - ago;
+    let toml = format!(
+        "[scheduler]\ncatch_up = \"{catch_up}\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n\
+         [[job]]\nname = \"billing\"\nschedule = \"{} {} * * *\"\nperiod = \"day\"\n\
+         shell = \"echo $SCHEDULER_PERIOD_KEY $SCHEDULER_TRIGGER >> runs.txt\"\n",
+        fire.minute(),
+        fire.hour()
+    );
+    (toml, fire.format("%Y-%m-%d").to_string())
+}
+
+/// The migration story: a job whose latest fire an earlier system ran.
+/// `status` and `run --dry-run` say beforehand what the first run takes;
+/// `adopt --through` records it; then neither the first `run billing`
+/// nor a first `serve` runs anything, and the period shows `adopted`.
+#[test]
+fn a_moved_job_runs_nothing_the_earlier_system_ran_once_it_is_adopted() {
+    for db in databases() {
+        // Fired ten minutes ago: within catch_up, so a first run takes it.
+        let (toml, label) = daily_fired(TimeDelta::minutes(10), "24h");
+        let ws = Workspace::new(&toml);
+        let key = format!("billing:{label}");
+        ok(&ws, &db, &["migrate"]);
+        let status = ok(&ws, &db, &["status", "billing"]);
+        assert!(
+            status.contains(&format!(
+                "not seen yet: a first `serve` or `run billing` now takes {key}"
+            )),
+            "{status}"
+        );
+        let dry = ok(&ws, &db, &["run", "billing", "--dry-run"]);
+        assert!(dry.contains(&key) && dry.contains("would claim"), "{dry}");
+        // The dry run wrote nothing: the job is still not seen.
+        let status = ok(&ws, &db, &["status", "billing"]);
+        assert!(status.contains("not seen yet"), "{status}");
+
+        let adopted = ok(&ws, &db, &["adopt", "billing", "--through", &label]);
+        assert!(adopted.contains(&format!("{key}  adopted")), "{adopted}");
+        let dry = ok(&ws, &db, &["run", "billing", "--dry-run"]);
+        assert!(!dry.contains("would claim"), "{dry}");
+        let out = said(&ws, &db, &["run", "billing"]);
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        assert!(out.stderr().contains("first seen"), "{}", out.stderr());
+        let replica = serve(&ws, &db.url);
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(stop(replica), 0);
+        assert_eq!(runs(&ws), Vec::<String>::new(), "{}", db.url);
+        let range = ok(
+            &ws,
+            &db,
+            &[
+                "status", "billing", "--from", &label, "--to", &label, "--json",
+            ],
+        );
+        let view: Value = serde_json::from_str(range.trim()).expect("one period");
+        assert_eq!(view["state"], "adopted", "{view}");
+        assert_eq!(view["late"], false, "{view}");
+        // `history` shows who adopted it, as attempt 0.
+        let history = ok(&ws, &db, &["history", "billing"]);
+        assert!(
+            history.contains(&format!("{key}  attempt 0  succeeded  adopt by cli:")),
+            "{history}"
+        );
+    }
+}
+
+/// Without `adopt`, a job whose latest fire is older than catch_up: the
+/// first `run` and the first `serve` run nothing until its next fire, and
+/// `status` said so beforehand.
+#[test]
+fn a_job_first_seen_after_its_latest_fire_left_catch_up_runs_nothing_until_its_next() {
+    for db in databases() {
+        let (toml, label) = daily_fired(TimeDelta::minutes(10), "5m");
+        let ws = Workspace::new(&toml);
+        ok(&ws, &db, &["migrate"]);
+        let status = ok(&ws, &db, &["status", "billing"]);
+        assert!(
+            status.contains("not seen yet: a first `serve` or `run billing` now runs nothing before its next fire"),
+            "{status}"
+        );
+        let out = said(&ws, &db, &["run", "billing"]);
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        assert!(
+            out.stderr().contains("nothing runs before its next fire"),
+            "{}",
+            out.stderr()
+        );
+        let replica = serve(&ws, &db.url);
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(stop(replica), 0);
+        assert_eq!(runs(&ws), Vec::<String>::new(), "{}", db.url);
+        let range = ok(
+            &ws,
+            &db,
+            &[
+                "status", "billing", "--from", &label, "--to", &label, "--json",
+            ],
+        );
+        let view: Value = serde_json::from_str(range.trim()).expect("one period");
+        assert_eq!(view["state"], "before first seen", "{view}");
+    }
+}
+
+/// `serve` and `run JOB` started together on a fresh database, across the
+/// job's first sighting: its latest fire within catch_up runs once, by
+/// one of them, never by both.
+#[test]
+fn serve_and_run_job_seeing_a_job_first_together_run_its_latest_fire_once() {
+    for db in databases() {
+        let (toml, label) = daily_fired(TimeDelta::minutes(10), "24h");
+        let ws = Workspace::new(&toml);
+        ok(&ws, &db, &["migrate"]);
+        let replica = serve(&ws, &db.url);
+        let out = said(&ws, &db, &["run", "billing"]);
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        eventually("the latest fire runs", BOUND, || !runs(&ws).is_empty());
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(stop(replica), 0);
+        let ran = runs(&ws);
+        assert_eq!(ran.len(), 1, "{ran:?} {}", db.url);
+        assert!(ran[0].starts_with(&format!("billing:{label} ")), "{ran:?}");
+    }
+}
+
+/// A daily `ingest` and a monthly `report` of the month before, after it.
+const DAILY_AND_MONTHLY: &str = "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\n\n\
+[[job]]\nname = \"ingest\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\n\
+shell = \"echo ingest $SCHEDULER_PERIOD >> runs.txt\"\n\n\
+[[job]]\nname = \"report\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+after = [\"ingest\"]\nshell = \"echo report $SCHEDULER_PERIOD $SCHEDULER_TRIGGER >> runs.txt\"\n";
+
+/// Cron-container mode: `run report` finds November waiting for its last
+/// day; the `run ingest` that completes the month runs it at once, without
+/// waiting for `report`'s next fire (issue 39, item 2).
+#[test]
+fn the_upstream_run_that_completes_a_month_runs_the_month_it_made_ready() {
+    for db in databases() {
+        let ws = Workspace::new(DAILY_AND_MONTHLY);
+        ok(
+            &ws,
+            &db,
+            &[
+                "run",
+                "ingest",
+                "--from",
+                "2026-11-01",
+                "--to",
+                "2026-11-29",
+            ],
+        );
+        let out = said(&ws, &db, &["run", "report", "--period", "2026-11"]);
+        assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+        let status = ok(&ws, &db, &["status", "report"]);
+        assert!(
+            status.contains("report:2026-11  waiting for ingest: 29/30, missing 2026-11-30"),
+            "{status}"
+        );
+        let out = ok(&ws, &db, &["run", "ingest", "--period", "2026-11-30"]);
+        assert!(
+            out.contains("report:2026-11  succeeded") && out.contains("trigger upstream"),
+            "{out}"
+        );
+        let reports: Vec<String> = runs(&ws)
+            .into_iter()
+            .filter(|l| l.starts_with("report"))
+            .collect();
+        assert_eq!(reports, ["report 2026-11 upstream"], "{}", db.url);
+    }
+}
+
+/// A period whose upstream periods are all done but that nothing has run
+/// yet is `ready` in `status`, its JSON and the range, never nothing
+/// (issue 39, item 2): here November's ingest recorded by `adopt`, which
+/// runs nothing downstream.
+#[test]
+fn a_ready_period_shows_ready_in_status_and_its_range() {
+    for db in databases() {
+        let ws = Workspace::new(DAILY_AND_MONTHLY);
+        let out = said(&ws, &db, &["run", "report", "--period", "2026-11"]);
+        assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+        ok(
+            &ws,
+            &db,
+            &[
+                "adopt",
+                "ingest",
+                "--from",
+                "2026-11-01",
+                "--to",
+                "2026-11-30",
+            ],
+        );
+        let status = ok(&ws, &db, &["status", "report"]);
+        assert!(status.contains("ready (1):\n  report:2026-11"), "{status}");
+        let json: Value =
+            serde_json::from_str(ok(&ws, &db, &["status", "report", "--json"]).trim())
+                .expect("one job");
+        assert_eq!(
+            json["ready"],
+            serde_json::json!(["report:2026-11"]),
+            "{json}"
+        );
+        assert_eq!(json["waiting"], 0, "{json}");
+        let range = ok(
+            &ws,
+            &db,
+            &["status", "report", "--from", "2026-11", "--to", "2026-11"],
+        );
+        assert!(range.starts_with("report:2026-11  ready "), "{range}");
+        // The next `run report` takes it, as `upstream`.
+        ok(&ws, &db, &["run", "report"]);
+        assert_eq!(runs(&ws), ["report 2026-11 upstream"], "{}", db.url);
+    }
+}
+
+/// `adopt` refuses, naming why and writing nothing: a period that has a
+/// claim (succeeded, failed, adopted), one not due, and a label that is no
+/// period of the job (a holiday its calendar skips).
+#[test]
+fn adopt_refuses_claimed_and_future_periods_and_labels_that_are_no_period() {
+    for db in databases() {
+        let ws = Workspace::new(
+            "[[calendar]]\nname = \"business\"\nholidays = [\"2026-11-11\"]\n\n\
+             [[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+             shell = \"test $SCHEDULER_PERIOD != 2026-09\"\n\n\
+             [[job]]\nname = \"daily\"\nschedule = \"0 6 * * *\"\nperiod = \"day\"\ncalendar = \"business\"\n\
+             command = [\"true\"]\n",
+        );
+        ok(&ws, &db, &["run", "billing", "--period", "2026-10"]);
+        let failed = said(&ws, &db, &["run", "billing", "--period", "2026-09"]);
+        assert_eq!(failed.code(), 1, "{}", failed.stderr());
+        let claims = || crate::support::count(&db.url, "SELECT count(*) FROM scheduler_claims");
+        let before = claims();
+        for (args, words) in [
+            (
+                vec!["adopt", "billing", "--from", "2026-08", "--to", "2026-10"],
+                vec![
+                    "nothing adopted",
+                    "billing:2026-09 is failed",
+                    "billing:2026-10 is succeeded",
+                ],
+            ),
+            (
+                vec!["adopt", "billing", "--through", "2099-01"],
+                vec!["--through", "billing:2099-01 is not due yet"],
+            ),
+            (
+                vec!["adopt", "daily", "--through", "2026-11-11"],
+                vec!["--through", "no fire of job `daily` covers 2026-11-11"],
+            ),
+            (
+                vec!["adopt", "daily", "--through", "2026-11-31"],
+                vec!["--through"],
+            ),
+            (vec!["adopt", "billing"], vec!["--through"]),
+            (
+                vec!["adopt", "bililng", "--through", "2026-10"],
+                vec!["did you mean `billing`"],
+            ),
+        ] {
+            let out = said(&ws, &db, &args);
+            assert_eq!(out.code(), 2, "{args:?}: {}{}", out.stdout(), out.stderr());
+            for word in words {
+                assert!(
+                    out.stderr().contains(word),
+                    "{args:?}: no {word:?} in {}",
+                    out.stderr()
+                );
+            }
+        }
+        assert_eq!(claims(), before, "a refused adopt wrote something");
+        // Adopted once, refused the second time.
+        ok(
+            &ws,
+            &db,
+            &["adopt", "billing", "--from", "2026-07", "--to", "2026-08"],
+        );
+        let again = said(&ws, &db, &["adopt", "billing", "--through", "2026-07"]);
+        assert_eq!(again.code(), 2, "{}", again.stderr());
+        assert!(
+            again.stderr().contains("billing:2026-07 is adopted"),
+            "{}",
+            again.stderr()
+        );
+        // A forced run of an adopted period runs it: attempt 1.
+        let forced = ok(
+            &ws,
+            &db,
+            &["run", "billing", "--period", "2026-07", "--force"],
+        );
+        assert!(
+            forced.contains("billing:2026-07  succeeded: attempt 1"),
+            "{forced}"
+        );
+    }
+}
