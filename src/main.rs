@@ -104,11 +104,18 @@ fn init_logging(cli: &Cli) {
         (false, 1) => "debug",
         (false, _) => "trace",
     };
+    // A person running `run` at a terminal reads each period's outcome
+    // on its result line: the engine's claim and outcome lines, which a
+    // cron container's log keeps, would say it twice (warnings still show).
+    let at_terminal = matches!(cli.command, scheduler::cli::Command::Run(_))
+        && cli.verbose == 0
+        && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let engine = if at_terminal { ",scheduler::engine=warn" } else { "" };
     let filter = EnvFilter::try_from_env("SCHEDULER_LOG")
         // sqlx's own warnings quote connection parameters (a key's
         // passphrase among them) and whole statements: the scheduler says
         // what failed itself.
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=error")));
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=error{engine}")));
     // Colour only for a person at a terminal: log files, pipes and
     // container logs get plain text.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())

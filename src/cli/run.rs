@@ -69,41 +69,10 @@ pub async fn command(
     }
     printer.bar.finish_and_clear();
     if !args.dry_run && !*shutdown_seen.borrow() {
-        notify(config, &engine, args).await;
+        engine.notify_after_run(config, args.job.as_deref()).await;
     }
     result
 }
-
-/// A platform cron container alone is enough: `run` checks the deadlines
-/// of the jobs it ran and delivers what is due, for a few seconds at most;
-/// what it could not deliver is delivered by the next `run` or `serve`. Its
-/// exit code is the run's, whatever the notifications did.
-async fn notify(config: &Config, engine: &Engine, args: &RunArgs) {
-    if config.notifiers.is_empty() {
-        return;
-    }
-    let jobs: Vec<&crate::config::Job> = config
-        .jobs
-        .iter()
-        .filter(|job| {
-            args.job
-                .as_deref()
-                .is_none_or(|name| config.full_name(name) == job.name)
-        })
-        .collect();
-    let work = async {
-        engine
-            .check_deadlines(config, &jobs, chrono::Utc::now(), None, true)
-            .await?;
-        engine.deliver(config, NOTIFY_BUDGET).await
-    };
-    if let Err(e) = work.await {
-        tracing::warn!("notifications: {e}; the next run or serve delivers them");
-    }
-}
-
-/// How long `run` spends delivering notifications.
-const NOTIFY_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The progress bar on screen, if one is: log lines are drawn around it.
 static BAR: std::sync::Mutex<Option<ProgressBar>> = std::sync::Mutex::new(None);

@@ -205,6 +205,9 @@ impl Scheduler {
             &mut collected,
         )
         .await?;
+        // As `scheduler run` does: what the run made late, failed for good
+        // or recovered is told, whether or not a loop is started.
+        self.engine.notify_after_run(&self.config, job).await;
         Ok(collected.0)
     }
 }

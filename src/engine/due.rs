@@ -31,6 +31,7 @@ pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
     let since = crate::period::utc_text(owed);
     match job.timing().latest(first_seen).filter(|f| f.at == owed) {
         Some(fire) => tracing::info!(
+            target: "scheduler::sighting",
             job = job.name,
             owes_from = since,
             "first seen: its latest fire ({}, period {}) is within catch_up and runs; nothing older runs on its own (`scheduler adopt` records what an earlier system ran)",
@@ -38,6 +39,7 @@ pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
             job.timing().period_of(&fire).label
         ),
         None => tracing::info!(
+            target: "scheduler::sighting",
             job = job.name,
             owes_from = since,
             "first seen: its latest fire is older than catch_up, so nothing runs before its next fire; older periods run only by hand"

@@ -40,6 +40,9 @@ const ROUND_EVERY: Duration = Duration::from_secs(15);
 /// The longest wait between two tries.
 const MOST_BACKOFF: Duration = Duration::from_secs(300);
 
+/// How long a run outside `serve` spends delivering notifications.
+pub const NOTIFY_AFTER_RUN: Duration = Duration::from_secs(10);
+
 impl Engine {
     /// Creates the notifications of `jobs` that are due now: `late` for
     /// each period past its deadline and not succeeded (the newest
@@ -158,14 +161,18 @@ impl Engine {
                 continue;
             };
             let newest = &periods[periods.len().saturating_sub(LATE_PER_JOB)..];
-            let keys: Vec<String> = newest.iter().map(|(key, _)| key.clone()).collect();
-            let rows = self.store().rows(&keys).await?;
-            let waits = match job.after.any() {
-                true => self.store().waits(&keys).await?,
-                false => std::collections::HashMap::new(),
-            };
-            for (key, fire) in newest {
-                let row = rows.get(key);
+            // Each told as the one period rule has it now, as `status`
+            // and the API show it.
+            let labelled: Vec<crate::period::Period> = newest
+                .iter()
+                .filter_map(|(key, _)| {
+                    let (_, label) = key.split_once(':')?;
+                    job.period.parse_label(&job.schedule, label).ok()
+                })
+                .collect();
+            let views = super::view::periods(self.store(), job, &labelled, now).await?;
+            for ((key, fire), view) in newest.iter().zip(&views) {
+                let row = view.row.as_ref();
                 // A period that failed with retries left is told with its
                 // last failure, as `failed` is.
                 let error = match row {
@@ -182,19 +189,13 @@ impl Engine {
                     .deadline
                     .and_then(|d| TimeDelta::from_std(d).ok())
                     .map(|d| *fire + d);
+                let waiting_for = view.waiting_for();
                 let told = Told {
                     job,
                     key,
-                    label: key.split_once(':').map_or("", |(_, label)| label),
-                    state: match (row, waits.get(key)) {
-                        (Some(row), _) => row.standing().as_str(),
-                        (None, Some(_)) => crate::state::PeriodState::Waiting.as_str(),
-                        (None, None) if job.after.any() => {
-                            crate::state::PeriodState::Ready.as_str()
-                        }
-                        (None, None) => crate::state::PeriodState::Due.as_str(),
-                    },
-                    waiting_for: waits.get(key).map(String::as_str),
+                    label: &view.period.label,
+                    state: view.state.as_str(),
+                    waiting_for: waiting_for.as_deref(),
                     attempt: row.map(|r| r.attempt),
                     failures: row.map_or(0, |r| r.failures),
                     error: error.as_deref(),
@@ -204,6 +205,31 @@ impl Engine {
             }
         }
         Ok(new)
+    }
+
+    /// After a run asked for outside `serve` (`run`, the library's
+    /// `run_*`), checks the deadlines of the jobs it ran (`job`, or every
+    /// job) and delivers what is due, for [`NOTIFY_AFTER_RUN`] at most:
+    /// a platform cron container alone is enough. What it could not
+    /// deliver, the next run or `serve` delivers; a failure is logged,
+    /// never the run's outcome.
+    pub async fn notify_after_run(&self, config: &Config, job: Option<&str>) {
+        if config.notifiers.is_empty() {
+            return;
+        }
+        let jobs: Vec<&Job> = config
+            .jobs
+            .iter()
+            .filter(|j| job.is_none_or(|name| config.full_name(name) == j.name))
+            .collect();
+        let work = async {
+            self.check_deadlines(config, &jobs, Utc::now(), None, true)
+                .await?;
+            self.deliver(config, NOTIFY_AFTER_RUN).await
+        };
+        if let Err(e) = work.await {
+            tracing::warn!("notifications: {e}; the next run or serve delivers them");
+        }
     }
 
     /// Delivers what is due, a few at a time, for at most `budget`: each

@@ -128,25 +128,17 @@ pub async fn adopt(
             (first.label, to)
         }
     };
-    period_of_label(job, to, last_name)?;
+    let last = period_of_label(job, to, last_name)?;
+    refuse_not_due(job, &last, now, last_name)?;
     let (periods, more) = page_between(job, (&from, to), ADOPT_LIMIT, names)?;
     if more.is_some() {
         return Err(Error::Usage(format!(
             "{last_name}: the range holds more than {ADOPT_LIMIT} periods; adopt it in parts"
         )));
     }
-    let timing = job.timing();
     let mut asked = Vec::with_capacity(periods.len());
     for period in periods {
-        let fire = timing.of(&period).filter(|fire| *fire <= now).ok_or_else(|| {
-            Error::Usage(format!(
-                "{last_name}: {} is not due yet (its fire is {}): only a period an earlier system has run can be adopted",
-                PeriodKey::new(&job.name, &period.label),
-                timing
-                    .of(&period)
-                    .map_or_else(|| "never".to_owned(), crate::period::utc_text)
-            ))
-        })?;
+        let fire = refuse_not_due(job, &period, now, last_name)?;
         asked.push((period, fire));
     }
     let taken = store.adopt(&job.name, &asked, by).await?;
@@ -162,6 +154,24 @@ pub async fn adopt(
             .map(|(period, _)| PeriodKey::new(&job.name, &period.label))
             .collect(),
     ))
+}
+
+/// The fire of `period`, refused (naming `field`) if it is still ahead:
+/// no earlier system can have run a period before it was due.
+fn refuse_not_due(
+    job: &Job,
+    period: &Period,
+    now: chrono::DateTime<chrono::Utc>,
+    field: &str,
+) -> Result<chrono::DateTime<chrono::Utc>, Error> {
+    let fire = job.timing().of(period);
+    fire.filter(|fire| *fire <= now).ok_or_else(|| {
+        Error::Usage(format!(
+            "{field}: {} is not due yet (its fire is {}): only a period an earlier system has run can be adopted",
+            PeriodKey::new(&job.name, &period.label),
+            fire.map_or_else(|| "never".to_owned(), crate::period::utc_text)
+        ))
+    })
 }
 
 /// Pauses the job named `job` (`true`) or resumes it, for every replica:

@@ -17,7 +17,7 @@ const BOUND: Duration = Duration::from_secs(60);
 
 pub(crate) const CI: &str = "ci-secret-0123456789abcdef";
 const ONCALL: &str = "oncall-secret-0123456789abcdef";
-const READER: &str = "reader-secret-0123456789abcdef";
+pub(crate) const READER: &str = "reader-secret-0123456789abcdef";
 
 /// A jobs.toml with the three tokens and `jobs`.
 pub(crate) fn with_api(jobs: &str) -> String {

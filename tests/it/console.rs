@@ -123,19 +123,26 @@ fn the_console_logs_in_shows_the_grid_in_colour_opens_a_period_and_reruns_a_fail
     let (state, paint) = painted(&browser, &day(8));
     assert_eq!(state, "running");
     assert!(paint.starts_with("rgb(47, 122, 229)"), "{paint}");
+    // Never claimed, and fired days before `serve` first saw the job:
+    // nobody owes it, so it is drawn neutral, not as an alarm.
     let (state, paint) = painted(&browser, &day(7));
-    assert_eq!(state, "missing");
-    assert!(paint.contains("repeating-linear-gradient"), "{paint}");
-    // The legend names every colour the grid uses.
+    assert_eq!(state, "before first seen");
+    assert!(paint.starts_with("rgb(238, 240, 243) none"), "{paint}");
+    // The legend names every colour the grid uses, and the late mark.
     let legend = browser.text(".legend");
     for state in [
         "succeeded",
+        "adopted",
         "failed",
         "running",
-        "missing",
+        "due",
+        "ready",
         "waiting",
-        "late",
+        "missed",
         "stale",
+        "before first seen",
+        "not due",
+        "late",
     ] {
         assert!(legend.contains(state), "{legend}");
     }

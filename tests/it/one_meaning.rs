@@ -329,3 +329,172 @@ fn adopt_refuses_claimed_and_future_periods_and_labels_that_are_no_period() {
         );
     }
 }
+
+/// Every view says the same of every period, on both backends: for one
+/// database at one instant, `status JOB --from --to --json`, the API's
+/// periods, the console's grid (headless Chromium), `status --json` and
+/// `GET /v1/jobs`, the overdue gauge and `run --dry-run` agree, over a
+/// fixture with succeeded, failed, adopted, running, waiting, due (and
+/// late), before first seen and not due periods.
+#[test]
+fn every_view_says_the_same_of_every_period() {
+    use crate::api::{READER, Server, with_api};
+    for db in databases() {
+        let (daily, today) = daily_fired(TimeDelta::minutes(10), "24h");
+        let daily = daily
+            .split_once("[[job]]")
+            .map(|(_, job)| format!("[[job]]{job}"))
+            .expect("a job")
+            .replace("name = \"billing\"", "name = \"daily\"")
+            .replace("period = \"day\"", "period = \"day\"\ndeadline = \"1m\"");
+        let ws = Workspace::new(&with_api(&format!(
+            "\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+             shell = \"test $SCHEDULER_PERIOD != 2026-09\"\n\n\
+             [[job]]\nname = \"slow\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+             command = [\"sleep\", \"120\"]\n\n\
+             [[job]]\nname = \"ingest\"\nschedule = \"0 1 * * *\"\nperiod = \"day\"\ncommand = [\"true\"]\n\n\
+             [[job]]\nname = \"report\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
+             after = [\"ingest\"]\ncommand = [\"true\"]\n\n{daily}"
+        )));
+        ok(&ws, &db, &["run", "billing", "--period", "2026-10"]);
+        assert_eq!(said(&ws, &db, &["run", "billing", "--period", "2026-09"]).code(), 1);
+        ok(&ws, &db, &["adopt", "billing", "--through", "2026-08"]);
+        assert_eq!(said(&ws, &db, &["run", "report", "--period", "2026-10"]).code(), 1);
+        ok(&ws, &db, &["pause", "daily"]);
+        let mut slow = ws
+            .command(&["--database-url", &db.url, "run", "slow", "--period", "2026-10"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("a run in the background");
+        eventually("slow:2026-10 running", BOUND, || {
+            crate::support::count(
+                &db.url,
+                "SELECT count(*) FROM scheduler_claims WHERE period_key = 'slow:2026-10' AND state = 'running'",
+            ) == 1
+        });
+        let server = Server::start(&ws, &db.url);
+        // What serve takes at start (each job's latest fire within
+        // catch_up, as owed) is done before the views are read.
+        std::thread::sleep(Duration::from_secs(3));
+        let next_day = (chrono::NaiveDate::parse_from_str(&today, "%Y-%m-%d").expect("a day")
+            + chrono::Days::new(1))
+        .to_string();
+        let day_before = (chrono::NaiveDate::parse_from_str(&today, "%Y-%m-%d").expect("a day")
+            - chrono::Days::new(2))
+        .to_string();
+        let ranges = [
+            ("billing", "2026-06", "2027-01"),
+            ("slow", "2026-09", "2026-11"),
+            ("report", "2026-08", "2026-11"),
+            ("daily", day_before.as_str(), next_day.as_str()),
+        ];
+        let browser = crate::browser::Browser::start(1280, 900);
+        if let Some(browser) = &browser {
+            browser.log_in(&server.base(), READER);
+        }
+        let mut seen_states = std::collections::BTreeSet::new();
+        for (job, from, to) in ranges {
+            let cli: Vec<(String, String, bool)> = ok(
+                &ws,
+                &db,
+                &["status", job, "--from", from, "--to", to, "--json"],
+            )
+            .lines()
+            .map(|l| {
+                let p: Value = serde_json::from_str(l).expect("a period");
+                let state = p["state"].as_str().expect("a state").to_owned();
+                (p["period"].as_str().expect("a label").to_owned(), state, p["late"] == true)
+            })
+            .collect();
+            let (_, _, _, api) = crate::api::answer(server.get(
+                READER,
+                &format!("/v1/jobs/{job}/periods?from={from}&to={to}"),
+            ));
+            let api: Vec<(String, String, bool)> = api["periods"]
+                .as_array()
+                .expect("periods")
+                .iter()
+                .map(|p| {
+                    let state = p["state"].as_str().expect("a state").to_owned();
+                    (p["period"].as_str().expect("a label").to_owned(), state, p["late"] == true)
+                })
+                .collect();
+            assert_eq!(cli, api, "{job}: status and the API ({})", db.url);
+            if let Some(browser) = &browser {
+                browser.goto(&format!("{}/#/job/{job}?from={from}&to={to}", server.base()));
+                browser.until("the whole range", || {
+                    let summary = browser.text("#range");
+                    summary.contains(':') && !summary.contains("reading")
+                });
+                let grid = browser.eval(
+                    "return [...document.querySelectorAll('#grid .cell')].map(c => [c.dataset.period, c.dataset.state, c.dataset.late === 'true']);",
+                );
+                let grid: Vec<(String, String, bool)> =
+                    serde_json::from_value(grid).expect("cells");
+                assert_eq!(cli, grid, "{job}: status and the console's grid ({})", db.url);
+            }
+            seen_states.extend(cli.iter().map(|(_, s, late)| format!("{s}{}", if *late { " late" } else { "" })));
+        }
+        for state in [
+            "succeeded",
+            "failed",
+            "adopted",
+            "running",
+            "waiting",
+            "due late",
+            "before first seen",
+            "not due",
+        ] {
+            assert!(seen_states.contains(state), "no {state} in the fixture: {seen_states:?}");
+        }
+        // The overview: `status --json` and `GET /v1/jobs`, job by job.
+        let (_, _, _, listed) = crate::api::answer(server.get(READER, "/v1/jobs"));
+        let status: Vec<Value> = ok(&ws, &db, &["status", "--json"])
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a job"))
+            .collect();
+        for job in &status {
+            let name = job["job"].as_str().expect("a name");
+            let api = listed["jobs"]
+                .as_array()
+                .expect("jobs")
+                .iter()
+                .find(|j| j["job"] == name)
+                .expect("the job in the API");
+            for field in ["paused", "next_key", "overdue", "late", "waiting", "waiting_periods", "ready", "first_run"] {
+                assert_eq!(job[field], api[field], "{name}.{field} ({})", db.url);
+            }
+            // The overdue gauge counts what `status` lists.
+            let series = format!("scheduler_overdue_periods{{job=\"{name}\"}}");
+            let overdue = job["overdue"].as_array().expect("overdue").len() as f64;
+            eventually(&series, BOUND, || {
+                let metrics = crate::support::http_get(
+                    server.base().trim_start_matches("http://"),
+                    "/metrics",
+                );
+                crate::serve::metric(&metrics, &series) == Some(overdue)
+            });
+        }
+        // What `run billing --dry-run` would claim is what `status` says
+        // is owed and unclaimed.
+        let billing = status.iter().find(|j| j["job"] == "billing").expect("billing");
+        let owed: Vec<String> = billing["overdue"]
+            .as_array()
+            .expect("overdue")
+            .iter()
+            .map(|k| k.as_str().expect("a key").to_owned())
+            .collect();
+        let dry = ok(&ws, &db, &["run", "billing", "--dry-run"]);
+        let claimed: Vec<String> = dry
+            .lines()
+            .filter(|l| l.contains("would claim"))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect();
+        assert_eq!(claimed, owed, "{dry}");
+        drop(browser);
+        assert_eq!(server.stop(), 0);
+        let _ = slow.kill();
+        let _ = slow.wait();
+    }
+}

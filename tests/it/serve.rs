@@ -20,7 +20,7 @@ fn settings(extra: &str) -> String {
 }
 
 /// The value of `series` (a name with its labels) in a `/metrics` text.
-fn metric(metrics: &str, series: &str) -> Option<f64> {
+pub(crate) fn metric(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| {
         l.strip_prefix(series)?
             .strip_prefix(' ')?
