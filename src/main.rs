@@ -110,7 +110,11 @@ fn init_logging(cli: &Cli) {
     let at_terminal = matches!(cli.command, scheduler::cli::Command::Run(_))
         && cli.verbose == 0
         && std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let engine = if at_terminal { ",scheduler::engine=warn" } else { "" };
+    let engine = if at_terminal {
+        ",scheduler::engine=warn"
+    } else {
+        ""
+    };
     let filter = EnvFilter::try_from_env("SCHEDULER_LOG")
         // sqlx's own warnings quote connection parameters (a key's
         // passphrase among them) and whole statements: the scheduler says

@@ -357,12 +357,25 @@ fn every_view_says_the_same_of_every_period() {
              after = [\"ingest\"]\ncommand = [\"true\"]\n\n{daily}"
         )));
         ok(&ws, &db, &["run", "billing", "--period", "2026-10"]);
-        assert_eq!(said(&ws, &db, &["run", "billing", "--period", "2026-09"]).code(), 1);
+        assert_eq!(
+            said(&ws, &db, &["run", "billing", "--period", "2026-09"]).code(),
+            1
+        );
         ok(&ws, &db, &["adopt", "billing", "--through", "2026-08"]);
-        assert_eq!(said(&ws, &db, &["run", "report", "--period", "2026-10"]).code(), 1);
+        assert_eq!(
+            said(&ws, &db, &["run", "report", "--period", "2026-10"]).code(),
+            1
+        );
         ok(&ws, &db, &["pause", "daily"]);
         let mut slow = ws
-            .command(&["--database-url", &db.url, "run", "slow", "--period", "2026-10"])
+            .command(&[
+                "--database-url",
+                &db.url,
+                "run",
+                "slow",
+                "--period",
+                "2026-10",
+            ])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -404,7 +417,11 @@ fn every_view_says_the_same_of_every_period() {
             .map(|l| {
                 let p: Value = serde_json::from_str(l).expect("a period");
                 let state = p["state"].as_str().expect("a state").to_owned();
-                (p["period"].as_str().expect("a label").to_owned(), state, p["late"] == true)
+                (
+                    p["period"].as_str().expect("a label").to_owned(),
+                    state,
+                    p["late"] == true,
+                )
             })
             .collect();
             let (_, _, _, api) = crate::api::answer(server.get(
@@ -417,12 +434,19 @@ fn every_view_says_the_same_of_every_period() {
                 .iter()
                 .map(|p| {
                     let state = p["state"].as_str().expect("a state").to_owned();
-                    (p["period"].as_str().expect("a label").to_owned(), state, p["late"] == true)
+                    (
+                        p["period"].as_str().expect("a label").to_owned(),
+                        state,
+                        p["late"] == true,
+                    )
                 })
                 .collect();
             assert_eq!(cli, api, "{job}: status and the API ({})", db.url);
             if let Some(browser) = &browser {
-                browser.goto(&format!("{}/#/job/{job}?from={from}&to={to}", server.base()));
+                browser.goto(&format!(
+                    "{}/#/job/{job}?from={from}&to={to}",
+                    server.base()
+                ));
                 browser.until("the whole range", || {
                     let summary = browser.text("#range");
                     summary.contains(':') && !summary.contains("reading")
@@ -432,9 +456,16 @@ fn every_view_says_the_same_of_every_period() {
                 );
                 let grid: Vec<(String, String, bool)> =
                     serde_json::from_value(grid).expect("cells");
-                assert_eq!(cli, grid, "{job}: status and the console's grid ({})", db.url);
+                assert_eq!(
+                    cli, grid,
+                    "{job}: status and the console's grid ({})",
+                    db.url
+                );
             }
-            seen_states.extend(cli.iter().map(|(_, s, late)| format!("{s}{}", if *late { " late" } else { "" })));
+            seen_states.extend(
+                cli.iter()
+                    .map(|(_, s, late)| format!("{s}{}", if *late { " late" } else { "" })),
+            );
         }
         for state in [
             "succeeded",
@@ -446,7 +477,10 @@ fn every_view_says_the_same_of_every_period() {
             "before first seen",
             "not due",
         ] {
-            assert!(seen_states.contains(state), "no {state} in the fixture: {seen_states:?}");
+            assert!(
+                seen_states.contains(state),
+                "no {state} in the fixture: {seen_states:?}"
+            );
         }
         // The overview: `status --json` and `GET /v1/jobs`, job by job.
         let (_, _, _, listed) = crate::api::answer(server.get(READER, "/v1/jobs"));
@@ -462,7 +496,16 @@ fn every_view_says_the_same_of_every_period() {
                 .iter()
                 .find(|j| j["job"] == name)
                 .expect("the job in the API");
-            for field in ["paused", "next_key", "overdue", "late", "waiting", "waiting_periods", "ready", "first_run"] {
+            for field in [
+                "paused",
+                "next_key",
+                "overdue",
+                "late",
+                "waiting",
+                "waiting_periods",
+                "ready",
+                "first_run",
+            ] {
                 assert_eq!(job[field], api[field], "{name}.{field} ({})", db.url);
             }
             // The overdue gauge counts what `status` lists.
@@ -478,7 +521,10 @@ fn every_view_says_the_same_of_every_period() {
         }
         // What `run billing --dry-run` would claim is what `status` says
         // is owed and unclaimed.
-        let billing = status.iter().find(|j| j["job"] == "billing").expect("billing");
+        let billing = status
+            .iter()
+            .find(|j| j["job"] == "billing")
+            .expect("billing");
         let owed: Vec<String> = billing["overdue"]
             .as_array()
             .expect("overdue")
