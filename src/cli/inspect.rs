@@ -37,7 +37,7 @@ pub async fn status(
     let all = overview::of_jobs(store, &jobs, RECENT, now).await?;
     if as_json {
         for job in &all {
-            let mut json = overview::json(job, now);
+            let mut json = overview::json(job, config, now);
             json["recent"] = serde_json::to_value(&job.recent).unwrap_or_default();
             say(format_args!("{json}"))?;
         }
@@ -252,7 +252,7 @@ fn cells(job: &JobOverview<'_>, look: &Look, now: DateTime<Utc>) -> Vec<comfy_ta
 pub const RANGE_LIMIT: usize = 100_000;
 
 /// `scheduler status JOB --from L --to L`: one line per period of the
-/// range, in the words of the one rule (SPEC §12), `late` beside any
+/// range, in the words of the one rule (docs/commands.md, "One period, one meaning"), `late` beside any
 /// owed period past its deadline.
 pub async fn range(
     config: &Config,

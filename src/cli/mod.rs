@@ -131,9 +131,9 @@ pub enum Command {
     Adopt {
         /// The job.
         job: String,
-        /// Every period through this label that the scheduler could take
-        /// on its own (those fired within catch_up before the job was
-        /// first seen, or before now), this one included.
+        /// Every period through this label that the scheduler would take
+        /// on its own now (what the job owes within catch_up), and this
+        /// one; older ones need --from/--to.
         #[arg(long, conflicts_with_all = ["from", "to"])]
         through: Option<String>,
         /// The first period of a range to adopt, inclusive.

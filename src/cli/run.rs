@@ -129,6 +129,10 @@ impl Sink for Printer {
         eprintln!("{job}: paused; `scheduler resume {job}` to run it again");
     }
 
+    fn nothing_due(&mut self, job: &str, words: &str) {
+        eprintln!("{job}: {words}");
+    }
+
     fn total(&mut self, total: Option<u64>) {
         if total.is_some_and(|t| t < 2) {
             return;

@@ -212,7 +212,7 @@ pub async fn look(
         .collect();
     jobs.sort_unstable();
     jobs.dedup();
-    // From when each of them owes its fires (SPEC §12).
+    // From when each of them owes its fires (docs/commands.md, "One period, one meaning").
     let first_seen = match jobs.is_empty() {
         true => HashMap::new(),
         false => store.first_seen(&jobs).await?,

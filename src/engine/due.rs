@@ -24,7 +24,7 @@ pub struct Due {
 }
 
 /// Says, for a job a `serve` or `run JOB` has just seen for the first
-/// time, what it owes (SPEC §12): the latest fire within `catch_up` (and
+/// time, what it owes (docs/commands.md, "One period, one meaning"): the latest fire within `catch_up` (and
 /// its period), or nothing before the next fire. Nothing else says it.
 pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
     let owed = job.owed_since(first_seen);
@@ -127,7 +127,7 @@ pub struct Sighting {
     pub noted: bool,
 }
 
-/// How one period of `job` stands at `now` (SPEC §12): the one rule, from
+/// How one period of `job` stands at `now` (docs/commands.md, "One period, one meaning"): the one rule, from
 /// its claim, its fire, the job's sighting, `catch_up`, its deadline and
 /// its upstream periods (`after`) as [`super::after::look`] found them.
 /// Every view reads it: `status`, `status --from/--to`, the API, the
@@ -369,45 +369,25 @@ impl OverdueCount {
 /// How many keys one statement looks up.
 const LOOKUP_CHUNK: usize = 1_000;
 
-/// The overdue periods of each of `jobs`, by job name: due within the
-/// catch-up window and after the job was first seen (`serve` never runs a
-/// fire from before), with no success and nothing running. A few
-/// statements for any number of jobs.
-pub async fn overdue(
+/// Of `keys`, those noted as waiting for upstream periods, if a job
+/// `waits` says may have such periods; none looked up otherwise.
+async fn waiting_among(
     store: &Store,
-    jobs: &[&Job],
-    catch_up: std::time::Duration,
-    now: DateTime<Utc>,
-) -> Result<HashMap<String, Vec<String>>, Error> {
-    let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-    let asked: Vec<Span> = jobs.iter().map(|job| (*job, window, now)).collect();
-    let open = unfinished(store, &asked, Unfinished::Overdue).await?;
-    Ok(open
-        .into_iter()
-        .map(|(job, periods)| (job, periods.into_iter().map(|(key, _)| key).collect()))
-        .collect())
-}
-
-/// The late periods of each of `jobs` that has a `deadline`, by job name,
-/// with their fires: due within the catch-up window and after the job was
-/// first seen, their deadline passed, and not succeeded (never claimed,
-/// running, failed, or waiting). A few statements for any number of jobs.
-pub async fn late(
-    store: &Store,
-    jobs: &[&Job],
-    catch_up: std::time::Duration,
-    now: DateTime<Utc>,
-) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
-    let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-    let asked: Vec<Span> = jobs
+    keys: &[String],
+    waits: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, String>, Error> {
+    let jobs = keys
         .iter()
-        .filter_map(|job| Some((*job, window, now - TimeDelta::from_std(job.deadline?).ok()?)))
-        .collect();
-    unfinished(store, &asked, Unfinished::Late).await
+        .map(|key| key.split_once(':').map_or("", |(job, _)| job));
+    match jobs.into_iter().any(waits) {
+        true => store.waits(keys).await,
+        false => Ok(HashMap::new()),
+    }
 }
 
 /// The periods of each of `jobs` that has a `deadline` that were late at
-/// their deadline, as [`late`] finds them, and also those that have
+/// their deadline (owed, within the catch-up window, not succeeded by it),
+/// and also those that have
 /// succeeded since, after their deadline: what a `late` notification
 /// tells of, whoever caught the period up first. With `checked` (the
 /// instant of the check before), only the periods whose deadline passed
@@ -441,29 +421,18 @@ pub async fn were_late(
     if asked.is_empty() {
         return Ok(HashMap::new());
     }
-    unfinished(store, &asked, Unfinished::WasLate).await
+    were_late_in(store, &asked).await
 }
 
 /// A job and the fires of it to look at: from, to (both included).
 type Span<'a> = (&'a Job, DateTime<Utc>, DateTime<Utc>);
 
-/// Which periods [`unfinished`] keeps.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Unfinished {
-    /// Neither succeeded nor running.
-    Overdue,
-    /// Not succeeded.
-    Late,
-    /// Not succeeded by its deadline.
-    WasLate,
-}
-
-/// The periods of each job due within its span and after the job was
-/// first seen, that `which` keeps: by job name, each key with its fire.
-async fn unfinished(
+/// The periods of each job due within its span and owed since the job was
+/// first seen that were not succeeded by their deadline: by job name, each
+/// key with its fire.
+async fn were_late_in(
     store: &Store,
     jobs: &[Span<'_>],
-    which: Unfinished,
 ) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
     let names: Vec<String> = jobs.iter().map(|(j, _, _)| j.name.clone()).collect();
     let first_seen = store.first_seen(&names).await?;
@@ -485,7 +454,6 @@ async fn unfinished(
             .filter(|d| d.fire >= since)
         {
             asked.push(Asked {
-                waits: job.after.any(),
                 job: job.name.clone(),
                 key: PeriodKey::new(&job.name, &d.period.label).to_string(),
                 fire: d.fire,
@@ -495,34 +463,16 @@ async fn unfinished(
                     .map(|deadline| d.fire + deadline),
             });
             if asked.len() == LOOKUP_CHUNK {
-                keep_open(store, &mut asked, which, &mut open).await?;
+                keep_open(store, &mut asked, &mut open).await?;
             }
         }
     }
-    keep_open(store, &mut asked, which, &mut open).await?;
+    keep_open(store, &mut asked, &mut open).await?;
     Ok(open)
 }
 
-/// Of `keys`, those noted as waiting for upstream periods, if a job
-/// `waits` says may have such periods; none looked up otherwise.
-async fn waiting_among(
-    store: &Store,
-    keys: &[String],
-    waits: impl Fn(&str) -> bool,
-) -> Result<HashMap<String, String>, Error> {
-    let jobs = keys
-        .iter()
-        .map(|key| key.split_once(':').map_or("", |(job, _)| job));
-    match jobs.into_iter().any(waits) {
-        true => store.waits(keys).await,
-        false => Ok(HashMap::new()),
-    }
-}
-
-/// A period [`unfinished`] looks up.
+/// A period [`were_late_in`] looks up.
 struct Asked {
-    /// Its job's periods may wait for upstream periods.
-    waits: bool,
     job: String,
     key: String,
     fire: DateTime<Utc>,
@@ -530,12 +480,11 @@ struct Asked {
     deadline: Option<DateTime<Utc>>,
 }
 
-/// Looks `asked` up, emptying it, and keeps in `open` the periods `which`
-/// keeps.
+/// Looks `asked` up, emptying it, and keeps in `open` the periods not
+/// succeeded by their deadline.
 async fn keep_open(
     store: &Store,
     asked: &mut Vec<Asked>,
-    which: Unfinished,
     open: &mut HashMap<String, Vec<(String, DateTime<Utc>)>>,
 ) -> Result<(), Error> {
     if asked.is_empty() {
@@ -543,33 +492,18 @@ async fn keep_open(
     }
     let keys: Vec<String> = asked.iter().map(|a| a.key.clone()).collect();
     let rows = store.rows(&keys).await?;
-    let waiting = match which {
-        Unfinished::Overdue => {
-            waiting_among(store, &keys, |name| {
-                asked.iter().any(|a| a.job == name && a.waits)
-            })
-            .await?
-        }
-        _ => HashMap::new(),
-    };
     for Asked {
         job,
         key,
-        waits: _,
         fire,
         deadline,
     } in asked.drain(..)
     {
-        let closed = match rows.get(&key).map(ClaimRow::as_claim) {
-            Some(Claim::Succeeded { at }) => {
-                which != Unfinished::WasLate || deadline.is_none_or(|d| at <= d)
-            }
-            Some(Claim::Held { .. }) => which == Unfinished::Overdue,
-            // Waiting for its upstream periods is not overdue (it is late).
-            None => waiting.contains_key(&key),
+        let in_time = match rows.get(&key).map(ClaimRow::as_claim) {
+            Some(Claim::Succeeded { at }) => deadline.is_none_or(|d| at <= d),
             _ => false,
         };
-        if !closed {
+        if !in_time {
             open.entry(job).or_default().push((key, fire));
         }
     }
@@ -628,7 +562,7 @@ mod tests {
         }
     }
 
-    /// The one rule (SPEC §12), as a table: every state, a first sighting
+    /// The one rule (docs/commands.md, "One period, one meaning"), as a table: every state, a first sighting
     /// inside and outside `catch_up` (and none), each `missed` policy, the
     /// deadline's mark, upstream periods noted or not, a DST shift and a
     /// calendar's move.
@@ -1027,16 +961,25 @@ mod tests {
         store.see_jobs(&names).await.expect("jobs seen");
         let catch_up = std::time::Duration::from_secs(3600);
         let mut kept = OverdueCount::default();
+        // A count afresh: the one overview `status` shows, the jobs'
+        // catch_up set to the count's.
         let afresh_within = |now, catch_up| {
             let store = store.clone();
-            let jobs = jobs.clone();
+            let jobs: Vec<Job> = jobs
+                .iter()
+                .map(|j| Job {
+                    catch_up,
+                    ..(**j).clone()
+                })
+                .collect();
             async move {
-                let refs: Vec<&Job> = jobs.iter().map(|j| &**j).collect();
-                let all = overdue(&store, &refs, catch_up, now)
+                let refs: Vec<&Job> = jobs.iter().collect();
+                let all = super::super::overview::of_jobs(&store, &refs, 1, now)
                     .await
                     .expect("a count");
                 all.into_iter()
-                    .map(|(job, keys)| (job, keys.len()))
+                    .filter(|o| !o.overdue.is_empty())
+                    .map(|o| (o.job.name.clone(), o.overdue.len()))
                     .collect::<HashMap<String, usize>>()
             }
         };

@@ -16,7 +16,7 @@ use crate::config::{Config, Job};
 use crate::error::{Error, Outcome, Unread};
 use crate::period::{Period, PeriodKey, utc_text};
 use crate::state::PeriodOutcome;
-use crate::store::{Claim, ClaimRow, ClaimState, Store, Trigger};
+use crate::store::{ADOPTED_ATTEMPT, Claim, ClaimRow, ClaimState, Store, Trigger};
 
 /// How often `--wait` looks at a claim held elsewhere.
 const WAIT_POLL: Duration = Duration::from_millis(500);
@@ -266,6 +266,12 @@ pub trait Sink: Send + Sync {
         tracing::info!(job, "paused: its due periods are not run");
     }
 
+    /// `run JOB` found nothing of `job` to run now; `words` say why and
+    /// when its next fire is.
+    fn nothing_due(&mut self, job: &str, words: &str) {
+        tracing::info!(target: "scheduler::sighting", job, "{words}");
+    }
+
     /// A period was claimed and starts to run.
     fn claimed(&mut self, key: &str, attempt: i32) {
         let _ = (key, attempt);
@@ -361,7 +367,7 @@ impl Backfill<'_> {
             let job = Arc::new(plan.job.clone());
             let request = Request {
                 force: plan.force,
-                only_failed: self.request.only_failed && !plan.upstream,
+                only_failed: self.request.only_failed && !plan.upstream && !plan.downstream,
                 ..self.request.clone()
             };
             let mode = Mode {
@@ -820,6 +826,35 @@ impl Backfill<'_> {
     }
 }
 
+/// Why `run JOB` finds nothing of `job` to run now, and when its next
+/// fire is: for a job first seen now whose latest fire is older than
+/// `catch_up`, that fire and how to run it all the same.
+fn nothing_due(job: &Job, seen: &crate::store::JobRecord, now: DateTime<Utc>) -> String {
+    let timing = job.timing();
+    let key_of =
+        |fire: &crate::fires::Fire| PeriodKey::new(&job.name, &timing.period_of(fire).label);
+    let next = match timing.next(now) {
+        Some(fire) => format!("its next fire is {} ({})", utc_text(fire.at), key_of(&fire)),
+        None => "it has no fire to come (past its last active date)".to_owned(),
+    };
+    let passed = timing
+        .latest(now)
+        .filter(|fire| seen.new && fire.at < job.owed_since(seen.first_seen));
+    match passed {
+        Some(fire) => {
+            let key = key_of(&fire);
+            format!(
+                "nothing due now: first seen now, and its latest fire ({key}, at {}) is older than catch_up ({}), so it does not run on its own (`scheduler run {} --period {}` runs it by hand; `scheduler adopt` records it as run elsewhere); {next}",
+                utc_text(fire.at),
+                humantime::format_duration(job.catch_up),
+                job.name,
+                timing.period_of(&fire).label
+            )
+        }
+        None => format!("nothing due now; {next}"),
+    }
+}
+
 /// How `job` stands as `run JOB` sees it: recorded as seen (now, if this
 /// is its first sighting), or, for `--dry-run`, which writes nothing, as it
 /// would be: a job never seen would be seen now.
@@ -872,16 +907,14 @@ async fn plan<'a>(
             let Some(seen) = seen else {
                 continue;
             };
-            if seen.new && !request.dry_run {
-                super::due::log_first_sighting(job, seen.first_seen);
-            }
+
             if seen.paused {
                 sink.paused(&job.name);
                 continue;
             }
             let window =
                 now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-            // What `serve` would take at this instant (SPEC §12): the fires
+            // What `serve` would take at this instant (docs/commands.md, "One period, one meaning"): the fires
             // the job owes since it was first seen, within the window; the
             // latest one too only if it is owed (a job first seen days after
             // its monthly fire does not run that month on its own).
@@ -927,6 +960,13 @@ async fn plan<'a>(
                 }
             }
             listed.sort_by_key(|d| d.fire);
+            // A first sighting says what it owes: with nothing to run,
+            // through the line saying so.
+            if listed.is_empty() {
+                sink.nothing_due(&job.name, &nothing_due(job, &seen, now));
+            } else if seen.new && !request.dry_run {
+                super::due::log_first_sighting(job, seen.first_seen);
+            }
             Periods::Listed(listed.into_iter())
         };
         plans.push(Plan {
@@ -1364,6 +1404,9 @@ fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Due {
 fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
     let manual = request.manual();
     let detail = match row.as_claim() {
+        Claim::Succeeded { at } if !request.force && row.attempt == ADOPTED_ATTEMPT => {
+            format!("adopted at {} (an earlier system ran it)", utc_text(at))
+        }
         Claim::Succeeded { at } if !request.force => {
             format!("already succeeded at {}", utc_text(at))
         }

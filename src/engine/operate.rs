@@ -26,10 +26,9 @@ pub async fn release(
 /// Which periods `scheduler adopt` records.
 #[derive(Debug, Clone, Copy)]
 pub enum Adoption<'a> {
-    /// Every period through this label that the scheduler could take on
-    /// its own: from the oldest one fired within `catch_up` before the
-    /// job's first sighting (before now, if no process has seen it yet),
-    /// or this one alone if it is older.
+    /// Every period through this label that the scheduler would take on
+    /// its own (the job owes it, within `catch_up`: for a job not seen yet,
+    /// what a first run would take), and this one, if it is older.
     Through(&'a str),
     /// Every period of the range, both ends included.
     Range(&'a str, &'a str),
@@ -75,7 +74,7 @@ impl AdoptNames {
 /// How many periods one `adopt` records at most.
 pub const ADOPT_LIMIT: usize = 100_000;
 
-/// Records the periods `which` names of `job` as adopted (SPEC §12): an
+/// Records the periods `which` names of `job` as adopted (docs/commands.md, "One period, one meaning"): an
 /// earlier system ran them, so no mode runs them, `after` counts them
 /// succeeded and every view shows them apart. Refused (a usage error,
 /// nothing written) for a label that is no period of the job or a period
@@ -113,15 +112,18 @@ pub async fn adopt(
         }
         Adoption::Through(to) => {
             let last = period_of_label(job, to, last_name)?;
+            // From the first fire the job owes (docs/commands.md, "One period, one meaning"): what a first
+            // run would take, for a job not seen yet.
             let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
             let seen = seen.get(&job.name).copied().unwrap_or(now).min(now);
             let window = chrono::TimeDelta::from_std(job.catch_up)
                 .ok()
-                .and_then(|w| seen.checked_sub_signed(w))
+                .and_then(|w| now.checked_sub_signed(w))
                 .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+            let owed = window.max(job.owed_since(seen));
             let first = job
                 .timing()
-                .next(window - chrono::TimeDelta::nanoseconds(1))
+                .next(owed - chrono::TimeDelta::nanoseconds(1))
                 .map(|fire| job.timing().period_of(&fire))
                 .filter(|first| first.start < last.start)
                 .unwrap_or(last);

@@ -6,7 +6,7 @@
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::view;
-use crate::config::Job;
+use crate::config::{Config, Job};
 use crate::error::Error;
 use crate::period::{Period, PeriodKey};
 use crate::state::{ClaimState, PeriodState};
@@ -76,8 +76,11 @@ impl JobOverview<'_> {
 }
 
 /// The overviews of `jobs` at `now`, in their order, each with its
-/// `recent` newest claims: the paused jobs, first sightings, overdue and
-/// late periods of every job in a few statements, then each job's claims.
+/// `recent` newest claims. Its periods are classified by the one rule
+/// ([`view::of_jobs`]), the same that `status --from/--to` and the grid
+/// show: the periods a job owes within `catch_up` (those a first run
+/// would take, for a job never seen) and the ones a gate noted waiting,
+/// read for every job together, then each job's claims.
 pub async fn of_jobs<'a>(
     store: &Store,
     jobs: &[&'a Job],
@@ -87,41 +90,99 @@ pub async fn of_jobs<'a>(
     let paused = store.paused_jobs().await?;
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
     let first_seen = store.first_seen(&names).await?;
-    let catch_up = jobs.first().map_or_else(Default::default, |j| j.catch_up);
-    let mut overdue = super::due::overdue(store, jobs, catch_up, now).await?;
-    let mut late = super::due::late(store, jobs, catch_up, now).await?;
+    let mut listed: Vec<Vec<Period>> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let seen = first_seen.get(&job.name).copied().unwrap_or(now);
+        let mut periods: Vec<Period> = owed(job, seen, now).into_iter().map(|d| d.period).collect();
+        if job.after.any() {
+            let noted = store
+                .waiting_periods(std::slice::from_ref(&job.name), NOTED_LOOKED_AT)
+                .await?;
+            for w in noted {
+                if !periods.iter().any(|p| p.label == w.period.label) {
+                    periods.push(w.period);
+                }
+            }
+        }
+        listed.push(periods);
+    }
+    let asked: Vec<(&Job, &[Period])> = jobs
+        .iter()
+        .zip(&listed)
+        .map(|(job, periods)| (*job, periods.as_slice()))
+        .collect();
+    let views = view::of_jobs(store, &asked, now).await?;
     let mut all = Vec::with_capacity(jobs.len());
-    for job in jobs.iter().copied() {
+    for (job, views) in jobs.iter().copied().zip(views) {
         // A paused job skips its fires by design: none is overdue or late.
         let paused = paused.contains(&job.name);
         let rows = store.recent(&job.name, recent).await?;
-        let (waiting, ready) = waiting_and_ready(store, job, now).await?;
-        let overdue = overdue.remove(&job.name).filter(|_| !paused);
-        let late = late.remove(&job.name).filter(|_| !paused);
         let seen = first_seen.get(&job.name).copied();
-        all.push(JobOverview {
+        let mut overview = JobOverview {
             job,
             paused,
             first_seen: seen,
             next: (!paused).then(|| next(job, now)).flatten(),
             stale: stale(store, job, &rows, now).await?,
             recent: rows,
-            overdue: overdue
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|key| !ready.contains(key))
-                .collect(),
-            late: late
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(key, _)| key)
-                .collect(),
-            waiting,
-            ready,
-            first_run: seen.is_none().then(|| first_run(job, now)),
-        });
+            overdue: Vec::new(),
+            late: Vec::new(),
+            waiting: Vec::new(),
+            ready: Vec::new(),
+            first_run: None,
+        };
+        let window = window_start(job, now);
+        for v in views {
+            let key = v.key.to_string();
+            let in_window = v.fire.is_some_and(|f| f >= window);
+            match v.state {
+                PeriodState::Waiting => {
+                    overview.waiting.push((key.clone(), v.upstream.to_string()))
+                }
+                PeriodState::Ready => overview.ready.push(key.clone()),
+                PeriodState::Due
+                | PeriodState::Failed
+                | PeriodState::Released
+                | PeriodState::LeaseExpired
+                    if in_window && !paused =>
+                {
+                    overview.overdue.push(key.clone());
+                }
+                _ => {}
+            }
+            if v.late && in_window && !paused {
+                overview.late.push(key);
+            }
+        }
+        if seen.is_none() {
+            // What a first `serve` or `run JOB` would take now: what it
+            // owes, and what waited and is ready.
+            let mut first: Vec<String> = overview.overdue.clone();
+            first.extend(overview.ready.iter().cloned());
+            overview.first_run = Some(first);
+        }
+        all.push(overview);
     }
     Ok(all)
+}
+
+/// The start of `job`'s catch-up window at `now`.
+fn window_start(job: &Job, now: DateTime<Utc>) -> DateTime<Utc> {
+    TimeDelta::from_std(job.catch_up)
+        .ok()
+        .and_then(|w| now.checked_sub_signed(w))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// The periods `job`, first seen at `seen`, owes within `catch_up` at
+/// `now` (as `missed` keeps them): what a wake-up, a scan or `run JOB`
+/// takes if nothing ran them.
+fn owed(job: &Job, seen: DateTime<Utc>, now: DateTime<Utc>) -> Vec<super::due::Due> {
+    let since = window_start(job, now).max(job.owed_since(seen));
+    super::due::due(job, now, since, true)
+        .into_iter()
+        .filter(|d| d.fire >= since)
+        .collect()
 }
 
 /// A job's next fire and its key.
@@ -132,25 +193,9 @@ fn next(job: &Job, now: DateTime<Utc>) -> Option<(DateTime<Utc>, PeriodKey)> {
     Some((fire.at, PeriodKey::new(&job.name, &period.label)))
 }
 
-/// What a first `serve` or `run JOB` of a job no process has seen would
-/// take at `now`: the periods it would owe ([`Job::owed_since`] now),
-/// within `catch_up`.
-fn first_run(job: &Job, now: DateTime<Utc>) -> Vec<String> {
-    let window = TimeDelta::from_std(job.catch_up)
-        .ok()
-        .and_then(|w| now.checked_sub_signed(w))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    let since = window.max(job.owed_since(now));
-    super::due::due(job, now, since, true)
-        .into_iter()
-        .filter(|d| d.fire >= since)
-        .map(|d| PeriodKey::new(&job.name, &d.period.label).to_string())
-        .collect()
-}
-
 /// The periods of `job` noted waiting and not yet claimed, split by the
 /// one rule into those still waiting (with what for) and those ready.
-async fn waiting_and_ready(
+pub async fn waiting_and_ready(
     store: &Store,
     job: &Job,
     now: DateTime<Utc>,
@@ -205,10 +250,11 @@ async fn stale(
 }
 
 /// [`of_jobs`] as JSON per job, one shape for `status --json` and
-/// `GET /v1/jobs`: its schedule, next fire, last and recent claims,
-/// running and failed ones, overdue, late, waiting, ready and stale
-/// periods, and for a job never seen what a first run would take.
-pub fn json(o: &JobOverview<'_>, now: DateTime<Utc>) -> serde_json::Value {
+/// `GET /v1/jobs`: its schedule (in words too), calendar, `after`, next
+/// fire, last claim, running and failed ones, overdue, late, waiting,
+/// ready and stale periods, and for a job never seen what a first run
+/// would take.
+pub fn json(o: &JobOverview<'_>, config: &Config, now: DateTime<Utc>) -> serde_json::Value {
     use crate::period::utc_text;
     let running: Vec<serde_json::Value> = o
         .running()
@@ -239,9 +285,19 @@ pub fn json(o: &JobOverview<'_>, now: DateTime<Utc>) -> serde_json::Value {
         })
         .collect();
     let job = o.job;
+    let after: Vec<String> = job
+        .after
+        .named
+        .iter()
+        .map(|n| config.full_name(&n.name).into_owned())
+        .collect();
     serde_json::json!({
         "job": job.name,
         "schedule": job.schedule.source(),
+        "schedule_words": job.schedule.describe(),
+        "calendar": calendar_of(job),
+        "after": after,
+        "on_upstream_rerun": job.after.any().then(|| job.after.on_rerun.to_string()),
         "timezone": job.schedule.zone().name(),
         "period": job.period.unit.to_string(),
         "covers": job.period.covers.to_string(),
@@ -268,5 +324,28 @@ pub fn json(o: &JobOverview<'_>, now: DateTime<Utc>) -> serde_json::Value {
             .iter()
             .map(|(key, upstream, at)| serde_json::json!({ "period_key": key, "upstream": upstream, "succeeded_at": utc_text(*at) }))
             .collect::<Vec<_>>(),
+    })
+}
+
+/// A job's calendar, active dates and jitter, `null` where it has none.
+fn calendar_of(job: &Job) -> serde_json::Value {
+    let days = job.schedule.days();
+    let (name, on_day_off) = match (&job.fires.shift, days.and_then(|d| d.working.as_ref())) {
+        (Some(shift), _) => (Some(shift.calendar.name.clone()), shift.to),
+        (None, Some(calendar)) => (Some(calendar.name.clone()), Default::default()),
+        (None, None) => (None, Default::default()),
+    };
+    let active_from = days.and_then(|d| d.from).map(|d| d.to_string());
+    let active_until = days.and_then(|d| d.until).map(|d| d.to_string());
+    let jitter = job.fires.jitter.map(crate::config::short);
+    if name.is_none() && active_from.is_none() && active_until.is_none() && jitter.is_none() {
+        return serde_json::Value::Null;
+    }
+    serde_json::json!({
+        "name": name,
+        "on_day_off": name.is_some().then(|| on_day_off.to_string()),
+        "active_from": active_from,
+        "active_until": active_until,
+        "jitter": jitter,
     })
 }

@@ -285,11 +285,16 @@ impl Service {
             let now = clock.now();
             let overdue = count.count(&store, &jobs, catch_up, now).await;
             let exhausted = store.exhausted().await;
-            let waiting = match jobs.iter().any(|job| job.after.any()) {
-                true => store.waiting_counts().await,
-                false => Ok(HashMap::new()),
-            };
-            let (Ok(overdue), Ok(exhausted), Ok(waiting)) = (overdue, exhausted, waiting) else {
+            // Waiting and ready as `status` has them: the one rule over
+            // the periods noted waiting, for the jobs with `after`.
+            let mut waiting: HashMap<String, (usize, usize)> = HashMap::new();
+            for job in jobs.iter().filter(|job| job.after.any()) {
+                match crate::engine::overview::waiting_and_ready(&store, job, now).await {
+                    Ok((w, r)) => waiting.insert(job.name.clone(), (w.len(), r.len())),
+                    Err(_) => return,
+                };
+            }
+            let (Ok(overdue), Ok(exhausted)) = (overdue, exhausted) else {
                 return;
             };
             let late = count.late(now);
@@ -307,8 +312,10 @@ impl Service {
                 }
                 let spent = exhausted.get(&job.name).copied().unwrap_or(0);
                 of_job.exhausted.set(spent as f64);
-                if let Some(gauge) = &of_job.waiting {
-                    gauge.set(waiting.get(&job.name).copied().unwrap_or(0) as f64);
+                if let Some((waiting_gauge, ready_gauge)) = &of_job.waiting {
+                    let (w, r) = waiting.get(&job.name).copied().unwrap_or_default();
+                    waiting_gauge.set(w as f64);
+                    ready_gauge.set(r as f64);
                 }
             }
         });
@@ -952,11 +959,17 @@ impl Service {
         self.notify.send_replace(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        // A job this reload shows the database for the first time owes its
+        // latest fire within catch_up, as at a start (docs/commands.md, "serve").
+        let mut first_sighted = Vec::new();
         match self.engine.store().see_jobs(&names).await {
             Ok(records) => {
                 for job in &jobs {
                     if let Some(record) = records.get(&job.name).filter(|r| r.new) {
                         crate::engine::due::log_first_sighting(job, record.first_seen);
+                        if !record.paused {
+                            first_sighted.push(job.clone());
+                        }
                     }
                 }
                 self.first_seen = records
@@ -970,6 +983,10 @@ impl Service {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
         self.replace_jobs(jobs);
+        let now = self.clock.now();
+        for job in first_sighted {
+            self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
+        }
         self.publish_next_fires();
         // Leases granted from now on, and so the heartbeat interval and the
         // fence; claims already held keep the lease they were granted until
@@ -1004,6 +1021,7 @@ fn retire_gauges(job: &str) {
         "scheduler_overdue_periods",
         "scheduler_late_periods",
         "scheduler_waiting_periods",
+        "scheduler_ready_periods",
         "scheduler_retries_exhausted_periods",
         "scheduler_paused",
         "scheduler_next_fire_timestamp_seconds",
@@ -1219,8 +1237,8 @@ struct Gauges {
     /// For a job with a `deadline` only.
     late: Option<metrics::Gauge>,
     exhausted: metrics::Gauge,
-    /// For a job with `after` only.
-    waiting: Option<metrics::Gauge>,
+    /// For a job with `after` only: its waiting and its ready periods.
+    waiting: Option<(metrics::Gauge, metrics::Gauge)>,
 }
 
 impl JobGauges {
@@ -1243,9 +1261,9 @@ impl JobGauges {
             ));
         }
         if job.after.any() && gauges.waiting.is_none() {
-            gauges.waiting = Some(metrics::gauge!(
-                "scheduler_waiting_periods",
-                "job" => job.name.clone()
+            gauges.waiting = Some((
+                metrics::gauge!("scheduler_waiting_periods", "job" => job.name.clone()),
+                metrics::gauge!("scheduler_ready_periods", "job" => job.name.clone()),
             ));
         }
         gauges

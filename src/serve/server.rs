@@ -164,7 +164,15 @@ fn describe_metrics() {
     );
     metrics::describe_gauge!(
         "scheduler_overdue_periods",
-        "Periods of the job overdue in the database (due after first sighting, no success, nothing running), counted each minute."
+        "Periods the job owes within catch_up (since its first sighting) with no success and nothing running, counted each minute."
+    );
+    metrics::describe_gauge!(
+        "scheduler_waiting_periods",
+        "Periods of the job noted waiting for upstream periods (after) not all succeeded, counted each minute."
+    );
+    metrics::describe_gauge!(
+        "scheduler_ready_periods",
+        "Periods of the job whose upstream periods (after) have all succeeded, not claimed yet, counted each minute."
     );
     metrics::describe_gauge!(
         "scheduler_retries_exhausted_periods",

@@ -250,10 +250,12 @@ pub struct ClaimRow {
 
 impl ClaimRow {
     /// Of `rows`, the one whose run finished last (succeeded or failed):
-    /// a job's "last" in `status` and the API alike.
+    /// a job's "last" in `status` and the API alike. An adopted period
+    /// never ran here: it is no run's end.
     pub fn finished_last(rows: &[ClaimRow]) -> Option<&ClaimRow> {
         rows.iter()
             .filter(|r| r.finished_at.is_some() && r.state.is_finished())
+            .filter(|r| r.attempt != ADOPTED_ATTEMPT)
             .max_by_key(|r| r.finished_at)
     }
 

@@ -211,25 +211,6 @@ impl Store {
             .collect())
     }
 
-    /// How many periods of each job wait (no claim has taken them), for
-    /// the gauge, in one statement.
-    pub async fn waiting_counts(&self) -> Result<HashMap<String, usize>, Error> {
-        let rows: Vec<(String, i64)> = on_pool!(self, |pool, _now| {
-            sqlx::query_as(
-                "SELECT w.job, count(*) FROM scheduler_waiting w
-                  WHERE NOT EXISTS (SELECT 1 FROM scheduler_claims c
-                                     WHERE c.period_key = w.period_key)
-                  GROUP BY w.job",
-            )
-            .fetch_all(pool)
-            .await
-        })?;
-        Ok(rows
-            .into_iter()
-            .map(|(job, n)| (job, usize::try_from(n).unwrap_or(0)))
-            .collect())
-    }
-
     /// What each of `keys` that waits was last found waiting for, in words.
     pub async fn waits(&self, keys: &[String]) -> Result<HashMap<String, String>, Error> {
         if keys.is_empty() {

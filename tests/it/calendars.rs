@@ -213,22 +213,14 @@ fn overdue_and_late(db: &TestDb, ws: &Workspace) -> (Vec<String>, Vec<String>) {
     };
     count(&db.url, &set);
     runtime.block_on(async {
+        // The one overview `status` and the API show, on 1 December.
         let now = at("2026-12-01T00:00:00Z");
-        let window = std::time::Duration::from_secs(60 * 86_400);
         let jobs = [job];
-        let mut overdue = scheduler::engine::due::overdue(&store, &jobs, window, now)
+        let mut all = scheduler::engine::overview::of_jobs(&store, &jobs, 1, now)
             .await
             .unwrap();
-        let mut late = scheduler::engine::due::late(&store, &jobs, window, now)
-            .await
-            .unwrap();
-        let mut overdue = overdue.remove("daily").unwrap_or_default();
-        let mut late: Vec<String> = late
-            .remove("daily")
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(key, _)| key)
-            .collect();
+        let daily = all.remove(0);
+        let (mut overdue, mut late) = (daily.overdue, daily.late);
         overdue.sort();
         late.sort();
         (overdue, late)

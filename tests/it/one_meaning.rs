@@ -1,4 +1,4 @@
-//! One meaning (SPEC §12), with real processes on both backends: moving a
+//! One meaning (docs/commands.md, "One period, one meaning"), with real processes on both backends: moving a
 //! cron job onto the scheduler (what the first run takes, `adopt`), `serve`
 //! and `run JOB` taking the same first period, a cron container's upstream
 //! run that makes a downstream period ready, and the views agreeing period
@@ -76,6 +76,12 @@ fn a_moved_job_runs_nothing_the_earlier_system_ran_once_it_is_adopted() {
         let out = said(&ws, &db, &["run", "billing"]);
         assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
         assert!(out.stderr().contains("first seen"), "{}", out.stderr());
+        assert!(
+            out.stdout()
+                .contains(&format!("{key}  skipped: adopted at ")),
+            "{}",
+            out.stdout()
+        );
         let replica = serve(&ws, &db.url);
         std::thread::sleep(Duration::from_secs(3));
         assert_eq!(stop(replica), 0);
@@ -116,7 +122,9 @@ fn a_job_first_seen_after_its_latest_fire_left_catch_up_runs_nothing_until_its_n
         let out = said(&ws, &db, &["run", "billing"]);
         assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
         assert!(
-            out.stderr().contains("nothing runs before its next fire"),
+            out.stderr().contains(&format!(
+                "billing: nothing due now: first seen now, and its latest fire (billing:{label}, at "
+            )) && out.stderr().contains("is older than catch_up (5m)"),
             "{}",
             out.stderr()
         );
@@ -508,16 +516,31 @@ fn every_view_says_the_same_of_every_period() {
             ] {
                 assert_eq!(job[field], api[field], "{name}.{field} ({})", db.url);
             }
-            // The overdue gauge counts what `status` lists.
-            let series = format!("scheduler_overdue_periods{{job=\"{name}\"}}");
-            let overdue = job["overdue"].as_array().expect("overdue").len() as f64;
-            eventually(&series, BOUND, || {
-                let metrics = crate::support::http_get(
-                    server.base().trim_start_matches("http://"),
-                    "/metrics",
-                );
-                crate::serve::metric(&metrics, &series) == Some(overdue)
-            });
+            // The gauges count what `status` lists.
+            let mut gauges = vec![(
+                "scheduler_overdue_periods",
+                job["overdue"].as_array().expect("overdue").len() as f64,
+            )];
+            if name == "report" {
+                gauges.push((
+                    "scheduler_waiting_periods",
+                    job["waiting"].as_f64().expect("a count"),
+                ));
+                gauges.push((
+                    "scheduler_ready_periods",
+                    job["ready"].as_array().expect("ready").len() as f64,
+                ));
+            }
+            for (gauge, value) in gauges {
+                let series = format!("{gauge}{{job=\"{name}\"}}");
+                eventually(&series, BOUND, || {
+                    let metrics = crate::support::http_get(
+                        server.base().trim_start_matches("http://"),
+                        "/metrics",
+                    );
+                    crate::serve::metric(&metrics, &series) == Some(value)
+                });
+            }
         }
         // What `run billing --dry-run` would claim is what `status` says
         // is owed and unclaimed.

@@ -17,9 +17,8 @@ use super::{Api, RANGE_LIMIT, find_job, runs as api_runs};
 use crate::config::{Config, Job};
 use crate::engine::manual::{self, Names};
 use crate::engine::overview;
-use crate::engine::view::{self, PeriodView};
+use crate::engine::view;
 use crate::error::Error;
-use crate::period::utc_text;
 
 /// The oldest shared answer a read may ask for (`?max_age=`).
 pub(super) const MAX_AGE: u64 = 60;
@@ -116,19 +115,7 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
     let overviews = overview::of_jobs(api.store(), &all, 1, now).await?;
     let mut jobs = Vec::with_capacity(config.jobs.len());
     for o in &overviews {
-        let job = o.job;
-        let mut entry = overview::json(o, now);
-        entry["schedule_words"] = json!(job.schedule.describe());
-        entry["after"] = json!(
-            job.after
-                .named
-                .iter()
-                .map(|n| config.full_name(&n.name))
-                .collect::<Vec<_>>()
-        );
-        entry["on_upstream_rerun"] = json!(job.after.any().then(|| job.after.on_rerun.to_string()));
-        entry["calendar"] = calendar_of(job);
-        jobs.push(entry);
+        jobs.push(overview::json(o, config, now));
     }
     if recent > 0 {
         // Every job's recent periods, read together.
@@ -151,29 +138,6 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
         }
     }
     Ok(Reply::ok(StatusCode::OK, json!({ "jobs": jobs })))
-}
-
-/// A job's calendar, active dates and jitter, `null` where it has none.
-fn calendar_of(job: &Job) -> serde_json::Value {
-    let days = job.schedule.days();
-    let (name, on_day_off) = match (&job.fires.shift, days.and_then(|d| d.working.as_ref())) {
-        (Some(shift), _) => (Some(shift.calendar.name.clone()), shift.to),
-        (None, Some(calendar)) => (Some(calendar.name.clone()), Default::default()),
-        (None, None) => (None, Default::default()),
-    };
-    let active_from = days.and_then(|d| d.from).map(|d| d.to_string());
-    let active_until = days.and_then(|d| d.until).map(|d| d.to_string());
-    let jitter = job.fires.jitter.map(crate::config::short);
-    if name.is_none() && active_from.is_none() && active_until.is_none() && jitter.is_none() {
-        return serde_json::Value::Null;
-    }
-    json!({
-        "name": name,
-        "on_day_off": name.is_some().then(|| on_day_off.to_string()),
-        "active_from": active_from,
-        "active_until": active_until,
-        "jitter": jitter,
-    })
 }
 
 /// A whole number from 1 to `most` given as `?field=`, if given.
@@ -312,39 +276,23 @@ pub(super) async fn period(
         let view = views
             .pop()
             .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
-        let (waiting_for, stale) = (view.waiting_for(), view.stale_json());
-        let PeriodView {
-            key,
-            state,
-            fire,
-            row,
-            upstream,
-            ..
-        } = view;
-        let attempts = api.store().attempts(key.as_str(), 1_000).await?;
+        let attempts = api.store().attempts(view.key.as_str(), 1_000).await?;
         let notifications: Vec<_> = api
             .store()
             .notifications(&job.name, 1_000)
             .await?
             .into_iter()
-            .filter(|n| n.period_key == key.as_str())
+            .filter(|n| n.period_key == view.key.as_str())
             .collect();
-        Ok(Reply::ok(
-            StatusCode::OK,
-            json!({
-                "job": job.name,
-                "period": period.label,
-                "period_key": key,
-                "state": state,
-                "fire": fire.map(utc_text),
-                "claim": row,
-                "waiting_for": waiting_for,
-                "upstream": upstream.waits,
-                "stale": stale,
-                "attempts": attempts,
-                "notifications": notifications,
-            }),
-        ))
+        // The period as every view has it, with what only this route adds.
+        let mut answer = view.json();
+        answer["job"] = json!(job.name);
+        answer["timezone"] = json!(job.schedule.zone().name());
+        answer["claim"] = json!(view.row);
+        answer["upstream"] = json!(view.upstream.waits);
+        answer["attempts"] = json!(attempts);
+        answer["notifications"] = json!(notifications);
+        Ok(Reply::ok(StatusCode::OK, answer))
     };
     api.shared(key, max_age.map(|a| a as u64), read).await
 }

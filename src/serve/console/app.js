@@ -76,14 +76,30 @@ function periodHref(job, period) {
   return jobHref(job) + '/period/' + encodeURIComponent(period);
 }
 
-function when(text) {
+// An instant as the API gives it (UTC), how far from now, and, given the
+// job's zone, its wall time there: schedules are read in that zone.
+function when(text, zone) {
   if (!text) return '\u2014';
   const ms = Date.parse(text) - Date.now();
   const abs = Math.abs(ms) / 1000;
   const span = abs < 90 ? Math.round(abs) + ' s' : abs < 5400 ? Math.round(abs / 60) + ' min'
     : abs < 129600 ? Math.round(abs / 3600) + ' h' : Math.round(abs / 86400) + ' d';
-  return text + ' (' + (ms >= 0 ? 'in ' + span : span + ' ago') + ')';
+  let local = '';
+  if (zone && zone !== 'UTC') {
+    try {
+      local = ', ' + new Intl.DateTimeFormat('sv-SE', {
+        timeZone: zone, year: 'numeric', month: '2-digit', day: '2-digit',
+        hour: '2-digit', minute: '2-digit', second: '2-digit',
+      }).format(new Date(text)) + ' ' + zone;
+    } catch (e) { local = ''; }
+  }
+  return text + local + ' (' + (ms >= 0 ? 'in ' + span : span + ' ago') + ')';
 }
+
+// The notification fields the period page shows, in words.
+const NOTIFICATION_COLUMNS = [['notifier', 'notifier'], ['event', 'event'], ['state', 'state'],
+  ['tries', 'tries'], ['status', 'last HTTP status'], ['error', 'last error'],
+  ['created_at', 'raised at'], ['finished_at', 'delivered or given up at']];
 
 function duration(start, end) {
   if (!start || !end) return '\u2014';
@@ -268,7 +284,7 @@ async function jobsView() {
       el('div', { class: 'facts' },
         job.paused ? el('div', {}, 'next: paused') : [
           el('div', {}, 'next: ', job.next_key ? el('span', { class: 'mono' }, job.next_key) : '\u2014'),
-          el('div', { class: 'muted' }, when(job.next_fire))],
+          el('div', { class: 'muted' }, when(job.next_fire, job.timezone))],
         el('div', {}, 'last finished: ', last ? [el('a', { href: periodHref(job.job, last.period) }, last.period),
           ' ', last.state] : '\u2014')),
       el('div', { class: 'actions' }, pauseButton(job)));
@@ -385,7 +401,7 @@ async function jobView(name, params) {
     el('dl', { class: 'facts card' },
       el('dt', {}, 'schedule'), el('dd', {}, job.schedule_words, ' \u2014 ', el('code', {}, job.schedule), ' in ', job.timezone),
       el('dt', {}, 'period'), el('dd', {}, job.period, job.covers === 'previous' ? ', a fire covers the previous' : ''),
-      el('dt', {}, 'next fire'), el('dd', {}, when(job.next_fire), ' ', job.next_key ? el('code', {}, job.next_key) : ''),
+      el('dt', {}, 'next fire'), el('dd', {}, when(job.next_fire, job.timezone), ' ', job.next_key ? el('code', {}, job.next_key) : ''),
       job.deadline ? [el('dt', {}, 'deadline'), el('dd', {}, job.deadline + ' after the fire')] : null,
       job.after.length ? [el('dt', {}, 'after'), el('dd', {}, job.after.map((a) => [el('a', { href: jobHref(a) }, a), ' ']),
         '(on an upstream rerun: ', job.on_upstream_rerun, ')')] : null,
@@ -419,6 +435,8 @@ async function periodView(name, label) {
   const upstream = (data.upstream || []).map((u) => el('tr', {},
     el('td', {}, el('a', { href: jobHref(u.job) }, u.job)), el('td', {}, u.done + ' of ' + u.needed),
     el('td', { class: 'mono' }, (u.missing || []).join(', '))));
+  const zone = data.timezone;
+  const newest = attempts.reduce((n, a) => Math.max(n, a.attempt), -1);
   const rows = attempts.slice().reverse().map((a) => [
     el('tr', { 'data-attempt': a.attempt },
       el('td', {}, a.attempt),
@@ -433,25 +451,26 @@ async function periodView(name, label) {
       el('td', { class: 'mono', title: a.definition || '' }, a.definition ? a.definition.slice(0, 12) : '\u2014'),
       el('td', { class: 'error' }, a.error || '')),
     el('tr', {}, el('td', { colspan: 9 },
-      el('details', { open: a === attempts[attempts.length - 1] },
-        el('summary', {}, 'output of attempt ' + a.attempt + (a.output ? '' : ' (none kept)')),
-        el('pre', { class: 'output', 'data-output': a.attempt }, a.output || '')))),
+      a.output
+        ? el('details', { open: a.attempt === newest },
+          el('summary', {}, 'output of attempt ' + a.attempt),
+          el('pre', { class: 'output', 'data-output': a.attempt }, a.output))
+        : el('span', { class: 'muted' }, 'no output kept for attempt ' + a.attempt))),
   ]);
+  const shown = (v) => (v === null || v === undefined ? '\u2014' : typeof v === 'object' ? JSON.stringify(v) : String(v));
   const notes = (data.notifications || []).map((n) => el('tr', {},
-    Object.entries(n).filter(([k]) => k !== 'period_key').map(([, v]) =>
-      el('td', {}, v === null ? '\u2014' : typeof v === 'object' ? JSON.stringify(v) : String(v)))));
-  const noteHead = data.notifications && data.notifications.length
-    ? el('tr', {}, Object.keys(data.notifications[0]).filter((k) => k !== 'period_key').map((k) => el('th', {}, k))) : null;
+    NOTIFICATION_COLUMNS.map(([k]) => el('td', {}, shown(n[k])))));
+  const noteHead = notes.length ? el('tr', {}, NOTIFICATION_COLUMNS.map(([, h]) => el('th', {}, h))) : null;
   return [
     el('p', {}, el('a', { href: jobHref(name) }, '\u2190 ' + name)),
     el('h1', {}, data.period_key),
     el('dl', { class: 'facts card' },
       el('dt', {}, 'state'), el('dd', { id: 'period-state' }, stateBadge(data.state), data.late ? el('span', { class: 'badge late' }, 'late') : null),
-      el('dt', {}, 'fire'), el('dd', {}, when(data.fire)),
+      el('dt', {}, 'fire'), el('dd', {}, when(data.fire, zone)),
       claim ? [el('dt', {}, 'attempt'), el('dd', {}, String(claim.attempt) + ' (' + claim.failures + ' failed)'),
         el('dt', {}, 'runner'), el('dd', { class: 'mono' }, claim.owner)] : null,
-      claim && claim.lease_until ? [el('dt', {}, 'lease until'), el('dd', {}, when(claim.lease_until))] : null,
-      claim && claim.retry_at ? [el('dt', {}, 'retry at'), el('dd', {}, when(claim.retry_at))] : null,
+      claim && claim.lease_until ? [el('dt', {}, 'lease until'), el('dd', {}, when(claim.lease_until, zone))] : null,
+      claim && claim.retry_at ? [el('dt', {}, 'retry at'), el('dd', {}, when(claim.retry_at, zone))] : null,
       data.waiting_for ? [el('dt', {}, 'waiting for'), el('dd', {}, data.waiting_for)] : null,
       data.stale ? [el('dt', {}, 'stale since'), el('dd', {}, data.stale.upstream + ' succeeded again at ' + data.stale.succeeded_at)] : null),
     actions,
