@@ -435,6 +435,19 @@ impl Job {
             .map_or(first_seen, |at| at.min(first_seen))
     }
 
+    /// From when the job owes its fires: as its first sighting recorded it
+    /// (`recorded`), else worked out from when it was first seen
+    /// ([`Job::owed_since`]), else, never seen, as a first sighting now
+    /// would have it.
+    pub fn owed_from(
+        &self,
+        first_seen: Option<DateTime<Utc>>,
+        recorded: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> DateTime<Utc> {
+        recorded.unwrap_or_else(|| self.owed_since(first_seen.unwrap_or(now)))
+    }
+
     /// Computes [`Job::definition`] from the rest.
     fn fingerprint(&self) -> Fingerprint {
         use sha2::Digest;

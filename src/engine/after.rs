@@ -220,10 +220,9 @@ pub async fn look(
     let owed: HashMap<String, DateTime<Utc>> = asked
         .iter()
         .filter_map(|(job, _)| {
-            Some((
-                job.name.clone(),
-                job.owed_since(*first_seen.get(&job.name)?),
-            ))
+            let seen = first_seen.get(&job.name)?;
+            let owed = job.owed_from(Some(seen.first_seen), seen.owed_from, now);
+            Some((job.name.clone(), owed))
         })
         .collect();
     // A previous period from before the first sighting that is noted

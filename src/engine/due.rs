@@ -47,6 +47,30 @@ pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
     }
 }
 
+/// From when `job` owes its fires, as its sighting `record` has it; a
+/// sighting that has not recorded it yet (the first one, or a row from
+/// before it was recorded) records it now, worked out from when the job
+/// was first seen under the job as it is defined now, so that no later
+/// change of its calendar, dates or jitter moves it. A failure to record
+/// it is logged: the next sighting records it.
+pub async fn owed_from(
+    store: &Store,
+    job: &Job,
+    record: &crate::store::JobRecord,
+) -> DateTime<Utc> {
+    if let Some(owed) = record.owed_from {
+        return owed;
+    }
+    let owed = job.owed_since(record.first_seen);
+    if let Err(e) = store.note_owed(&job.name, owed).await {
+        tracing::warn!(
+            job = job.name,
+            "cannot record from when the job owes its fires yet: {e}"
+        );
+    }
+    owed
+}
+
 /// The periods due for `job` at `now`, oldest first.
 ///
 /// Older periods are those whose fires lie in `[since, latest fire)`, kept
@@ -121,6 +145,8 @@ pub struct Sighting {
     /// When a `serve` or `run JOB` first saw the job; `None`: never (a
     /// first one now would see it).
     pub first_seen: Option<DateTime<Utc>>,
+    /// From when it owes its fires, as its first sighting recorded it.
+    pub owed_from: Option<DateTime<Utc>>,
     /// A gate noted the period waiting for its upstream periods (a
     /// backfill asked for it, or a scan found it): it runs once they are
     /// done, whenever it fired.
@@ -141,7 +167,7 @@ pub fn standing(
     now: DateTime<Utc>,
 ) -> Standing {
     let fire = job.timing().of(period);
-    let owed = job.owed_since(sighting.first_seen.unwrap_or(now));
+    let owed = job.owed_from(sighting.first_seen, sighting.owed_from, now);
     let window = TimeDelta::from_std(job.catch_up)
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
@@ -225,9 +251,9 @@ struct Open {
 type OpenFire = (DateTime<Utc>, DateTime<Utc>);
 
 impl OverdueCount {
-    /// The number of overdue periods of each of `jobs` (as [`overdue`]
-    /// has them), by job name. A count that fails half-way leaves the next
-    /// one to list every period again.
+    /// The number of overdue periods of each of `jobs` (as the overview,
+    /// [`super::overview::of_jobs`], has them), by job name. A count that
+    /// fails half-way leaves the next one to list every period again.
     pub async fn count(
         &mut self,
         store: &Store,
@@ -283,7 +309,7 @@ impl OverdueCount {
             let Some(seen) = first_seen.get(&job.name) else {
                 continue;
             };
-            let since = window.max(job.owed_since(*seen));
+            let since = window.max(job.owed_from(Some(seen.first_seen), seen.owed_from, now));
             let open = self.jobs.entry(job.name.clone()).or_insert_with(|| Open {
                 job: job.clone(),
                 upto: since,
@@ -445,7 +471,7 @@ async fn were_late_in(
         let Some(seen) = first_seen.get(&job.name) else {
             continue;
         };
-        let since = (*from).max(job.owed_since(*seen));
+        let since = (*from).max(job.owed_from(Some(seen.first_seen), seen.owed_from, *until));
         if *until < since {
             continue;
         }
@@ -843,6 +869,7 @@ mod tests {
                 .expect("a label");
             let sighting = Sighting {
                 first_seen: seen.map(at),
+                owed_from: None,
                 noted,
             };
             let got = standing(job, &period, row.as_ref(), sighting, upstream, at(now));
@@ -870,6 +897,7 @@ mod tests {
         };
         let seen = |s: &str| Sighting {
             first_seen: Some(at(s)),
+            owed_from: None,
             noted: false,
         };
         // 8 March 2026: 02:30 does not exist; the fire runs at 03:00 EDT

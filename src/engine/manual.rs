@@ -474,10 +474,15 @@ impl Backfill<'_> {
 
     /// The periods of `job` noted waiting whose upstream periods have all
     /// succeeded now (the runs before made them ready), oldest first;
-    /// `None` if there are none, or if this run cannot run the job (its
-    /// `${VAR}`s were not given: it names them and the command to run).
+    /// `None` if there are none, if the job is paused, or if this run
+    /// cannot run the job (its `${VAR}`s were not given: it names them and
+    /// the command to run).
     async fn made_ready(&self, job: &Job, now: DateTime<Utc>) -> Result<Option<Vec<Due>>, Error> {
         let store = self.engine.store();
+        // A paused job runs only by hand.
+        if store.paused_jobs().await?.contains(&job.name) {
+            return Ok(None);
+        }
         let noted = store
             .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
             .await?;
@@ -837,9 +842,9 @@ fn nothing_due(job: &Job, seen: &crate::store::JobRecord, now: DateTime<Utc>) ->
         Some(fire) => format!("its next fire is {} ({})", utc_text(fire.at), key_of(&fire)),
         None => "it has no fire to come (past its last active date)".to_owned(),
     };
-    let passed = timing
-        .latest(now)
-        .filter(|fire| seen.new && fire.at < job.owed_since(seen.first_seen));
+    let passed = timing.latest(now).filter(|fire| {
+        seen.new && fire.at < job.owed_from(Some(seen.first_seen), seen.owed_from, now)
+    });
     match passed {
         Some(fire) => {
             let key = key_of(&fire);
@@ -868,12 +873,13 @@ async fn sighting(
     if !dry_run {
         return Ok(store.see_jobs(name).await?.remove(&job.name));
     }
-    let first_seen = store.first_seen(name).await?.remove(&job.name);
+    let seen = store.first_seen(name).await?.remove(&job.name);
     let paused = store.paused_jobs().await?.contains(&job.name);
     Ok(Some(crate::store::JobRecord {
-        first_seen: first_seen.unwrap_or(now),
+        first_seen: seen.map_or(now, |s| s.first_seen),
+        owed_from: seen.and_then(|s| s.owed_from),
         paused,
-        new: first_seen.is_none(),
+        new: seen.is_none(),
     }))
 }
 
@@ -918,7 +924,12 @@ async fn plan<'a>(
             // the job owes since it was first seen, within the window; the
             // latest one too only if it is owed (a job first seen days after
             // its monthly fire does not run that month on its own).
-            let since = window.max(job.owed_since(seen.first_seen));
+            // Fixed at the first sighting; a dry run records nothing.
+            let owed = match request.dry_run {
+                true => job.owed_from(Some(seen.first_seen), seen.owed_from, now),
+                false => super::due::owed_from(store, job, &seen).await,
+            };
+            let since = window.max(owed);
             let mut listed = due(job, now, since, true);
             listed.retain(|d| d.fire >= since);
             // Failed periods whose retry is due, and claims whose lease ran
@@ -965,7 +976,7 @@ async fn plan<'a>(
             if listed.is_empty() {
                 sink.nothing_due(&job.name, &nothing_due(job, &seen, now));
             } else if seen.new && !request.dry_run {
-                super::due::log_first_sighting(job, seen.first_seen);
+                super::due::log_first_sighting(job, owed);
             }
             Periods::Listed(listed.into_iter())
         };

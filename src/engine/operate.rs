@@ -115,12 +115,17 @@ pub async fn adopt(
             // From the first fire the job owes (docs/commands.md, "One period, one meaning"): what a first
             // run would take, for a job not seen yet.
             let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
-            let seen = seen.get(&job.name).copied().unwrap_or(now).min(now);
+            let seen = seen.get(&job.name);
             let window = chrono::TimeDelta::from_std(job.catch_up)
                 .ok()
                 .and_then(|w| now.checked_sub_signed(w))
                 .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-            let owed = window.max(job.owed_since(seen));
+            let owed = job.owed_from(
+                seen.map(|s| s.first_seen),
+                seen.and_then(|s| s.owed_from),
+                now,
+            );
+            let owed = window.max(owed.min(now));
             let first = job
                 .timing()
                 .next(owed - chrono::TimeDelta::nanoseconds(1))

@@ -92,8 +92,13 @@ pub async fn of_jobs<'a>(
     let first_seen = store.first_seen(&names).await?;
     let mut listed: Vec<Vec<Period>> = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let seen = first_seen.get(&job.name).copied().unwrap_or(now);
-        let mut periods: Vec<Period> = owed(job, seen, now).into_iter().map(|d| d.period).collect();
+        let seen = first_seen.get(&job.name);
+        let from = job.owed_from(
+            seen.map(|s| s.first_seen),
+            seen.and_then(|s| s.owed_from),
+            now,
+        );
+        let mut periods: Vec<Period> = owed(job, from, now).into_iter().map(|d| d.period).collect();
         if job.after.any() {
             let noted = store
                 .waiting_periods(std::slice::from_ref(&job.name), NOTED_LOOKED_AT)
@@ -117,7 +122,7 @@ pub async fn of_jobs<'a>(
         // A paused job skips its fires by design: none is overdue or late.
         let paused = paused.contains(&job.name);
         let rows = store.recent(&job.name, recent).await?;
-        let seen = first_seen.get(&job.name).copied();
+        let seen = first_seen.get(&job.name).map(|s| s.first_seen);
         let mut overview = JobOverview {
             job,
             paused,
@@ -174,11 +179,11 @@ fn window_start(job: &Job, now: DateTime<Utc>) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
-/// The periods `job`, first seen at `seen`, owes within `catch_up` at
-/// `now` (as `missed` keeps them): what a wake-up, a scan or `run JOB`
+/// The periods `job`, owing its fires from `from`, owes within `catch_up`
+/// at `now` (as `missed` keeps them): what a wake-up, a scan or `run JOB`
 /// takes if nothing ran them.
-fn owed(job: &Job, seen: DateTime<Utc>, now: DateTime<Utc>) -> Vec<super::due::Due> {
-    let since = window_start(job, now).max(job.owed_since(seen));
+fn owed(job: &Job, from: DateTime<Utc>, now: DateTime<Utc>) -> Vec<super::due::Due> {
+    let since = window_start(job, now).max(from);
     super::due::due(job, now, since, true)
         .into_iter()
         .filter(|d| d.fire >= since)

@@ -142,9 +142,10 @@ pub async fn of_jobs(
             .zip(upstream)
             .map(|(((job, period), key), upstream)| {
                 let row = rows.remove(key.as_str());
-                let seen = first_seen.get(&job.name).copied();
+                let seen = first_seen.get(&job.name);
                 let sighting = super::due::Sighting {
-                    first_seen: seen,
+                    first_seen: seen.map(|s| s.first_seen),
+                    owed_from: seen.and_then(|s| s.owed_from),
                     noted: noted.contains(key.as_str()),
                 };
                 let standing =

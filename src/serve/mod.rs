@@ -104,10 +104,10 @@ pub struct Service {
     /// Paused jobs, with the instant from which their fires were skipped
     /// here: caught up from there when they are resumed.
     paused: HashMap<String, DateTime<Utc>>,
-    /// When each job was first seen, as the database answered: its fires
-    /// are owed from [`Job::owed_since`] that instant, whatever finds them
-    /// (the timer resumed by a reload, a catch-up, a resume).
-    first_seen: HashMap<String, DateTime<Utc>>,
+    /// From when each job owes its fires, as its first sighting fixed it
+    /// ([`crate::engine::due::owed_from`]), whatever finds them (the timer
+    /// resumed by a reload, a catch-up, a resume).
+    owed: HashMap<String, DateTime<Utc>>,
     timer: Timer,
     /// Every fire up to this instant has been dispatched: a timer built
     /// anew (a reload) goes on from here for the jobs it had, so a fire that
@@ -210,7 +210,7 @@ impl Service {
             by_name: Index::new(&jobs),
             jobs,
             paused: HashMap::new(),
-            first_seen: HashMap::new(),
+            owed: HashMap::new(),
             engine,
             waiting: BTreeMap::new(),
             backlog: VecDeque::new(),
@@ -445,23 +445,22 @@ impl Service {
     /// catch-up window and not before the job was first seen.
     async fn catch_up(&mut self) -> Result<(), Error> {
         let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
-        let store = self.engine.store();
+        let store = self.engine.store().clone();
         let records = store.see_jobs(&names).await?;
         let last_fires = store.last_fires(&names).await?;
         let now = self.clock.now();
         let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        self.first_seen = records
-            .iter()
-            .map(|(name, r)| (name.clone(), r.first_seen))
-            .collect();
+        self.owed.clear();
         for job in self.jobs.clone() {
             let Some(record) = records.get(&job.name) else {
                 continue;
             };
+            let owed = crate::engine::due::owed_from(&store, &job, record).await;
+            self.owed.insert(job.name.clone(), owed);
             if record.new {
-                crate::engine::due::log_first_sighting(&job, record.first_seen);
+                crate::engine::due::log_first_sighting(&job, owed);
             }
-            let mut since = window.max(job.owed_since(record.first_seen));
+            let mut since = window.max(owed);
             if let Some(last) = last_fires.get(&job.name) {
                 since = since.max(*last + TimeDelta::nanoseconds(1));
             }
@@ -502,13 +501,11 @@ impl Service {
         }
     }
 
-    /// The instant from which `job`'s fires are owed ([`Job::owed_since`]);
-    /// `None` for a job whose first sighting is not known here yet (the
-    /// database did not answer the reload that brought it).
+    /// The instant from which `job`'s fires are owed; `None` for a job
+    /// whose first sighting is not known here yet (the database did not
+    /// answer the reload that brought it).
     fn owed_since(&self, job: &Job) -> Option<DateTime<Utc>> {
-        self.first_seen
-            .get(&job.name)
-            .map(|seen| job.owed_since(*seen))
+        self.owed.get(&job.name).copied()
     }
 
     /// Follows the pauses in the database (a scan) or the API's: a newly
@@ -962,20 +959,23 @@ impl Service {
         // A job this reload shows the database for the first time owes its
         // latest fire within catch_up, as at a start (docs/commands.md, "serve").
         let mut first_sighted = Vec::new();
-        match self.engine.store().see_jobs(&names).await {
+        let store = self.engine.store().clone();
+        match store.see_jobs(&names).await {
             Ok(records) => {
+                self.owed.clear();
                 for job in &jobs {
-                    if let Some(record) = records.get(&job.name).filter(|r| r.new) {
-                        crate::engine::due::log_first_sighting(job, record.first_seen);
+                    let Some(record) = records.get(&job.name) else {
+                        continue;
+                    };
+                    let owed = crate::engine::due::owed_from(&store, job, record).await;
+                    self.owed.insert(job.name.clone(), owed);
+                    if record.new {
+                        crate::engine::due::log_first_sighting(job, owed);
                         if !record.paused {
                             first_sighted.push(job.clone());
                         }
                     }
                 }
-                self.first_seen = records
-                    .into_iter()
-                    .map(|(name, r)| (name, r.first_seen))
-                    .collect();
             }
             Err(e) => tracing::warn!("reload: cannot record new jobs yet: {e}"),
         }
@@ -1447,7 +1447,11 @@ mod tests {
         let (_down, shutdown) = watch::channel(false);
         let mut service =
             Service::on(path.into(), config, engine, shutdown).with_clock(clock.clone());
-        service.first_seen.insert("k".into(), seen);
+        // Seen on a holiday: its latest fire (Friday's) is older than
+        // catch_up, so it owes its fires from the sighting, fixed there.
+        let owed = service.jobs[0].owed_since(seen);
+        assert_eq!(owed, seen);
+        service.owed.insert("k".into(), owed);
         clock.advance(TimeDelta::seconds(5));
         service.fire();
         assert!(service.pending.is_empty(), "a holiday fired");
@@ -1456,14 +1460,20 @@ mod tests {
         service.replace_jobs(shared(reloaded.jobs));
         clock.advance(TimeDelta::seconds(1));
         service.fire();
-        let fired: Vec<String> = service
-            .pending
-            .drain(..)
-            .map(|(job, due)| format!("{}:{}", job.name, due.period.label))
-            .collect();
-        // 16:15 is the latest fire within catch_up of the sighting: owed,
-        // as a first `run k` at 16:17 would have taken it. Nothing older.
-        assert_eq!(fired, ["k:2027-01-04T16:15:00Z"]);
+        let fired = |service: &mut Service| -> Vec<String> {
+            service
+                .pending
+                .drain(..)
+                .map(|(job, due)| format!("{}:{}", job.name, due.period.label))
+                .collect()
+        };
+        // The day's fires before the sighting, 16:15 included, were not
+        // fires when it was seen: none runs.
+        assert_eq!(fired(&mut service), Vec::<String>::new());
+        // The next one does, at its time.
+        clock.advance(TimeDelta::minutes(3));
+        service.fire();
+        assert_eq!(fired(&mut service), ["k:2027-01-04T16:20:00Z"]);
     }
 
     #[tokio::test]

@@ -327,10 +327,22 @@ pub struct Reclaimable {
 pub struct JobRecord {
     /// When a `run` or `serve` first saw it.
     pub first_seen: DateTime<Utc>,
+    /// From when it owes its fires, as its first sighting fixed it
+    /// ([`Store::note_owed`]); `None` where no sighting recorded it yet.
+    pub owed_from: Option<DateTime<Utc>>,
     /// Seen for the first time by the call that returned this.
     pub new: bool,
     /// Paused for every replica.
     pub paused: bool,
+}
+
+/// A job's first sighting as the database holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sighted {
+    /// When a `run` or `serve` first saw it.
+    pub first_seen: DateTime<Utc>,
+    /// From when it owes its fires, where its first sighting recorded it.
+    pub owed_from: Option<DateTime<Utc>>,
 }
 
 /// The database, SQLite or PostgreSQL.
@@ -644,12 +656,19 @@ impl Store {
         bounded!(self.adopt(job, periods, by))
     }
 
-    /// When each of `jobs` was first seen, for those seen at all; reads only.
-    pub async fn first_seen(
-        &self,
-        jobs: &[String],
-    ) -> Result<HashMap<String, DateTime<Utc>>, Error> {
+    /// When each of `jobs` was first seen, and from when it owes its
+    /// fires where that is recorded, for those a `serve` or `run JOB` has
+    /// seen (one only `pause` named is not); reads only.
+    pub async fn first_seen(&self, jobs: &[String]) -> Result<HashMap<String, Sighted>, Error> {
         bounded!(self.first_seen(jobs))
+    }
+
+    /// Records, for `job` seen for the first time, from when it owes its
+    /// fires, unless a sighting recorded it already: fixed there, so that a
+    /// later change of the job's calendar, dates or jitter never makes a
+    /// fire from before the sighting owed.
+    pub async fn note_owed(&self, job: &str, owed_from: DateTime<Utc>) -> Result<(), Error> {
+        bounded!(self.note_owed(job, owed_from))
     }
 
     /// The jobs paused for every replica.

@@ -14,7 +14,7 @@ use sqlx::{Connection, Row};
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
     ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql,
-    JobRecord, Lease, Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
+    JobRecord, Lease, Param, Reclaimable, Released, Sighted, SqlLimits, Trigger, claim_state,
 };
 use crate::handler::Transaction;
 use crate::period::{Period, PeriodKey};
@@ -629,7 +629,7 @@ impl PgStore {
              SELECT name, now() FROM unnest($1::text[]) AS name
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = LEAST(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, paused, first_seen = now() AS new",
+             RETURNING name, first_seen, owed_from, paused, first_seen = now() AS new",
         )
         .bind(jobs)
         .fetch_all(&self.pool)
@@ -638,6 +638,7 @@ impl PgStore {
             .map(|row| {
                 let record = JobRecord {
                     first_seen: row.try_get("first_seen")?,
+                    owed_from: row.try_get("owed_from")?,
                     paused: row.try_get("paused")?,
                     new: row.try_get("new")?,
                 };
@@ -661,6 +662,13 @@ impl PgStore {
         let ends: Vec<DateTime<Utc>> = periods.iter().map(|(p, _)| p.end).collect();
         let fires: Vec<DateTime<Utc>> = periods.iter().map(|(_, f)| *f).collect();
         let mut tx = self.pool.begin().await?;
+        // The job's claim lock, as every claim of it takes: a claim that
+        // read no row before this commits waits for it and then finds the
+        // period done, rather than take the row at attempt 0 for its own.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('scheduler_claims:' || $1, 0))")
+            .bind(job)
+            .execute(&mut *tx)
+            .await?;
         // Inserted as running and then settled, so that what a success
         // wakes (periods waiting for it) wakes; every row or none.
         let inserted: Vec<String> = sqlx::query_scalar(&format!(
@@ -713,13 +721,41 @@ impl PgStore {
     pub(super) async fn first_seen(
         &self,
         jobs: &[String],
-    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
-        let rows: Vec<(String, DateTime<Utc>)> =
-            sqlx::query_as("SELECT name, first_seen FROM scheduler_jobs WHERE name = ANY($1)")
-                .bind(jobs)
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows.into_iter().collect())
+    ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
+        let rows: Vec<(String, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT name, first_seen, owed_from FROM scheduler_jobs
+              WHERE name = ANY($1) AND first_seen < '9999-12-31T00:00:00Z'",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, first_seen, owed_from)| {
+                (
+                    name,
+                    Sighted {
+                        first_seen,
+                        owed_from,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    pub(super) async fn note_owed(
+        &self,
+        job: &str,
+        owed_from: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE scheduler_jobs SET owed_from = $2 WHERE name = $1 AND owed_from IS NULL",
+        )
+        .bind(job)
+        .bind(owed_from)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     pub(super) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {

@@ -19,7 +19,7 @@ use sqlx::{Row, Sqlite, Transaction};
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
     ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql,
-    JobRecord, Lease, Param, Reclaimable, Released, SqlLimits, Trigger, claim_state,
+    JobRecord, Lease, Param, Reclaimable, Released, Sighted, SqlLimits, Trigger, claim_state,
 };
 use crate::handler;
 use crate::period::{Period, PeriodKey};
@@ -390,7 +390,7 @@ impl SqliteStore {
              SELECT value, ?2 FROM json_each(?1) WHERE true
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = min(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, paused",
+             RETURNING name, first_seen, owed_from, paused",
         )
         .bind(names)
         .bind(now)
@@ -402,6 +402,7 @@ impl SqliteStore {
                 let first_seen: i64 = row.try_get("first_seen")?;
                 let record = JobRecord {
                     first_seen: time(first_seen),
+                    owed_from: opt_time(row, "owed_from")?,
                     paused: row.try_get("paused")?,
                     new: first_seen == now,
                 };
@@ -472,19 +473,41 @@ impl SqliteStore {
     pub(super) async fn first_seen(
         &self,
         jobs: &[String],
-    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+    ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
         let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT name, first_seen FROM scheduler_jobs
-              WHERE name IN (SELECT value FROM json_each(?1))",
-        )
+        let rows: Vec<(String, i64, Option<i64>)> = sqlx::query_as(&format!(
+            "SELECT name, first_seen, owed_from FROM scheduler_jobs
+              WHERE name IN (SELECT value FROM json_each(?1)) AND first_seen < {NOT_SEEN}"
+        ))
         .bind(names)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(name, at)| (name, time(at)))
+            .map(|(name, at, owed)| {
+                let seen = Sighted {
+                    first_seen: time(at),
+                    owed_from: owed.map(time),
+                };
+                (name, seen)
+            })
             .collect())
+    }
+
+    pub(super) async fn note_owed(
+        &self,
+        job: &str,
+        owed_from: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "UPDATE scheduler_jobs SET owed_from = ?2 WHERE name = ?1 AND owed_from IS NULL",
+        )
+        .bind(job)
+        .bind(ms(owed_from))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
     }
 
     pub(super) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {

@@ -815,13 +815,12 @@ fn status_counts_nothing_overdue_from_before_a_job_was_first_seen() {
     assert_eq!(ws.run(&["--database-url", url, "migrate"]).code(), 0);
     let never_run = ws.run(&["--database-url", url, "status", "--json"]);
     let value: serde_json::Value = serde_json::from_str(never_run.stdout().trim()).unwrap();
-    // Never seen: `serve` would start it at its next fire, so nothing is
-    // overdue yet (`run tick` would still take the latest period).
-    assert_eq!(
-        value["overdue"].as_array().unwrap().len(),
-        0,
-        "a period from before the job was first seen: {value}"
-    );
+    // Never seen: a first `serve` or `run tick` now would take its latest
+    // minute, and nothing older: that one is overdue, and `first_run`
+    // names it.
+    let overdue = value["overdue"].as_array().unwrap();
+    assert_eq!(overdue.len(), 1, "{value}");
+    assert_eq!(value["first_run"], value["overdue"], "{value}");
     assert_eq!(ws.run(&["--database-url", url, "run", "tick"]).code(), 0);
     let status = ws.run(&["--database-url", url, "status", "--json"]);
     let value: serde_json::Value = serde_json::from_str(status.stdout().trim()).unwrap();

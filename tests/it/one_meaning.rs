@@ -567,3 +567,142 @@ fn every_view_says_the_same_of_every_period() {
         let _ = slow.wait();
     }
 }
+
+/// `adopt` racing a run of the same period on one database: exactly one
+/// of them wins, never both (the adversarial review saw an adopted period
+/// run too, 7 of 30 times on PostgreSQL: the claim took the attempt-0 row
+/// the adoption had just written).
+#[test]
+fn adopt_racing_a_run_of_the_same_period_lets_exactly_one_win() {
+    for db in databases() {
+        let ws = Workspace::new(
+            "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\n\
+             shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n",
+        );
+        ok(&ws, &db, &["migrate"]);
+        let base = chrono::Utc::now() - TimeDelta::hours(1);
+        let second = |at: DateTime<Utc>| {
+            scheduler::period::utc_text(
+                at - TimeDelta::nanoseconds(i64::from(at.timestamp_subsec_nanos())),
+            )
+        };
+        // The labels are periods of the job: adopted alone, one is.
+        let alone = second(base - TimeDelta::minutes(1));
+        let adopted = ok(
+            &ws,
+            &db,
+            &["adopt", "tick", "--from", &alone, "--to", &alone],
+        );
+        assert!(adopted.contains("adopted"), "{adopted}");
+        for trial in 0..12 {
+            let label = second(base + TimeDelta::seconds(trial));
+            let spawn = |args: &[&str]| {
+                ws.command(&[&["--database-url", db.url.as_str()], args].concat())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn")
+            };
+            let adopt = spawn(&["adopt", "tick", "--from", &label, "--to", &label]);
+            let run = spawn(&["run", "tick", "--period", &label]);
+            crate::support::wait(adopt, BOUND);
+            crate::support::wait(run, BOUND);
+            let attempts = crate::support::count(
+                &db.url,
+                &format!(
+                    "SELECT count(*) FROM scheduler_attempts WHERE period_key = 'tick:{label}'"
+                ),
+            );
+            assert_eq!(
+                attempts, 1,
+                "trial {trial}, {label}: adopted and run ({})",
+                db.url
+            );
+        }
+    }
+}
+
+/// A job first seen while a calendar made its day a holiday owes nothing
+/// from before that sighting, and a reload that gives the day back does
+/// not change that: the day's fire before the sighting does not run, and
+/// every view agrees (the adversarial review saw it run at once).
+#[test]
+fn a_reload_that_gives_a_day_back_never_runs_a_fire_from_before_first_sight() {
+    for db in databases() {
+        let today = chrono::Utc::now().date_naive();
+        let days = |holidays: &str| {
+            format!(
+                "[scheduler]\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n\
+                 [[calendar]]\nname = \"c\"\nworking_days = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \"sat\", \"sun\"]\n\
+                 holidays = [{holidays}]\n\n\
+                 [[job]]\nname = \"hol\"\nschedule = \"0 * * * *\"\nperiod = \"hour\"\ncalendar = \"c\"\n\
+                 shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n"
+            )
+        };
+        let off = format!("\"{}\", \"{}\"", today - chrono::Days::new(1), today);
+        let ws = Workspace::new(&days(&off));
+        let replica = serve(&ws, &db.url);
+        eventually("the first sighting", BOUND, || {
+            std::fs::read_to_string(ws.path().join("serve.log"))
+                .is_ok_and(|log| log.contains("first seen"))
+        });
+        std::fs::write(ws.path().join("jobs.toml"), days("")).expect("jobs.toml");
+        crate::serve::signal(&replica, nix::sys::signal::Signal::SIGHUP);
+        eventually("the reload", BOUND, || {
+            std::fs::read_to_string(ws.path().join("serve.log"))
+                .is_ok_and(|log| log.contains("reloaded"))
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(stop(replica), 0);
+        assert_eq!(runs(&ws), Vec::<String>::new(), "{}", db.url);
+        // The hour that fired before the sighting is nobody's, as `status`
+        // and `run --dry-run` see it too.
+        let hour = (chrono::Utc::now() - TimeDelta::minutes(1))
+            .format("%Y-%m-%dT%H")
+            .to_string();
+        let range = ok(
+            &ws,
+            &db,
+            &["status", "hol", "--from", &hour, "--to", &hour, "--json"],
+        );
+        let view: Value = serde_json::from_str(range.trim()).expect("one period");
+        assert_eq!(view["state"], "before first seen", "{view}");
+        let dry = ok(&ws, &db, &["run", "hol", "--dry-run"]);
+        assert!(!dry.contains("would claim"), "{dry}");
+    }
+}
+
+/// The run of an upstream job does not run a downstream job that is
+/// paused: a paused job runs only by hand (adversarial review).
+#[test]
+fn an_upstream_run_leaves_a_paused_downstream_job_alone() {
+    for db in databases() {
+        let ws = Workspace::new(DAILY_AND_MONTHLY);
+        ok(
+            &ws,
+            &db,
+            &[
+                "run",
+                "ingest",
+                "--from",
+                "2026-11-01",
+                "--to",
+                "2026-11-29",
+            ],
+        );
+        assert_eq!(
+            said(&ws, &db, &["run", "report", "--period", "2026-11"]).code(),
+            1
+        );
+        ok(&ws, &db, &["pause", "report"]);
+        let out = ok(&ws, &db, &["run", "ingest", "--period", "2026-11-30"]);
+        assert!(!out.contains("report:2026-11"), "{out}");
+        assert!(
+            runs(&ws).iter().all(|l| !l.starts_with("report")),
+            "{}",
+            db.url
+        );
+        let status = ok(&ws, &db, &["status", "report"]);
+        assert!(status.contains("ready (1):\n  report:2026-11"), "{status}");
+    }
+}
