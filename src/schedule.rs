@@ -358,8 +358,13 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
 ///   odd-numbered Saturdays only; with both fields restricted otherwise,
 ///   either matches, as in every cron;
 /// - a `*` inside a list (`*,15`) stands for the whole field, written as
-///   its range (croner refuses a bare `*` among other values).
+///   its range (croner refuses a bare `*` among other values);
+/// - `@midnight` is `@daily`.
 fn as_vixie_reads(pattern: &str) -> String {
+    // Vixie cron's other name for `@daily`, which croner lacks.
+    if pattern.eq_ignore_ascii_case("@midnight") {
+        return "@daily".to_owned();
+    }
     const RANGES: [&str; 6] = ["0-59", "0-59", "0-23", "1-31", "1-12", "0-6"];
     let fields: Vec<&str> = pattern.split_whitespace().collect();
     let ranges = match fields.len() {
@@ -396,6 +401,30 @@ fn pattern_field(pattern: &str, i: usize) -> &str {
 /// 0–23`), which croner reports only as "Number out of bounds".
 fn check_fields(pattern: &str) -> Result<(), CronPatternError> {
     if pattern.starts_with('@') {
+        const ALIASES: [&str; 7] = [
+            "@yearly",
+            "@annually",
+            "@monthly",
+            "@weekly",
+            "@daily",
+            "@midnight",
+            "@hourly",
+        ];
+        let alias = pattern.to_ascii_lowercase();
+        if alias == "@reboot" {
+            return Err(CronPatternError(format!(
+                "`{pattern}` is not a schedule here: a job runs for a period of time, not at a start; run it from the service's start-up, or give a schedule such as @hourly or `0 2 * * *`"
+            )));
+        }
+        if !ALIASES.contains(&alias.as_str()) {
+            let hint = crate::suggest::nearest(&alias, ALIASES.iter().copied())
+                .map(|n| format!("; did you mean `{n}`?"))
+                .unwrap_or_default();
+            return Err(CronPatternError(format!(
+                "`{pattern}` is not a cron alias (expected one of {}){hint}",
+                ALIASES.join(", ")
+            )));
+        }
         return Ok(());
     }
     const FIELDS: [(&str, u32, u32); 6] = [
@@ -564,11 +593,25 @@ mod tests {
             "*/5 * * * *",
             "30 */5 * * * *",
             "@daily",
+            "@annually",
+            "@MIDNIGHT",
             "0 0 L * *",
             "0 9 * * 1#2",
         ] {
             Schedule::parse(p, Tz::UTC, DstRule::default()).unwrap();
         }
+    }
+
+    #[test]
+    fn an_alias_cron_does_not_know_here_says_what_to_write() {
+        let err = Schedule::parse("@reboot", Tz::UTC, DstRule::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("a job runs for a period of time"),
+            "{err}"
+        );
+        let err = Schedule::parse("@dayly", Tz::UTC, DstRule::default()).unwrap_err();
+        assert!(err.to_string().contains("did you mean `@daily`?"), "{err}");
+        assert!(!err.to_string().contains("years are disallowed"), "{err}");
     }
 
     #[test]
