@@ -886,45 +886,37 @@ mod tests {
     /// where it runs.
     #[test]
     fn a_shifted_or_moved_fire_is_owed_from_where_it_runs() {
+        let none = super::super::after::Upstream::default();
+        // The state of `label` of `job`, first seen at `seen`, at `now`.
+        let state = |job: &Job, label: &str, seen: &str, now: &str| {
+            let period = job
+                .period
+                .parse_label(&job.schedule, label)
+                .expect("a label");
+            let sighting = Sighting {
+                first_seen: Some(at(seen)),
+                owed_from: None,
+                noted: false,
+            };
+            standing(job, &period, None, sighting, &none, at(now)).state
+        };
         let dst = &jobs(
             "[[job]]\nname = \"x\"\nschedule = \"30 2 * * *\"\ntimezone = \"America/New_York\"\nperiod = \"day\"\ncommand = [\"true\"]\n",
         )[0];
-        let none = super::super::after::Upstream::default();
-        let day = |job: &Job, label: &str| {
-            job.period
-                .parse_label(&job.schedule, label)
-                .expect("a label")
-        };
-        let seen = |s: &str| Sighting {
-            first_seen: Some(at(s)),
-            owed_from: None,
-            noted: false,
-        };
         // 8 March 2026: 02:30 does not exist; the fire runs at 03:00 EDT
-        // (07:00Z). Seen half an hour later: owed.
-        let got = standing(
-            dst,
-            &day(dst, "2026-03-08"),
-            None,
-            seen("2026-03-08T07:30:00Z"),
-            &none,
-            at("2026-03-08T08:00:00Z"),
-        );
-        assert_eq!(got.state, PeriodState::Due);
+        // (07:00Z). Seen half an hour later: owed. Seen the next morning
+        // after its own fire: the 8th is history.
         assert_eq!(
             dst.owed_since(at("2026-03-08T07:30:00Z")),
             at("2026-03-08T07:00:00Z")
         );
-        // Seen the next morning after its own fire: the 8th is history.
-        let got = standing(
-            dst,
-            &day(dst, "2026-03-08"),
-            None,
-            seen("2026-03-09T07:00:00Z"),
-            &none,
-            at("2026-03-09T08:00:00Z"),
+        let (seen, now) = ("2026-03-08T07:30:00Z", "2026-03-08T08:00:00Z");
+        assert_eq!(state(dst, "2026-03-08", seen, now), PeriodState::Due);
+        let (seen, now) = ("2026-03-09T07:00:00Z", "2026-03-09T08:00:00Z");
+        assert_eq!(
+            state(dst, "2026-03-08", seen, now),
+            PeriodState::BeforeFirstSeen
         );
-        assert_eq!(got.state, PeriodState::BeforeFirstSeen);
 
         let moved = &jobs(
             "[[calendar]]\nname = \"business\"\n\n[[job]]\nname = \"x\"\nschedule = \"0 9 * * *\"\nperiod = \"day\"\n\
@@ -932,34 +924,17 @@ mod tests {
         )[0];
         // Seen on Sunday 3 January 2027: Saturday's fire runs on Monday
         // at 09:00, after the sighting, so it is owed; Friday's is not.
-        let sunday = seen("2027-01-03T12:00:00Z");
-        let got = standing(
-            moved,
-            &day(moved, "2027-01-02"),
-            None,
-            sunday,
-            &none,
-            at("2027-01-03T13:00:00Z"),
+        let sunday = "2027-01-03T12:00:00Z";
+        let (sunday_later, monday) = ("2027-01-03T13:00:00Z", "2027-01-04T10:00:00Z");
+        assert_eq!(
+            state(moved, "2027-01-02", sunday, sunday_later),
+            PeriodState::NotDue
         );
-        assert_eq!(got.state, PeriodState::NotDue);
-        let got = standing(
-            moved,
-            &day(moved, "2027-01-02"),
-            None,
-            sunday,
-            &none,
-            at("2027-01-04T10:00:00Z"),
+        assert_eq!(state(moved, "2027-01-02", sunday, monday), PeriodState::Due);
+        assert_eq!(
+            state(moved, "2027-01-01", sunday, monday),
+            PeriodState::BeforeFirstSeen
         );
-        assert_eq!(got.state, PeriodState::Due);
-        let got = standing(
-            moved,
-            &day(moved, "2027-01-01"),
-            None,
-            sunday,
-            &none,
-            at("2027-01-04T10:00:00Z"),
-        );
-        assert_eq!(got.state, PeriodState::BeforeFirstSeen);
     }
 
     /// The gauge's count, kept from one count to the next, agrees with a

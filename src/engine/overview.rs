@@ -80,7 +80,8 @@ impl JobOverview<'_> {
 /// ([`view::of_jobs`]), the same that `status --from/--to` and the grid
 /// show: the periods a job owes within `catch_up` (those a first run
 /// would take, for a job never seen) and the ones a gate noted waiting,
-/// read for every job together, then each job's claims.
+/// [`view::VIEWS_PER_READ`] at a time across jobs, keeping only the keys
+/// each list needs; then each job's claims.
 pub async fn of_jobs<'a>(
     store: &Store,
     jobs: &[&'a Job],
@@ -90,43 +91,14 @@ pub async fn of_jobs<'a>(
     let paused = store.paused_jobs().await?;
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
     let first_seen = store.first_seen(&names).await?;
-    let mut listed: Vec<Vec<Period>> = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let seen = first_seen.get(&job.name);
-        let from = job.owed_from(
-            seen.map(|s| s.first_seen),
-            seen.and_then(|s| s.owed_from),
-            now,
-        );
-        let mut periods: Vec<Period> = owed(job, from, now).into_iter().map(|d| d.period).collect();
-        if job.after.any() {
-            let noted = store
-                .waiting_periods(std::slice::from_ref(&job.name), NOTED_LOOKED_AT)
-                .await?;
-            for w in noted {
-                if !periods.iter().any(|p| p.label == w.period.label) {
-                    periods.push(w.period);
-                }
-            }
-        }
-        listed.push(periods);
-    }
-    let asked: Vec<(&Job, &[Period])> = jobs
-        .iter()
-        .zip(&listed)
-        .map(|(job, periods)| (*job, periods.as_slice()))
-        .collect();
-    let views = view::of_jobs(store, &asked, now).await?;
     let mut all = Vec::with_capacity(jobs.len());
-    for (job, views) in jobs.iter().copied().zip(views) {
-        // A paused job skips its fires by design: none is overdue or late.
+    for job in jobs.iter().copied() {
         let paused = paused.contains(&job.name);
         let rows = store.recent(&job.name, recent).await?;
-        let seen = first_seen.get(&job.name).map(|s| s.first_seen);
-        let mut overview = JobOverview {
+        all.push(JobOverview {
             job,
             paused,
-            first_seen: seen,
+            first_seen: first_seen.get(&job.name).map(|s| s.first_seen),
             next: (!paused).then(|| next(job, now)).flatten(),
             stale: stale(store, job, &rows, now).await?,
             recent: rows,
@@ -135,8 +107,76 @@ pub async fn of_jobs<'a>(
             waiting: Vec::new(),
             ready: Vec::new(),
             first_run: None,
-        };
-        let window = window_start(job, now);
+        });
+    }
+    // The periods to classify, a statement's worth at a time: a day of an
+    // every-minute job's periods is never all held.
+    let mut batch: Vec<(usize, Period)> = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let seen = first_seen.get(&job.name);
+        let from = job.owed_from(
+            seen.map(|s| s.first_seen),
+            seen.and_then(|s| s.owed_from),
+            now,
+        );
+        let mut labels = std::collections::HashSet::new();
+        for due in owed(job, from, now) {
+            labels.insert(due.period.label.clone());
+            batch.push((i, due.period));
+            if batch.len() >= view::VIEWS_PER_READ {
+                classify(store, &mut all, &mut batch, now).await?;
+            }
+        }
+        if job.after.any() {
+            let noted = store
+                .waiting_periods(std::slice::from_ref(&job.name), NOTED_LOOKED_AT)
+                .await?;
+            for w in noted
+                .into_iter()
+                .filter(|w| !labels.contains(&w.period.label))
+            {
+                batch.push((i, w.period));
+            }
+        }
+    }
+    classify(store, &mut all, &mut batch, now).await?;
+    for overview in all.iter_mut().filter(|o| o.first_seen.is_none()) {
+        // What a first `serve` or `run JOB` would take now: what it owes,
+        // and what waited and is ready.
+        let mut first: Vec<String> = overview.overdue.clone();
+        first.extend(overview.ready.iter().cloned());
+        overview.first_run = Some(first);
+    }
+    Ok(all)
+}
+
+/// Classifies the periods of `batch` (each with the index of its job in
+/// `all`) by the one rule into their jobs' lists, emptying it.
+async fn classify(
+    store: &Store,
+    all: &mut [JobOverview<'_>],
+    batch: &mut Vec<(usize, Period)>,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    // Consecutive periods of one job go together.
+    let mut asked: Vec<(usize, Vec<Period>)> = Vec::new();
+    for (i, period) in batch.drain(..) {
+        match asked.last_mut() {
+            Some((j, periods)) if *j == i => periods.push(period),
+            _ => asked.push((i, vec![period])),
+        }
+    }
+    let pairs: Vec<(&Job, &[Period])> = asked
+        .iter()
+        .map(|(i, periods)| (all[*i].job, periods.as_slice()))
+        .collect();
+    let views = view::of_jobs(store, &pairs, now).await?;
+    for ((i, _), views) in asked.iter().zip(views) {
+        let overview = &mut all[*i];
+        let window = window_start(overview.job, now);
         for v in views {
             let key = v.key.to_string();
             let in_window = v.fire.is_some_and(|f| f >= window);
@@ -145,30 +185,24 @@ pub async fn of_jobs<'a>(
                     overview.waiting.push((key.clone(), v.upstream.to_string()))
                 }
                 PeriodState::Ready => overview.ready.push(key.clone()),
+                // A paused job skips its fires by design: none is overdue
+                // or late.
                 PeriodState::Due
                 | PeriodState::Failed
                 | PeriodState::Released
                 | PeriodState::LeaseExpired
-                    if in_window && !paused =>
+                    if in_window && !overview.paused =>
                 {
                     overview.overdue.push(key.clone());
                 }
                 _ => {}
             }
-            if v.late && in_window && !paused {
+            if v.late && in_window && !overview.paused {
                 overview.late.push(key);
             }
         }
-        if seen.is_none() {
-            // What a first `serve` or `run JOB` would take now: what it
-            // owes, and what waited and is ready.
-            let mut first: Vec<String> = overview.overdue.clone();
-            first.extend(overview.ready.iter().cloned());
-            overview.first_run = Some(first);
-        }
-        all.push(overview);
     }
-    Ok(all)
+    Ok(())
 }
 
 /// The start of `job`'s catch-up window at `now`.
