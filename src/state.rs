@@ -62,7 +62,7 @@ impl fmt::Display for ClaimState {
     }
 }
 
-/// Where one period stands now: the one view of a period (docs/commands.md, "One period, one meaning") that
+/// Where one period stands now: the one view of a period (docs/commands.md) that
 /// every mode and view reads, made from its claim (if any), its fire, when
 /// its job was first seen, `catch_up`, its upstream periods and the
 /// database's clock. Past its deadline an unfinished period is also

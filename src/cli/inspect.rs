@@ -252,7 +252,7 @@ fn cells(job: &JobOverview<'_>, look: &Look, now: DateTime<Utc>) -> Vec<comfy_ta
 pub const RANGE_LIMIT: usize = 100_000;
 
 /// `scheduler status JOB --from L --to L`: one line per period of the
-/// range, in the words of the one rule (docs/commands.md, "One period, one meaning"), `late` beside any
+/// range, in the words of the one rule (docs/commands.md), `late` beside any
 /// owed period past its deadline.
 pub async fn range(
     config: &Config,

@@ -419,7 +419,7 @@ impl Job {
     }
 
     /// The instant from which the job's fires are owed, given when a
-    /// `serve` or `run JOB` first saw it (docs/commands.md, "One period, one meaning"): the latest fire at
+    /// `serve` or `run JOB` first saw it (docs/commands.md): the latest fire at
     /// that sighting if it lies within `catch_up` of it (a platform cron
     /// container starts minutes after its fire: that fire is why it
     /// started), else the sighting itself. A fire before this instant is

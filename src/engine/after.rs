@@ -212,7 +212,7 @@ pub async fn look(
         .collect();
     jobs.sort_unstable();
     jobs.dedup();
-    // From when each of them owes its fires (docs/commands.md, "One period, one meaning").
+    // From when each of them owes its fires (docs/commands.md).
     let first_seen = match jobs.is_empty() {
         true => HashMap::new(),
         false => store.first_seen(&jobs).await?,

@@ -24,7 +24,7 @@ pub struct Due {
 }
 
 /// Says, for a job a `serve` or `run JOB` has just seen for the first
-/// time, what it owes (docs/commands.md, "One period, one meaning"): the latest fire within `catch_up` (and
+/// time, what it owes (docs/commands.md): the latest fire within `catch_up` (and
 /// its period), or nothing before the next fire. Nothing else says it.
 pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
     let owed = job.owed_since(first_seen);
@@ -153,7 +153,7 @@ pub struct Sighting {
     pub noted: bool,
 }
 
-/// How one period of `job` stands at `now` (docs/commands.md, "One period, one meaning"): the one rule, from
+/// How one period of `job` stands at `now` (docs/commands.md): the one rule, from
 /// its claim, its fire, the job's sighting, `catch_up`, its deadline and
 /// its upstream periods (`after`) as [`super::after::look`] found them.
 /// Every view reads it: `status`, `status --from/--to`, the API, the
@@ -588,7 +588,7 @@ mod tests {
         }
     }
 
-    /// The one rule (docs/commands.md, "One period, one meaning"), as a table: every state, a first sighting
+    /// The one rule (docs/commands.md), as a table: every state, a first sighting
     /// inside and outside `catch_up` (and none), each `missed` policy, the
     /// deadline's mark, upstream periods noted or not, a DST shift and a
     /// calendar's move.

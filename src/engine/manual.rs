@@ -913,18 +913,18 @@ async fn plan<'a>(
             let Some(seen) = seen else {
                 continue;
             };
-
             if seen.paused {
                 sink.paused(&job.name);
                 continue;
             }
             let window =
                 now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-            // What `serve` would take at this instant (docs/commands.md, "One period, one meaning"): the fires
-            // the job owes since it was first seen, within the window; the
-            // latest one too only if it is owed (a job first seen days after
-            // its monthly fire does not run that month on its own).
-            // Fixed at the first sighting; a dry run records nothing.
+            // What `serve` would take at this instant (docs/commands.md,
+            // "One period, one meaning"): the fires the job owes, as its
+            // first sighting fixed them, within the window; the latest one
+            // too only if it is owed (a job first seen days after its
+            // monthly fire does not run that month on its own). A dry run
+            // records nothing.
             let owed = match request.dry_run {
                 true => job.owed_from(Some(seen.first_seen), seen.owed_from, now),
                 false => super::due::owed_from(store, job, &seen).await,
@@ -995,7 +995,8 @@ async fn plan<'a>(
     // report). `run --all` runs every job already; a dry run makes
     // nothing ready.
     if let Some(name) = request.job.as_deref().filter(|_| !request.dry_run) {
-        plans.extend(downstream_of(config, name).into_iter().map(|job| Plan {
+        let name = config.full_name(name);
+        plans.extend(downstream_of(config, &name).into_iter().map(|job| Plan {
             job,
             periods: Periods::Listed(Vec::new().into_iter()),
             manual: false,

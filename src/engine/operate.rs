@@ -74,7 +74,7 @@ impl AdoptNames {
 /// How many periods one `adopt` records at most.
 pub const ADOPT_LIMIT: usize = 100_000;
 
-/// Records the periods `which` names of `job` as adopted (docs/commands.md, "One period, one meaning"): an
+/// Records the periods `which` names of `job` as adopted (docs/commands.md): an
 /// earlier system ran them, so no mode runs them, `after` counts them
 /// succeeded and every view shows them apart. Refused (a usage error,
 /// nothing written) for a label that is no period of the job or a period
@@ -112,7 +112,7 @@ pub async fn adopt(
         }
         Adoption::Through(to) => {
             let last = period_of_label(job, to, last_name)?;
-            // From the first fire the job owes (docs/commands.md, "One period, one meaning"): what a first
+            // From the first fire the job owes (docs/commands.md): what a first
             // run would take, for a job not seen yet.
             let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
             let seen = seen.get(&job.name);

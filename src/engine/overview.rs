@@ -1,6 +1,7 @@
 //! The one overview of a job: what `status`, `GET /v1/jobs` and the
 //! console's jobs view show of it, composed once from the one period rule
-//! ([`super::due::standing`]) and read for every job in a few statements.
+//! ([`super::due::standing`]), a thousand periods per statement across
+//! jobs.
 //! The edges only turn it into words or JSON.
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -30,8 +31,9 @@ pub struct JobOverview<'a> {
     /// Its newest claims, every unsettled one, and the one that finished
     /// last ([`Store::recent`]).
     pub recent: Vec<ClaimRow>,
-    /// Owed, within `catch_up`, never claimed or let go, not waiting for
-    /// an upstream period: what the next wake-up, scan or `run JOB` takes.
+    /// Owed, within `catch_up`, not succeeded and nothing running (never
+    /// claimed, failed, released, its lease expired), not waiting for an
+    /// upstream period and not ready (listed apart).
     pub overdue: Vec<String>,
     /// Owed, within `catch_up`, past the deadline and not done.
     pub late: Vec<String>,

@@ -957,7 +957,7 @@ impl Service {
         let jobs = shared(config.jobs);
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         // A job this reload shows the database for the first time owes its
-        // latest fire within catch_up, as at a start (docs/commands.md, "serve").
+        // latest fire within catch_up, as at a start (docs/commands.md).
         let mut first_sighted = Vec::new();
         let store = self.engine.store().clone();
         match store.see_jobs(&names).await {

@@ -1,4 +1,4 @@
-//! One meaning (docs/commands.md, "One period, one meaning"), with real processes on both backends: moving a
+//! One meaning (docs/commands.md), with real processes on both backends: moving a
 //! cron job onto the scheduler (what the first run takes, `adopt`), `serve`
 //! and `run JOB` taking the same first period, a cron container's upstream
 //! run that makes a downstream period ready, and the views agreeing period

@@ -803,7 +803,7 @@ fn a_period_past_its_deadline_that_never_ran_is_late_in_status_and_its_view() {
         "--to",
         label,
     ]);
-    // Its state, due, with the mark late beside it (docs/commands.md, "One period, one meaning").
+    // Its state, due, with the mark late beside it (docs/commands.md).
     let line = view.stdout();
     assert!(
         line.starts_with(&format!("{key}  due "))
