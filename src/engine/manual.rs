@@ -133,6 +133,10 @@ pub struct Line {
     pub attempt: Option<i32>,
     /// Why the attempt ran, for a period that ran.
     pub trigger: Option<Trigger>,
+    /// For a period run by hand, how it was asked for, as `history` says
+    /// it: `manual`, `manual force`, `manual early`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked: Option<&'static str>,
     /// The job's exit code.
     pub exit_code: Option<i32>,
     /// The HTTP status the job's request got.
@@ -590,11 +594,18 @@ impl Backfill<'_> {
             }
         }
         self.wait_for_released(&mut lines).await?;
+        // How each was asked for, said on its line as `history` says it.
+        let modes: std::collections::HashMap<String, Mode> = won
+            .iter()
+            .map(|(ask, _)| (ask.key().to_string(), ask.mode))
+            .collect();
         let reports = self.engine.run_won(won, self.stop_now.clone()).await;
         let mut ended: Vec<(usize, Line)> = Vec::with_capacity(place.len());
         for report in reports {
             let at = place.get(&report.key).copied().unwrap_or(usize::MAX);
-            ended.push((at, Line::of(report)?));
+            let mut line = Line::of(report)?;
+            line.asked = modes.get(&line.key).filter(|m| m.manual).map(|m| m.words());
+            ended.push((at, line));
         }
         for ask in again {
             if *self.shutdown.borrow() {
@@ -1520,6 +1531,7 @@ impl Line {
             detail,
             attempt: None,
             trigger: None,
+            asked: None,
             exit_code: None,
             http_status: None,
             error: None,

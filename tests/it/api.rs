@@ -361,9 +361,13 @@ fn a_forced_rerun_retried_three_times_with_one_key_makes_one_new_attempt() {
                 &json!({"period": "2026-07", "force": true}),
             ));
             assert_eq!(status, StatusCode::OK, "{body}");
+            // Asked for as `history` says it (issue 39: the answer said
+            // only `manual`).
+            assert_eq!(body["periods"][0]["asked"], "manual force", "{body}");
         }
         assert_eq!(runs(&ws).len(), 2, "{:?}", runs(&ws));
         let (_, _, _, period) = answer(server.get(READER, "/v1/jobs/billing/periods/2026-07"));
+        assert_eq!(period["attempts"][0]["asked"], "manual force", "{period}");
         assert_eq!(
             period["attempts"].as_array().map(Vec::len),
             Some(2),
