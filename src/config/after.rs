@@ -179,6 +179,24 @@ impl Config {
     }
 }
 
+impl After {
+    /// The names of `after` that are none of `names` (every job's name as
+    /// written, the job's own included), each as the mistake `link_after`
+    /// reports.
+    pub(crate) fn unknown_names(&self, names: &[String]) -> Vec<ConfigError> {
+        self.named
+            .iter()
+            .filter(|named| !names.contains(&named.name))
+            .map(|named| {
+                let hint = nearest(&named.name, names.iter().map(String::as_str))
+                    .map(|n| format!("; did you mean `{n}`?"))
+                    .unwrap_or_default();
+                named.error(format!("`after`: no job named `{}`{hint}", named.name))
+            })
+            .collect()
+    }
+}
+
 impl Named {
     fn error(&self, message: String) -> ConfigError {
         ConfigError {

@@ -1158,6 +1158,19 @@ impl<'t> Sections<'t> {
         let mut jobs: Vec<Job> = Vec::with_capacity(self.jobs.len());
         let mut incomplete: Vec<(String, String)> = Vec::new();
         let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
+        // Every job's name as written, its own mistakes or not: what an
+        // `after` may name.
+        let names: Vec<String> = self
+            .jobs
+            .iter()
+            .filter_map(|value| match value.get_ref() {
+                toml::de::DeValue::Table(table) => match table.get("name")?.get_ref() {
+                    toml::de::DeValue::String(name) => Some(name.to_string()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
         for value in self.jobs {
             let raw_job = match raw::RawJob::deserialize(value.into_deserializer()) {
                 Ok(raw_job) => raw_job,
@@ -1194,6 +1207,14 @@ impl<'t> Sections<'t> {
                 incomplete.push((job.name.clone(), name));
             }
             jobs.push(job);
+        }
+        // With other mistakes in the file, an `after` that names no job is
+        // told now, with them, not in a later round (linking the jobs waits
+        // for a file without mistakes).
+        if !errors.is_empty() {
+            for job in &jobs {
+                errors.extend(job.after.unknown_names(&names));
+            }
         }
         (jobs, incomplete)
     }

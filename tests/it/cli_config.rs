@@ -769,3 +769,20 @@ fn a_value_of_the_wrong_type_says_what_to_write() {
         }
     }
 }
+
+/// An `after` that names no job is told with the file's other mistakes,
+/// not in a later round once they are fixed (issue 39, item 6).
+#[test]
+fn an_after_typo_is_told_with_the_other_mistakes_at_once() {
+    let stderr = check_fails(
+        "[[job]]\nname = \"ingest\"\nschedule = \"0 1 * * *\"\ncommand = [\"true\"]\ntimeout = 30\n\n\
+         [[job]]\nname = \"report\"\nschedule = \"0 2 1 * *\"\nafter = [\"ingset\"]\ncommand = [\"true\"]\n",
+    );
+    assert_says(
+        &stderr,
+        &[
+            "`timeout` is a number, but it must be a duration in quotes",
+            "`after`: no job named `ingset`; did you mean `ingest`?",
+        ],
+    );
+}
