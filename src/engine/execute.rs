@@ -168,13 +168,14 @@ impl Engine {
         // that the write itself settles is not a takeover.
         watch.recording();
         // A database that is away is waited for, and tried again at least
-        // once a heartbeat interval: the job has finished, and if its end
-        // is not written the period runs again once the lease is taken
+        // every half heartbeat interval: the job has finished, and if its
+        // end is not written the period runs again once the lease is taken
         // over. The renewals go on meanwhile and hold the lease (an expired
         // one too, while no one took it); replicas that saw the outage
-        // leave it alone for a lease after it ends (`store::outage`). The
-        // attempt fences a write that comes too late.
-        let every = self.heartbeats.interval().max(Duration::from_millis(100));
+        // leave it alone for a lease after it ends, a process that has just
+        // started for an interval (`store::outage`), so the write gets in
+        // first. The attempt fences a write that comes too late.
+        let every = (self.heartbeats.interval() / 2).max(Duration::from_millis(100));
         let mut delay = Duration::from_millis(100);
         let patience = tokio::time::Instant::now() + RECORD_PATIENCE;
         let recorded = loop {

@@ -178,7 +178,9 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// The first pause before a failed renewal is tried again; it doubles up
-/// to the heartbeat interval.
+/// to half the heartbeat interval, so a runner whose database comes back
+/// renews within half an interval, before a process that has just started
+/// may take its expired lease over (`store::outage`).
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 async fn renew_loop(inner: Weak<Inner>) {
@@ -189,7 +191,7 @@ async fn renew_loop(inner: Weak<Inner>) {
         };
         let every = strong.lease() / 3;
         tokio::select! {
-            () = tokio::time::sleep(retry.map_or(every, |r| r.min(every))) => {}
+            () = tokio::time::sleep(retry.map_or(every, |r| r.min(every / 2))) => {}
             () = strong.changed.notified() => {}
         }
         retry = if renew_once(&strong).await {

@@ -583,6 +583,10 @@ impl Backfill<'_> {
         }
         for (ask, taken) in not_won {
             match taken {
+                // A lease that ran out while this process holds recoveries
+                // (it has just started, or saw the database fail) is left
+                // to its runner for that long, then claimed again.
+                Taken::Not(Claim::Expired { .. }) => lines.push((ask, None)),
                 Taken::Not(Claim::Held { .. } | Claim::Busy) if self.request.wait => {
                     lines.push((ask, None));
                 }
@@ -703,6 +707,23 @@ impl Backfill<'_> {
                     match self.wait_elsewhere(&key).await? {
                         Some(done) => return Ok(done),
                         None => continue,
+                    }
+                }
+                Some(Taken::Not(Claim::Expired { owner, until })) => {
+                    let left = self.engine.store().holding(self.engine.lease());
+                    tracing::info!(
+                        period_key = %key,
+                        %owner,
+                        %until,
+                        "lease ran out; leaving the period to its runner for {}, which may still be recording its outcome",
+                        humantime::format_duration(left.unwrap_or_default())
+                    );
+                    let mut shutdown = self.shutdown.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(left.unwrap_or_default().max(Duration::from_millis(50))) => continue,
+                        _ = shutdown.wait_for(|down| *down) => {
+                            return Ok(Line::new(&key, PeriodOutcome::Interrupted, "while leaving an expired claim to its runner; not run".into(), None));
+                        }
                     }
                 }
                 Some(Taken::Not(Claim::Busy)) => {

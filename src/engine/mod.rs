@@ -292,6 +292,11 @@ impl Engine {
         &self.owner
     }
 
+    /// The lease claims are granted now.
+    pub fn lease(&self) -> Duration {
+        self.heartbeats.lease()
+    }
+
     /// The lease claims are granted from now on (a reload), and so the
     /// heartbeat interval and the fence.
     pub fn set_lease(&self, lease: Duration) {
@@ -659,7 +664,7 @@ fn metric_result(claim: &Claim) -> &'static str {
         Claim::Won(_) => "won",
         Claim::Busy => "waiting",
         Claim::Contended => "contended",
-        Claim::Held { .. } => "held",
+        Claim::Held { .. } | Claim::Expired { .. } => "held",
         Claim::Succeeded { .. } => "done",
         Claim::Failed { .. } => "failed",
     }

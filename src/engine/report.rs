@@ -273,6 +273,16 @@ impl Report {
             Status::NotWon(Claim::Held { owner, until }) => {
                 tracing::info!(job, period_key = key, trigger, %owner, %until, "held elsewhere");
             }
+            Status::NotWon(Claim::Expired { owner, until }) => {
+                tracing::info!(
+                    job,
+                    period_key = key,
+                    trigger,
+                    %owner,
+                    %until,
+                    "lease ran out; left to its runner a moment longer, which may still be recording its outcome"
+                );
+            }
             Status::NotWon(Claim::Busy) => {
                 tracing::info!(
                     job,
@@ -321,6 +331,10 @@ pub fn not_won(claim: &Claim) -> String {
     match claim {
         Claim::Succeeded { at } => format!("already succeeded at {}", utc_text(*at)),
         Claim::Held { owner, until } => format!("running on {owner} until {}", utc_text(*until)),
+        Claim::Expired { owner, until } => format!(
+            "the lease of {owner} ran out at {}; left to it a moment longer, as it may still be recording its outcome",
+            utc_text(*until)
+        ),
         Claim::Failed {
             retry_at: Some(at), ..
         } => format!("failed, retry at {}", utc_text(*at)),

@@ -140,6 +140,16 @@ pub enum Claim {
         /// Its lease end.
         until: DateTime<Utc>,
     },
+    /// A running claim whose lease ran out, left to its runner a while
+    /// longer: this process has just started or saw the database fail
+    /// lately, and the runner may still be writing its outcome
+    /// ([`Store::holding`]). Claimed again once the hold is over.
+    Expired {
+        /// Who held it.
+        owner: String,
+        /// When its lease ran out.
+        until: DateTime<Utc>,
+    },
     /// Failed; retried at `retry_at`, or never (`None`: budget spent or permanent).
     Failed {
         /// When the retry is due.
@@ -288,6 +298,14 @@ impl ClaimRow {
                 retry_at: self.retry_at,
                 failures: self.failures,
             },
+            // Not claimable though its lease ran out: only a claim that
+            // holds expired leases ([`Store::holding`]) reads it so.
+            ClaimState::Running if self.lease_until.is_some_and(|until| until < self.now) => {
+                Claim::Expired {
+                    owner: self.owner.clone(),
+                    until: self.lease_until.unwrap_or(self.now),
+                }
+            }
             // Running, or released by `scheduler release` and held until its
             // runner confirms the stop or its lease runs out.
             ClaimState::Running | ClaimState::Released => Claim::Held {
@@ -511,7 +529,7 @@ impl Store {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let hold = self.outage().holding(requests[0].lease);
+        let hold = self.holding(requests[0].lease).is_some();
         let claims = self.seen(bounded!(self.claim_many(requests, wait, hold)))?;
         if claims.len() != requests.len() {
             return Err(Error::Database(format!(
@@ -617,6 +635,12 @@ impl Store {
     /// a release, a retry that is due), oldest first.
     pub async fn takeable(&self, jobs: &[String], limit: u32) -> Result<Vec<Reclaimable>, Error> {
         self.seen(bounded!(self.reclaimable(jobs, limit)))
+    }
+
+    /// How long this process's claims still leave expired leases to their
+    /// runners, if they do ([`outage`]): answered [`Claim::Expired`].
+    pub fn holding(&self, lease: Duration) -> Option<Duration> {
+        self.outage().holding(lease)
     }
 
     /// What this process saw of its database lately ([`outage`]).

@@ -1,17 +1,23 @@
 //! What this process saw of its database lately, for the one rule that
-//! needs it: after the database was away, an expired lease is not taken
-//! over until the database has answered this process for one whole lease.
+//! needs it: an expired lease is taken over only once the database has
+//! answered this process for a while — one heartbeat interval (lease/3)
+//! after the process started, one whole lease after it saw the database
+//! fail.
 //!
 //! An expired lease usually means a dead runner. After an outage it may
 //! also mean a live runner whose job finished while the database could not
 //! be reached, still trying to write the outcome: taking the period over
-//! then would run it twice. The runner renews its lease (an expired one
-//! too, while no one took it) within one heartbeat interval of reaching
-//! the database again, so a replica that saw the same outage waits one
-//! lease from its own return before it recovers anything. A runner cut off
-//! alone for longer than that, or one that died between the end of its job
-//! and the write, cannot be told apart from a dead one: its period runs
-//! again (docs/design.md, "Crash at any instant").
+//! then would run it twice. Once the database answers again the runner
+//! writes its outcome, or renews its lease (an expired one too, while no
+//! one took it), within half a heartbeat interval. So a replica that saw
+//! the same outage waits one lease from its own return, and a process that
+//! has just started — a one-shot `run` from a platform cron container that
+//! fires the moment a restarted database comes back — waits one heartbeat
+//! interval from the database's first answer: either way the runner gets in
+//! first. A runner cut off *alone* for longer than its lease, or one that
+//! died between the end of its job and the write, cannot be told apart from
+//! a dead one: its period runs again (docs/design.md, "Crash at any
+//! instant").
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -24,13 +30,15 @@ pub(crate) struct Outage(Mutex<Seen>);
 
 #[derive(Debug, Default, Clone, Copy)]
 enum Seen {
-    /// Answering, and no failure seen lately.
+    /// Nothing yet: the process has just started.
     #[default]
+    Nothing,
+    /// Answering, for long enough.
     Answering,
     /// The last statement failed.
     Away,
-    /// Answering again since this instant.
-    Back(Instant),
+    /// Answering since `since`; `outage` when a failure came before.
+    Back { since: Instant, outage: bool },
 }
 
 impl Outage {
@@ -41,31 +49,46 @@ impl Outage {
         };
         *seen = match (*seen, result.is_ok()) {
             (_, false) => Seen::Away,
+            (Seen::Nothing, true) => Seen::Back {
+                since: Instant::now(),
+                outage: false,
+            },
             (Seen::Away, true) => {
                 tracing::info!(
                     "the database answers again; an expired claim is left to its runner for one lease, which may still be writing its outcome"
                 );
-                Seen::Back(Instant::now())
+                Seen::Back {
+                    since: Instant::now(),
+                    outage: true,
+                }
             }
             (seen, true) => seen,
         };
     }
 
-    /// Whether claims must leave expired leases alone now: the database is
-    /// away, or has answered again for less than `lease`.
-    pub(crate) fn holding(&self, lease: Duration) -> bool {
+    /// How long claims must still leave expired leases alone: the database
+    /// has not answered yet, or is away (a whole `lease`, counted once it
+    /// answers), or has answered for less than a heartbeat interval since
+    /// this process started or for less than a `lease` since an outage.
+    /// Zero when they may take them over.
+    pub(crate) fn holding(&self, lease: Duration) -> Option<Duration> {
         let Ok(mut seen) = self.0.lock() else {
-            return true;
+            return Some(lease);
         };
-        match *seen {
-            Seen::Answering => false,
-            Seen::Away => true,
-            Seen::Back(at) if at.elapsed() < lease => true,
-            Seen::Back(_) => {
-                *seen = Seen::Answering;
-                false
+        let wait = match *seen {
+            Seen::Answering => return None,
+            Seen::Nothing => lease / 3,
+            Seen::Away => lease,
+            Seen::Back { since, outage } => {
+                let hold = if outage { lease } else { lease / 3 };
+                hold.saturating_sub(since.elapsed())
             }
+        };
+        if wait.is_zero() {
+            *seen = Seen::Answering;
+            return None;
         }
+        Some(wait)
     }
 }
 
@@ -77,17 +100,40 @@ mod tests {
     fn an_outage_holds_recoveries_for_one_lease_after_the_return() {
         let lease = Duration::from_millis(300);
         let outage = Outage::default();
-        assert!(!outage.holding(lease), "nothing failed yet");
+        outage.note::<(), ()>(&Ok(()));
+        std::thread::sleep(lease / 3);
+        assert_eq!(outage.holding(lease), None, "answering since the start");
         outage.note::<(), ()>(&Err(()));
-        assert!(outage.holding(lease), "away");
+        assert!(outage.holding(lease).is_some(), "away");
         std::thread::sleep(lease * 2);
-        assert!(outage.holding(lease), "still away, however long");
+        assert!(outage.holding(lease).is_some(), "still away, however long");
         outage.note::<(), ()>(&Ok(()));
         outage.note::<(), ()>(&Ok(()));
-        assert!(outage.holding(lease), "back for less than a lease");
+        assert!(
+            outage.holding(lease).is_some(),
+            "back for less than a lease"
+        );
         std::thread::sleep(lease);
-        assert!(!outage.holding(lease), "back for a lease");
+        assert_eq!(outage.holding(lease), None, "back for a lease");
         outage.note::<(), ()>(&Err(()));
-        assert!(outage.holding(lease), "away again");
+        assert!(outage.holding(lease).is_some(), "away again");
+    }
+
+    #[test]
+    fn a_new_process_holds_recoveries_for_a_heartbeat_interval_of_answers() {
+        let lease = Duration::from_millis(600);
+        let outage = Outage::default();
+        assert_eq!(
+            outage.holding(lease),
+            Some(lease / 3),
+            "nothing answered yet"
+        );
+        std::thread::sleep(lease);
+        assert!(outage.holding(lease).is_some(), "time alone is no answer");
+        outage.note::<(), ()>(&Ok(()));
+        let left = outage.holding(lease).expect("answered just now");
+        assert!(left <= lease / 3, "{left:?}");
+        std::thread::sleep(lease / 3);
+        assert_eq!(outage.holding(lease), None, "answered for an interval");
     }
 }

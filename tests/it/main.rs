@@ -18,6 +18,7 @@ mod embed;
 mod labels;
 mod never_twice;
 mod notify;
+mod once_at_the_edges;
 mod one_meaning;
 mod ops;
 mod properties;
