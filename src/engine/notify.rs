@@ -40,6 +40,9 @@ const ROUND_EVERY: Duration = Duration::from_secs(15);
 /// The longest wait between two tries.
 const MOST_BACKOFF: Duration = Duration::from_secs(300);
 
+/// How long the outcome of a send is tried to be written, as a run's is.
+const WRITE_PATIENCE: Duration = Duration::from_secs(600);
+
 /// How long a run outside `serve` spends delivering notifications.
 pub const NOTIFY_AFTER_RUN: Duration = Duration::from_secs(10);
 
@@ -222,27 +225,44 @@ impl Engine {
             .iter()
             .filter(|j| job.is_none_or(|name| config.full_name(name) == j.name))
             .collect();
+        // Nothing stops a run's delivery but its budget.
+        let (_running, stop) = watch::channel(false);
         let work = async {
             self.check_deadlines(config, &jobs, Utc::now(), None, true)
                 .await?;
-            self.deliver(config, NOTIFY_AFTER_RUN).await
+            self.deliver(config, NOTIFY_AFTER_RUN, &stop).await
         };
         if let Err(e) = work.await {
             tracing::warn!("notifications: {e}; the next run or serve delivers them");
         }
     }
 
-    /// Delivers what is due, a few at a time, for at most `budget`: each
-    /// notification taken for a lease, so that one whose replica went away
-    /// is taken over. How many were delivered.
-    pub async fn deliver(&self, config: &Config, budget: Duration) -> Result<usize, Error> {
+    /// Delivers what is due, a few at a time, for at most `budget`, and
+    /// takes no more once `stop` turns true (a batch under way is sent and
+    /// its outcome written): each notification taken for a lease, so that
+    /// one whose replica went away is taken over. How many were delivered.
+    pub async fn deliver(
+        &self,
+        config: &Config,
+        budget: Duration,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<usize, Error> {
         let until = tokio::time::Instant::now() + budget;
-        let lease = config.settings.lease;
+        // The lease covers the longest send and then the outcome's write
+        // through an outage shorter than `lease`, as a run's does.
+        let lease = SEND_TIMEOUT + config.settings.lease;
+        let names: Vec<&str> = config.notifiers.iter().map(|n| n.name.as_str()).collect();
         let mut delivered = 0;
         // The earliest try to be made again within the budget: waited for.
         let mut again: Option<tokio::time::Instant> = None;
-        while tokio::time::Instant::now() < until {
-            let mut taken = self.store().notify_take(self.owner(), lease, TAKE).await?;
+        while tokio::time::Instant::now() < until && !*stop.borrow() {
+            // An expired delivery is left to its holder as an expired
+            // claim is: it may still be writing how its send went.
+            let expired = self.store().holding(config.settings.lease).is_none();
+            let mut taken = self
+                .store()
+                .notify_take(self.owner(), lease, &names, TAKE, expired)
+                .await?;
             // Oldest first (a period's `late` before its `recovered`), as
             // far as one replica's tries go: no order is promised across
             // tries and replicas.
@@ -250,8 +270,11 @@ impl Engine {
             if taken.is_empty() {
                 match again.take().filter(|at| *at < until) {
                     Some(at) => {
-                        tokio::time::sleep_until(at).await;
-                        continue;
+                        let mut stop = stop.clone();
+                        tokio::select! {
+                            () = tokio::time::sleep_until(at) => continue,
+                            _ = stop.wait_for(|stop| *stop) => break,
+                        }
                     }
                     None => break,
                 }
@@ -260,17 +283,33 @@ impl Engine {
             // a receiver that hangs holds the batch for that long at most.
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             let sends = taken.iter().map(|delivery| async move {
-                match config
+                let notifier = config
                     .notifiers
                     .iter()
-                    .find(|n| n.name == delivery.notifier)
-                {
+                    .find(|n| n.name == delivery.notifier);
+                match notifier {
+                    // Never sent in time: a notifier taken out of jobs.toml
+                    // for longer than tries last is not told a day late.
+                    _ if age(delivery)
+                        > TRY_FOR + TimeDelta::seconds(MOST_BACKOFF.as_secs() as i64) =>
+                    {
+                        Tried::GivenUp(
+                            None,
+                            "not sent within a day (its notifier was not in jobs.toml)".into(),
+                        )
+                    }
                     Some(notifier) => {
                         let timeout = SEND_TIMEOUT.min(left).max(Duration::from_millis(100));
                         self.send(notifier, delivery, &config.secrets, timeout)
                             .await
                     }
-                    None => Tried::GivenUp(None, "its notifier is no longer in jobs.toml".into()),
+                    // Taken only for the notifiers of `names`: none is
+                    // missing. Left pending for a reload that restores it.
+                    None => Tried::Again(
+                        None,
+                        "its notifier is not in jobs.toml".into(),
+                        MOST_BACKOFF,
+                    ),
                 }
             });
             let tries = futures_util::future::join_all(sends).await;
@@ -287,9 +326,39 @@ impl Engine {
             }
             // One write for the batch: on SQLite each write waits for the
             // one writer, which a catch-up keeps busy.
-            self.store().notify_tried(&outcomes, self.owner()).await?;
+            self.write_tried(&outcomes, config.settings.lease).await?;
         }
         Ok(delivered)
+    }
+
+    /// Writes how a batch's tries ended, waiting for a database that is
+    /// away and trying again every half heartbeat interval (`lease`/6):
+    /// what was sent is not sent again because its outcome could not be
+    /// written. The row stays this replica's meanwhile (its lease covers an
+    /// outage shorter than `lease`), and the try number fences a write
+    /// that comes after a takeover.
+    async fn write_tried(
+        &self,
+        outcomes: &[(&Delivery, Tried)],
+        lease: Duration,
+    ) -> Result<u64, Error> {
+        let most = (lease / 6).max(Duration::from_millis(100));
+        let mut delay = Duration::from_millis(100);
+        let patience = tokio::time::Instant::now() + WRITE_PATIENCE;
+        loop {
+            match self.store().notify_tried(outcomes, self.owner()).await {
+                Ok(written) => return Ok(written),
+                Err(e) if tokio::time::Instant::now() < patience => {
+                    tracing::warn!(
+                        "cannot record how {} notification(s) went yet: {e}",
+                        outcomes.len()
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(most);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// One try of `delivery` to `notifier`.
@@ -328,6 +397,22 @@ impl Engine {
                     Tried::Delivered(code)
                 } else if status.is_server_error() || code == 408 || code == 429 {
                     Tried::Again(Some(code), format!("the receiver answered {status}"), again)
+                } else if status.is_redirection() {
+                    // Tried again, as the URL may be put right by a reload
+                    // within the day: a redirect is not followed (the body
+                    // and its signature go to the configured origin only).
+                    let to = answer
+                        .headers()
+                        .get(reqwest::header::LOCATION)
+                        .and_then(|to| to.to_str().ok())
+                        .map_or_else(|| "no Location".to_owned(), |to| secrets.mask(to));
+                    Tried::Again(
+                        Some(code),
+                        format!(
+                            "the receiver answered {status}, a redirect to {to}; redirects are not followed: point the notifier's url at the final address and reload"
+                        ),
+                        again,
+                    )
                 } else {
                     Tried::GivenUp(Some(code), format!("the receiver refused it: {status}"))
                 }
@@ -357,11 +442,15 @@ fn backoff(tries: i32) -> Duration {
     Duration::from_secs(doubled).min(MOST_BACKOFF)
 }
 
+/// How old `delivery` is.
+fn age(delivery: &Delivery) -> TimeDelta {
+    Utc::now() - DateTime::from_timestamp_millis(delivery.created_at).unwrap_or_default()
+}
+
 /// A try to be made again is given up once the notification is a day old.
 fn give_up_when_old(tried: Tried, delivery: &Delivery) -> Tried {
-    let created = DateTime::from_timestamp_millis(delivery.created_at).unwrap_or_default();
     match tried {
-        Tried::Again(status, error, _) if Utc::now() - created > TRY_FOR => Tried::GivenUp(
+        Tried::Again(status, error, _) if age(delivery) > TRY_FOR => Tried::GivenUp(
             status,
             format!("given up after trying for a day; last: {error}"),
         ),
@@ -508,10 +597,15 @@ fn next_deadline(config: &Config, after: DateTime<Utc>) -> Option<DateTime<Utc>>
         .min()
 }
 
+/// How long a shutdown waits for a delivery under way: its send, then the
+/// write of its outcome.
+pub const FINISH_AT_SHUTDOWN: Duration = Duration::from_secs(SEND_TIMEOUT.as_secs() + 5);
+
 /// Checks deadlines and delivers notifications every `scan_interval` of
 /// the configuration it is given (a reload sends the new one), beside the
-/// serve loop, never in front of it; ends at shutdown, leaving a delivery
-/// under way to be taken over once its lease runs out.
+/// serve loop, never in front of it; at shutdown it takes nothing more,
+/// finishes the sends under way and writes their outcomes, and ends (the
+/// caller waits [`FINISH_AT_SHUTDOWN`] at most).
 pub fn follow(
     engine: Engine,
     mut config: watch::Receiver<Arc<Config>>,
@@ -544,20 +638,24 @@ pub fn follow(
                     engine
                         .check_deadlines(&current, &jobs, now, checked, late)
                         .await?;
-                    engine.deliver(&current, every.max(SEND_TIMEOUT)).await
+                    engine
+                        .deliver(&current, every.max(SEND_TIMEOUT), &shutdown)
+                        .await
                 };
-                tokio::select! {
-                    done = work => match done {
-                        Ok(_) => {
-                            last_round = Some(tokio::time::Instant::now());
-                            if late {
-                                checked = Some(now);
-                                quiet_until = next_deadline(&current, now);
-                            }
+                // Not cut short by a shutdown: a send under way is finished
+                // and its outcome written, or it would be sent again.
+                match work.await {
+                    Ok(_) => {
+                        last_round = Some(tokio::time::Instant::now());
+                        if late {
+                            checked = Some(now);
+                            quiet_until = next_deadline(&current, now);
                         }
-                        Err(e) => tracing::warn!("notifications: {e}"),
-                    },
-                    _ = shutdown.wait_for(|down| *down) => return,
+                    }
+                    Err(e) => tracing::warn!("notifications: {e}"),
+                }
+                if *shutdown.borrow() {
+                    return;
                 }
             }
             tokio::select! {

@@ -409,7 +409,19 @@ impl Service {
         // has every job ended.
         #[cfg(feature = "server")]
         self.api.finish().await;
-        notifying.abort();
+        // A delivery under way is finished and its outcome written, so the
+        // next replica does not send it again; a bounded wait.
+        let finishing = notifying.abort_handle();
+        if tokio::time::timeout(crate::engine::notify::FINISH_AT_SHUTDOWN, notifying)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "a notification under way was not done within {}s; the next replica takes it over once its lease runs out",
+                crate::engine::notify::FINISH_AT_SHUTDOWN.as_secs()
+            );
+            finishing.abort();
+        }
         tracing::info!("all jobs ended");
         Ok(Outcome::Done)
     }

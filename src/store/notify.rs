@@ -138,21 +138,32 @@ impl Store {
         })
     }
 
-    /// Takes up to `limit` notifications due for a try as `owner`, for
-    /// `lease`: pending ones whose try is due, and ones whose taker's lease
-    /// ran out. Each comes with its try number, the fence of its outcome.
+    /// Takes up to `limit` notifications of the notifiers `names` due for a
+    /// try as `owner`, for `lease`: pending ones whose try is due, and,
+    /// with `expired`, ones whose taker's lease ran out (the engine leaves
+    /// them to their holders while [`Store::holding`]: the holder may still
+    /// be writing how its send went). Each comes with its try number, the
+    /// fence of its outcome. A notifier taken out of jobs.toml keeps its
+    /// rows pending, for a reload that puts it back.
     pub async fn notify_take(
         &self,
         owner: &str,
         lease: Duration,
+        names: &[&str],
         limit: u32,
+        expired: bool,
     ) -> Result<Vec<Delivery>, Error> {
         // PostgreSQL skips the rows another replica is taking; both check
         // the state again on the row they update.
-        let lock = match self {
-            Store::Postgres(_) => "FOR UPDATE SKIP LOCKED",
-            Store::Sqlite(_) => "",
+        let (lock, named) = match self {
+            Store::Postgres(_) => (
+                "FOR UPDATE SKIP LOCKED",
+                "d.notifier IN (SELECT json_array_elements_text($4::json))",
+            ),
+            Store::Sqlite(_) => ("", "d.notifier IN (SELECT value FROM json_each($4))"),
         };
+        let expired = if expired { "true" } else { "false" };
+        let names = serde_json::to_string(names).unwrap_or_else(|_| "[]".into());
         on_pool!(self, |pool, now| {
             sqlx::query_as::<_, Delivery>(&format!(
                 "UPDATE scheduler_notifications
@@ -160,7 +171,8 @@ impl Store {
                   WHERE (notifier, period_key, event) IN (
                           SELECT d.notifier, d.period_key, d.event FROM scheduler_notifications d
                            WHERE ((d.state = 'pending' AND d.next_try_at <= {now})
-                                  OR (d.state = 'sending' AND d.lease_until <= {now}))
+                                  OR (d.state = 'sending' AND d.lease_until <= {now} AND {expired}))
+                             AND {named}
                              -- A `recovered` waits for its period's `late` or
                              -- `failed` to be delivered or given up.
                              AND (d.event <> 'recovered' OR NOT EXISTS (
@@ -170,12 +182,13 @@ impl Store {
                                       AND o.state IN ('pending', 'sending')))
                            ORDER BY d.created_at LIMIT $3 {lock})
                     AND ((state = 'pending' AND next_try_at <= {now})
-                         OR (state = 'sending' AND lease_until <= {now}))
+                         OR (state = 'sending' AND lease_until <= {now} AND {expired}))
                  RETURNING notifier, period_key, event, payload, tries, created_at"
             ))
             .bind(owner)
             .bind(ms(lease))
             .bind(i64::from(limit))
+            .bind(&names)
             .fetch_all(pool)
             .await
         })

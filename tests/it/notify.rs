@@ -404,7 +404,8 @@ fn a_delivery_whose_replica_is_killed_is_delivered_by_another_with_the_same_key(
 /// A receiver that never answers holds none of the fires and none of the
 /// heartbeats (a lease of 3 s is renewed each second; one renewal held two
 /// seconds stops the run and leaves its period to a second attempt), and a
-/// SIGTERM ends `serve` at once though a delivery is under way.
+/// SIGTERM waits for a delivery under way no longer than its send timeout
+/// (10 s) and the write of its outcome.
 #[test]
 fn a_receiver_that_hangs_delays_no_fire_no_heartbeat_and_no_shutdown() {
     let hook = Receiver::start(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
@@ -443,8 +444,8 @@ fn a_receiver_that_hangs_delays_no_fire_no_heartbeat_and_no_shutdown() {
     let stopping = std::time::Instant::now();
     assert_eq!(stop(replica), 0);
     assert!(
-        stopping.elapsed() < Duration::from_secs(10),
-        "shutdown waited for the receiver: {:?}",
+        stopping.elapsed() < Duration::from_secs(30),
+        "shutdown waited for the receiver past its send timeout: {:?}",
         stopping.elapsed()
     );
     let long = |outcome: &str| {
@@ -637,5 +638,91 @@ fn a_period_waiting_past_its_deadline_is_told_late_with_what_it_waits_for() {
             "SELECT count(*) FROM scheduler_claims WHERE job = 'rollup'"
         ),
         0
+    );
+}
+
+/// Item 3 of "once at the edges": a redirect is tried again (the URL may
+/// be put right by a reload within the day), naming where it points, and
+/// delivered once the receiver takes it.
+#[test]
+fn a_redirect_is_tried_again_and_delivered_once_the_receiver_takes_it() {
+    let hook = Receiver::start(&[301, 200]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"false\"]\n\n\
+         [[notify]]\nname = \"moved\"\nurl = \"{}\"\n",
+        hook.url()
+    ));
+    let db = TestDb::sqlite();
+    let out = ws.run(&["--database-url", &db.url, "run", "bad", "--period", "2025"]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    assert!(
+        out.stderr()
+            .contains("a redirect to no Location; redirects are not followed"),
+        "{}",
+        out.stderr()
+    );
+    assert_eq!(hook.got().len(), 2, "{:?}", hook.got());
+    let history = ws.run(&["--database-url", &db.url, "history", "bad"]);
+    assert!(
+        history
+            .stdout()
+            .contains("to moved  delivered  2 tries  HTTP 200"),
+        "{}",
+        history.stdout()
+    );
+}
+
+/// Item 3 of "once at the edges": a notifier taken out of jobs.toml keeps
+/// its notifications pending (a run under the new file gives none up),
+/// and putting it back sends them.
+#[test]
+fn a_notifier_taken_out_and_put_back_still_sends_what_it_owed() {
+    let hanging = Receiver::start(&[0]);
+    let good = Receiver::start(&[]);
+    let other = Receiver::start(&[]);
+    let job = "[[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"false\"]\n";
+    let notifier =
+        |name: &str, url: String| format!("\n[[notify]]\nname = \"{name}\"\nurl = \"{url}\"\n");
+    let ws = Workspace::new(&format!("{job}{}", notifier("oncall", hanging.url())));
+    let db = TestDb::sqlite();
+    let run = |period: &str| ws.run(&["--database-url", &db.url, "run", "bad", "--period", period]);
+    // The one try times out with the run's budget: the row stays pending.
+    assert_eq!(run("2025").code(), 1);
+    assert_eq!(hanging.got().len(), 1);
+    std::thread::sleep(Duration::from_millis(1_500));
+    std::fs::write(
+        ws.path().join("jobs.toml"),
+        format!("{job}{}", notifier("other", other.url())),
+    )
+    .unwrap();
+    assert_eq!(run("2024").code(), 1);
+    assert!(
+        other
+            .got()
+            .iter()
+            .any(|g| g.key() == "other:bad:2024:failed"),
+        "{:?}",
+        other.got()
+    );
+    std::fs::write(
+        ws.path().join("jobs.toml"),
+        format!(
+            "{job}{}{}",
+            notifier("other", other.url()),
+            notifier("oncall", good.url())
+        ),
+    )
+    .unwrap();
+    assert_eq!(run("2023").code(), 1);
+    let keys: Vec<String> = good.got().iter().map(|g| g.key().to_owned()).collect();
+    assert!(
+        keys.contains(&"oncall:bad:2025:failed".to_owned()),
+        "{keys:?}"
+    );
+    let history = ws.run(&["--database-url", &db.url, "history", "bad"]);
+    assert!(
+        !history.stdout().contains("given_up"),
+        "{}",
+        history.stdout()
     );
 }

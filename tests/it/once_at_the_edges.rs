@@ -1,10 +1,15 @@
 //! Once at the edges: what happens in the first second after a database
 //! comes back, and notifications told once through cuts and deploys.
 
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::{Said, TestDb, Workspace, count, eventually, lines, proxied, wait};
+use crate::serve::stop;
+use crate::support::{Proxy, Said, TestDb, Workspace, count, eventually, lines, proxied, wait};
 
 /// Generous bound for a process to exit: hang detection only.
 const BOUND: Duration = Duration::from_secs(90);
@@ -76,4 +81,282 @@ fn a_run_started_as_the_database_returns_never_runs_a_period_that_ended_in_the_o
         assert_eq!((starts, attempts), (1, 1), "run again: {said}");
         assert!(said.contains("skipped"), "{said}");
     }
+}
+
+/// One request a receiver got: which replica sent it (the `r` of its URL)
+/// and its Idempotency-Key.
+#[derive(Debug, Clone)]
+struct Request {
+    replica: String,
+    key: String,
+}
+
+/// What the receiver does about each request beside answering it: cut the
+/// sender's database connections (`Cut`) or tell the test who sent it
+/// (`Tell`), once.
+#[derive(Clone, Copy, PartialEq)]
+enum Phase {
+    Cut,
+    Tell,
+}
+
+/// A receiver that answers every request 200 after 3 s, and in the `Cut`
+/// phase cuts the sender's proxy 1 s after a request for 10 s.
+struct SlowReceiver {
+    port: u16,
+    got: Arc<Mutex<Vec<Request>>>,
+    phase: Arc<Mutex<Phase>>,
+    told: Arc<Mutex<Option<String>>>,
+}
+
+impl SlowReceiver {
+    fn start(proxies: HashMap<String, Arc<Proxy>>) -> SlowReceiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let phase = Arc::new(Mutex::new(Phase::Cut));
+        let told = Arc::new(Mutex::new(None));
+        // The replicas cut now (cut again by a request only once restored).
+        let cutting: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let receiver = SlowReceiver {
+            port,
+            got: got.clone(),
+            phase: phase.clone(),
+            told: told.clone(),
+        };
+        std::thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                let (got, phase, told) = (got.clone(), phase.clone(), told.clone());
+                let (proxies, cutting) = (proxies.clone(), cutting.clone());
+                std::thread::spawn(move || {
+                    let Some(request) = read_request(&stream) else {
+                        return;
+                    };
+                    got.lock().unwrap().push(request.clone());
+                    let replica = request.replica;
+                    match *phase.lock().unwrap() {
+                        Phase::Cut if cutting.lock().unwrap().insert(replica.clone()) => {
+                            let proxy = proxies[&replica].clone();
+                            std::thread::spawn(move || {
+                                std::thread::sleep(Duration::from_secs(1));
+                                proxy.cut();
+                                std::thread::sleep(Duration::from_secs(10));
+                                proxy.restore();
+                                cutting.lock().unwrap().remove(&replica);
+                            });
+                        }
+                        Phase::Tell => {
+                            told.lock().unwrap().get_or_insert(replica);
+                        }
+                        Phase::Cut => {}
+                    }
+                    std::thread::sleep(Duration::from_secs(3));
+                    let _ = (&stream).write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                });
+            }
+        });
+        receiver
+    }
+
+    fn got(&self) -> Vec<Request> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// The sender and the Idempotency-Key of one request on `stream`.
+fn read_request(stream: &std::net::TcpStream) -> Option<Request> {
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
+    let replica = line
+        .split("r=")
+        .nth(1)?
+        .split([' ', '&'])
+        .next()?
+        .to_owned();
+    let mut key = String::new();
+    let mut length = 0;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+            break;
+        }
+        let Some((name, value)) = line.trim().split_once(':') else {
+            continue;
+        };
+        match name.trim().to_lowercase().as_str() {
+            "idempotency-key" => key = value.trim().to_owned(),
+            "content-length" => length = value.trim().parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(Request { replica, key })
+}
+
+/// Items 1 and 2: three replicas, each through its own proxy, deliver 100
+/// notifications (25 periods failed, then recovered, each to a `json` and
+/// a `slack` notifier) to a receiver that answers in 3 s. In the first
+/// half every sender's connections are cut 1 s into its request, for
+/// 10 s; in the second, a sender gets SIGTERM during a request. Every
+/// (notifier, period, event) is received exactly once.
+#[test]
+fn notifications_are_received_once_through_cuts_and_a_sigterm_of_the_sender() {
+    let Some(db) = TestDb::postgres_blocking() else {
+        return;
+    };
+    let names = ["a", "b", "c"];
+    let proxied: Vec<(Arc<Proxy>, String)> = names
+        .iter()
+        .map(|_| {
+            let (proxy, url) = proxied(&db);
+            (Arc::new(proxy), url)
+        })
+        .collect();
+    let proxies: HashMap<String, Arc<Proxy>> = names
+        .iter()
+        .zip(&proxied)
+        .map(|(name, (proxy, _))| (name.to_string(), proxy.clone()))
+        .collect();
+    let hook = SlowReceiver::start(proxies);
+    let job = "[[job]]\nname = \"bad\"\nschedule = \"0 3 * * *\"\nperiod = \"day\"\n\
+               active_until = \"2026-11-30\"\nshell = \"test -e ok\"\n";
+    let ws = Workspace::new(&format!(
+        "[scheduler]\nlease = \"12s\"\nscan_interval = \"500ms\"\nshutdown_grace = \"1s\"\n\n{job}\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"http://127.0.0.1:{port}/hook?r=${{REPLICA}}\"\n\n\
+         [[notify]]\nname = \"chat\"\nformat = \"slack\"\nurl = \"http://127.0.0.1:{port}/chat?r=${{REPLICA}}\"\n",
+        port = hook.port
+    ));
+    // The periods are run without the notifiers, so only the replicas tell.
+    std::fs::write(ws.path().join("quiet.toml"), job).unwrap();
+    let backfill = || {
+        ws.run(&[
+            "--config",
+            "quiet.toml",
+            "--database-url",
+            &db.url,
+            "run",
+            "bad",
+            "--from",
+            "2026-11-01",
+            "--to",
+            "2026-11-25",
+            "--force",
+        ])
+    };
+    assert_eq!(backfill().code(), 1, "every period fails");
+    let start = |name: &str, url: &str| {
+        let log = std::fs::File::create(ws.path().join(format!("serve-{name}.log"))).unwrap();
+        ws.command(&["--database-url", url, "serve"])
+            .env("REPLICA", name)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start serve")
+    };
+    let mut replicas: HashMap<String, std::process::Child> = names
+        .iter()
+        .zip(&proxied)
+        .map(|(name, (_, url))| (name.to_string(), start(name, url)))
+        .collect();
+    eventually("50 failed notifications", Duration::from_secs(120), || {
+        unique(&hook.got()) >= 50
+    });
+    // Past any cut still under way, and any second send it would cause.
+    std::thread::sleep(Duration::from_secs(25));
+    *hook.phase.lock().unwrap() = Phase::Tell;
+    std::fs::write(ws.path().join("ok"), "").unwrap();
+    assert_eq!(backfill().code(), 0, "every period succeeds");
+    let mut sender = None;
+    eventually(
+        "a recovered notification under way",
+        Duration::from_secs(60),
+        || {
+            sender = hook.told.lock().unwrap().clone();
+            sender.is_some()
+        },
+    );
+    let sender = sender.unwrap();
+    assert_eq!(stop(replicas.remove(&sender).unwrap()), 0);
+    eventually("100 notifications", Duration::from_secs(120), || {
+        unique(&hook.got()) >= 100
+    });
+    std::thread::sleep(Duration::from_secs(25));
+    for (_, replica) in replicas {
+        assert_eq!(stop(replica), 0);
+    }
+    let got = hook.got();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for request in &got {
+        *seen.entry(request.key.as_str()).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "told more than once: {twice:?}");
+    assert_eq!(seen.len(), 100, "{seen:?}");
+    let delivered = count(
+        &db.url,
+        "SELECT count(*) FROM scheduler_notifications WHERE state = 'delivered' AND tries = 1",
+    );
+    assert_eq!(delivered, 100);
+}
+
+/// How many different notifications `got` holds.
+fn unique(got: &[Request]) -> usize {
+    got.iter().map(|r| &r.key).collect::<HashSet<_>>().len()
+}
+
+/// Item 2: a rolling deploy. SIGTERM reaches `serve` while a delivery is
+/// out to a receiver that answers in 3 s; the replica that follows sends
+/// nothing again, because the one stopping finished the send and wrote how
+/// it went before it exited.
+#[test]
+fn sigterm_during_a_delivery_finishes_it_and_the_next_replica_sends_nothing_again() {
+    let hook = SlowReceiver::start(HashMap::new());
+    *hook.phase.lock().unwrap() = Phase::Tell;
+    let job = "[[job]]\nname = \"bad\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\ncommand = [\"false\"]\n";
+    let ws = Workspace::new(&format!(
+        "[scheduler]\nlease = \"2s\"\nscan_interval = \"500ms\"\nshutdown_grace = \"1s\"\n\n{job}\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"http://127.0.0.1:{}/hook?r=${{REPLICA}}\"\n",
+        hook.port
+    ));
+    std::fs::write(ws.path().join("quiet.toml"), job).unwrap();
+    let db = TestDb::sqlite();
+    let out = ws.run(&[
+        "--config",
+        "quiet.toml",
+        "--database-url",
+        &db.url,
+        "run",
+        "bad",
+        "--period",
+        "2025",
+    ]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let serve = |name: &str| {
+        ws.command(&["--database-url", &db.url, "serve"])
+            .env("REPLICA", name)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start serve")
+    };
+    let first = serve("a");
+    eventually("a delivery under way", BOUND, || {
+        hook.told.lock().unwrap().is_some()
+    });
+    assert_eq!(stop(first), 0);
+    let next = serve("b");
+    // Past the lease of a delivery left `sending`, and a round of the next.
+    std::thread::sleep(Duration::from_secs(20));
+    assert_eq!(stop(next), 0);
+    let got = hook.got();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_notifications WHERE state = 'delivered'"
+        ),
+        1
+    );
 }
