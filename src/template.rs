@@ -327,35 +327,81 @@ impl Secrets {
         masked
     }
 
-    /// [`Secrets::mask`] of a piece cut from a longer text: where its start
-    /// (`cut_before`) or its end (`cut_after`) was cut, the part of a value
-    /// found at that edge (at least [`Secrets::SHORTEST`] bytes) is masked
-    /// too.
-    pub fn mask_cut(&self, text: &str, cut_before: bool, cut_after: bool) -> String {
-        let mut text = self.mask(text);
-        let lower = text.to_ascii_lowercase();
-        let edge = |fits: &dyn Fn(&str, usize) -> bool| {
-            self.forms()
-                .iter()
-                .flat_map(|v| (Secrets::SHORTEST..v.len()).map(move |k| (v, k)))
-                .filter(|(v, k)| fits(v, *k))
-                .map(|(_, k)| k)
-                .max()
+    /// [`Secrets::mask`] of a piece that goes on from `before` (the bytes
+    /// just before it, empty at a text's start; [`Secrets::look_back`] of
+    /// them are enough): a value that `before` and the piece's start make
+    /// up is masked in the piece too, and nothing else there is, however
+    /// much the piece's start looks like a value's end. With `cut_after`
+    /// (the text goes on but what follows is unknown: a body read to its
+    /// limit), the part of a value found at its end (at least
+    /// [`Secrets::SHORTEST`] bytes) is masked as well.
+    pub fn mask_cut(&self, before: &str, text: &str, cut_after: bool) -> String {
+        // How much of the piece's start is a value begun in `before`.
+        let spanned = match &self.0 {
+            Some(finder) if !before.is_empty() => {
+                let joined = format!("{before}{text}");
+                let at = before.len();
+                finder
+                    .automaton
+                    .find_overlapping_iter(&joined)
+                    .filter(|m| m.start() < at && m.end() > at)
+                    .map(|m| m.end() - at)
+                    .max()
+                    .unwrap_or(0)
+            }
+            _ => 0,
         };
-        if cut_after
-            && let Some(k) =
-                edge(&|v: &str, k: usize| v.is_char_boundary(k) && lower.ends_with(&v[..k]))
-        {
+        let spanned = (spanned..=text.len())
+            .find(|k| text.is_char_boundary(*k))
+            .unwrap_or(text.len());
+        let mut text = match spanned {
+            0 => self.mask(text),
+            k => format!("***{}", self.mask(&text[k..])),
+        };
+        let lower = text.to_ascii_lowercase();
+        let begun = self
+            .forms()
+            .iter()
+            .flat_map(|v| (Secrets::SHORTEST..v.len()).map(move |k| (v, k)))
+            .filter(|(v, k)| v.is_char_boundary(*k) && lower.ends_with(&v[..*k]))
+            .map(|(_, k)| k)
+            .max();
+        if cut_after && let Some(k) = begun {
             text.replace_range(text.len() - k.., "***");
         }
-        if cut_before
-            && let Some(k) = edge(&|v: &str, k: usize| {
-                v.is_char_boundary(v.len() - k) && lower.starts_with(&v[v.len() - k..])
-            })
-        {
-            text.replace_range(..k, "***");
-        }
         text
+    }
+
+    /// Where a piece of `bytes` may end when what follows is not known yet
+    /// and is given with the next piece: before any value that could run
+    /// on past the end (the last [`Secrets::look_back`] bytes at most are
+    /// kept back) and outside every value found whole, at a character's
+    /// start. A text cut there is masked piece by piece with nothing of a
+    /// value on either side of a cut.
+    pub fn safe_end(&self, bytes: &[u8]) -> usize {
+        let Some(finder) = &self.0 else {
+            return bytes.len();
+        };
+        let longest = finder.forms.iter().map(String::len).max().unwrap_or(1);
+        let mut end = bytes.len().saturating_sub(longest - 1);
+        for m in finder.automaton.find_overlapping_iter(bytes) {
+            if m.start() < end && m.end() > end {
+                end = m.start();
+            }
+        }
+        while end > 0 && end < bytes.len() && bytes[end] & 0xC0 == 0x80 {
+            end -= 1;
+        }
+        end
+    }
+
+    /// How many of the bytes before a piece [`Secrets::mask_cut`] needs to
+    /// find a value that runs into it: the longest value's length.
+    pub fn look_back(&self) -> usize {
+        self.0
+            .as_ref()
+            .and_then(|f| f.forms.iter().map(String::len).max())
+            .unwrap_or(0)
     }
 }
 
@@ -632,13 +678,37 @@ mod tests {
         let env = |_: &str| Some("hunter2secretvalue".to_owned());
         let t = Template::load("${A}", &env).unwrap();
         let secrets = Secrets::of([&t]);
-        assert_eq!(secrets.mask_cut("xxxxhunter2s", false, true), "xxxx***");
-        assert_eq!(secrets.mask_cut("ecretvalue yyy", true, false), "*** yyy");
+        assert_eq!(secrets.mask_cut("", "xxxxhunter2s", true), "xxxx***");
         assert_eq!(
-            secrets.mask_cut("ecretvalue yyy", false, false),
+            secrets.mask_cut("zz hunter2s", "ecretvalue yyy", false),
+            "*** yyy"
+        );
+        assert_eq!(
+            secrets.mask_cut("", "ecretvalue yyy", false),
             "ecretvalue yyy"
         );
-        assert_eq!(secrets.mask_cut("value", true, false), "***");
+        assert_eq!(
+            secrets.mask_cut("something else", "ecretvalue yyy", false),
+            "ecretvalue yyy",
+            "a start that only looks like a value's end"
+        );
+    }
+
+    #[test]
+    fn a_chunk_of_a_long_run_of_one_letter_is_not_taken_for_a_values_end() {
+        let env = |_: &str| Some("tok_aaaaaaaa".to_owned());
+        let t = Template::load("${A}", &env).unwrap();
+        let secrets = Secrets::of([&t]);
+        let run = "A".repeat(64);
+        assert_eq!(secrets.mask_cut(&run, &run, false), run);
+        let end = secrets.safe_end(run.as_bytes());
+        assert_eq!(end, run.len() - (secrets.look_back() - 1));
+        let text = format!("xx tok_aaaaaaaa yy{}", "z".repeat(20));
+        let bytes = text.as_bytes();
+        // Kept back before a value that may run on, never inside one.
+        assert_eq!(secrets.safe_end(&bytes[..8]), 0);
+        assert_eq!(secrets.safe_end(&bytes[..16]), 3);
+        assert_eq!(secrets.safe_end(bytes), bytes.len() - 11);
     }
 
     #[test]

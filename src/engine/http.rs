@@ -80,7 +80,7 @@ pub(super) async fn send(
                 // A body read to the limit may cut a value that the
                 // service echoed: its start is masked too.
                 let cut = body.len() >= OUTPUT_TAIL;
-                finish.output = Some(run.job.secrets.mask_cut(&text, false, cut));
+                finish.output = Some(run.job.secrets.mask_cut("", &text, cut));
             }
             result
         }

@@ -143,7 +143,9 @@ async fn finish(
     }
     let tail = tail.lock().map(|t| t.clone()).unwrap_or_default();
     let text = String::from_utf8_lossy(&tail.bytes);
-    run.job.secrets.mask_cut(&text, tail.cut, false)
+    run.job
+        .secrets
+        .mask_cut(&String::from_utf8_lossy(&tail.before), &text, false)
 }
 
 /// What the supervisor is told to start: the program and its arguments,
@@ -263,8 +265,9 @@ fn forward(
     tokio::spawn(async move {
         let mut reader = BufReader::with_capacity(LINE_LIMIT, stream);
         let mut line: Vec<u8> = Vec::with_capacity(LINE_LIMIT);
-        // Whether the piece being read goes on from one cut at the limit.
-        let mut goes_on = false;
+        // The end of the piece before, when the one being read goes on
+        // from it (cut at the limit): a value across the cut is found.
+        let mut before: Vec<u8> = Vec::new();
         loop {
             let (used, ended) = match reader.fill_buf().await {
                 Ok([]) | Err(_) => break,
@@ -284,34 +287,56 @@ fn forward(
                 }
             };
             reader.consume(used);
-            keep_tail(&tail, &line[line.len() - used..]);
+            keep_tail(&tail, &line[line.len() - used..], tag.secrets.look_back());
             if ended {
                 let cut = !line.ends_with(b"\n");
-                let carry = emit(&mut line, &tag, (goes_on, cut));
-                goes_on = cut;
+                let carry = emit(&mut line, &tag, &before, cut);
+                before = match cut {
+                    true => last(&line, tag.secrets.look_back()).to_vec(),
+                    false => Vec::new(),
+                };
                 line.clear();
                 line.extend_from_slice(&carry);
             }
         }
         if !line.is_empty() {
-            let carry = emit(&mut line, &tag, (goes_on, false));
+            let carry = emit(&mut line, &tag, &before, false);
             if !carry.is_empty() {
-                log_line(&carry, &tag, (false, false));
+                log_line(&carry, &tag, &last(&line, tag.secrets.look_back()), false);
             }
         }
     })
 }
 
-/// Logs `line`, except for an unfinished UTF-8 character at its end (a
-/// piece cut at the limit), which is returned to start the next piece.
-/// `cut` says whether its start and its end were cut from a longer line.
-fn emit(line: &mut Vec<u8>, tag: &Tag, cut: (bool, bool)) -> Vec<u8> {
-    let carry = match std::str::from_utf8(line) {
-        Err(e) if e.error_len().is_none() => line.split_off(e.valid_up_to()),
-        _ => Vec::new(),
+/// Logs `line`, which goes on from `before` (empty at a line's start).
+/// A piece cut at the limit (`cut`) ends where no value of a secret runs
+/// across its end, and at a character's start; the rest is returned to
+/// start the next piece.
+fn emit(line: &mut Vec<u8>, tag: &Tag, before: &[u8], cut: bool) -> Vec<u8> {
+    let mut at = match cut {
+        true => tag.secrets.safe_end(line),
+        false => line.len(),
     };
-    log_line(line, tag, cut);
+    // A line that is one long value, or values end to end, cannot be cut
+    // outside one: it is cut in the second half at most, and the part of a
+    // value at the cut is masked on both sides.
+    let inside = at < line.len() / 2;
+    if inside {
+        at = line.len() - tag.secrets.look_back().min(line.len() / 2);
+    }
+    if let Err(e) = std::str::from_utf8(&line[..at])
+        && e.error_len().is_none()
+    {
+        at = e.valid_up_to();
+    }
+    let carry = line.split_off(at);
+    log_line(line, tag, before, inside);
     carry
+}
+
+/// The last `n` bytes of `bytes`, or all of them.
+fn last(bytes: &[u8], n: usize) -> &[u8] {
+    &bytes[bytes.len().saturating_sub(n)..]
 }
 
 /// What a job's output line is logged with.
@@ -335,10 +360,12 @@ impl Tag {
     }
 }
 
-fn log_line(line: &[u8], tag: &Tag, (cut_before, cut_after): (bool, bool)) {
-    let text = tag
-        .secrets
-        .mask_cut(&String::from_utf8_lossy(line), cut_before, cut_after);
+fn log_line(line: &[u8], tag: &Tag, before: &[u8], cut_after: bool) {
+    let text = tag.secrets.mask_cut(
+        &String::from_utf8_lossy(before),
+        &String::from_utf8_lossy(line),
+        cut_after,
+    );
     // Control characters (a job's colours, a carriage return) are escaped:
     // a log line never moves the terminal's cursor or forges another line.
     let shown = crate::error::printable(text.trim_end());
@@ -349,18 +376,21 @@ fn log_line(line: &[u8], tag: &Tag, (cut_before, cut_after): (bool, bool)) {
 #[derive(Debug, Clone, Default)]
 struct Tail {
     bytes: Vec<u8>,
-    /// Whether output before them was dropped (a value may be cut at the
-    /// start).
-    cut: bool,
+    /// The last dropped bytes before them, as many as a secret is long: a
+    /// value cut at the start is found, and a start that only looks like
+    /// a value's end is kept.
+    before: Vec<u8>,
 }
 
-fn keep_tail(tail: &Mutex<Tail>, bytes: &[u8]) {
+fn keep_tail(tail: &Mutex<Tail>, bytes: &[u8], look_back: usize) {
     if let Ok(mut tail) = tail.lock() {
         tail.bytes.extend_from_slice(bytes);
         if tail.bytes.len() > OUTPUT_TAIL {
             let cut = tail.bytes.len() - OUTPUT_TAIL;
-            tail.bytes.drain(..cut);
-            tail.cut = true;
+            let dropped: Vec<u8> = tail.bytes.drain(..cut).collect();
+            tail.before.extend_from_slice(&dropped);
+            let extra = tail.before.len().saturating_sub(look_back);
+            tail.before.drain(..extra);
         }
     }
 }

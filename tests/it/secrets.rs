@@ -340,3 +340,69 @@ fn run_starts_without_the_api_tokens_variables_and_serve_names_the_missing_one()
         serve.stderr()
     );
 }
+
+/// A token ending in `aaaa…` and lines of 300,000 `A`s: no 64 KiB piece
+/// of them in the log, and not the kept output, is masked (a piece's
+/// start is no cut-off value), while the token itself, printed across a
+/// piece's end, is masked whole.
+#[test]
+fn a_long_line_that_only_looks_like_a_values_end_is_logged_and_kept_unmasked() {
+    let token = "tok_aaaaaaaaaaaaaaaa";
+    let a = "head -c 300000 /dev/zero | tr '\\\\0' A";
+    let ws = Workspace::new(&job(
+        "long",
+        &format!(
+            "shell = \"{a}; echo; head -c 65530 /dev/zero | tr '\\\\0' z; printf %s \\\"$T\\\"; echo; {a}; exit 3\"\nenv = {{ T = \"${{T}}\" }}"
+        ),
+    ));
+    let db = TestDb::sqlite();
+    let out = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "long",
+            "--period",
+            "2026-07",
+        ])
+        .env("T", token)
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let log = out.stderr();
+    let pieces: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("AAAAAAAAAAAAAAAA"))
+        .collect();
+    assert!(pieces.len() >= 8, "{} pieces", pieces.len());
+    assert!(
+        pieces.iter().all(|piece| !piece.contains("***")),
+        "a piece of A's was masked"
+    );
+    assert!(!log.contains(token), "the token reached the log");
+    assert!(log.contains("zzz***"), "the token across a piece's end");
+    let history = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "history",
+            "long",
+            "--json",
+            "--output",
+        ])
+        .env("T", token)
+        .output()
+        .unwrap();
+    let newest = history
+        .stdout()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let said: serde_json::Value = serde_json::from_str(&newest).unwrap();
+    let output = said["output"].as_str().unwrap_or_default();
+    assert!(
+        output.starts_with("AAAA") && !output.contains("***"),
+        "{output}"
+    );
+}
