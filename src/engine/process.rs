@@ -302,7 +302,7 @@ fn forward(
         if !line.is_empty() {
             let carry = emit(&mut line, &tag, &before, false);
             if !carry.is_empty() {
-                log_line(&carry, &tag, &last(&line, tag.secrets.look_back()), false);
+                log_line(&carry, &tag, last(&line, tag.secrets.look_back()), false);
             }
         }
     })
