@@ -353,6 +353,10 @@ async fn slot(
     }
 }
 
+/// The address a request came from (a proxy's, behind one).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
 /// One accepted connection, served by hyper.
 struct Connection {
     app: Router,
@@ -369,8 +373,13 @@ impl Connection {
         let inner = TowerToHyperService::new(self.app);
         let flag = self.headed;
         // hyper calls the service once a request head has come.
-        let service = hyper::service::service_fn(move |request| {
+        // Where the request came from, for the console's failed logins.
+        let peer = stream.peer_addr().ok().map(Peer);
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
             flag.store(true, Ordering::Relaxed);
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(peer);
+            }
             inner.call(request)
         });
         let mut shutdown = self.shutdown;

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::api::{CI, READER, Server, with_api};
 use crate::serve::stop;
 use crate::support::{Proxy, Said, TestDb, Workspace, count, eventually, lines, proxied, wait};
 
@@ -359,4 +360,162 @@ fn sigterm_during_a_delivery_finishes_it_and_the_next_replica_sends_nothing_agai
         ),
         1
     );
+}
+
+/// A job with a period a minute, for reads of many periods.
+const MINUTELY: &str = "\n[[job]]\nname = \"m\"\nschedule = \"* * * * *\"\nperiod = \"minute\"\ncommand = [\"true\"]\n";
+
+/// Item 5: the console's login slows down after five failures in a row
+/// (429 with Retry-After, for a good token too while it lasts), and each
+/// failure is a WARN naming where it came from, never what was typed.
+#[test]
+fn failed_console_logins_are_slowed_down_and_logged_without_what_was_typed() {
+    let ws = Workspace::new(&with_api(MINUTELY));
+    let db = TestDb::sqlite();
+    let server = Server::start(&ws, &db.url);
+    let login = |token: &str| {
+        reqwest::blocking::Client::new()
+            .post(format!("{}/console/session", server.base()))
+            .json(&serde_json::json!({ "token": token }))
+            .send()
+            .expect("login")
+    };
+    let guesses: Vec<u16> = (0..8)
+        .map(|i| {
+            login(&format!("guess-{i}-typed-by-an-attacker"))
+                .status()
+                .as_u16()
+        })
+        .collect();
+    assert_eq!(&guesses[..6], &[401; 6], "{guesses:?}");
+    assert_eq!(guesses[7], 429, "{guesses:?}");
+    let held = login(READER);
+    assert_eq!(held.status().as_u16(), 429);
+    assert!(held.headers().contains_key("retry-after"));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        login(READER).status().as_u16(),
+        200,
+        "let through once the wait is over"
+    );
+    drop(server);
+    let log = std::fs::read_to_string(ws.path().join("serve.log")).unwrap_or_default();
+    let failed = log
+        .lines()
+        .filter(|l| l.contains("console login failed"))
+        .count();
+    assert_eq!(failed, 6, "{log}");
+    assert!(log.contains("from=\"127.0.0.1:"), "{log}");
+    assert!(
+        log.contains("console login refused: too many failed logins"),
+        "{log}"
+    );
+    assert!(!log.contains("typed-by-an-attacker"), "{log}");
+}
+
+/// Item 6: every answer of the API, a job's data or an error, says
+/// `Cache-Control: no-store`.
+#[test]
+fn api_answers_are_never_stored_by_a_browser_or_a_proxy() {
+    let ws = Workspace::new(&with_api(MINUTELY));
+    let db = TestDb::sqlite();
+    let server = Server::start(&ws, &db.url);
+    for path in [
+        "/v1/jobs",
+        "/v1/jobs/m/periods?last=3",
+        "/v1/jobs/nope/periods",
+        "/v1/runs",
+    ] {
+        let answer = server.get(READER, path);
+        assert_eq!(
+            answer
+                .headers()
+                .get("cache-control")
+                .map(|v| v.to_str().unwrap()),
+            Some("no-store"),
+            "{path}: {}",
+            answer.status()
+        );
+    }
+}
+
+/// Item 7: one token's 40 reads of 10,000 periods each, sent at once, do
+/// not hold another token's read behind them: it is answered while most of
+/// the 40 are still waiting.
+#[test]
+fn one_tokens_burst_of_reads_does_not_starve_another_token() {
+    let ws = Workspace::new(&with_api(MINUTELY));
+    let db = TestDb::sqlite();
+    let server = Arc::new(Server::start(&ws, &db.url));
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            let (server, done) = (server.clone(), done.clone());
+            std::thread::spawn(move || {
+                let answer = server.get(
+                    CI,
+                    "/v1/jobs/m/periods?from=2026-10-01T00:00&to=2026-10-07T22:39",
+                );
+                assert_eq!(answer.status().as_u16(), 200);
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })
+        })
+        .collect();
+    eventually("the burst under way", BOUND, || {
+        done.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    });
+    let answer = server.get(READER, "/v1/jobs");
+    assert_eq!(answer.status().as_u16(), 200);
+    let before = done.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        before <= 20,
+        "the other token waited for {before} of the 40"
+    );
+    for read in burst {
+        read.join().unwrap();
+    }
+}
+
+/// Item 9: a request with two session cookies (one set by a page of
+/// another port of the same host) is refused, and over HTTPS the cookie is
+/// a `__Host-` one that no such page can set.
+#[test]
+fn two_session_cookies_are_refused_and_https_sessions_are_host_cookies() {
+    let ws = Workspace::new(&with_api(MINUTELY));
+    let db = TestDb::sqlite();
+    let server = Server::start(&ws, &db.url);
+    let client = reqwest::blocking::Client::new();
+    let login = |proto: &str| {
+        client
+            .post(format!("{}/console/session", server.base()))
+            .header("X-Forwarded-Proto", proto)
+            .json(&serde_json::json!({ "token": READER }))
+            .send()
+            .expect("login")
+    };
+    let cookie = |answer: &reqwest::blocking::Response| {
+        let set = answer.headers()["set-cookie"].to_str().unwrap().to_owned();
+        set.split(';').next().unwrap().to_owned()
+    };
+    let plain = cookie(&login("http"));
+    let secure = login("https");
+    let secure_set = secure.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        secure_set.starts_with("__Host-scheduler_session=") && secure_set.contains("Secure"),
+        "{secure_set}"
+    );
+    let read = |cookies: &str| {
+        client
+            .get(format!("{}/v1/jobs", server.base()))
+            .header("Cookie", cookies)
+            .send()
+            .expect("read")
+    };
+    assert_eq!(read(&plain).status().as_u16(), 200);
+    let planted = "scheduler_session=6f6e2d63616c6c.4102444800.00";
+    for both in [format!("{planted}; {plain}"), format!("{plain}; {planted}")] {
+        let refused = read(&both);
+        assert_eq!(refused.status().as_u16(), 401, "{both}");
+        assert!(refused.text().unwrap().contains("two session cookies"));
+    }
 }

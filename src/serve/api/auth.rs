@@ -67,6 +67,11 @@ pub(super) fn authorize(
         }
         // The console's session, from its cookie.
         None => {
+            if session::doubled(headers) {
+                return Err(unauthorized(
+                    "two session cookies came with the request (a page of another port or site on this host may have set one): log in again, and clear this host's cookies if it goes on",
+                ));
+            }
             let token = session::token_of(settings, headers, chrono::Utc::now());
             // A session is a reader's: a token that lost `read` (a reload)
             // ends its sessions.

@@ -73,9 +73,25 @@ pub struct Api {
     /// memory and a connection, so readers queue rather than crowd out the
     /// scheduler's own statements.
     readers: tokio::sync::Semaphore,
+    /// One read at a time of each token, in front of `readers`.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// The console's failed logins, which slow the next ones down.
+    logins: Mutex<session::Failures>,
 }
 
 impl Api {
+    /// The turns of the token `who`'s reads: one at a time (tokens are
+    /// those of `[api]`, so the map stays small).
+    fn turns_of(&self, who: &str) -> Arc<tokio::sync::Semaphore> {
+        let Ok(mut turns) = self.turns.lock() else {
+            return Arc::new(tokio::sync::Semaphore::new(1));
+        };
+        turns
+            .entry(who.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
+            .clone()
+    }
+
     /// The API of a replica that runs on `engine`.
     pub(super) fn new(
         config: Arc<Config>,
@@ -89,6 +105,8 @@ impl Api {
             runs: tokio::sync::Mutex::new(JoinSet::new()),
             shared: Mutex::new(HashMap::new()),
             readers: tokio::sync::Semaphore::new(read::READERS),
+            turns: Mutex::default(),
+            logins: Mutex::default(),
         })
     }
 
@@ -171,7 +189,18 @@ pub fn routes(api: Arc<Api>) -> Router {
             )
         })
         .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::map_response(no_store))
         .with_state(api)
+}
+
+/// Every answer of the API is the caller's own (a job's output, its
+/// errors): no browser or proxy keeps a copy.
+async fn no_store(mut response: axum::response::Response) -> axum::response::Response {
+    response
+        .headers_mut()
+        .entry(axum::http::header::CACHE_CONTROL)
+        .or_insert(axum::http::HeaderValue::from_static("no-store"));
+    response
 }
 
 /// The job named `name`, or a 404 naming the nearest one.

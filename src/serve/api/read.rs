@@ -33,13 +33,16 @@ const SHARED_BYTES: usize = 16 << 20;
 pub(super) const READERS: usize = 2;
 
 impl Api {
-    /// The answer of a read, at most [`READERS`] at once on this replica.
+    /// The answer of a read for the token `who`, at most [`READERS`] at
+    /// once on this replica and one of each token's at a time: a client
+    /// that sends many reads at once queues them behind its own, not in
+    /// front of other tokens' (the console's among them).
     /// With `max_age` (seconds) it is shared: an answer read at most that
     /// long ago for the same `key` is given again (readers queued behind
     /// one read get its answer), and kept as text, [`SHARED_BYTES`] in all
     /// at most. The console's auto-refresh asks this way, so any number of
     /// viewers cost the database one read per view per interval.
-    async fn shared<F>(&self, key: String, max_age: Option<u64>, read: F) -> Answer
+    async fn shared<F>(&self, who: &str, key: String, max_age: Option<u64>, read: F) -> Answer
     where
         F: Future<Output = Answer>,
     {
@@ -50,6 +53,11 @@ impl Api {
             let (at, body) = shared.get(&key)?;
             (at.elapsed() <= max_age).then(|| Reply::written(body.clone()))
         };
+        if let Some(reply) = fresh() {
+            return Ok(reply);
+        }
+        let own = self.turns_of(who);
+        let _own_turn = own.acquire().await;
         if let Some(reply) = fresh() {
             return Ok(reply);
         }
@@ -100,12 +108,13 @@ pub(super) async fn jobs(
     headers: HeaderMap,
     Query(query): Query<JobsQuery>,
 ) -> Answer {
-    let (config, _) = authorize(&api, &headers, Need::Read)?;
+    let (config, token) = authorize(&api, &headers, Need::Read)?;
     let recent = number("recent", query.recent.as_deref(), RECENT_LIMIT)?.unwrap_or(0);
     let max_age = number("max_age", query.max_age.as_deref(), MAX_AGE as usize)?;
     let key = format!("jobs?recent={recent}");
     let read = list_jobs(&api, &config, recent);
-    api.shared(key, max_age.map(|a| a as u64), read).await
+    api.shared(&token.name, key, max_age.map(|a| a as u64), read)
+        .await
 }
 
 async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
@@ -167,7 +176,7 @@ pub(super) async fn periods(
     Path(name): Path<String>,
     Query(range): Query<Range>,
 ) -> Answer {
-    let (config, _) = authorize(&api, &headers, Need::Read)?;
+    let (config, token) = authorize(&api, &headers, Need::Read)?;
     let job = find_job(&config, &name)?;
     let last = number("last", range.last.as_deref(), RANGE_LIMIT)?;
     let limit = number("limit", range.limit.as_deref(), RANGE_LIMIT)?;
@@ -235,7 +244,8 @@ pub(super) async fn periods(
         }
         Ok(Reply::ok(StatusCode::OK, body))
     };
-    api.shared(key, max_age.map(|a| a as u64), read).await
+    api.shared(&token.name, key, max_age.map(|a| a as u64), read)
+        .await
 }
 
 #[derive(Deserialize)]
@@ -249,7 +259,7 @@ pub(super) async fn period(
     Path((name, label)): Path<(String, String)>,
     Query(fresh): Query<Fresh>,
 ) -> Answer {
-    let (config, _) = authorize(&api, &headers, Need::Read)?;
+    let (config, token) = authorize(&api, &headers, Need::Read)?;
     let job = find_job(&config, &name)?;
     let max_age = number("max_age", fresh.max_age.as_deref(), MAX_AGE as usize)?;
     // A label no fire covers (a day off, a date outside the job's active
@@ -294,7 +304,8 @@ pub(super) async fn period(
         answer["notifications"] = json!(notifications);
         Ok(Reply::ok(StatusCode::OK, answer))
     };
-    api.shared(key, max_age.map(|a| a as u64), read).await
+    api.shared(&token.name, key, max_age.map(|a| a as u64), read)
+        .await
 }
 
 /// The most runs `GET /v1/runs` lists.
@@ -313,7 +324,7 @@ pub(super) async fn runs(
     headers: HeaderMap,
     Query(query): Query<RunsQuery>,
 ) -> Answer {
-    authorize(&api, &headers, Need::Read)?;
+    let (_, token) = authorize(&api, &headers, Need::Read)?;
     let limit = number("limit", query.limit.as_deref(), RUNS_LIMIT)?.unwrap_or(50);
     let max_age = number("max_age", query.max_age.as_deref(), MAX_AGE as usize)?;
     let read = async {
@@ -322,6 +333,7 @@ pub(super) async fn runs(
         Ok(Reply::ok(StatusCode::OK, json!({ "runs": runs })))
     };
     api.shared(
+        &token.name,
         format!("runs?limit={limit}"),
         max_age.map(|a| a as u64),
         read,

@@ -23,8 +23,46 @@ use super::reply::{Answer, Reply, body_of, read_body};
 use crate::config::{ApiSettings, Token};
 use crate::period::utc_text;
 
-/// The cookie's name.
+/// The cookie's name over plain HTTP.
 const COOKIE: &str = "scheduler_session";
+
+/// Its name over HTTPS: a browser takes a `__Host-` cookie only from a
+/// secure page of this very host, for every path, so no page of another
+/// port or subdomain can set one of its own in its place.
+const HOST_COOKIE: &str = "__Host-scheduler_session";
+
+/// Failed logins let through before the next ones are slowed down.
+const FREE_FAILURES: u32 = 5;
+
+/// The longest wait a failed login imposes on the next.
+const MOST_WAIT: Duration = Duration::from_secs(60);
+
+/// The console's failed logins on this replica, in a row: past
+/// [`FREE_FAILURES`] each one doubles the wait before the next login is
+/// looked at (1 s, 2 s, … [`MOST_WAIT`]); a good one clears them. About
+/// 310 guesses a second become a few a minute.
+#[derive(Debug, Default)]
+pub(super) struct Failures {
+    in_a_row: u32,
+    until: Option<std::time::Instant>,
+}
+
+impl Failures {
+    /// How long a login must still wait, if it must.
+    fn wait(&self) -> Option<Duration> {
+        let until = self.until?;
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    fn failed(&mut self) {
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        if let Some(past) = self.in_a_row.checked_sub(FREE_FAILURES + 1) {
+            let wait = Duration::from_secs(1u64 << past.min(6)).min(MOST_WAIT);
+            self.until = Some(std::time::Instant::now() + wait);
+        }
+    }
+}
 
 /// How long a session lasts from its login.
 const LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -55,18 +93,32 @@ pub(super) fn token_of(
 
 /// Whether `headers` carry a session cookie, good or not.
 pub(super) fn has_cookie(headers: &HeaderMap) -> bool {
-    cookie(headers).is_some()
+    cookies(headers).next().is_some()
 }
 
-/// The session cookie's value among `headers`.
+/// Whether `headers` carry more than one session cookie: one was set by a
+/// page that is not the console's (another port of the same host), to log
+/// the operator out or into its own session. Such a request is refused.
+pub(super) fn doubled(headers: &HeaderMap) -> bool {
+    cookies(headers).nth(1).is_some()
+}
+
+/// The session cookie's value among `headers`: the one there is.
 fn cookie(headers: &HeaderMap) -> Option<&str> {
+    let mut found = cookies(headers);
+    let value = found.next()?;
+    found.next().is_none().then_some(value)
+}
+
+/// The values of every session cookie among `headers`.
+fn cookies(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .filter(|(name, _)| *name == COOKIE || *name == HOST_COOKIE)
         .map(|(_, value)| value)
 }
 
@@ -102,10 +154,66 @@ struct Login {
 }
 
 /// `POST /console/session`: `{"token": SECRET}` of a token allowed to
-/// `read` opens a session; the answer sets its cookie.
-pub(super) async fn login(State(api): State<Arc<Api>>, headers: HeaderMap, body: Body) -> Answer {
+/// `read` opens a session; the answer sets its cookie. Failed logins slow
+/// the next ones down ([`Failures`]), and each is logged with where it
+/// came from, never with what was typed.
+pub(super) async fn login(
+    State(api): State<Arc<Api>>,
+    peer: Option<axum::Extension<crate::serve::server::Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    let from = from(peer.map(|p| p.0), &headers);
+    let wait = api.logins.lock().ok().and_then(|f| f.wait());
+    if let Some(wait) = wait {
+        tracing::warn!(
+            from,
+            "console login refused: too many failed logins on this replica; the next is looked at in {}s",
+            wait.as_secs() + 1
+        );
+        return Err(Reply::error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many failed logins: try again later",
+        )
+        .with(header::RETRY_AFTER, &(wait.as_secs() + 1).to_string()));
+    }
+    let answer = open(&api, &headers, body).await;
+    match &answer {
+        Ok(_) => {
+            if let Ok(mut failures) = api.logins.lock() {
+                *failures = Failures::default();
+            }
+        }
+        Err(refused) if refused.status == StatusCode::UNAUTHORIZED => {
+            let in_a_row = api.logins.lock().map_or(0, |mut failures| {
+                failures.failed();
+                failures.in_a_row
+            });
+            tracing::warn!(from, in_a_row, "console login failed: unknown token");
+        }
+        Err(_) => {}
+    }
+    answer
+}
+
+/// Where a login came from, for the log: the peer's address, and what a
+/// proxy in front says of the browser's (`X-Forwarded-For`, its first
+/// 100 characters, made printable).
+fn from(peer: Option<crate::serve::server::Peer>, headers: &HeaderMap) -> String {
+    let peer = peer.map_or_else(|| "unknown".to_owned(), |p| p.0.to_string());
+    match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(forwarded) => {
+            let forwarded: String = forwarded.chars().take(100).collect();
+            format!("{peer} for {}", crate::error::printable(&forwarded))
+        }
+        None => peer,
+    }
+}
+
+/// A login looked at: the session opened, or why not.
+async fn open(api: &Api, headers: &HeaderMap, body: Body) -> Answer {
     // Another site's form must not log a browser in as someone else.
-    if !same_origin(&headers, false) {
+    if !same_origin(headers, false) {
         return Err(Reply::error(
             StatusCode::FORBIDDEN,
             "a session is opened only from the console's own page",
@@ -124,7 +232,7 @@ pub(super) async fn login(State(api): State<Arc<Api>>, headers: HeaderMap, body:
         return Err(Reply::bad("token", "a token is printable text"));
     };
     bearer.insert(header::AUTHORIZATION, given);
-    let (_, token) = authorize(&api, &bearer, Need::Read)?;
+    let (_, token) = authorize(api, &bearer, Need::Read)?;
     let now = Utc::now();
     let expires = now + chrono::TimeDelta::from_std(LIFETIME).unwrap_or_default();
     let mac = token
@@ -138,7 +246,7 @@ pub(super) async fn login(State(api): State<Arc<Api>>, headers: HeaderMap, body:
         hex::encode(mac)
     );
     tracing::info!(token = %token.name, "console login");
-    Ok(who(&token, Some(expires)).with(header::SET_COOKIE, set_cookie(&headers, &value, LIFETIME)))
+    Ok(who(&token, Some(expires)).with(header::SET_COOKIE, set_cookie(headers, &value, LIFETIME)))
 }
 
 /// `GET /console/session`: who the session is, or 401.
@@ -180,9 +288,14 @@ fn set_cookie(headers: &HeaderMap, value: &str, max_age: Duration) -> String {
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|proto| proto.eq_ignore_ascii_case("https"));
-    format!(
-        "{COOKIE}={value}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict{}",
-        max_age.as_secs(),
-        if https { "; Secure" } else { "" }
-    )
+    match https {
+        true => format!(
+            "{HOST_COOKIE}={value}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict; Secure",
+            max_age.as_secs()
+        ),
+        false => format!(
+            "{COOKIE}={value}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict",
+            max_age.as_secs()
+        ),
+    }
 }
