@@ -175,7 +175,7 @@ pub(super) async fn login(
             StatusCode::TOO_MANY_REQUESTS,
             "too many failed logins: try again later",
         )
-        .with(header::RETRY_AFTER, &(wait.as_secs() + 1).to_string()));
+        .with(header::RETRY_AFTER, (wait.as_secs() + 1).to_string()));
     }
     let answer = open(&api, &headers, body).await;
     match &answer {
