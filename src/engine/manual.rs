@@ -578,6 +578,8 @@ impl Backfill<'_> {
         // Periods that found no slot while this batch took one: the slot
         // may be a batch mate's, freed when the batch ends.
         let mut again = Vec::new();
+        // Periods whose lease ran out, left to their runners a while.
+        let mut expired = Vec::new();
         for (_, w) in &won {
             self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
         }
@@ -586,7 +588,7 @@ impl Backfill<'_> {
                 // A lease that ran out while this process holds recoveries
                 // (it has just started, or saw the database fail) is left
                 // to its runner for that long, then claimed again.
-                Taken::Not(Claim::Expired { .. }) => lines.push((ask, None)),
+                Taken::Not(Claim::Expired { owner, until }) => expired.push((ask, owner, until)),
                 Taken::Not(Claim::Held { .. } | Claim::Busy) if self.request.wait => {
                     lines.push((ask, None));
                 }
@@ -620,6 +622,11 @@ impl Backfill<'_> {
             if let Some(line) = self.again(ask).await? {
                 ended.push((at, line));
             }
+        }
+        for (ask, owner, until) in expired {
+            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
+            let line = self.after_the_hold(&ask, &owner, until).await?;
+            ended.push((at, line));
         }
         // A period run elsewhere is waited for after the batch's own runs
         // ended (it may be waiting for one of them to free a slot).
@@ -709,23 +716,6 @@ impl Backfill<'_> {
                         None => continue,
                     }
                 }
-                Some(Taken::Not(Claim::Expired { owner, until })) => {
-                    let left = self.engine.store().holding(self.engine.lease());
-                    tracing::info!(
-                        period_key = %key,
-                        %owner,
-                        %until,
-                        "lease ran out; leaving the period to its runner for {}, which may still be recording its outcome",
-                        humantime::format_duration(left.unwrap_or_default())
-                    );
-                    let mut shutdown = self.shutdown.clone();
-                    tokio::select! {
-                        () = tokio::time::sleep(left.unwrap_or_default().max(Duration::from_millis(50))) => continue,
-                        _ = shutdown.wait_for(|down| *down) => {
-                            return Ok(Line::new(&key, PeriodOutcome::Interrupted, "while leaving an expired claim to its runner; not run".into(), None));
-                        }
-                    }
-                }
                 Some(Taken::Not(Claim::Busy)) => {
                     if !std::mem::replace(&mut said_busy, true) {
                         tracing::info!(period_key = %key, "waiting for a free concurrency slot");
@@ -747,6 +737,53 @@ impl Backfill<'_> {
                 .run(ask.clone(), won, self.stop_now.clone())
                 .await;
             return Line::of(report);
+        }
+    }
+
+    /// A period whose lease ran out, left to its runner while this process
+    /// holds expired leases ([`crate::store::Store::holding`]): claimed
+    /// again once the hold is over, and run, or told why not (most often
+    /// `already succeeded`: the runner wrote its outcome meanwhile).
+    async fn after_the_hold(
+        &mut self,
+        ask: &Ask,
+        owner: &str,
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Line, Error> {
+        let key = ask.key();
+        let left = self.engine.store().holding(self.engine.lease());
+        let wait = Duration::from_millis(
+            u64::try_from(left.unwrap_or_default().as_millis().div_ceil(100) * 100)
+                .unwrap_or(u64::MAX),
+        );
+        tracing::info!(
+            period_key = %key,
+            "the lease of {owner} ran out at {}; waiting {} in case it is still recording its outcome",
+            utc_text(until),
+            humantime::format_duration(wait)
+        );
+        loop {
+            let mut shutdown = self.shutdown.clone();
+            let left = self.engine.store().holding(self.engine.lease());
+            tokio::select! {
+                () = tokio::time::sleep(left.unwrap_or_default().max(Duration::from_millis(50))) => {}
+                _ = shutdown.wait_for(|down| *down) => {
+                    return Ok(Line::new(&key, PeriodOutcome::Interrupted, "while leaving an expired claim to its runner; not run".into(), None));
+                }
+            }
+            match self.engine.claim(std::slice::from_ref(ask)).await?.pop() {
+                Some(Taken::Not(Claim::Expired { .. })) => continue,
+                Some(Taken::Won(won)) => {
+                    self.sink.claimed(won.lease.key.as_str(), won.lease.attempt);
+                    let report = self
+                        .engine
+                        .run(ask.clone(), won, self.stop_now.clone())
+                        .await;
+                    return Line::of(report);
+                }
+                Some(not) => return Ok(self.not_run_line(ask, not)),
+                None => return Ok(self.not_run_line(ask, Taken::RunningHere)),
+            }
         }
     }
 

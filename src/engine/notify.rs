@@ -487,7 +487,7 @@ fn log(delivery: &Delivery, tried: &Tried) {
                 notifier,
                 period_key = key,
                 event,
-                ?status,
+                status = status.map_or_else(|| "none".to_owned(), |s| s.to_string()),
                 error,
                 "notification given up"
             );
@@ -496,7 +496,7 @@ fn log(delivery: &Delivery, tried: &Tried) {
             notifier,
             period_key = key,
             event,
-            ?status,
+            status = status.map_or_else(|| "none".to_owned(), |s| s.to_string()),
             error,
             again_in = %humantime::format_duration(*after),
             "notification not delivered yet"

@@ -386,10 +386,16 @@ fn keep_tail(tail: &Mutex<Tail>, bytes: &[u8], look_back: usize) {
     if let Ok(mut tail) = tail.lock() {
         tail.bytes.extend_from_slice(bytes);
         if tail.bytes.len() > OUTPUT_TAIL {
-            let cut = tail.bytes.len() - OUTPUT_TAIL;
+            // Cut at a character's start: the rest of a character cut in
+            // two goes with the bytes before, so that a value with
+            // characters beyond ASCII is still found across the cut.
+            let mut cut = tail.bytes.len() - OUTPUT_TAIL;
+            while tail.bytes.get(cut).is_some_and(|b| b & 0xC0 == 0x80) {
+                cut += 1;
+            }
             let dropped: Vec<u8> = tail.bytes.drain(..cut).collect();
             tail.before.extend_from_slice(&dropped);
-            let extra = tail.before.len().saturating_sub(look_back);
+            let extra = tail.before.len().saturating_sub(look_back + 3);
             tail.before.drain(..extra);
         }
     }

@@ -99,7 +99,17 @@ async fn an_expired_lease_is_recovered_and_the_old_attempt_is_fenced(store: Stor
     };
     let old = won(&store, &short).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let new = won(&store, &request(&period, "b")).await;
+    // A lease of 600 ms: this store (a process that has just started)
+    // leaves expired leases alone for lease/3 after its first answer,
+    // which came 400 ms ago.
+    let new = won(
+        &store,
+        &ClaimRequest {
+            lease: Duration::from_millis(600),
+            ..request(&period, "b")
+        },
+    )
+    .await;
     assert_eq!(
         (new.attempt, new.trigger, new.failures),
         (2, Trigger::Recovery, 0)
@@ -835,10 +845,16 @@ async fn a_batch_takes_expired_released_and_due_retry_claims_like_a_one_key_clai
             .unwrap()
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let claims = store
-        .claim_many(&batch(&periods, "new", 100))
-        .await
-        .unwrap();
+    // Past lease/3 since the store's first answer: expired leases are
+    // taken over.
+    let asks: Vec<ClaimRequest<'_>> = batch(&periods, "new", 100)
+        .into_iter()
+        .map(|r| ClaimRequest {
+            lease: Duration::from_millis(600),
+            ..r
+        })
+        .collect();
+    let claims = store.claim_many(&asks).await.unwrap();
     let got: Vec<(i32, Trigger)> = claims
         .iter()
         .filter_map(|c| match c {
@@ -1018,10 +1034,12 @@ async fn a_group_runs_nothing_of_a_period_whose_claim_moved_on(store: Store) {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(400)).await;
+    // Past lease/3 since the store's first answer: taken over.
     let taken = won(
         &store,
         &ClaimRequest {
             concurrency: 2,
+            lease: Duration::from_millis(600),
             ..request(&january, "b")
         },
     )

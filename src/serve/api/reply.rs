@@ -45,6 +45,7 @@ pub fn no_route() -> Response {
         StatusCode::NOT_FOUND,
         "no such route under /v1/: see docs/http-api.md for the routes",
     )
+    .with(header::CACHE_CONTROL, "no-store")
     .into_response()
 }
 

@@ -37,13 +37,19 @@ const FREE_FAILURES: u32 = 5;
 /// The longest wait a failed login imposes on the next.
 const MOST_WAIT: Duration = Duration::from_secs(60);
 
-/// The console's failed logins on this replica, in a row: past
-/// [`FREE_FAILURES`] each one doubles the wait before the next login is
-/// looked at (1 s, 2 s, … [`MOST_WAIT`]); a good one clears them. About
-/// 310 guesses a second become a few a minute.
+/// How long without a failed login before the count starts again.
+const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// The console's failed logins on this replica: from the
+/// [`FREE_FAILURES`]th on, each one doubles the wait before the next login
+/// is looked at (1 s, 2 s, … [`MOST_WAIT`]). About 310 guesses a second
+/// become a few a minute. A good login does not clear the count (a holder
+/// of one token could then guess another's at full speed between two of
+/// its own logins): [`FORGET_AFTER`] without a failure does.
 #[derive(Debug, Default)]
 pub(super) struct Failures {
     in_a_row: u32,
+    last: Option<std::time::Instant>,
     until: Option<std::time::Instant>,
 }
 
@@ -56,8 +62,13 @@ impl Failures {
     }
 
     fn failed(&mut self) {
+        let now = std::time::Instant::now();
+        if self.last.is_some_and(|last| now - last > FORGET_AFTER) {
+            self.in_a_row = 0;
+        }
+        self.last = Some(now);
         self.in_a_row = self.in_a_row.saturating_add(1);
-        if let Some(past) = self.in_a_row.checked_sub(FREE_FAILURES + 1) {
+        if let Some(past) = self.in_a_row.checked_sub(FREE_FAILURES) {
             let wait = Duration::from_secs(1u64 << past.min(6)).min(MOST_WAIT);
             self.until = Some(std::time::Instant::now() + wait);
         }
@@ -99,8 +110,17 @@ pub(super) fn has_cookie(headers: &HeaderMap) -> bool {
 /// Whether `headers` carry more than one session cookie: one was set by a
 /// page that is not the console's (another port of the same host), to log
 /// the operator out or into its own session. Such a request is refused.
+/// Over HTTPS only `__Host-` cookies count, which no such page can set.
 pub(super) fn doubled(headers: &HeaderMap) -> bool {
     cookies(headers).nth(1).is_some()
+}
+
+/// Whether a proxy in front says the browser spoke HTTPS to it.
+fn https(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|proto| proto.eq_ignore_ascii_case("https"))
 }
 
 /// The session cookie's value among `headers`: the one there is.
@@ -110,15 +130,17 @@ fn cookie(headers: &HeaderMap) -> Option<&str> {
     found.next().is_none().then_some(value)
 }
 
-/// The values of every session cookie among `headers`.
+/// The values of every session cookie among `headers`: of the name of
+/// the scheme the browser spoke (`__Host-` over HTTPS).
 fn cookies(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    let wanted = if https(headers) { HOST_COOKIE } else { COOKIE };
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .filter(|(name, _)| *name == COOKIE || *name == HOST_COOKIE)
+        .filter(move |(name, _)| *name == wanted)
         .map(|(_, value)| value)
 }
 
@@ -179,11 +201,6 @@ pub(super) async fn login(
     }
     let answer = open(&api, &headers, body).await;
     match &answer {
-        Ok(_) => {
-            if let Ok(mut failures) = api.logins.lock() {
-                *failures = Failures::default();
-            }
-        }
         Err(refused) if refused.status == StatusCode::UNAUTHORIZED => {
             let in_a_row = api.logins.lock().map_or(0, |mut failures| {
                 failures.failed();
@@ -191,7 +208,7 @@ pub(super) async fn login(
             });
             tracing::warn!(from, in_a_row, "console login failed: unknown token");
         }
-        Err(_) => {}
+        _ => {}
     }
     answer
 }
@@ -284,11 +301,7 @@ fn who(token: &Token, expires: Option<DateTime<Utc>>) -> Reply {
 /// The `Set-Cookie` of a session: `Secure` when a proxy in front says the
 /// browser spoke HTTPS to it.
 fn set_cookie(headers: &HeaderMap, value: &str, max_age: Duration) -> String {
-    let https = headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|proto| proto.eq_ignore_ascii_case("https"));
-    match https {
+    match https(headers) {
         true => format!(
             "{HOST_COOKIE}={value}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict; Secure",
             max_age.as_secs()
