@@ -716,6 +716,18 @@ impl Backfill<'_> {
                         None => continue,
                     }
                 }
+                // Left to its runner a while (`after_the_hold`), then
+                // waited for as a run elsewhere is.
+                Some(Taken::Not(Claim::Expired { .. })) => {
+                    let left = self.engine.store().holding(self.engine.lease());
+                    let mut shutdown = self.shutdown.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(left.unwrap_or_default().max(Duration::from_millis(50))) => continue,
+                        _ = shutdown.wait_for(|down| *down) => {
+                            return Ok(Line::new(&key, PeriodOutcome::Interrupted, "while leaving an expired claim to its runner; not run".into(), None));
+                        }
+                    }
+                }
                 Some(Taken::Not(Claim::Busy)) => {
                     if !std::mem::replace(&mut said_busy, true) {
                         tracing::info!(period_key = %key, "waiting for a free concurrency slot");

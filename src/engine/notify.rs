@@ -288,14 +288,15 @@ impl Engine {
                     .iter()
                     .find(|n| n.name == delivery.notifier);
                 match notifier {
-                    // Never sent in time: a notifier taken out of jobs.toml
-                    // for longer than tries last is not told a day late.
+                    // Not tried for longer than tries last (its notifier
+                    // was out of jobs.toml, every replica was down): a day
+                    // late is too late to tell.
                     _ if age(delivery)
                         > TRY_FOR + TimeDelta::seconds(MOST_BACKOFF.as_secs() as i64) =>
                     {
                         Tried::GivenUp(
                             None,
-                            "not sent within a day (its notifier was not in jobs.toml)".into(),
+                            "not sent within a day of its event (its notifier was out of jobs.toml, or no replica ran)".into(),
                         )
                     }
                     Some(notifier) => {
