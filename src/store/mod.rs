@@ -638,7 +638,10 @@ impl Store {
     }
 
     /// How long this process's claims still leave expired leases to their
-    /// runners, if they do ([`outage`]): answered [`Claim::Expired`].
+    /// runners, if they do: for a heartbeat interval (`lease`/3) of the
+    /// database's answers after the process started, for a whole `lease`
+    /// after it saw the database fail (the runner may still be writing its
+    /// outcome). Such a claim is answered [`Claim::Expired`].
     pub fn holding(&self, lease: Duration) -> Option<Duration> {
         self.outage().holding(lease)
     }
