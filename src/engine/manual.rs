@@ -719,13 +719,9 @@ impl Backfill<'_> {
                 // Left to its runner a while (`after_the_hold`), then
                 // waited for as a run elsewhere is.
                 Some(Taken::Not(Claim::Expired { .. })) => {
-                    let left = self.engine.store().holding(self.engine.lease());
-                    let mut shutdown = self.shutdown.clone();
-                    tokio::select! {
-                        () = tokio::time::sleep(left.unwrap_or_default().max(Duration::from_millis(50))) => continue,
-                        _ = shutdown.wait_for(|down| *down) => {
-                            return Ok(Line::new(&key, PeriodOutcome::Interrupted, "while leaving an expired claim to its runner; not run".into(), None));
-                        }
+                    match self.sit_out_the_hold(&key).await {
+                        Some(interrupted) => return Ok(interrupted),
+                        None => continue,
                     }
                 }
                 Some(Taken::Not(Claim::Busy)) => {
@@ -775,13 +771,8 @@ impl Backfill<'_> {
             humantime::format_duration(wait)
         );
         loop {
-            let mut shutdown = self.shutdown.clone();
-            let left = self.engine.store().holding(self.engine.lease());
-            tokio::select! {
-                () = tokio::time::sleep(left.unwrap_or_default().max(Duration::from_millis(50))) => {}
-                _ = shutdown.wait_for(|down| *down) => {
-                    return Ok(Line::new(&key, PeriodOutcome::Interrupted, "while leaving an expired claim to its runner; not run".into(), None));
-                }
+            if let Some(interrupted) = self.sit_out_the_hold(&key).await {
+                return Ok(interrupted);
             }
             match self.engine.claim(std::slice::from_ref(ask)).await?.pop() {
                 Some(Taken::Not(Claim::Expired { .. })) => continue,
@@ -796,6 +787,22 @@ impl Backfill<'_> {
                 Some(not) => return Ok(self.not_run_line(ask, not)),
                 None => return Ok(self.not_run_line(ask, Taken::RunningHere)),
             }
+        }
+    }
+
+    /// Sleeps while this process leaves expired leases to their runners;
+    /// the line of `key` when a shutdown cut the wait short.
+    async fn sit_out_the_hold(&self, key: &PeriodKey) -> Option<Line> {
+        let left = self.engine.store().holding(self.engine.lease());
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            () = tokio::time::sleep(left.unwrap_or_default().max(Duration::from_millis(50))) => None,
+            _ = shutdown.wait_for(|down| *down) => Some(Line::new(
+                key,
+                PeriodOutcome::Interrupted,
+                "while leaving an expired claim to its runner; not run".into(),
+                None,
+            )),
         }
     }
 
