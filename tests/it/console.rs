@@ -157,6 +157,12 @@ fn the_console_logs_in_shows_the_grid_in_colour_opens_a_period_and_reruns_a_fail
     // a double click runs it once.
     std::fs::remove_file(ws.path().join(format!("fail-{}", day(9)))).expect("cause gone");
     browser.goto(&format!("{}/#/job/report/period/{}", server.base(), day(9)));
+    // A change of the address's fragment keeps the page: the period shown
+    // before stays until the new one is drawn.
+    let this_period = format!("report:{}", day(9));
+    browser.until("the period's own page", || {
+        browser.text("h1") == this_period
+    });
     assert_eq!(browser.text("#period-state"), "failed");
     browser.wait_for("button[data-action=run]");
     browser.eval(
@@ -168,7 +174,7 @@ fn the_console_logs_in_shows_the_grid_in_colour_opens_a_period_and_reruns_a_fail
     });
     browser.goto(&format!("{}/#/job/report/period/{}", server.base(), day(9)));
     browser.until("the period succeeded", || {
-        browser.text("#period-state") == "succeeded"
+        browser.text("h1") == this_period && browser.text("#period-state") == "succeeded"
     });
     let attempts = format!(
         "SELECT count(*) FROM scheduler_attempts WHERE period_key = 'report:{}'",
