@@ -336,8 +336,20 @@ pub struct Reclaimable {
     /// The fire it stood for.
     pub scheduled_at: DateTime<Utc>,
     /// `recovery` for a claim to take over or retry, `upstream` for a
-    /// period that waited for its upstream periods and can run now.
+    /// period that waited for its upstream periods and can run now, or
+    /// that an upstream rerun reopened ([`Store::reopen`]).
     pub trigger: Trigger,
+}
+
+/// How a claimable row is taken again: a period an upstream rerun
+/// reopened (released, its trigger `upstream`) as that rerun; any other
+/// as a recovery.
+fn taken_as(state: &str, trigger: &str) -> Trigger {
+    if state == "released" && trigger == "upstream" {
+        Trigger::Upstream
+    } else {
+        Trigger::Recovery
+    }
 }
 
 /// A job as the database has seen it.

@@ -595,7 +595,8 @@ impl PgStore {
         limit: u32,
     ) -> Result<Vec<Reclaimable>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
+            "SELECT job, period, period_start, period_end, scheduled_at, state, trigger
+               FROM scheduler_claims
               WHERE job = ANY($1)
                 AND scheduler_claimable(state, lease_until, retry_at, false, false)
               ORDER BY period_start LIMIT $2",
@@ -614,7 +615,7 @@ impl PgStore {
                         end: row.try_get("period_end")?,
                     },
                     scheduled_at: row.try_get("scheduled_at")?,
-                    trigger: Trigger::Recovery,
+                    trigger: super::taken_as(row.try_get("state")?, row.try_get("trigger")?),
                 })
             })
             .collect()

@@ -349,7 +349,8 @@ impl SqliteStore {
     ) -> Result<Vec<Reclaimable>, sqlx::Error> {
         let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
         let rows = sqlx::query(&format!(
-            "SELECT job, period, period_start, period_end, scheduled_at FROM scheduler_claims
+            "SELECT job, period, period_start, period_end, scheduled_at, state, trigger
+               FROM scheduler_claims
               WHERE job IN (SELECT value FROM json_each(?1)) AND {}
               ORDER BY period_start LIMIT ?2",
             claimable("0", "0", "0")
@@ -368,7 +369,7 @@ impl SqliteStore {
                         end: time(row.try_get("period_end")?),
                     },
                     scheduled_at: time(row.try_get("scheduled_at")?),
-                    trigger: Trigger::Recovery,
+                    trigger: super::taken_as(row.try_get("state")?, row.try_get("trigger")?),
                 })
             })
             .collect()

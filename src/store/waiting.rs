@@ -306,7 +306,10 @@ impl Store {
     /// Lets the succeeded period `key` be claimed again for a new attempt
     /// (it is released, as `scheduler release` leaves a period), if its
     /// latest attempt is still `attempt`: of replicas that find it stale
-    /// together, one reopens it. Whether this call did.
+    /// together, one reopens it. Whether this call did. The row's trigger
+    /// becomes `upstream`, so whichever replica's scan takes the period
+    /// (the one that reopened it may be beaten to it) runs it as the rerun
+    /// it is, not as a recovery ([`Store::reclaimable`]).
     pub async fn reopen(&self, key: &str, attempt: i32) -> Result<bool, Error> {
         // The claims' own times: `timestamptz` on PostgreSQL, milliseconds
         // on SQLite.
@@ -316,7 +319,8 @@ impl Store {
         };
         let sql = format!(
             "UPDATE scheduler_claims
-                SET state = 'released', lease_until = NULL, finished_at = {finished}
+                SET state = 'released', lease_until = NULL, finished_at = {finished},
+                    trigger = 'upstream'
               WHERE period_key = $1 AND state = 'succeeded' AND attempt = $2
               RETURNING period_key"
         );

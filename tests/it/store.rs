@@ -1162,26 +1162,37 @@ async fn a_waiting_period_is_woken_by_the_success_of_the_key_it_watches(store: S
 
 /// A succeeded period is reopened for a new attempt once: a second
 /// reopening of the same attempt, or of a period not succeeded, does
-/// nothing; the reopened period is claimable at once.
+/// nothing; the reopened period is claimable at once, and a scan that
+/// finds it (another replica's, before the reopener claims it) takes it
+/// as the upstream rerun it is, where a released run is a recovery.
 async fn a_stale_period_is_reopened_once_by_its_attempt(store: Store) {
+    let jobs = ["billing".to_owned()];
     let period = month("2026-07");
     let lease = won(&store, &request(&period, "a")).await;
     assert!(
         !store.reopen("billing:2026-07", 1).await.unwrap(),
         "running"
     );
+    assert!(store.release(&lease, None).await.unwrap());
+    let found = store.takeable(&jobs, 10).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].trigger, Trigger::Recovery, "a released run");
+    let lease = won(&store, &request(&period, "a")).await;
     assert!(store.finish(&lease, &succeeded()).await.unwrap());
     assert!(
-        !store.reopen("billing:2026-07", 2).await.unwrap(),
+        !store.reopen("billing:2026-07", 1).await.unwrap(),
         "another attempt"
     );
-    assert!(store.reopen("billing:2026-07", 1).await.unwrap());
+    assert!(store.reopen("billing:2026-07", 2).await.unwrap());
     assert!(
-        !store.reopen("billing:2026-07", 1).await.unwrap(),
+        !store.reopen("billing:2026-07", 2).await.unwrap(),
         "reopened already"
     );
+    let found = store.takeable(&jobs, 10).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].trigger, Trigger::Upstream, "a reopened period");
     let again = won(&store, &request(&period, "b")).await;
-    assert_eq!(again.attempt, 2);
+    assert_eq!(again.attempt, 3);
 }
 
 /// Runs each test function against SQLite and PostgreSQL.
