@@ -11,7 +11,9 @@ use reqwest::blocking::{Client, Response};
 use serde_json::{Value, json};
 
 use crate::serve::stop;
-use crate::support::{Said, TestDb, Workspace, count, databases, eventually, free_port, lines};
+use crate::support::{
+    Said, TestDb, Workspace, count, databases, eventually, lines, listened, listening_at, serve_log,
+};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -47,21 +49,18 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(ws: &Workspace, url: &str) -> Server {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(ws.path().join("serve.log"))
-            .expect("serve.log");
+        let log = ws.path().join("serve.log");
+        let before = listened(&log).len();
         let child = ws
-            .command(&["--database-url", url, "serve", "--listen", &addr])
+            .command(&["--database-url", url, "serve", "--listen", "127.0.0.1:0"])
             .env("CI_TOKEN", CI)
             .env("ONCALL_TOKEN", ONCALL)
             .env("READER_TOKEN", READER)
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(serve_log(ws))
             .spawn()
             .expect("start serve");
+        let addr = listening_at(&log, before, BOUND);
         let server = Server {
             child: Some(child),
             base: format!("http://{addr}"),

@@ -27,6 +27,25 @@ pub(crate) struct Browser {
     _turn: std::sync::MutexGuard<'static, ()>,
 }
 
+/// The port a chromedriver started with `--port=0` listens on, as it
+/// says on its output ("started successfully on port N"); the rest of its
+/// output is read and dropped, so it never blocks on a full pipe.
+fn driver_port(driver: &mut Child) -> u16 {
+    use std::io::BufRead;
+    let out = driver.stdout.take().expect("chromedriver's output");
+    let mut lines = std::io::BufReader::new(out).lines();
+    let port = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let (_, rest) = line.split_once("started successfully on port ")?;
+            rest.trim_end_matches('.').parse().ok()
+        })
+        .expect("chromedriver did not say its port");
+    std::thread::spawn(move || lines.for_each(drop));
+    port
+}
+
 impl Browser {
     /// A browser `width` × `height`, or `None` (with a note) where the
     /// machine has none, unless `CI=true`.
@@ -44,16 +63,13 @@ impl Browser {
             return None;
         }
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let driver = Command::new(&driver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
+        let mut driver = Command::new(&driver)
+            .arg("--port=0")
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("start chromedriver");
+        let port = driver_port(&mut driver);
         let profile = tempfile::tempdir().expect("profile dir");
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -14,7 +14,8 @@ use std::time::Duration;
 use chrono::{Datelike, Utc};
 
 use crate::support::{
-    Said, TestDb, Workspace, databases, eventually, free_port, http_get, lines, proxied, wait,
+    Said, TestDb, Workspace, databases, eventually, http_get, lines, listening_at, proxied,
+    serve_log, wait,
 };
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -729,20 +730,20 @@ fn many_idle_connections_neither_stop_fires_nor_healthz() {
     let ws = Workspace::new(
         "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nshell = \"echo $SCHEDULER_PERIOD >> runs.txt\"\n",
     );
-    let addr = format!("127.0.0.1:{}", free_port());
     let binary = env!("CARGO_BIN_EXE_scheduler");
     let serve = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 256 && exec {binary} --database-url {} serve --listen {addr}",
+            "ulimit -n 256 && exec {binary} --database-url {} serve --listen 127.0.0.1:0",
             db.url
         ))
         .current_dir(ws.path())
         .env_remove("DATABASE_URL")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(serve_log(&ws))
         .spawn()
         .unwrap();
+    let addr = listening_at(&ws.path().join("serve.log"), 0, BOUND);
     eventually("/healthz", BOUND, || {
         http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
@@ -789,21 +790,21 @@ fn slow_clients_that_never_send_a_head_keep_no_probe_out() {
     let ws = Workspace::new(
         "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"0 0 1 1 *\"\ncommand = [\"true\"]\n",
     );
-    let addr = format!("127.0.0.1:{}", free_port());
     let binary = env!("CARGO_BIN_EXE_scheduler");
     // 256 descriptors: 64 connections, 16 spare.
     let serve = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 256 && exec {binary} --database-url {} serve --listen {addr}",
+            "ulimit -n 256 && exec {binary} --database-url {} serve --listen 127.0.0.1:0",
             db.url
         ))
         .current_dir(ws.path())
         .env_remove("DATABASE_URL")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(serve_log(&ws))
         .spawn()
         .unwrap();
+    let addr = listening_at(&ws.path().join("serve.log"), 0, BOUND);
     eventually("/healthz", BOUND, || {
         http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
@@ -873,13 +874,13 @@ fn while_the_database_is_away_healthz_stays_200_and_readyz_answers_503_naming_it
     let ws = Workspace::new(
         "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
     );
-    let addr = format!("127.0.0.1:{}", free_port());
     let serve = ws
-        .command(&["--database-url", &url, "serve", "--listen", &addr])
+        .command(&["--database-url", &url, "serve", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(serve_log(&ws))
         .spawn()
         .unwrap();
+    let addr = listening_at(&ws.path().join("serve.log"), 0, BOUND);
     eventually("/healthz 200", BOUND, || {
         http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });

@@ -12,8 +12,8 @@ use nix::unistd::Pid;
 
 use crate::serve::{serve, signal, stop};
 use crate::support::{
-    Said, TestDb, Workspace, alive, count, databases, eventually, free_port, http_get, lines,
-    proxied, wait,
+    Said, TestDb, Workspace, alive, count, databases, eventually, http_get, lines, listening_at,
+    proxied, serve_log, wait,
 };
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -993,13 +993,13 @@ fn a_stalled_database_never_stops_the_serve_loop() {
     let ws = Workspace::new(
         "[scheduler]\nlease = \"2s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
     );
-    let addr = format!("127.0.0.1:{}", free_port());
     let server = ws
-        .command(&["--database-url", &url, "serve", "--listen", &addr])
+        .command(&["--database-url", &url, "serve", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(serve_log(&ws))
         .spawn()
         .unwrap();
+    let addr = listening_at(&ws.path().join("serve.log"), 0, BOUND);
     eventually("/healthz 200", BOUND, || {
         http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });

@@ -9,7 +9,7 @@ use clap::Parser;
 use scheduler::cli::Cli;
 
 use crate::serve::stop;
-use crate::support::{Said, TestDb, Workspace, eventually, free_port, http_get};
+use crate::support::{Said, TestDb, Workspace, eventually, http_get, listening_at, serve_log};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -196,17 +196,24 @@ fn history_selects_a_period_and_shows_its_output_and_run_json_has_fields() {
 fn health_asks_a_running_server_and_says_when_none_answers() {
     let db = TestDb::sqlite();
     let ws = Workspace::new(&monthly("command = [\"true\"]"));
-    let addr = format!("127.0.0.1:{}", free_port());
-    let url = format!("http://{addr}/healthz");
-    let nobody = ws.run(&["health", "--url", &url]);
+    // Port 1: privileged, never the kernel's pick for a test's listener.
+    let nobody = ws.run(&["health", "--url", "http://127.0.0.1:1/healthz"]);
     assert_eq!(nobody.code(), 3, "{}", nobody.stderr());
     assert!(nobody.stderr().contains("no answer"), "{}", nobody.stderr());
     let server = ws
-        .command(&["--database-url", &db.url, "serve", "--listen", &addr])
+        .command(&[
+            "--database-url",
+            &db.url,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(serve_log(&ws))
         .spawn()
         .unwrap();
+    let addr = listening_at(&ws.path().join("serve.log"), 0, BOUND);
+    let url = format!("http://{addr}/healthz");
     eventually("/healthz", BOUND, || {
         http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
@@ -295,13 +302,19 @@ fn every_scheduler_command_line_of_the_deployment_files_parses_and_its_probes_ex
     assert_eq!(probes, ["/healthz", "/readyz"]);
     let db = TestDb::sqlite();
     let ws = Workspace::new(&monthly("command = [\"true\"]"));
-    let addr = format!("127.0.0.1:{}", free_port());
     let server = ws
-        .command(&["--database-url", &db.url, "serve", "--listen", &addr])
+        .command(&[
+            "--database-url",
+            &db.url,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(serve_log(&ws))
         .spawn()
         .unwrap();
+    let addr = listening_at(&ws.path().join("serve.log"), 0, BOUND);
     for probe in probes {
         eventually(probe, BOUND, || {
             http_get(&addr, probe).starts_with("HTTP/1.1 200")

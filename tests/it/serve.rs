@@ -54,6 +54,15 @@ pub(crate) fn serve_with(ws: &Workspace, url: &str, extra: &[&str]) -> Child {
         .expect("start serve")
 }
 
+/// A replica serving HTTP on a port the kernel picks, and the address it
+/// bound, read back from its log.
+pub(crate) fn serve_listening(ws: &Workspace, url: &str, extra: &[&str]) -> (Child, String) {
+    let log = ws.path().join("serve.log");
+    let before = crate::support::listened(&log).len();
+    let child = serve_with(ws, url, &[&["--listen", "127.0.0.1:0"], extra].concat());
+    (child, crate::support::listening_at(&log, before, BOUND))
+}
+
 pub(crate) fn signal(child: &Child, signal: Signal) {
     kill(Pid::from_raw(child.id() as i32), signal).expect("signal");
 }
@@ -143,10 +152,8 @@ fn a_period_whose_replica_is_killed_is_finished_by_another_with_attempt_2() {
                     &format!("period = \"fire\"\nconcurrency = 5\n{PARKING_JOB}"),
                 )),
         );
-        let addrs = [0, 1].map(|_| format!("127.0.0.1:{}", crate::support::free_port()));
-        let replicas = addrs
-            .each_ref()
-            .map(|addr| serve_with(&ws, &db.url, &["--listen", addr]));
+        let (replicas, addrs): (Vec<Child>, Vec<String>) =
+            (0..2).map(|_| serve_listening(&ws, &db.url, &[])).unzip();
         let (victim, key) = parked(&ws);
         kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
         let recovered = format!("{key} 2 recovery");
@@ -564,18 +571,7 @@ fn listen_serves_healthz_and_prometheus_metrics() {
         assert_eq!(out.code(), 0, "{args:?}: {}", out.stderr());
     }
     std::thread::sleep(Duration::from_secs(2));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let replica = ws
-        .command(&["--database-url", &db.url, "serve", "--listen", &addr])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (replica, addr) = serve_listening(&ws, &db.url, &[]);
     let get = |path: &str| -> String {
         let Ok(mut stream) = std::net::TcpStream::connect(&addr) else {
             return String::new();
@@ -638,8 +634,7 @@ fn a_job_removed_by_sighup_has_its_gauges_zeroed() {
     let ws = Workspace::new(&(settings("") + &daily("gone", "false") + &daily("kept", "true")));
     let failed = ws.run(&["--database-url", &db.url, "run", "gone"]);
     assert_eq!(failed.code(), 1, "{}", failed.stderr());
-    let addr = format!("127.0.0.1:{}", crate::support::free_port());
-    let replica = serve_with(&ws, &db.url, &["--listen", &addr]);
+    let (replica, addr) = serve_listening(&ws, &db.url, &[]);
     let exhausted = "scheduler_retries_exhausted_periods{job=\"gone\"}";
     eventually("the failed period in /metrics", BOUND, || {
         metric(&crate::support::http_get(&addr, "/metrics"), exhausted) == Some(1.0)
@@ -660,8 +655,7 @@ fn a_job_removed_by_sighup_has_its_gauges_zeroed() {
 /// dropped fires of `slow`.
 fn serve_until_dropped(db: &TestDb, jobs_toml: &str, at_least: f64) {
     let ws = Workspace::new(jobs_toml);
-    let addr = format!("127.0.0.1:{}", crate::support::free_port());
-    let replica = serve_with(&ws, &db.url, &["--listen", &addr]);
+    let (replica, addr) = serve_listening(&ws, &db.url, &[]);
     let dropped = "scheduler_periods_dropped_total{job=\"slow\"}";
     eventually("dropped fires in /metrics", BOUND, || {
         metric(&crate::support::http_get(&addr, "/metrics"), dropped) >= Some(at_least)

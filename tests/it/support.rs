@@ -453,13 +453,40 @@ pub fn proxied(db: &TestDb) -> (Proxy, String) {
     (proxy, url)
 }
 
-/// A loopback port free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("address")
-        .port()
+/// `serve.log` in `ws`, opened for a process's log to be appended to.
+pub fn serve_log(ws: &Workspace) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ws.path().join("serve.log"))
+        .expect("serve.log")
+}
+
+/// The addresses the `serve --listen 127.0.0.1:0` processes whose log
+/// goes to `log` bound, in the order they logged them: the port is the
+/// kernel's pick at the bind, so no other test can take it first (a port
+/// found free beforehand and released can be).
+pub fn listened(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains("serving the console"))
+        .filter_map(|line| line.split(" addr=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The address the next `serve` logging to `log` binds, once it has:
+/// the one after the `before` addresses [`listened`] read there before it
+/// started. Fails after `bound` without one.
+pub fn listening_at(log: &std::path::Path, before: usize, bound: std::time::Duration) -> String {
+    let mut addr = None;
+    eventually("the address serve bound", bound, || {
+        addr = listened(log).into_iter().nth(before);
+        addr.is_some()
+    });
+    addr.unwrap_or_default()
 }
 
 /// `GET path` from `addr`, the whole answer as text ("" if none).
