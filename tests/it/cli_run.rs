@@ -847,7 +847,7 @@ fn a_range_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
         .current_dir(ws.path())
         .output()
     else {
-        eprintln!("skipping: no `script` to make a terminal");
+        crate::support::skip("no `script` to make a terminal");
         return;
     };
     let screen = out.stdout();

@@ -504,7 +504,7 @@ fn as_pid_1_it_reaps_orphans_and_still_waits_for_its_own_jobs() {
         .args(["--pid", "--fork", "true"])
         .status();
     if !probe.is_ok_and(|s| s.success()) {
-        eprintln!("skipping: cannot make a PID namespace here");
+        crate::support::skip("cannot make a PID namespace here (`unshare --pid --fork`)");
         return;
     }
     let db = TestDb::sqlite();

@@ -354,7 +354,7 @@ impl PrivatePostgres {
             .find(|b| b.join("initdb").exists());
         let as_root = nix::unistd::Uid::effective().is_root();
         let (Some(bin), true) = (bin, as_root) else {
-            eprintln!("skipping: no PostgreSQL server binaries to run as the postgres user");
+            skip("no PostgreSQL server binaries to run as the postgres user");
             return None;
         };
         let dir = tempfile::tempdir().expect("temp dir");
@@ -451,6 +451,16 @@ pub fn proxied(db: &TestDb) -> (Proxy, String) {
     let proxy = Proxy::start(addr.parse().expect("address"));
     let url = proxy.url(&db.url);
     (proxy, url)
+}
+
+/// Says why a test does nothing on this machine; under `CI=true`, where
+/// the machine is made to have everything, it fails instead.
+pub fn skip(why: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true, but {why}"
+    );
+    eprintln!("skipping: {why}");
 }
 
 /// `serve.log` in `ws`, opened for a process's log to be appended to.
