@@ -15,6 +15,7 @@ RUN mkdir -p src/bin benches \
 COPY build.rs ./
 COPY src ./src
 COPY migrations ./migrations
+COPY schema ./schema
 COPY benches ./benches
 # Newer than the placeholders, so cargo rebuilds the crate itself.
 RUN touch src/main.rs src/lib.rs src/bin/scheduler-supervise.rs \

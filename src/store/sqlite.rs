@@ -664,20 +664,21 @@ impl SqliteStore {
     }
 }
 
-/// Which claims can be taken again: the rule, written once for SQLite (a
-/// lease that ran out, a released claim whose runner confirmed the stop or
-/// whose lease ran out, a failed one whose retry is due or any failed one
-/// when `manual`, a succeeded one when `force`; no expired lease while
-/// `hold`, see [`super::outage`]). `manual`, `force` and `hold` are SQL: a
-/// parameter or a literal. Unqualified columns: in an upsert's
-/// `DO UPDATE … WHERE` they name the existing row.
+/// Which claims can be taken again: SQLite's claim rule, read from
+/// `schema/sqlite/claimable.sql` (beside PostgreSQL's), with `manual`,
+/// `force` and `hold` (SQL: a parameter or a literal) and the clock put in.
 fn claimable(manual: &str, force: &str, hold: &str) -> String {
-    format!(
-        "((state = 'running' AND lease_until < {NOW} AND NOT {hold})
-          OR (state = 'released' AND (lease_until IS NULL OR lease_until < {NOW}))
-          OR (state = 'failed' AND ({manual} OR retry_at <= {NOW}))
-          OR (state = 'succeeded' AND {force}))"
-    )
+    static RULE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        include_str!("../../schema/sqlite/claimable.sql")
+            .lines()
+            .filter(|line| !line.starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replace(":now", NOW)
+    });
+    RULE.replace(":manual", manual)
+        .replace(":force", force)
+        .replace(":hold", hold)
 }
 
 /// The claim of one key, inside a write transaction. The attempt row is

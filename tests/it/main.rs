@@ -22,6 +22,7 @@ mod once_at_the_edges;
 mod one_meaning;
 mod ops;
 mod properties;
+mod schema;
 mod secrets;
 mod serve;
 mod store;
