@@ -254,15 +254,35 @@ impl Trigger {
         }
     }
 
-    pub(crate) fn parse(s: &str) -> Trigger {
-        match s {
-            "catch-up" => Trigger::CatchUp,
-            "retry" => Trigger::Retry,
-            "recovery" => Trigger::Recovery,
-            "manual" => Trigger::Manual,
-            "upstream" => Trigger::Upstream,
-            "adopted" => Trigger::Adopted,
-            _ => Trigger::Schedule,
+    /// The trigger a stored word names; `None` for a word no version
+    /// writes (never a guess).
+    pub fn parse(word: &str) -> Option<Trigger> {
+        Trigger::ALL.into_iter().find(|t| t.as_str() == word)
+    }
+
+    /// Every trigger, in the order above.
+    pub const ALL: [Trigger; 7] = [
+        Trigger::Schedule,
+        Trigger::CatchUp,
+        Trigger::Retry,
+        Trigger::Recovery,
+        Trigger::Manual,
+        Trigger::Upstream,
+        Trigger::Adopted,
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_trigger_reads_back_from_its_word_and_no_other_word_is_one() {
+        for trigger in Trigger::ALL {
+            assert_eq!(Trigger::parse(trigger.as_str()), Some(trigger));
+        }
+        for word in ["", "Schedule", "catch_up", "recovered", "scheduled"] {
+            assert_eq!(Trigger::parse(word), None, "{word}");
         }
     }
 }

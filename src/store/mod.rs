@@ -1078,3 +1078,10 @@ pub(crate) fn claim_state(word: &str) -> Result<ClaimState, sqlx::Error> {
     ClaimState::parse(word)
         .ok_or_else(|| sqlx::Error::Decode(format!("`{word}` is not a state of a claim").into()))
 }
+
+/// The [`Trigger`] a stored word names; a word no version writes is a
+/// decoding error, not a guess.
+pub(crate) fn trigger(word: &str) -> Result<Trigger, sqlx::Error> {
+    Trigger::parse(word)
+        .ok_or_else(|| sqlx::Error::Decode(format!("`{word}` is not a trigger").into()))
+}

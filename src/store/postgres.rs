@@ -14,7 +14,7 @@ use sqlx::{Connection, Row};
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
     ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql,
-    JobRecord, Lease, Param, Reclaimable, Released, Sighted, SqlLimits, Trigger, claim_state,
+    JobRecord, Lease, Param, Reclaimable, Released, Sighted, SqlLimits, claim_state,
 };
 use crate::handler::Transaction;
 use crate::period::{Period, PeriodKey};
@@ -111,7 +111,7 @@ fn claim_of(
             key: key.clone(),
             attempt: row.try_get("o_attempt")?,
             failures: row.try_get("o_failures")?,
-            trigger: Trigger::parse(row.try_get("o_trigger")?),
+            trigger: super::trigger(row.try_get("o_trigger")?)?,
             granted,
         }));
     }

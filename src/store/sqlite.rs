@@ -19,7 +19,7 @@ use sqlx::{Row, Sqlite, Transaction};
 use super::group::{GroupTx, Pass, PassOver, Refused, run_pass};
 use super::{
     ADOPTED_ATTEMPT, Attempt, Claim, ClaimRequest, ClaimRow, Finish, GroupedEnd, GroupedSql,
-    JobRecord, Lease, Param, Reclaimable, Released, Sighted, SqlLimits, Trigger, claim_state,
+    JobRecord, Lease, Param, Reclaimable, Released, Sighted, SqlLimits, claim_state,
 };
 use crate::handler;
 use crate::period::{Period, PeriodKey};
@@ -751,7 +751,7 @@ async fn claim(
             key,
             attempt: row.try_get("attempt")?,
             failures: row.try_get("failures")?,
-            trigger: Trigger::parse(row.try_get("trigger")?),
+            trigger: super::trigger(row.try_get("trigger")?)?,
             granted: r.lease,
         }));
     }
