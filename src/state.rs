@@ -1,49 +1,98 @@
-//! The words of a period's life, typed: the state its claim is in and why
-//! an attempt started. The store reads and writes them; every front end
-//! shows them; words are made from them only where text is printed.
+//! The words of a period's life, typed: the state its claim is in, why
+//! an attempt started, how it ended, and the states of the API's runs and
+//! keys and of notifications. The store reads and writes them; every front
+//! end shows them; words are made from them only where text is printed,
+//! and a stored word no version writes is an error, never a guess.
 
 use std::fmt;
 
 use serde::Serialize;
 
-/// Where a period's claim stands in the database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ClaimState {
-    /// An attempt holds it under its lease (expired or not).
-    Running,
-    /// Its latest attempt succeeded.
-    Succeeded,
-    /// Its latest attempt failed; a retry may be due.
-    Failed,
-    /// Ended by `release` or a shutdown: held until its runner confirms the
-    /// stop or its lease runs out, then claimable again.
-    Released,
+/// `Display` (padded, so `{:<10}` lines up) and `Serialize` as the type's
+/// word (`as_str`).
+macro_rules! shown_as_word {
+    ($name:ident) => {
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+/// An enum whose every variant is one stored or shown word: `as_str`,
+/// `parse` (`None` for a word no version writes), `ALL`, and
+/// [`shown_as_word!`].
+macro_rules! words {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$variant_meta:meta])* $variant:ident = $word:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in the order declared.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The word stored and shown.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)+
+                }
+            }
+
+            /// The value a word names; `None` for a word no version of the
+            /// scheduler writes.
+            pub fn parse(word: &str) -> Option<$name> {
+                match word {
+                    $($word => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        shown_as_word!($name);
+
+        /// A stored word read back (`#[sqlx(try_from = "String")]`).
+        impl TryFrom<String> for $name {
+            type Error = String;
+
+            fn try_from(word: String) -> Result<$name, String> {
+                $name::parse(&word)
+                    .ok_or_else(|| format!("`{word}` is not a {}", stringify!($name)))
+            }
+        }
+    };
+}
+
+words! {
+    /// Where a period's claim stands in the database.
+    pub enum ClaimState {
+        /// An attempt holds it under its lease (expired or not).
+        Running = "running",
+        /// Its latest attempt succeeded.
+        Succeeded = "succeeded",
+        /// Its latest attempt failed; a retry may be due.
+        Failed = "failed",
+        /// Ended by `release` or a shutdown: held until its runner confirms
+        /// the stop or its lease runs out, then claimable again.
+        Released = "released",
+    }
 }
 
 impl ClaimState {
-    /// The word stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClaimState::Running => "running",
-            ClaimState::Succeeded => "succeeded",
-            ClaimState::Failed => "failed",
-            ClaimState::Released => "released",
-        }
-    }
-
-    /// The state a stored word names; `None` for a word no version of the
-    /// scheduler writes.
-    pub fn parse(word: &str) -> Option<ClaimState> {
-        match word {
-            "running" => Some(ClaimState::Running),
-            "succeeded" => Some(ClaimState::Succeeded),
-            "failed" => Some(ClaimState::Failed),
-            "released" => Some(ClaimState::Released),
-            _ => None,
-        }
-    }
-
     /// Whether an attempt may still be running under it: a running claim,
     /// or a released one whose runner has not yet confirmed the stop.
     pub fn is_live(self) -> bool {
@@ -53,12 +102,6 @@ impl ClaimState {
     /// Whether its latest attempt ended with an outcome.
     pub fn is_finished(self) -> bool {
         matches!(self, ClaimState::Succeeded | ClaimState::Failed)
-    }
-}
-
-impl fmt::Display for ClaimState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
     }
 }
 
@@ -146,130 +189,109 @@ impl PeriodState {
     }
 }
 
-impl fmt::Display for PeriodState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
+shown_as_word!(PeriodState);
+
+words! {
+    /// What became of one period a run asked for: the word of its line in
+    /// `run`, the API's `status` and the library's outcome.
+    pub enum PeriodOutcome {
+        /// It ran and succeeded.
+        Succeeded = "succeeded",
+        /// It ran and failed.
+        Failed = "failed",
+        /// Its claim was taken over while it ran; nothing recorded here.
+        Lost = "lost",
+        /// Stopped by `release` or a shutdown; its claim let go.
+        Released = "released",
+        /// Its lease could not be renewed in time; nothing recorded.
+        Fenced = "fenced",
+        /// It ran, but its outcome could not be written.
+        Error = "error",
+        /// Not run: done, running elsewhere, or not due for a retry.
+        Skipped = "skipped",
+        /// Not run: every concurrency slot of its job was taken.
+        Busy = "busy",
+        /// Not run: a shutdown came while it waited.
+        Interrupted = "interrupted",
+        /// Not run: an upstream period it needs has not succeeded.
+        Waiting = "waiting",
+        /// `--dry-run`: it would be claimed.
+        WouldClaim = "would claim",
     }
 }
 
-impl Serialize for PeriodState {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
+words! {
+    /// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
+    pub enum Trigger {
+        /// The latest fire.
+        Schedule = "schedule",
+        /// An older fire, or one that waited for a concurrency slot.
+        CatchUp = "catch-up",
+        /// A failed period whose retry came due.
+        Retry = "retry",
+        /// Taking over an expired or released claim.
+        Recovery = "recovery",
+        /// `run --period` or `--from/--to`.
+        Manual = "manual",
+        /// It waited for its upstream periods and they are done now, or one
+        /// of them succeeded again and its job reruns on that
+        /// (`on_upstream_rerun = "rerun"`).
+        Upstream = "upstream",
+        /// Recorded by `scheduler adopt`: an earlier system ran it; no job
+        /// ever starts under this trigger.
+        Adopted = "adopted",
     }
 }
 
-/// What became of one period a run asked for: the word of its line in
-/// `run`, the API's `status` and the library's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PeriodOutcome {
-    /// It ran and succeeded.
-    Succeeded,
-    /// It ran and failed.
-    Failed,
-    /// Its claim was taken over while it ran; nothing recorded here.
-    Lost,
-    /// Stopped by `release` or a shutdown; its claim let go.
-    Released,
-    /// Its lease could not be renewed in time; nothing recorded.
-    Fenced,
-    /// It ran, but its outcome could not be written.
-    Error,
-    /// Not run: done, running elsewhere, or not due for a retry.
-    Skipped,
-    /// Not run: every concurrency slot of its job was taken.
-    Busy,
-    /// Not run: a shutdown came while it waited.
-    Interrupted,
-    /// Not run: an upstream period it needs has not succeeded.
-    Waiting,
-    /// `--dry-run`: it would be claimed.
-    WouldClaim,
-}
-
-impl PeriodOutcome {
-    /// The word shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeriodOutcome::Succeeded => "succeeded",
-            PeriodOutcome::Failed => "failed",
-            PeriodOutcome::Lost => "lost",
-            PeriodOutcome::Released => "released",
-            PeriodOutcome::Fenced => "fenced",
-            PeriodOutcome::Error => "error",
-            PeriodOutcome::Skipped => "skipped",
-            PeriodOutcome::Busy => "busy",
-            PeriodOutcome::Interrupted => "interrupted",
-            PeriodOutcome::Waiting => "waiting",
-            PeriodOutcome::WouldClaim => "would claim",
-        }
+words! {
+    /// How one attempt ended, as its history row says.
+    pub enum AttemptOutcome {
+        /// It still runs (or its runner went away and nobody took it over
+        /// yet).
+        Running = "running",
+        /// Its job succeeded.
+        Succeeded = "succeeded",
+        /// Its job failed.
+        Failed = "failed",
+        /// Stopped by `release` or a shutdown.
+        Released = "released",
+        /// Taken over by another attempt after its lease ran out.
+        Lost = "lost",
     }
 }
 
-impl fmt::Display for PeriodOutcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
+words! {
+    /// Where a stored Idempotency-Key stands.
+    pub enum KeyState {
+        /// Its first request is being answered.
+        Running = "running",
+        /// Its answer is stored, replayed to every retry.
+        Answered = "answered",
     }
 }
 
-impl Serialize for PeriodOutcome {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
+words! {
+    /// Where a run asked for over the API stands, as stored.
+    pub enum ApiRunState {
+        /// Its replica runs it (if that replica still keeps it alive).
+        Running = "running",
+        /// Every period it asked for ended.
+        Done = "done",
     }
 }
 
-/// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Trigger {
-    /// The latest fire.
-    Schedule,
-    /// An older fire, or one that waited for a concurrency slot.
-    CatchUp,
-    /// A failed period whose retry came due.
-    Retry,
-    /// Taking over an expired or released claim.
-    Recovery,
-    /// `run --period` or `--from/--to`.
-    Manual,
-    /// It waited for its upstream periods and they are done now, or one
-    /// of them succeeded again and its job reruns on that
-    /// (`on_upstream_rerun = "rerun"`).
-    Upstream,
-    /// Recorded by `scheduler adopt`: an earlier system ran it; no job
-    /// ever starts under this trigger.
-    Adopted,
-}
-
-impl Trigger {
-    /// The name stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Schedule => "schedule",
-            Trigger::CatchUp => "catch-up",
-            Trigger::Retry => "retry",
-            Trigger::Recovery => "recovery",
-            Trigger::Manual => "manual",
-            Trigger::Upstream => "upstream",
-            Trigger::Adopted => "adopted",
-        }
+words! {
+    /// Where one notification stands.
+    pub enum DeliveryState {
+        /// Waiting to be sent (or tried again).
+        Pending = "pending",
+        /// A replica is sending it under a delivery lease.
+        Sending = "sending",
+        /// Its receiver took it.
+        Delivered = "delivered",
+        /// Given up: refused for good, or out of tries or time.
+        GivenUp = "given_up",
     }
-
-    /// The trigger a stored word names; `None` for a word no version
-    /// writes (never a guess).
-    pub fn parse(word: &str) -> Option<Trigger> {
-        Trigger::ALL.into_iter().find(|t| t.as_str() == word)
-    }
-
-    /// Every trigger, in the order above.
-    pub const ALL: [Trigger; 7] = [
-        Trigger::Schedule,
-        Trigger::CatchUp,
-        Trigger::Retry,
-        Trigger::Recovery,
-        Trigger::Manual,
-        Trigger::Upstream,
-        Trigger::Adopted,
-    ];
 }
 
 #[cfg(test)]
@@ -278,11 +300,37 @@ mod tests {
 
     #[test]
     fn every_trigger_reads_back_from_its_word_and_no_other_word_is_one() {
-        for trigger in Trigger::ALL {
+        for &trigger in Trigger::ALL {
             assert_eq!(Trigger::parse(trigger.as_str()), Some(trigger));
         }
         for word in ["", "Schedule", "catch_up", "recovered", "scheduled"] {
             assert_eq!(Trigger::parse(word), None, "{word}");
         }
+    }
+
+    /// Every word type: each value reads back from its word, its words
+    /// are distinct, and a stored word no version writes is refused with
+    /// its name.
+    #[test]
+    fn every_stored_word_reads_back_and_an_unknown_one_is_refused() {
+        fn check<T: Copy + PartialEq + fmt::Debug + TryFrom<String, Error = String>>(
+            all: &[T],
+            word: fn(T) -> &'static str,
+        ) {
+            let words: std::collections::HashSet<&str> = all.iter().map(|&t| word(t)).collect();
+            assert_eq!(words.len(), all.len());
+            for &value in all {
+                assert_eq!(T::try_from(word(value).to_owned()), Ok(value));
+            }
+            let refused = T::try_from("bogus".to_owned()).unwrap_err();
+            assert!(refused.contains("`bogus` is not a"), "{refused}");
+        }
+        check(ClaimState::ALL, ClaimState::as_str);
+        check(PeriodOutcome::ALL, PeriodOutcome::as_str);
+        check(Trigger::ALL, Trigger::as_str);
+        check(AttemptOutcome::ALL, AttemptOutcome::as_str);
+        check(KeyState::ALL, KeyState::as_str);
+        check(ApiRunState::ALL, ApiRunState::as_str);
+        check(DeliveryState::ALL, DeliveryState::as_str);
     }
 }

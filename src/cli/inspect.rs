@@ -458,7 +458,7 @@ pub async fn history(
         let trigger = match (&attempt.asked, &attempt.requested_by) {
             (Some(asked), Some(by)) => format!("{asked} by {by}"),
             (Some(asked), None) => asked.clone(),
-            _ => attempt.trigger.clone(),
+            _ => attempt.trigger.as_str().to_owned(),
         };
         say(format_args!(
             "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}{}",

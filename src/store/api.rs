@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::Store;
+use super::{ApiRunState, KeyState, Store};
 use crate::error::Error;
 
 /// How an Idempotency-Key was claimed.
@@ -25,8 +25,9 @@ pub enum KeyClaim {
 pub struct KeyRecord {
     /// The hash of the first request's method, path and body.
     pub request: String,
-    /// `running` (being answered) or `answered`.
-    pub state: String,
+    /// Being answered, or answered.
+    #[sqlx(try_from = "String")]
+    pub state: KeyState,
     /// The stored answer.
     pub status: Option<i32>,
     /// Its body.
@@ -53,8 +54,9 @@ pub struct ApiRun {
     pub requested_by: String,
     /// The replica running it.
     pub owner: String,
-    /// `running` or `done`.
-    pub state: String,
+    /// Running or done.
+    #[sqlx(try_from = "String")]
+    pub state: ApiRunState,
     /// What each period did, as JSON.
     pub body: String,
     /// 1 while its replica keeps it alive.
@@ -208,7 +210,7 @@ impl Store {
             .bind(&run.job)
             .bind(&run.requested_by)
             .bind(&run.owner)
-            .bind(&run.state)
+            .bind(run.state.as_str())
             .bind(&run.body)
             .bind(ms(alive_for))
             .bind(ms(ttl))

@@ -62,7 +62,9 @@ pub use crate::config::DatabaseUrl;
 use crate::config::address::{mask_password_in, mask_url};
 use crate::error::Error;
 use crate::period::{Period, PeriodKey};
-pub use crate::state::{ClaimState, PeriodState, Trigger};
+pub use crate::state::{
+    ApiRunState, AttemptOutcome, ClaimState, DeliveryState, KeyState, PeriodState, Trigger,
+};
 
 /// What a claim asks for.
 #[derive(Debug, Clone)]
@@ -192,7 +194,7 @@ pub struct Attempt {
     /// The attempt number.
     pub attempt: i32,
     /// Why it ran.
-    pub trigger: String,
+    pub trigger: Trigger,
     /// Who ran it.
     pub owner: String,
     /// The fire it stood for.
@@ -201,8 +203,8 @@ pub struct Attempt {
     pub started_at: DateTime<Utc>,
     /// When it ended.
     pub finished_at: Option<DateTime<Utc>>,
-    /// running | succeeded | failed | released | lost
-    pub outcome: String,
+    /// How it ended.
+    pub outcome: AttemptOutcome,
     /// The process exit code.
     pub exit_code: Option<i32>,
     /// The HTTP status.
@@ -1084,4 +1086,11 @@ pub(crate) fn claim_state(word: &str) -> Result<ClaimState, sqlx::Error> {
 pub(crate) fn trigger(word: &str) -> Result<Trigger, sqlx::Error> {
     Trigger::parse(word)
         .ok_or_else(|| sqlx::Error::Decode(format!("`{word}` is not a trigger").into()))
+}
+
+/// The [`AttemptOutcome`] a stored word names, as [`trigger`] reads.
+pub(crate) fn attempt_outcome(word: &str) -> Result<AttemptOutcome, sqlx::Error> {
+    AttemptOutcome::parse(word).ok_or_else(|| {
+        sqlx::Error::Decode(format!("`{word}` is not an outcome of an attempt").into())
+    })
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::DateTime;
 use serde::Serialize;
 
-use super::{Store, ms};
+use super::{DeliveryState, Store, ms};
 
 use crate::error::Error;
 
@@ -54,8 +54,9 @@ pub struct Notification {
     pub period_key: String,
     /// The event.
     pub event: String,
-    /// `pending`, `sending`, `delivered` or `given_up`.
-    pub state: String,
+    /// Pending, sending, delivered or given up.
+    #[sqlx(try_from = "String")]
+    pub state: DeliveryState,
     /// Tries so far.
     pub tries: i32,
     /// The receiver's last HTTP status.

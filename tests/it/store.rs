@@ -611,7 +611,10 @@ async fn an_outcome_written_just_after_a_release_is_kept(store: Store) {
         Claim::Succeeded { .. }
     ));
     let history = store.history("billing", 10).await.unwrap();
-    assert_eq!(history[0].outcome, "succeeded");
+    assert_eq!(
+        history[0].outcome,
+        scheduler::store::AttemptOutcome::Succeeded
+    );
 }
 
 fn months(labels: &[&str]) -> Vec<Period> {
@@ -1007,7 +1010,7 @@ async fn a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_
         .iter()
         .find(|a| a.period_key == "billing:2026-02")
         .unwrap();
-    assert_eq!(failed.outcome, "failed");
+    assert_eq!(failed.outcome, scheduler::store::AttemptOutcome::Failed);
     assert!(
         failed
             .error

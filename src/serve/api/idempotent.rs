@@ -13,7 +13,7 @@ use super::runs::run_body;
 use super::{Api, KEY_SLACK};
 use crate::config::Token;
 use crate::error::Error;
-use crate::store::{KeyClaim, KeyRecord, Store};
+use crate::store::{KeyClaim, KeyRecord, KeyState, Store};
 
 pub(super) fn hex_sha256(parts: &[&[u8]]) -> String {
     let mut hash = Sha256::new();
@@ -131,7 +131,7 @@ async fn replay(store: &Store, known: KeyRecord, request: &str) -> Result<Reply,
             }),
         ));
     }
-    let in_flight = known.run_going == 1 || (known.state == "running" && known.stale == 0);
+    let in_flight = known.run_going == 1 || (known.state == KeyState::Running && known.stale == 0);
     if in_flight {
         let mut reply = Reply::error(
             StatusCode::CONFLICT,
@@ -155,7 +155,7 @@ async fn replay(store: &Store, known: KeyRecord, request: &str) -> Result<Reply,
                     .with(header::LOCATION, format!("/v1/runs/{id}"))
                     .with(replayed, "true"));
             }
-            None if known.state == "running" => {
+            None if known.state == KeyState::Running => {
                 return Ok(Reply::error(
                     StatusCode::GONE,
                     "the run of this Idempotency-Key was pruned",

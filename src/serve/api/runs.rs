@@ -16,14 +16,14 @@ use crate::config::{Config, Token};
 use crate::engine::manual::{self, Line, Request, Sink};
 use crate::error::{Error, Unread};
 use crate::state::PeriodOutcome;
-use crate::store::{ApiRun, Store};
+use crate::store::{ApiRun, ApiRunState, Store};
 
 /// A stored run as the API shows it: `abandoned` when its replica stopped
 /// keeping it alive (its periods are recovered like any others).
 pub(super) fn run_body(run: &ApiRun) -> Value {
-    let state = match (run.state.as_str(), run.alive) {
-        ("running", 0) => "abandoned",
-        (state, _) => state,
+    let state = match (run.state, run.alive) {
+        (ApiRunState::Running, 0) => "abandoned",
+        (state, _) => state.as_str(),
     };
     let mut body: Value = serde_json::from_str(&run.body).unwrap_or_else(|_| json!({}));
     if state == "abandoned" {
@@ -207,7 +207,7 @@ impl Api {
             job: job.clone(),
             requested_by: token.name.clone(),
             owner: self.engine.owner().to_owned(),
-            state: "running".into(),
+            state: ApiRunState::Running,
             body: json!({ "periods": [] }).to_string(),
             alive: 1,
             created_at: 0,
