@@ -322,11 +322,7 @@ async fn serve(
         watch::Receiver<bool>,
     ),
 ) -> Result<Outcome, Error> {
-    let health = &crate::serve::health::HEALTH;
-    health.watch(config.settings.lease, config.settings.scan_interval);
-    // Migrations just answered: the database is reachable. The loop
-    // counts as alive from its first wake-up, after the catch-up.
-    health.database_ok();
+    let (lease, scan_interval) = (config.settings.lease, config.settings.scan_interval);
     let service = Service::new(
         path.to_path_buf(),
         config,
@@ -334,6 +330,11 @@ async fn serve(
         owner_id(),
         shutdown.clone(),
     )?;
+    let health = service.health();
+    health.watch(lease, scan_interval);
+    // Migrations just answered: the database is reachable. The loop
+    // counts as alive from its first wake-up, after the catch-up.
+    health.database_ok();
     let api = service.api();
     let service = if listener.is_some() {
         service.with_gauges()
@@ -341,7 +342,7 @@ async fn serve(
         service
     };
     if let Some(listener) = listener {
-        crate::serve::server::start(listener, api.clone(), shutdown)?;
+        crate::serve::server::start(listener, api.clone(), health, shutdown)?;
     }
     // It waits for the runs asked for over the API too.
     service.serve(reload).await

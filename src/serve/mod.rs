@@ -161,6 +161,8 @@ pub struct Service {
     trim: bool,
     /// What time it is: the system's clock but in tests.
     clock: Arc<dyn Clock>,
+    /// What this loop's `/healthz` and `/readyz` report.
+    health: Arc<health::Health>,
     /// The configuration the deadlines and notifications follow.
     notify: watch::Sender<Arc<Config>>,
 }
@@ -224,6 +226,7 @@ impl Service {
             overdue: Arc::default(),
             trim: false,
             clock,
+            health: Arc::default(),
             notify,
         }
     }
@@ -321,6 +324,12 @@ impl Service {
         });
     }
 
+    /// What this loop's `/healthz` and `/readyz` report: handed to the
+    /// listener, which reads it.
+    pub fn health(&self) -> Arc<health::Health> {
+        self.health.clone()
+    }
+
     /// The HTTP API of this replica.
     #[cfg(feature = "server")]
     pub fn api(&self) -> Arc<api::Api> {
@@ -338,7 +347,7 @@ impl Service {
         if self.trim {
             release_free_memory();
         }
-        crate::serve::health::HEALTH.ready();
+        self.health.ready();
         let notifying = crate::engine::notify::follow(
             self.engine.clone(),
             self.notify.subscribe(),
@@ -368,7 +377,7 @@ impl Service {
                 Some((job, paused)) = said(&mut pauses) => self.handle(Event::Paused(job, paused)),
             }
             metrics::counter!("scheduler_wakeups_total").increment(1);
-            crate::serve::health::HEALTH.loop_alive();
+            self.health.loop_alive();
             self.fire();
             let at = Instant::now();
             if at >= next_scan || (self.scan_now && !self.scanning) {
@@ -651,7 +660,7 @@ impl Service {
         let now = self.clock.now();
         match scanned.found {
             Ok(found) => {
-                crate::serve::health::HEALTH.database_ok();
+                self.health.database_ok();
                 tracing::debug!(claimable = found.len(), "scan");
                 for r in found {
                     if let Some(job) = self.job(&r.job) {
@@ -1004,7 +1013,7 @@ impl Service {
         // fence; claims already held keep the lease they were granted until
         // their next renewal.
         self.engine.set_lease(config.settings.lease);
-        crate::serve::health::HEALTH.watch(config.settings.lease, config.settings.scan_interval);
+        self.health.watch(config.settings.lease, config.settings.scan_interval);
         self.settings = config.settings;
         tracing::info!(
             jobs = self.jobs.len(),
