@@ -335,15 +335,10 @@ async fn serve(
     // Migrations just answered: the database is reachable. The loop
     // counts as alive from its first wake-up, after the catch-up.
     health.database_ok();
-    let api = service.api();
-    let service = if listener.is_some() {
-        service.with_gauges()
-    } else {
-        service
+    let service = match listener {
+        Some(listener) => crate::serve::listen(service, listener, shutdown)?,
+        None => service,
     };
-    if let Some(listener) = listener {
-        crate::serve::server::start(listener, api.clone(), health, shutdown)?;
-    }
     // It waits for the runs asked for over the API too.
     service.serve(reload).await
 }

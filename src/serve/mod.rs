@@ -91,6 +91,34 @@ enum Event {
 /// lock then.
 const CONTENDED_AGAIN: Duration = Duration::from_millis(100);
 
+/// What runs periods on the loop's engine beside it (the HTTP API): it is
+/// shown the configuration each reload brings, and the loop waits for its
+/// runs at shutdown, within the same grace, before it ends.
+pub trait Companion: Send + Sync {
+    /// A reload: `config` is in force from now on.
+    fn reconfigure(&self, config: &Config);
+
+    /// Resolves once the runs it started have ended; asked at shutdown,
+    /// after the loop's own runs ended.
+    fn finish_runs(&self) -> crate::handler::BoxFuture<'_, ()>;
+}
+
+/// Serves `listener` beside `service`'s loop (`serve --listen`): the probes
+/// report that loop's health, the HTTP API runs periods on its engine and
+/// follows its reloads, the loop waits for the API's runs at shutdown, and
+/// it publishes the database-wide gauges the listener exports.
+#[cfg(feature = "server")]
+pub fn listen(
+    service: Service,
+    listener: tokio::net::TcpListener,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Service, Error> {
+    let view = api::view(&service.config());
+    let api = api::Api::new(view, service.engine().clone(), shutdown.clone());
+    server::start(listener, api.clone(), service.health(), shutdown)?;
+    Ok(service.with_gauges().beside(api))
+}
+
 /// The long-running scheduler.
 pub struct Service {
     path: PathBuf,
@@ -146,9 +174,9 @@ pub struct Service {
     pending: Vec<(Arc<Job>, Due)>,
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
     shutdown: watch::Receiver<bool>,
-    /// The HTTP API's view of the configuration and its runs.
-    #[cfg(feature = "server")]
-    api: Arc<api::Api>,
+    /// What runs periods beside the loop on its engine (the HTTP API):
+    /// told of reloads, waited for at shutdown.
+    companion: Option<Arc<dyn Companion>>,
     /// Whether the database-wide gauges are published (`--listen`).
     gauges: bool,
     /// The paused jobs the `scheduler_paused` gauges show; none before
@@ -189,8 +217,6 @@ impl Service {
         shutdown: watch::Receiver<bool>,
     ) -> Service {
         let events = mpsc::unbounded_channel();
-        #[cfg(feature = "server")]
-        let api = api::Api::new(api_view(&config), engine.clone(), shutdown.clone());
         let notify = watch::Sender::new(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -219,8 +245,7 @@ impl Service {
             pending: Vec::new(),
             events,
             shutdown,
-            #[cfg(feature = "server")]
-            api,
+            companion: None,
             gauges: false,
             paused_shown: None,
             overdue: Arc::default(),
@@ -330,10 +355,21 @@ impl Service {
         self.health.clone()
     }
 
-    /// The HTTP API of this replica.
-    #[cfg(feature = "server")]
-    pub fn api(&self) -> Arc<api::Api> {
-        self.api.clone()
+    /// The service with `companion` beside its loop: told of every
+    /// reload, waited for at shutdown.
+    pub fn beside(mut self, companion: Arc<dyn Companion>) -> Service {
+        self.companion = Some(companion);
+        self
+    }
+
+    /// The engine the loop claims and runs on.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The configuration in force (the last reload's).
+    pub fn config(&self) -> Arc<Config> {
+        self.notify.borrow().clone()
     }
 
     /// Runs until shutdown; then waits for running jobs (up to the grace,
@@ -416,8 +452,9 @@ impl Service {
         }
         // Runs asked for over the API end within the same grace; only then
         // has every job ended.
-        #[cfg(feature = "server")]
-        self.api.finish().await;
+        if let Some(companion) = &self.companion {
+            companion.finish_runs().await;
+        }
         // A delivery under way is finished and its outcome written, so the
         // next replica does not send it again; a bounded wait.
         let finishing = notifying.abort_handle();
@@ -972,8 +1009,9 @@ impl Service {
         };
         config.mask_also(self.secrets.values());
         self.secrets = config.secrets.clone();
-        #[cfg(feature = "server")]
-        self.api.set_config(api_view(&config));
+        if let Some(companion) = &self.companion {
+            companion.reconfigure(&config);
+        }
         self.notify.send_replace(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
@@ -1068,25 +1106,6 @@ fn upstream_jobs(jobs: &[Arc<Job>]) -> HashSet<String> {
 /// serve loop's future stays `Send`).
 async fn down(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|down| *down).await;
-}
-
-#[cfg(feature = "server")]
-/// The configuration the HTTP API answers from: all of it with `[api]`;
-/// without, no jobs (`/v1/` answers 404 and needs none of them).
-fn api_view(config: &Config) -> Arc<Config> {
-    if config.api.is_some() {
-        return Arc::new(config.clone());
-    }
-    Arc::new(Config {
-        path: config.path.clone(),
-        settings: config.settings.clone(),
-        api: None,
-        jobs: Vec::new(),
-        secrets: config.secrets.clone(),
-        incomplete: Vec::new(),
-        notifiers: Vec::new(),
-        incomplete_notifiers: Vec::new(),
-    })
 }
 
 /// The jobs, each behind an `Arc`, in a list of their own size: collected
