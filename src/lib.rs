@@ -41,6 +41,7 @@ pub mod calendar;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod driver;
 pub mod embed;
 pub mod engine;
 pub mod error;
@@ -48,6 +49,7 @@ pub mod fires;
 pub mod handler;
 pub mod period;
 pub mod schedule;
+#[cfg(feature = "server")]
 pub mod serve;
 pub mod state;
 pub mod store;

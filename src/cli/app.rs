@@ -12,7 +12,7 @@ use crate::config::{Config, ConfigError};
 use crate::engine::operate::Adoption;
 use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Unread, say};
-use crate::serve::Service;
+use crate::driver::Service;
 use crate::store::{DatabaseUrl, Store};
 
 /// The database when nothing names one: `scheduler.db` next to jobs.toml.

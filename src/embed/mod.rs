@@ -44,7 +44,7 @@ use crate::engine::manual::{self, Line, Names, Selection, Sink};
 use crate::engine::supervision as supervisor;
 use crate::engine::{Engine, operate};
 use crate::error::{Error, Unread};
-use crate::serve::Service;
+use crate::driver::Service;
 use crate::state::PeriodOutcome;
 use crate::store::{DatabaseUrl, Store, Trigger};
 

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use super::api::Api;
-use super::health::Health;
+use crate::driver::health::Health;
 use crate::error::Error;
 
 /// How long a client has to send its request head.

@@ -164,7 +164,7 @@ impl Api {
 }
 
 /// The API follows the loop it serves beside: its reloads, its shutdown.
-impl super::Companion for Api {
+impl crate::driver::Companion for Api {
     fn reconfigure(&self, config: &Config) {
         self.set_config(view(config));
     }
