@@ -9,10 +9,10 @@ use crate::cli::inspect;
 use crate::cli::run;
 use crate::cli::{Cli, Command};
 use crate::config::{Config, ConfigError};
+use crate::driver::Service;
 use crate::engine::operate::Adoption;
 use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Unread, say};
-use crate::driver::Service;
 use crate::store::{DatabaseUrl, Store};
 
 /// The database when nothing names one: `scheduler.db` next to jobs.toml.
