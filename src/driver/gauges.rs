@@ -28,6 +28,20 @@ impl Service {
         }
     }
 
+    /// Sets the `scheduler_paused` gauges to what a scan read. Published
+    /// when the paused jobs or the jobs change: a labelled gauge is a
+    /// registry search, and a scan every few seconds of 10,000 jobs made
+    /// 10,000 of them.
+    pub(super) fn show_paused(&mut self, paused: &HashSet<String>) {
+        if self.paused_shown.as_ref() != Some(paused) {
+            for job in &self.jobs {
+                let on = f64::from(u8::from(paused.contains(&job.name)));
+                metrics::gauge!("scheduler_paused", "job" => job.name.clone()).set(on);
+            }
+            self.paused_shown = Some(paused.clone());
+        }
+    }
+
     /// Counts overdue and retries-exhausted periods per job in a task of
     /// its own, never in front of a fire; skipped while the count before
     /// is still running.

@@ -1,6 +1,7 @@
 //! What `/healthz` (liveness) and `/readyz` (readiness) report, kept by the
-//! serve loop whether or not anything listens: each loop its own, handed to
-//! the listener that reports it.
+//! driver's loop whether or not anything listens: each loop its own
+//! ([`crate::driver::Service::health`]), handed to the listener that
+//! reports it.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

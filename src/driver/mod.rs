@@ -5,6 +5,13 @@
 //! expired, released and retryable claims to take over. Shutdown and
 //! reload are inputs to the loop. It knows no HTTP: a front end serves
 //! beside it ([`Companion`]) and reports its [`Health`].
+//!
+//! By concern: this file holds [`Service`] and its event loop; `timer` every
+//! job's next fire (pure); `slots` the `max_running` slots, the backlog,
+//! the periods waiting for a `concurrency` slot and the batches of claims;
+//! `scan` the regular scan; `catch_up` what was missed while nothing ran and
+//! what a paused job skipped; `reload` jobs.toml read again; `gauges` the
+//! per-job gauges; [`health`] what the probes report.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -15,6 +22,7 @@ use tokio::time::Instant;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Job, Settings};
@@ -40,6 +48,8 @@ use timer::Timer;
 /// of the wall clock (NTP, suspend) is noticed at the next wake-up.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
+/// What the loop hears from the tasks it started: scans, batches of
+/// claims, runs, and the pauses said through its engine.
 enum Event {
     /// A scan ended.
     Scanned(Box<Scanned>),
@@ -72,7 +82,8 @@ pub trait Companion: Send + Sync {
     fn finish_runs(&self) -> crate::handler::BoxFuture<'_, ()>;
 }
 
-/// The long-running scheduler.
+/// The long-running scheduler: the loop a front end drives
+/// ([`Service::serve`]) until shutdown.
 pub struct Service {
     path: PathBuf,
     settings: Settings,
@@ -262,6 +273,23 @@ impl Service {
         mut self,
         mut reload: mpsc::UnboundedReceiver<()>,
     ) -> Result<Outcome, Error> {
+        let notifying = self.start().await?;
+        self.run_until_shutdown(&mut reload).await;
+        self.end_runs().await;
+        // Runs asked for over the API end within the same grace; only then
+        // has every job ended.
+        if let Some(companion) = &self.companion {
+            companion.finish_runs().await;
+        }
+        finish_notifying(notifying).await;
+        tracing::info!("all jobs ended");
+        Ok(Outcome::Done)
+    }
+
+    /// Start-up: claims what was missed while nothing ran, then counts as
+    /// ready; the notifications follow the configuration from here (the
+    /// task that delivers them is returned).
+    async fn start(&mut self) -> Result<JoinHandle<()>, Error> {
         self.catch_up().await?;
         self.flush();
         if self.trim {
@@ -283,6 +311,14 @@ impl Service {
                 .map_or_else(|| "none".to_owned(), crate::period::utc_text),
             "serving"
         );
+        Ok(notifying)
+    }
+
+    /// The loop, until shutdown: sleeps until the next fire, the next scan
+    /// or an input (a reload, an event, a pause), then dispatches what is
+    /// due, starts the scan and the gauges' count when their time came,
+    /// and hands what was dispatched to the engine.
+    async fn run_until_shutdown(&mut self, reload: &mut mpsc::UnboundedReceiver<()>) {
         let mut next_scan = Instant::now();
         let mut next_gauges = Instant::now();
         let mut pauses = self.engine.pauses();
@@ -291,7 +327,7 @@ impl Service {
             let mut shutdown = self.shutdown.clone();
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
-                () = down(&mut shutdown) => break,
+                () = down(&mut shutdown) => return,
                 Some(()) = reload.recv() => self.reload().await,
                 Some(event) = self.events.1.recv() => self.handle(event),
                 Some((job, paused)) = said(&mut pauses) => self.handle(Event::Paused(job, paused)),
@@ -310,6 +346,12 @@ impl Service {
             }
             self.flush();
         }
+    }
+
+    /// After shutdown: nothing that waits starts; the running jobs get the
+    /// grace, past which they are stopped and their claims released, and
+    /// are waited for.
+    async fn end_runs(&mut self) {
         self.backlog.clear();
         self.waiting.clear();
         self.pending.clear();
@@ -329,31 +371,11 @@ impl Service {
                 }
                 Some(event) = self.events.1.recv() => {
                     if let Event::Free = event {
-                        self.running -= 1;
+                        self.slot_freed();
                     }
                 }
             }
         }
-        // Runs asked for over the API end within the same grace; only then
-        // has every job ended.
-        if let Some(companion) = &self.companion {
-            companion.finish_runs().await;
-        }
-        // A delivery under way is finished and its outcome written, so the
-        // next replica does not send it again; a bounded wait.
-        let finishing = notifying.abort_handle();
-        if tokio::time::timeout(crate::engine::notify::FINISH_AT_SHUTDOWN, notifying)
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "a notification under way was not done within {}s; the next replica takes it over once its lease runs out",
-                crate::engine::notify::FINISH_AT_SHUTDOWN.as_secs()
-            );
-            finishing.abort();
-        }
-        tracing::info!("all jobs ended");
-        Ok(Outcome::Done)
     }
 
     /// How long the loop sleeps: until the earliest next fire or the next
@@ -410,9 +432,7 @@ impl Service {
                 }
                 self.release_waiting(&name, 1);
             }
-            Event::Free => {
-                self.running -= 1;
-            }
+            Event::Free => self.slot_freed(),
             Event::Paused(name, paused) => {
                 let mut now_paused: HashSet<String> = self.paused.keys().cloned().collect();
                 match paused {
@@ -485,6 +505,23 @@ async fn said(
         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
         // The engine, which the loop holds, is the sender: never.
         Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending().await,
+    }
+}
+
+/// Waits for the notifications' task to end at shutdown: a delivery under
+/// way is finished and its outcome written, so the next replica does not
+/// send it again; a bounded wait.
+async fn finish_notifying(notifying: JoinHandle<()>) {
+    let finishing = notifying.abort_handle();
+    if tokio::time::timeout(crate::engine::notify::FINISH_AT_SHUTDOWN, notifying)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "a notification under way was not done within {}s; the next replica takes it over once its lease runs out",
+            crate::engine::notify::FINISH_AT_SHUTDOWN.as_secs()
+        );
+        finishing.abort();
     }
 }
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use super::gauges::retire_gauges;
 use super::timer::Timer;
 use super::{Index, Service, shared, upstream_jobs};
-use crate::config::{Config, Job};
+use crate::config::{Config, Job, Settings};
 
 impl Service {
     /// Puts the jobs of a reloaded jobs.toml in place: the timer goes on
@@ -59,20 +59,8 @@ impl Service {
     /// a bad file is logged and the old one kept whole.
     pub(super) async fn reload(&mut self) {
         self.regate = true;
-        let sqlite = matches!(self.engine.store(), crate::store::Store::Sqlite(_));
-        let loaded = Config::load(&self.path).and_then(|config| {
-            if sqlite {
-                config.check_for_sqlite()?;
-            }
-            Ok(config)
-        });
-        let mut config = match loaded {
-            Ok(config) => config,
-            Err(e) => {
-                let e = self.secrets.mask(&e.to_string());
-                tracing::error!("reload: keeping the running configuration: {e}");
-                return;
-            }
+        let Some(mut config) = self.read_again() else {
+            return;
         };
         config.mask_also(self.secrets.values());
         self.secrets = config.secrets.clone();
@@ -81,6 +69,43 @@ impl Service {
         }
         self.notify.send_replace(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
+        let first_sighted = self.see_jobs_again(&jobs).await;
+        if config.settings.database_url != self.settings.database_url {
+            tracing::warn!("reload: a new database_url takes effect at the next start");
+        }
+        self.replace_jobs(jobs);
+        let now = self.clock.now();
+        for job in first_sighted {
+            self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
+        }
+        self.publish_next_fires();
+        self.apply_settings(config.settings);
+    }
+
+    /// jobs.toml as it is now, checked as at a start; `None`, logged with
+    /// its secrets masked, if it is not valid.
+    fn read_again(&self) -> Option<Config> {
+        let sqlite = matches!(self.engine.store(), crate::store::Store::Sqlite(_));
+        let loaded = Config::load(&self.path).and_then(|config| {
+            if sqlite {
+                config.check_for_sqlite()?;
+            }
+            Ok(config)
+        });
+        match loaded {
+            Ok(config) => Some(config),
+            Err(e) => {
+                let e = self.secrets.mask(&e.to_string());
+                tracing::error!("reload: keeping the running configuration: {e}");
+                None
+            }
+        }
+    }
+
+    /// Shows the database the reloaded `jobs` and takes up from when each
+    /// owes its fires; the jobs seen for the first time (not paused), which
+    /// are to catch up.
+    async fn see_jobs_again(&mut self, jobs: &[Arc<Job>]) -> Vec<Arc<Job>> {
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         // A job this reload shows the database for the first time owes its
         // latest fire within catch_up, as at a start (docs/commands.md).
@@ -89,7 +114,7 @@ impl Service {
         match store.see_jobs(&names).await {
             Ok(records) => {
                 self.owed.clear();
-                for job in &jobs {
+                for job in jobs {
                     let Some(record) = records.get(&job.name) else {
                         continue;
                     };
@@ -105,22 +130,17 @@ impl Service {
             }
             Err(e) => tracing::warn!("reload: cannot record new jobs yet: {e}"),
         }
-        if config.settings.database_url != self.settings.database_url {
-            tracing::warn!("reload: a new database_url takes effect at the next start");
-        }
-        self.replace_jobs(jobs);
-        let now = self.clock.now();
-        for job in first_sighted {
-            self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
-        }
-        self.publish_next_fires();
+        first_sighted
+    }
+
+    /// Puts the reloaded settings in force, and logs what was reloaded.
+    fn apply_settings(&mut self, settings: Settings) {
         // Leases granted from now on, and so the heartbeat interval and the
         // fence; claims already held keep the lease they were granted until
         // their next renewal.
-        self.engine.set_lease(config.settings.lease);
-        self.health
-            .watch(config.settings.lease, config.settings.scan_interval);
-        self.settings = config.settings;
+        self.engine.set_lease(settings.lease);
+        self.health.watch(settings.lease, settings.scan_interval);
+        self.settings = settings;
         tracing::info!(
             jobs = self.jobs.len(),
             lease = %humantime::format_duration(self.settings.lease),

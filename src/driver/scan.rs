@@ -109,16 +109,7 @@ impl Service {
         match scanned.paused {
             Ok(paused) => {
                 let paused: HashSet<String> = paused.into_iter().collect();
-                // Published when the paused jobs or the jobs change: a
-                // labelled gauge is a registry search, and a scan every few
-                // seconds of 10,000 jobs made 10,000 of them.
-                if self.paused_shown.as_ref() != Some(&paused) {
-                    for job in &self.jobs {
-                        let on = f64::from(u8::from(paused.contains(&job.name)));
-                        metrics::gauge!("scheduler_paused", "job" => job.name.clone()).set(on);
-                    }
-                    self.paused_shown = Some(paused.clone());
-                }
+                self.show_paused(&paused);
                 self.follow_pauses(paused);
             }
             Err(e) => tracing::warn!("scan: cannot read paused jobs: {e}"),

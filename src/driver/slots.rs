@@ -50,6 +50,10 @@ impl Service {
             let Some((name, due)) = self.waiting.remove(&key) else {
                 return;
             };
+            debug_assert!(
+                !self.waiting.contains_key(&key),
+                "a period released to run still waits"
+            );
             let Some(job) = self.job(&name) else {
                 continue;
             };
@@ -58,6 +62,15 @@ impl Service {
                 released += 1;
             }
         }
+    }
+
+    /// A run (or an `sql` group) ended: its `max_running` slot is free.
+    pub(super) fn slot_freed(&mut self) {
+        debug_assert!(
+            self.running > 0,
+            "a max_running slot freed that no run held"
+        );
+        self.running -= 1;
     }
 
     /// Queues `due` for the next flush, if [`Service::admits`] it.
@@ -115,19 +128,42 @@ impl Service {
     pub(super) fn flush(&mut self) {
         self.take_pending();
         if self.running >= self.settings.max_running {
-            // Oldest first: what waited past the window goes, so that the
-            // backlog of slots that never free stays within the window.
-            let now = self.clock.now();
-            while let Some((job, due)) = self.backlog.front()
-                && self.too_old(job, due, now)
-            {
-                self.backlog.pop_front();
-            }
+            self.drop_too_old_backlog();
             return;
         }
         if self.backlog.is_empty() {
             return;
         }
+        let units = self.units_that_fit();
+        if units.is_empty() {
+            return;
+        }
+        debug_assert!(
+            self.running + units.len() <= self.settings.max_running,
+            "more runs than max_running slots"
+        );
+        self.running += units.len();
+        for batch in self.batches(units) {
+            tokio::spawn(batch.go());
+        }
+    }
+
+    /// With every `max_running` slot taken: oldest first, what waited past
+    /// the window goes, so that the backlog of slots that never free stays
+    /// within the window.
+    fn drop_too_old_backlog(&mut self) {
+        let now = self.clock.now();
+        while let Some((job, due)) = self.backlog.front()
+            && self.too_old(job, due, now)
+        {
+            self.backlog.pop_front();
+        }
+    }
+
+    /// Takes from the front of the backlog as many units (a period, or an
+    /// `sql` group) as there are free `max_running` slots; what a paused
+    /// job or the catch-up window no longer admits is dropped on the way.
+    fn units_that_fit(&mut self) -> Vec<Vec<Ask>> {
         let mut units: Vec<Vec<Ask>> = Vec::new();
         // Up to SQL_GROUP `sql` periods share a slot; the engine runs them a
         // transaction per job, side by side.
@@ -157,14 +193,21 @@ impl Service {
             // A burst's backlog (10,000 fires) is not kept for the next.
             self.backlog = VecDeque::new();
         }
-        if units.is_empty() {
-            return;
-        }
-        self.running += units.len();
-        // One batch per claiming statement, each running what it won as
-        // soon as it is claimed: the first periods of a burst start while
-        // the last are still being claimed. Replicas start at different
-        // batches, so they claim different keys first.
+        debug_assert!(
+            units
+                .iter()
+                .all(|unit| (1..=SQL_GROUP).contains(&unit.len())),
+            "a unit holds one period, or an sql group of at most SQL_GROUP"
+        );
+        units
+    }
+
+    /// One batch per claiming statement, each running what it won as
+    /// soon as it is claimed: the first periods of a burst start while
+    /// the last are still being claimed. Replicas start at different
+    /// batches, so they claim different keys first. Each unit takes its
+    /// `max_running` slot with it, freed when its run ends.
+    fn batches(&self, units: Vec<Vec<Ask>>) -> Vec<Batch> {
         let mut batches: Vec<Batch> = Vec::new();
         for unit in units {
             let fits = batches.last().is_some_and(|b| {
@@ -184,11 +227,13 @@ impl Service {
                 batch.slots.push(FreeOnDrop(self.events.0.clone()));
             }
         }
+        debug_assert!(
+            batches.iter().all(|b| b.slots.len() == b.units.len()),
+            "one max_running slot per unit"
+        );
         let start = crate::engine::start_at(self.engine.owner(), batches.len());
         batches.rotate_left(start);
-        for batch in batches {
-            tokio::spawn(batch.go());
-        }
+        batches
     }
 
     /// The oldest fire of job `name` that waits here for a slot.
@@ -244,6 +289,11 @@ impl Batch {
         };
         drop(periods);
         let slots = std::mem::take(&mut self.slots);
+        debug_assert_eq!(
+            claimed.len(),
+            slots.len(),
+            "the engine answers every unit, and each unit holds a slot"
+        );
         let mut contended = Vec::new();
         for (claimed, slot) in claimed.into_iter().zip(slots) {
             for (ask, taken) in claimed.not_won {
