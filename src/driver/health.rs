@@ -138,3 +138,21 @@ fn monotonic_ms() -> u64 {
         .unwrap_or(u64::MAX - 1)
         .saturating_add(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_loop_reports_a_health_of_its_own() {
+        let (one, other) = (Health::new(), Health::new());
+        one.loop_alive();
+        one.database_ok();
+        one.ready();
+        assert!(one.liveness().is_ok(), "{:?}", one.liveness());
+        assert!(one.readiness().is_ok(), "{:?}", one.readiness());
+        // The other loop has not started: nothing the first did is its.
+        assert!(other.liveness().is_err());
+        assert!(other.readiness().is_err());
+    }
+}
