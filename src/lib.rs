@@ -11,7 +11,7 @@
 //! - [`schedule`]: cron + zone + DST rule → fire instants (pure);
 //!   [`calendar`]: working days and active dates, which fires exist.
 //! - [`fires`]: a job's fires as they run: moved off days off, jittered (pure).
-//! - [`clock`]: the wall clock as the serve loop reads it, stopped in tests.
+//! - [`clock`]: the wall clock as the driver's loop reads it, stopped in tests.
 //! - [`period`]: fire instant → period label, start and end; labels given by hand;
 //!   [`period::PeriodKey`], the one way a key is made (pure).
 //! - [`handler`]: the vocabulary of code jobs (async Rust functions): what a
@@ -29,8 +29,13 @@
 //!   `sql` actions committed in groups, outcomes reported as values; the
 //!   one view of a period ([`engine::view`]) and the operator's actions
 //!   ([`engine::operate`]) every front end shows and uses.
-//! - [`serve`]: `scheduler serve`, the timer loop and the scan beside it;
-//!   [`serve::server`]: `/healthz` and `/metrics`.
+//! - [`driver`]: the scheduling loop every long-running front end drives
+//!   ([`driver::Service`]): the timer, the `max_running` slots, the scan
+//!   beside the timer, catch-up, reload and the gauges; each loop's
+//!   [`driver::health::Health`], which the probes report.
+//! - [`serve`]: the HTTP side of `scheduler serve`, beside the driver's loop
+//!   ([`serve::listen`]); [`serve::server`]: `/healthz`, `/readyz` and
+//!   `/metrics`; [`serve::api`]: the HTTP API under `/v1/`.
 //! - [`cli`]: the command line; [`cli::app`] runs a parsed command, [`cli::run`]
 //!   is `scheduler run`, [`cli::check`] `check` and `next`, [`cli::inspect`]
 //!   `status`, `history`, `release`, `pause`, `prune`.
@@ -41,6 +46,7 @@ pub mod calendar;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod driver;
 pub mod embed;
 pub mod engine;
 pub mod error;
@@ -48,6 +54,7 @@ pub mod fires;
 pub mod handler;
 pub mod period;
 pub mod schedule;
+#[cfg(feature = "server")]
 pub mod serve;
 pub mod state;
 pub mod store;

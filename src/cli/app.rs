@@ -9,10 +9,10 @@ use crate::cli::inspect;
 use crate::cli::run;
 use crate::cli::{Cli, Command};
 use crate::config::{Config, ConfigError};
+use crate::driver::Service;
 use crate::engine::operate::Adoption;
 use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Unread, say};
-use crate::serve::Service;
 use crate::store::{DatabaseUrl, Store};
 
 /// The database when nothing names one: `scheduler.db` next to jobs.toml.
@@ -322,11 +322,7 @@ async fn serve(
         watch::Receiver<bool>,
     ),
 ) -> Result<Outcome, Error> {
-    let health = &crate::serve::health::HEALTH;
-    health.watch(config.settings.lease, config.settings.scan_interval);
-    // Migrations just answered: the database is reachable. The loop
-    // counts as alive from its first wake-up, after the catch-up.
-    health.database_ok();
+    let (lease, scan_interval) = (config.settings.lease, config.settings.scan_interval);
     let service = Service::new(
         path.to_path_buf(),
         config,
@@ -334,15 +330,15 @@ async fn serve(
         owner_id(),
         shutdown.clone(),
     )?;
-    let api = service.api();
-    let service = if listener.is_some() {
-        service.with_gauges()
-    } else {
-        service
+    let health = service.health();
+    health.watch(lease, scan_interval);
+    // Migrations just answered: the database is reachable. The loop
+    // counts as alive from its first wake-up, after the catch-up.
+    health.database_ok();
+    let service = match listener {
+        Some(listener) => crate::serve::listen(service, listener, shutdown)?,
+        None => service,
     };
-    if let Some(listener) = listener {
-        crate::serve::server::start(listener, api.clone(), shutdown)?;
-    }
     // It waits for the runs asked for over the API too.
     service.serve(reload).await
 }

@@ -40,11 +40,11 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::code::CodeJob;
 use crate::config::{Action, Config, ConfigError, Settings};
+use crate::driver::Service;
 use crate::engine::manual::{self, Line, Names, Selection, Sink};
 use crate::engine::supervision as supervisor;
 use crate::engine::{Engine, operate};
 use crate::error::{Error, Unread};
-use crate::serve::Service;
 use crate::state::PeriodOutcome;
 use crate::store::{DatabaseUrl, Store, Trigger};
 

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -21,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use super::api::Api;
-use super::health::HEALTH;
+use crate::driver::health::Health;
 use crate::error::Error;
 
 /// How long a client has to send its request head.
@@ -65,10 +66,11 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
 }
 
 /// Installs the Prometheus recorder and serves `listener` until `shutdown`:
-/// the probes, the metrics and the API.
+/// the probes (reporting `health`, the loop's own), the metrics and the API.
 pub fn start(
     listener: TcpListener,
     api: Arc<Api>,
+    health: Arc<Health>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let handle = recorder()
@@ -82,7 +84,7 @@ pub fn start(
     }
     tokio::spawn(upkeep(handle.clone(), shutdown.clone()));
     tokio::spawn(prune_keys(api.clone(), shutdown.clone()));
-    tokio::spawn(serve(listener, router(handle, api), shutdown));
+    tokio::spawn(serve(listener, router(handle, api, health), shutdown));
     Ok(())
 }
 
@@ -220,10 +222,13 @@ fn give_back_freed_memory() {
     }
 }
 
-fn router(handle: PrometheusHandle, api: Arc<Api>) -> Router {
-    Router::new()
+fn router(handle: PrometheusHandle, api: Arc<Api>, health: Arc<Health>) -> Router {
+    let probes = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .with_state(health);
+    Router::new()
+        .merge(probes)
         .route(
             "/metrics",
             get(move || {
@@ -244,13 +249,13 @@ fn router(handle: PrometheusHandle, api: Arc<Api>) -> Router {
 }
 
 /// Readiness: start-up is over and the database answers.
-async fn readyz() -> impl IntoResponse {
-    probe(HEALTH.readiness())
+async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    probe(health.readiness())
 }
 
 /// Liveness: the process and its loop are alive, whatever the database does.
-async fn healthz() -> impl IntoResponse {
-    probe(HEALTH.liveness())
+async fn healthz(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    probe(health.liveness())
 }
 
 fn probe(report: Result<String, String>) -> (StatusCode, String) {

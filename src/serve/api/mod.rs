@@ -163,6 +163,35 @@ impl Api {
     }
 }
 
+/// The API follows the loop it serves beside: its reloads, its shutdown.
+impl crate::driver::Companion for Api {
+    fn reconfigure(&self, config: &Config) {
+        self.set_config(view(config));
+    }
+
+    fn finish_runs(&self) -> crate::handler::BoxFuture<'_, ()> {
+        Box::pin(self.finish())
+    }
+}
+
+/// The configuration the HTTP API answers from: all of it with `[api]`;
+/// without, no jobs (`/v1/` answers 404 and needs none of them).
+pub fn view(config: &Config) -> Arc<Config> {
+    if config.api.is_some() {
+        return Arc::new(config.clone());
+    }
+    Arc::new(Config {
+        path: config.path.clone(),
+        settings: config.settings.clone(),
+        api: None,
+        jobs: Vec::new(),
+        secrets: config.secrets.clone(),
+        incomplete: Vec::new(),
+        notifiers: Vec::new(),
+        incomplete_notifiers: Vec::new(),
+    })
+}
+
 /// The `/v1/` routes.
 pub fn routes(api: Arc<Api>) -> Router {
     Router::new()

@@ -1,11 +1,15 @@
 //! What `/healthz` (liveness) and `/readyz` (readiness) report, kept by the
-//! serve loop whether or not anything listens.
+//! driver's loop whether or not anything listens: each loop its own
+//! ([`crate::driver::Service::health`]), handed to the listener that
+//! reports it.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// What the probes report, shared by the serve loop and the listener.
+/// Each loop makes its own ([`Health::new`]): two schedulers in one
+/// process are ready, or not, each on its own.
 ///
 /// The loop calls [`Health::loop_alive`] on every wake-up and
 /// [`Health::database_ok`] after every database call that succeeded (the
@@ -28,11 +32,15 @@ pub struct Health {
     ready: AtomicBool,
 }
 
-/// The process's health, updated by `serve` and read by `/healthz`.
-pub static HEALTH: Health = Health::new();
+impl Default for Health {
+    fn default() -> Health {
+        Health::new()
+    }
+}
 
 impl Health {
-    const fn new() -> Health {
+    /// A loop's health before it started: neither alive nor ready.
+    pub const fn new() -> Health {
         Health {
             loop_tick: AtomicU64::new(0),
             database: AtomicU64::new(0),
@@ -129,4 +137,22 @@ fn monotonic_ms() -> u64 {
     u64::try_from(elapsed.as_millis())
         .unwrap_or(u64::MAX - 1)
         .saturating_add(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_loop_reports_a_health_of_its_own() {
+        let (one, other) = (Health::new(), Health::new());
+        one.loop_alive();
+        one.database_ok();
+        one.ready();
+        assert!(one.liveness().is_ok(), "{:?}", one.liveness());
+        assert!(one.readiness().is_ok(), "{:?}", one.readiness());
+        // The other loop has not started: nothing the first did is its.
+        assert!(other.liveness().is_err());
+        assert!(other.readiness().is_err());
+    }
 }

@@ -1,4 +1,4 @@
-//! The timer of `serve`: every job's next fire in a heap, popped when due.
+//! The driver's timer: every job's next fire in a heap, popped when due.
 //! Pure: it takes `now` and never sleeps, so it is tested one step at a time.
 
 use std::cmp::Reverse;

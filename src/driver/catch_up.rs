@@ -1,0 +1,115 @@
+//! The driver's catch-up: what was missed while nothing ran (at start-up,
+//! for a job a reload shows the database for the first time) and the fires
+//! a paused job skipped here, once it is resumed.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use super::Service;
+use crate::config::{Job, Missed};
+use crate::engine::due::{Due, due};
+use crate::error::Error;
+use crate::store::Trigger;
+
+impl Service {
+    /// Claims what was missed while nothing ran: for each job, the periods
+    /// whose fires fall after the newest one ever claimed, within the
+    /// catch-up window and not before the job was first seen.
+    pub(super) async fn catch_up(&mut self) -> Result<(), Error> {
+        let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
+        let store = self.engine.store().clone();
+        let records = store.see_jobs(&names).await?;
+        let last_fires = store.last_fires(&names).await?;
+        let now = self.clock.now();
+        let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
+        self.owed.clear();
+        for job in self.jobs.clone() {
+            let Some(record) = records.get(&job.name) else {
+                continue;
+            };
+            let owed = crate::engine::due::owed_from(&store, &job, record).await;
+            self.owed.insert(job.name.clone(), owed);
+            if record.new {
+                crate::engine::due::log_first_sighting(&job, owed);
+            }
+            let mut since = window.max(owed);
+            if let Some(last) = last_fires.get(&job.name) {
+                since = since.max(*last + TimeDelta::nanoseconds(1));
+            }
+            if record.paused {
+                self.paused.insert(job.name.clone(), since);
+                continue;
+            }
+            self.catch_up_job(job, since, now);
+        }
+        Ok(())
+    }
+
+    /// Dispatches the fires of `job` from `since` on that are due now, as
+    /// `missed` has them, as catch-ups: oldest first, as many as the job
+    /// may run at once now, the rest as its runs end.
+    pub(super) fn catch_up_job(&mut self, job: Arc<Job>, since: DateTime<Utc>, now: DateTime<Utc>) {
+        // Nothing older than the window is listed: it would only be dropped,
+        // and listing it first would hold the window's own fires back.
+        let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
+        let since = since
+            .max(now - window)
+            .max(self.owed_since(&job).unwrap_or(since));
+        let with_latest = job.missed != Missed::Skip;
+        let missed: Vec<Due> = due(&job, now, since, with_latest)
+            .into_iter()
+            .filter(|d| d.fire >= since)
+            .map(|d| Due {
+                trigger: Trigger::CatchUp,
+                ..d
+            })
+            .collect();
+        for (n, d) in missed.into_iter().enumerate() {
+            if n < job.concurrency as usize {
+                self.dispatch(job.clone(), d, now);
+            } else {
+                self.wait(job.name.clone(), d);
+            }
+        }
+    }
+
+    /// The instant from which `job`'s fires are owed; `None` for a job
+    /// whose first sighting is not known here yet (the database did not
+    /// answer the reload that brought it).
+    pub(super) fn owed_since(&self, job: &Job) -> Option<DateTime<Utc>> {
+        self.owed.get(&job.name).copied()
+    }
+
+    /// Follows the pauses in the database (a scan) or the API's: a newly
+    /// paused job skips its fires from now; a resumed one catches up the
+    /// fires it skipped here, as `missed` and `catch_up` have them (a
+    /// pause delays periods, as a suspended Kubernetes CronJob does; it
+    /// does not drop them). Other replicas catch up the same fires: the
+    /// claims make that once.
+    pub(super) fn follow_pauses(&mut self, paused: HashSet<String>) {
+        let now = self.clock.now();
+        for name in &paused {
+            if !self.paused.contains_key(name) {
+                // Its fires waiting for a slot are dropped while it is
+                // paused: skipped as the ones to come are.
+                let since = self.oldest_queued_fire(name).map_or(now, |f| f.min(now));
+                self.paused.insert(name.clone(), since);
+            }
+        }
+        let resumed: Vec<(String, DateTime<Utc>)> = self
+            .paused
+            .iter()
+            .filter(|(name, _)| !paused.contains(*name))
+            .map(|(name, since)| (name.clone(), *since))
+            .collect();
+        for (name, since) in resumed {
+            self.paused.remove(&name);
+            if let Some(job) = self.job(&name) {
+                tracing::info!(job = name, since = %crate::period::utc_text(since), "resumed: catching up the fires skipped while paused");
+                self.catch_up_job(job, since, now);
+            }
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! The driver's reload (SIGHUP): jobs.toml read again and applied whole,
+//! jobs and settings alike, the timer going on from where it was.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use super::gauges::retire_gauges;
+use super::timer::Timer;
+use super::{Index, Service, shared, upstream_jobs};
+use crate::config::{Config, Job, Settings};
+
+impl Service {
+    /// Puts the jobs of a reloaded jobs.toml in place: the timer goes on
+    /// from where it was for the jobs it had; fires waiting for a slot run
+    /// under the job as it is now, a removed job's start nothing more.
+    pub(super) fn replace_jobs(&mut self, jobs: Vec<Arc<Job>>) {
+        let by_name = Index::new(&jobs);
+        for gone in self
+            .jobs
+            .iter()
+            .filter(|old| by_name.find(&jobs, &old.name).is_none())
+        {
+            retire_gauges(&gone.name);
+        }
+        let (old, old_jobs, fired_until) = (&self.by_name, &self.jobs, self.fired_until);
+        // A reload that makes fires due earlier (a holiday removed) goes
+        // back to them, but never before what the job owes: a fire from
+        // before it was first seen runs for nobody on its own.
+        self.timer = Timer::resumed(
+            &jobs,
+            |job| {
+                let was = &old_jobs[old.find(old_jobs, &job.name)?];
+                let from = crate::fires::resume_from(&was.timing(), &job.timing(), fired_until);
+                let owed = self
+                    .owed_since(job)
+                    .map(|at| at - TimeDelta::nanoseconds(1));
+                Some(owed.map_or(from, |owed| from.max(owed)))
+            },
+            self.clock.now(),
+        );
+        self.by_name = by_name;
+        self.upstream = upstream_jobs(&jobs);
+        self.jobs = jobs;
+        self.paused_shown = None;
+        self.take_pending();
+        let (by_name, jobs) = (&self.by_name, &self.jobs);
+        self.backlog
+            .retain_mut(|(job, _)| match by_name.find(jobs, &job.name) {
+                Some(i) => {
+                    *job = jobs[i].clone();
+                    true
+                }
+                None => false,
+            });
+    }
+
+    /// Re-reads jobs.toml and applies all of it, jobs and settings alike;
+    /// a bad file is logged and the old one kept whole.
+    pub(super) async fn reload(&mut self) {
+        self.regate = true;
+        let Some(mut config) = self.read_again() else {
+            return;
+        };
+        config.mask_also(self.secrets.values());
+        self.secrets = config.secrets.clone();
+        if let Some(companion) = &self.companion {
+            companion.reconfigure(&config);
+        }
+        self.notify.send_replace(Arc::new(config.clone()));
+        let jobs = shared(config.jobs);
+        let first_sighted = self.see_jobs_again(&jobs).await;
+        if config.settings.database_url != self.settings.database_url {
+            tracing::warn!("reload: a new database_url takes effect at the next start");
+        }
+        self.replace_jobs(jobs);
+        let now = self.clock.now();
+        for job in first_sighted {
+            self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
+        }
+        self.publish_next_fires();
+        self.apply_settings(config.settings);
+    }
+
+    /// jobs.toml as it is now, checked as at a start; `None`, logged with
+    /// its secrets masked, if it is not valid.
+    fn read_again(&self) -> Option<Config> {
+        let sqlite = matches!(self.engine.store(), crate::store::Store::Sqlite(_));
+        let loaded = Config::load(&self.path).and_then(|config| {
+            if sqlite {
+                config.check_for_sqlite()?;
+            }
+            Ok(config)
+        });
+        match loaded {
+            Ok(config) => Some(config),
+            Err(e) => {
+                let e = self.secrets.mask(&e.to_string());
+                tracing::error!("reload: keeping the running configuration: {e}");
+                None
+            }
+        }
+    }
+
+    /// Shows the database the reloaded `jobs` and takes up from when each
+    /// owes its fires; the jobs seen for the first time (not paused), which
+    /// are to catch up.
+    async fn see_jobs_again(&mut self, jobs: &[Arc<Job>]) -> Vec<Arc<Job>> {
+        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        // A job this reload shows the database for the first time owes its
+        // latest fire within catch_up, as at a start (docs/commands.md).
+        let mut first_sighted = Vec::new();
+        let store = self.engine.store().clone();
+        match store.see_jobs(&names).await {
+            Ok(records) => {
+                self.owed.clear();
+                for job in jobs {
+                    let Some(record) = records.get(&job.name) else {
+                        continue;
+                    };
+                    let owed = crate::engine::due::owed_from(&store, job, record).await;
+                    self.owed.insert(job.name.clone(), owed);
+                    if record.new {
+                        crate::engine::due::log_first_sighting(job, owed);
+                        if !record.paused {
+                            first_sighted.push(job.clone());
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("reload: cannot record new jobs yet: {e}"),
+        }
+        first_sighted
+    }
+
+    /// Puts the reloaded settings in force, and logs what was reloaded.
+    fn apply_settings(&mut self, settings: Settings) {
+        // Leases granted from now on, and so the heartbeat interval and the
+        // fence; claims already held keep the lease they were granted until
+        // their next renewal.
+        self.engine.set_lease(settings.lease);
+        self.health.watch(settings.lease, settings.scan_interval);
+        self.settings = settings;
+        tracing::info!(
+            jobs = self.jobs.len(),
+            lease = %humantime::format_duration(self.settings.lease),
+            max_running = self.settings.max_running,
+            shutdown_grace = %humantime::format_duration(self.settings.shutdown_grace),
+            scan_interval = %humantime::format_duration(self.settings.scan_interval),
+            catch_up = %humantime::format_duration(self.settings.catch_up),
+            "reloaded {}",
+            self.path.display()
+        );
+        if self.jobs.is_empty() {
+            tracing::warn!(
+                "reload: {} has no jobs; nothing is scheduled",
+                self.path.display()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::TimeZone;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::clock::StoppedClock;
+    use crate::engine::Engine;
+    use crate::store::Store;
+
+    /// A reload that makes a period due earlier than it was, at an instant
+    /// already past, still fires it (the review found it lost: the timer
+    /// went on from where it had fired other jobs up to).
+    #[tokio::test]
+    async fn a_reload_that_makes_a_period_due_earlier_still_fires_it() {
+        let text = |jitter: &str| {
+            format!(
+                "[[job]]\nname = \"h\"\nschedule = \"*/5 * * * * *\"\njitter = \"{jitter}\"\ncommand = [\"true\"]\n\n\
+                 [[job]]\nname = \"k\"\nschedule = \"*/5 * * * * *\"\ncommand = [\"true\"]\n"
+            )
+        };
+        let path = std::path::Path::new("jobs.toml");
+        let config = Config::parse(path, &text("1h"), &|_| None).expect("valid jobs");
+        // A fire of `h` delayed three seconds or more.
+        let start = Utc.with_ymd_and_hms(2027, 1, 4, 10, 0, 0).unwrap();
+        let p = (0..100)
+            .map(|n| start + TimeDelta::seconds(5 * n))
+            .find(|p| config.jobs[0].timing().jitter(*p) >= TimeDelta::seconds(3))
+            .expect("a fire delayed 3 s");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let clock = Arc::new(StoppedClock::at(p - TimeDelta::seconds(1)));
+        let (_down, shutdown) = watch::channel(false);
+        let mut service =
+            Service::on(path.into(), config, engine, shutdown).with_clock(clock.clone());
+        let mut fired = Vec::new();
+        let mut step = |service: &mut Service, millis: i64| {
+            clock.advance(TimeDelta::milliseconds(millis));
+            service.fire();
+            fired.extend(
+                service
+                    .pending
+                    .drain(..)
+                    .map(|(job, due)| format!("{}:{}", job.name, due.period.label)),
+            );
+        };
+        // `k` fires at P; `h`'s P is due three seconds or more later ...
+        step(&mut service, 1_000);
+        step(&mut service, 2_800);
+        // ... when a reload takes its jitter down to nothing: now past.
+        let reloaded = Config::parse(path, &text("1s"), &|_| None).expect("valid jobs");
+        service.replace_jobs(shared(reloaded.jobs));
+        step(&mut service, 100);
+        let label = crate::period::utc_text(p);
+        assert!(fired.contains(&format!("h:{label}")), "{fired:?}");
+        assert!(fired.contains(&format!("k:{label}")), "{fired:?}");
+    }
+
+    /// A reload that gives back a day its calendar took (a holiday
+    /// removed) fires only what the job owes since it was first seen: the
+    /// latest fire within `catch_up` of that sighting and the ones after,
+    /// never the day's earlier fires (issue 39: 36 periods ran at once, 35
+    /// of them from before the job existed).
+    #[tokio::test]
+    async fn a_reload_that_gives_a_day_back_runs_nothing_from_before_the_job_was_first_seen() {
+        let text = |holidays: &str| {
+            format!(
+                "[scheduler]\ncatch_up = \"3h\"\n\n[[calendar]]\nname = \"c\"\nholidays = [{holidays}]\n\n\
+                 [[job]]\nname = \"k\"\nschedule = \"*/5 * * * *\"\ncalendar = \"c\"\n\
+                 on_day_off = \"skip\"\ncommand = [\"true\"]\n"
+            )
+        };
+        let path = std::path::Path::new("jobs.toml");
+        // Monday 4 January 2027, a holiday when the job is first seen.
+        let config = Config::parse(path, &text("\"2027-01-04\""), &|_| None).expect("valid jobs");
+        let seen = Utc.with_ymd_and_hms(2027, 1, 4, 16, 17, 0).unwrap();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let clock = Arc::new(StoppedClock::at(seen));
+        let (_down, shutdown) = watch::channel(false);
+        let mut service =
+            Service::on(path.into(), config, engine, shutdown).with_clock(clock.clone());
+        // Seen on a holiday: its latest fire (Friday's) is older than
+        // catch_up, so it owes its fires from the sighting, fixed there.
+        let owed = service.jobs[0].owed_since(seen);
+        assert_eq!(owed, seen);
+        service.owed.insert("k".into(), owed);
+        clock.advance(TimeDelta::seconds(5));
+        service.fire();
+        assert!(service.pending.is_empty(), "a holiday fired");
+        // The holiday is taken back out five seconds after the sighting.
+        let reloaded = Config::parse(path, &text(""), &|_| None).expect("valid jobs");
+        service.replace_jobs(shared(reloaded.jobs));
+        clock.advance(TimeDelta::seconds(1));
+        service.fire();
+        let fired = |service: &mut Service| -> Vec<String> {
+            service
+                .pending
+                .drain(..)
+                .map(|(job, due)| format!("{}:{}", job.name, due.period.label))
+                .collect()
+        };
+        // The day's fires before the sighting, 16:15 included, were not
+        // fires when it was seen: none runs.
+        assert_eq!(fired(&mut service), Vec::<String>::new());
+        // The next one does, at its time.
+        clock.advance(TimeDelta::minutes(3));
+        service.fire();
+        assert_eq!(fired(&mut service), ["k:2027-01-04T16:20:00Z"]);
+    }
+}
