@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::config::{Config, Job, Settings};
 use crate::engine::Engine;
 use crate::engine::due::{Due, OverdueCount};
@@ -151,7 +151,7 @@ pub struct Service {
     overdue: Arc<tokio::sync::Mutex<(OverdueCount, JobGauges)>>,
     /// Whether freed heap is handed back after start-up.
     trim: bool,
-    /// What time it is: the system's clock but in tests.
+    /// What time it is: the engine's clock (the system's but in tests).
     clock: Arc<dyn Clock>,
     /// What this loop's `/healthz` and `/readyz` report.
     health: Arc<Health>,
@@ -183,7 +183,7 @@ impl Service {
         let events = mpsc::unbounded_channel();
         let notify = watch::Sender::new(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let clock = engine.clock();
         let now = clock.now();
         Service {
             path,
@@ -220,12 +220,13 @@ impl Service {
         }
     }
 
-    /// The service reading the time from `clock` (a test's), its timer
-    /// starting at that clock's now.
+    /// The service, and its engine, reading the time from `clock` (a
+    /// test's), its timer starting at that clock's now.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Service {
         let now = clock.now();
         self.timer = Timer::new(&self.jobs, now);
         self.fired_until = now;
+        self.engine = self.engine.with_clock(clock.clone());
         self.clock = clock;
         self
     }

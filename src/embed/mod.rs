@@ -34,7 +34,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use chrono_tz::Tz;
 use tokio::sync::{mpsc, watch};
 
@@ -72,6 +71,7 @@ pub struct Builder {
     supervisor: Option<PathBuf>,
     reap_orphans: bool,
     owner: Option<String>,
+    clock: Option<Arc<dyn crate::clock::Clock>>,
 }
 
 /// A scheduler, built; [`Scheduler::start`] serves its schedules, the
@@ -107,6 +107,7 @@ impl Scheduler {
             supervisor: None,
             reap_orphans: false,
             owner: None,
+            clock: None,
         }
     }
 
@@ -192,7 +193,7 @@ impl Scheduler {
             names: Names::JSON,
             by: options.by.unwrap_or_else(|| "library".into()),
         };
-        manual::check(&self.config, &request, Utc::now())?;
+        manual::check(&self.config, &request, self.engine.now())?;
         let mut collected = Gathered(Vec::new());
         // Dropping this future stops its runs; their periods are recovered
         // once their leases run out.
@@ -246,7 +247,7 @@ impl Scheduler {
             job,
             which,
             &by,
-            chrono::Utc::now(),
+            self.engine.now(),
             names,
         )
         .await
@@ -527,6 +528,17 @@ impl Builder {
         self
     }
 
+    /// What time it is for every decision the scheduler makes on this
+    /// host's clock (which periods are due, deadlines, the loop's fires):
+    /// the system's clock by default; in a service's own tests a
+    /// [`StoppedClock`](crate::clock::StoppedClock) moved by hand, so a
+    /// day of periods runs without sleeping. Leases, retries and claims
+    /// keep the database's clock.
+    pub fn clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> Builder {
+        self.clock = Some(clock);
+        self
+    }
+
     /// Checks every job and setting by the rules of `jobs.toml`, opens the
     /// database and brings its tables up to date (beside the
     /// application's own sqlx migrations, see docs/embedding.md).
@@ -558,7 +570,10 @@ impl Builder {
             crate::engine::supervision::reaper::start();
         }
         let owner = self.owner.unwrap_or_else(unique_owner);
-        let engine = Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
+        let mut engine = Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
+        if let Some(clock) = self.clock {
+            engine = engine.with_clock(clock);
+        }
         Ok(Scheduler {
             config: Arc::new(config),
             engine,

@@ -315,6 +315,7 @@ pub async fn reopen_stale(
     store: &Store,
     jobs: &[&Job],
     since: DateTime<Utc>,
+    now: DateTime<Utc>,
 ) -> Result<(Vec<(String, super::due::Due)>, bool), Error> {
     use crate::config::after::OnRerun;
     let rerun: Vec<&Job> = jobs
@@ -379,7 +380,7 @@ pub async fn reopen_stale(
         })
         .collect();
     let asked: Vec<(&Job, &Period)> = done.iter().map(|(job, p, _)| (*job, *p)).collect();
-    let looked = look(store, &asked, Utc::now()).await?;
+    let looked = look(store, &asked, now).await?;
     let mut reopened = Vec::new();
     for ((job, period, row), upstream) in done.into_iter().zip(looked) {
         if !upstream.stale(row.started_at) || !store.reopen(&row.period_key, row.attempt).await? {

@@ -300,7 +300,7 @@ pub async fn drive(
     shutdown: watch::Receiver<bool>,
     sink: &mut dyn Sink,
 ) -> Result<Outcome, Error> {
-    let now = Utc::now();
+    let now = engine.now();
     let mut plans = plan(config, engine.store(), request, now, sink).await?;
     let total = plans
         .iter()
@@ -609,7 +609,7 @@ impl Backfill<'_> {
         let mut ended: Vec<(usize, Line)> = Vec::with_capacity(place.len());
         for report in reports {
             let at = place.get(&report.key).copied().unwrap_or(usize::MAX);
-            let mut line = Line::of(report)?;
+            let mut line = Line::of(report, self.engine.now())?;
             line.asked = modes.get(&line.key).filter(|m| m.manual).map(|m| m.words());
             ended.push((at, line));
         }
@@ -655,9 +655,8 @@ impl Backfill<'_> {
             match self.engine.claim(std::slice::from_ref(&ask)).await?.pop() {
                 Some(Taken::Won(w)) => {
                     self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
-                    Some(Line::of(
-                        self.engine.run(ask, w, self.stop_now.clone()).await,
-                    )?)
+                    let report = self.engine.run(ask, w, self.stop_now.clone()).await;
+                    Some(Line::of(report, self.engine.now())?)
                 }
                 Some(not) => Some(self.not_run_line(&ask, not)),
                 None => None,
@@ -744,7 +743,7 @@ impl Backfill<'_> {
                 .engine
                 .run(ask.clone(), won, self.stop_now.clone())
                 .await;
-            return Line::of(report);
+            return Line::of(report, self.engine.now());
         }
     }
 
@@ -782,7 +781,7 @@ impl Backfill<'_> {
                         .engine
                         .run(ask.clone(), won, self.stop_now.clone())
                         .await;
-                    return Line::of(report);
+                    return Line::of(report, self.engine.now());
                 }
                 Some(not) => return Ok(self.not_run_line(ask, not)),
                 None => return Ok(self.not_run_line(ask, Taken::RunningHere)),
@@ -1029,7 +1028,7 @@ async fn plan<'a>(
                 .await?;
             // A period that waited for its upstream runs as `upstream`,
             // whether or not it is also among the due ones.
-            let (reopened, _) = super::after::reopen_stale(store, &[job], window).await?;
+            let (reopened, _) = super::after::reopen_stale(store, &[job], window, now).await?;
             // Every period of the job noted waiting goes to the claim's
             // gate, which claims the ready ones: what it waits for may
             // have changed with jobs.toml since it was noted.
@@ -1620,7 +1619,7 @@ impl Line {
 
     /// The line of a run; an outcome that could not be written ends the
     /// command with the database's error.
-    fn of(report: Report) -> Result<Line, Error> {
+    fn of(report: Report, now: DateTime<Utc>) -> Result<Line, Error> {
         let report = match report {
             Report {
                 status: Status::Unrecorded(e),
@@ -1633,7 +1632,7 @@ impl Line {
                 Some(error.clone()),
                 retry_after
                     .and_then(|after| chrono::Duration::from_std(after).ok())
-                    .map(|after| utc_text(Utc::now() + after)),
+                    .map(|after| utc_text(now + after)),
             ),
             _ => (None, None),
         };

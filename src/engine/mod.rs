@@ -31,9 +31,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Action, Job};
 use crate::error::Error;
 use crate::period::PeriodKey;
@@ -253,6 +255,10 @@ pub struct Engine {
     outcomes: Arc<outcomes::Outcomes>,
     /// Pauses and resumes said through this engine, for its loops.
     pauses: tokio::sync::broadcast::Sender<(String, bool)>,
+    /// What time it is for every decision of this engine, its loop and
+    /// its API made on this host's clock (the system's, or a test's);
+    /// what the database decides stays on the database's clock.
+    clock: Arc<dyn Clock>,
 }
 
 impl Engine {
@@ -273,7 +279,25 @@ impl Engine {
             supervisor: Arc::new(supervision::Launcher::find()),
             quick: Arc::default(),
             pauses: tokio::sync::broadcast::Sender::new(64),
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// The engine reading the time from `clock` (a test's) for every
+    /// decision made on this host's clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Engine {
+        self.clock = clock;
+        self
+    }
+
+    /// Now, by the engine's clock.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
+    /// The engine's clock, for the loops that run beside it.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
     }
 
     /// Starts `command` and `shell` jobs through `launcher`.
@@ -396,7 +420,7 @@ impl Engine {
             .iter()
             .map(|i| (&*asks[*i].job, &asks[*i].due.period))
             .collect();
-        let looked = after::look(&self.store, &asked, chrono::Utc::now()).await?;
+        let looked = after::look(&self.store, &asked, self.now()).await?;
         let mut waiting = Vec::new();
         for (i, upstream) in open.into_iter().zip(looked) {
             if let Some(watch) = upstream.watch() {
@@ -517,12 +541,13 @@ impl Engine {
                 let Some(chunk) = chunks.next() else { break };
                 let mine: Vec<Ask> = chunk.iter().map(|i| asks[*i].clone()).collect();
                 let (store, owner) = (self.store.clone(), self.owner.clone());
+                let clock = self.clock.clone();
                 running.spawn(async move {
                     let requests: Vec<ClaimRequest<'_>> =
                         mine.iter().map(|ask| ask.request(&owner, lease)).collect();
                     let sent = Sent {
                         at: Instant::now(),
-                        wall: chrono::Utc::now(),
+                        wall: clock.now(),
                         took: Duration::ZERO,
                     };
                     let claims = store.claim_batch(&requests, wait).await;

@@ -228,7 +228,7 @@ impl Engine {
         // Nothing stops a run's delivery but its budget.
         let (_running, stop) = watch::channel(false);
         let work = async {
-            self.check_deadlines(config, &jobs, Utc::now(), None, true)
+            self.check_deadlines(config, &jobs, self.now(), None, true)
                 .await?;
             self.deliver(config, NOTIFY_AFTER_RUN, &stop).await
         };
@@ -291,7 +291,7 @@ impl Engine {
                     // Not tried for longer than tries last (its notifier
                     // was out of jobs.toml, every replica was down): a day
                     // late is too late to tell.
-                    _ if age(delivery)
+                    _ if age(delivery, self.now())
                         > TRY_FOR + TimeDelta::seconds(MOST_BACKOFF.as_secs() as i64) =>
                     {
                         Tried::GivenUp(
@@ -316,7 +316,7 @@ impl Engine {
             let tries = futures_util::future::join_all(sends).await;
             let mut outcomes = Vec::with_capacity(taken.len());
             for (delivery, tried) in taken.iter().zip(tries) {
-                let tried = give_up_when_old(tried, delivery);
+                let tried = give_up_when_old(tried, delivery, self.now());
                 if let Tried::Again(_, _, after) = &tried {
                     let at = tokio::time::Instant::now() + *after + Duration::from_millis(100);
                     again = Some(again.map_or(at, |earlier| earlier.min(at)));
@@ -383,6 +383,8 @@ impl Engine {
             .header("x-scheduler-event", &delivery.event)
             .body(delivery.payload.clone());
         if let Some(secret) = &notifier.secret {
+            // The host's real time, whatever the engine's clock: the
+            // receiver checks it against its own to refuse old replays.
             let at = Utc::now().timestamp().to_string();
             request = request.header("x-scheduler-timestamp", &at).header(
                 "x-scheduler-signature",
@@ -443,15 +445,15 @@ fn backoff(tries: i32) -> Duration {
     Duration::from_secs(doubled).min(MOST_BACKOFF)
 }
 
-/// How old `delivery` is.
-fn age(delivery: &Delivery) -> TimeDelta {
-    Utc::now() - DateTime::from_timestamp_millis(delivery.created_at).unwrap_or_default()
+/// How old `delivery` is at `now`.
+fn age(delivery: &Delivery, now: DateTime<Utc>) -> TimeDelta {
+    now - DateTime::from_timestamp_millis(delivery.created_at).unwrap_or_default()
 }
 
 /// A try to be made again is given up once the notification is a day old.
-fn give_up_when_old(tried: Tried, delivery: &Delivery) -> Tried {
+fn give_up_when_old(tried: Tried, delivery: &Delivery, now: DateTime<Utc>) -> Tried {
     match tried {
-        Tried::Again(status, error, _) if age(delivery) > TRY_FOR => Tried::GivenUp(
+        Tried::Again(status, error, _) if age(delivery, now) > TRY_FOR => Tried::GivenUp(
             status,
             format!("given up after trying for a day; last: {error}"),
         ),
@@ -628,7 +630,7 @@ pub fn follow(
             }
             let current = config.borrow_and_update().clone();
             let every = current.settings.scan_interval;
-            let now = Utc::now();
+            let now = engine.now();
             // The first check looks; after it, a deadline must have passed
             // (with no deadline at all, none ever does).
             let late = checked.is_none() || quiet_until.is_some_and(|quiet| now >= quiet);

@@ -151,11 +151,25 @@ impl Browser {
         }
     }
 
+    /// Clicks the first element `css` matches. A page that redraws (a
+    /// list refreshed by its poll) can replace the element between its
+    /// finding and the click: WebDriver then answers "stale element" and
+    /// nothing was clicked, so it is found again and clicked.
     pub(crate) fn click(&self, css: &str) {
-        self.wait_for(css);
-        self.runtime
-            .block_on(async { self.client().find(Locator::Css(css)).await?.click().await })
-            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+        let start = Instant::now();
+        loop {
+            self.wait_for(css);
+            let clicked = self
+                .runtime
+                .block_on(async { self.client().find(Locator::Css(css)).await?.click().await });
+            match clicked {
+                Ok(()) => return,
+                Err(e) if e.to_string().contains("stale element") && start.elapsed() < BOUND => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("click {css}: {e}"),
+            }
+        }
     }
 
     pub(crate) fn type_into(&self, css: &str, text: &str) {

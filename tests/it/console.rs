@@ -204,11 +204,22 @@ fn pausing_a_job_in_the_console_stops_its_fires() {
     browser.click("#confirm-yes");
     browser.wait_for(".job[data-job=tick] .badge.paused");
     browser.wait_for(".job[data-job=tick] button[data-action=resume]");
-    // A fire claimed as the pause landed may still finish; then none.
-    std::thread::sleep(Duration::from_millis(1500));
-    let paused = count(&db.url, ticks);
+    // Once the loop has seen the pause (its gauge says so), no fire after
+    // that instant is claimed; one claimed before may still land.
+    let paused_gauge = "scheduler_paused{job=\"tick\"} 1";
+    let base = server.base();
+    let addr = base.trim_start_matches("http://");
+    eventually("the loop seeing the pause", BOUND, || {
+        crate::support::http_get(addr, "/metrics").contains(paused_gauge)
+    });
+    let seen = chrono::Utc::now().timestamp_millis();
+    let after_pause = format!(
+        "SELECT count(*) FROM scheduler_claims WHERE period_key LIKE 'tick:%' AND scheduled_at > {seen}"
+    );
+    // Three fires' time with none claimed.
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(count(&db.url, ticks), paused, "a paused job fired");
+    assert_eq!(count(&db.url, &after_pause), 0, "a paused job fired");
+    let paused = count(&db.url, ticks);
     browser.click(".job[data-job=tick] button[data-action=resume]");
     eventually("tick fires again", BOUND, || count(&db.url, ticks) > paused);
     let _ = running.kill();

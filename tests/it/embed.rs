@@ -956,3 +956,49 @@ async fn code_jobs_wait_for_file_jobs_and_file_jobs_for_code_jobs() {
     };
     assert!(e.to_string().contains("no job named `nope`"), "{e}");
 }
+
+/// `run_due` runs what is due by the scheduler's clock, as `scheduler run`
+/// does: a stopped clock moved by hand a day at a time runs each day's
+/// period once, a second call at the same instant runs nothing, and two
+/// days skipped are both caught up; no sleeping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_due_runs_each_period_once_as_a_stopped_clock_moves_on() {
+    use chrono::TimeDelta;
+    use scheduler::clock::{Clock, StoppedClock};
+    for db in backends().await {
+        let calls = Calls::default();
+        // Where the database's clock is: the job's first sighting (on that
+        // clock) decides what it owes.
+        let clock = Arc::new(StoppedClock::at(Utc::now()));
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .catch_up(Duration::from_secs(3 * 24 * 3600))
+            .clock(clock.clone())
+            .job(calls.job("rollup", "0 0 * * *").period(Unit::Day))
+            .build()
+            .await
+            .unwrap();
+        let ran = |runs: &[scheduler::PeriodRun]| -> Vec<String> {
+            runs.iter()
+                .filter(|r| r.outcome == RunOutcome::Succeeded)
+                .map(|r| r.period_key.clone())
+                .collect()
+        };
+        let today = format!("rollup:{}", clock.now().format("%Y-%m-%d"));
+        let first = scheduler.run_due(None).await.unwrap();
+        assert_eq!(ran(&first), std::slice::from_ref(&today), "{first:?}");
+        let again = scheduler.run_due(Some("rollup")).await.unwrap();
+        assert!(ran(&again).is_empty(), "{again:?}");
+        clock.advance(TimeDelta::days(1));
+        let tomorrow = format!("rollup:{}", clock.now().format("%Y-%m-%d"));
+        let next = scheduler.run_due(None).await.unwrap();
+        assert_eq!(ran(&next), std::slice::from_ref(&tomorrow), "{next:?}");
+        clock.advance(TimeDelta::days(2));
+        let caught_up = scheduler.run_due(None).await.unwrap();
+        assert_eq!(ran(&caught_up).len(), 2, "{caught_up:?}");
+        let keys = calls.keys();
+        let unique: HashSet<&String> = keys.iter().collect();
+        assert_eq!(unique.len(), 4, "{keys:?}");
+        assert_eq!(&keys[..2], [today, tomorrow]);
+    }
+}

@@ -72,7 +72,7 @@ pub(super) fn authorize(
                     "two session cookies came with the request (a page of another port or site on this host may have set one): log in again, and clear this host's cookies if it goes on",
                 ));
             }
-            let token = session::token_of(settings, headers, chrono::Utc::now());
+            let token = session::token_of(settings, headers, api.now());
             // A session is a reader's: a token that lost `read` (a reload)
             // ends its sessions.
             let token = token.filter(|t| t.allow.read).ok_or_else(|| {

@@ -132,6 +132,11 @@ impl Api {
         self.engine.store()
     }
 
+    /// Now, by the engine's clock.
+    fn now(&self) -> chrono::DateTime<Utc> {
+        self.engine.now()
+    }
+
     /// Deletes Idempotency-Keys and runs past `key_ttl`, with `[api]` on,
     /// and shared answers past the oldest any read may ask for.
     pub async fn prune(&self) -> Result<u64, Error> {
@@ -327,7 +332,7 @@ async fn start_run(
     let caller = token.clone();
     let asked = value.clone();
     let answer = idempotent.answer(&headers, &value, |scope| async move {
-        let request = run_request(&config, &name, asked, &caller)?;
+        let request = run_request(&config, &name, asked, &caller, api.now())?;
         Ok(api
             .start(config, request, &caller, &scope, Duration::from_secs(wait))
             .await)
@@ -342,6 +347,7 @@ fn run_request(
     name: &str,
     body: serde_json::Value,
     caller: &crate::config::Token,
+    now: chrono::DateTime<Utc>,
 ) -> Result<Request, Reply> {
     let asked: RunBody = serde_path_to_error::deserialize(body).map_err(|e| {
         let message = e.inner().to_string();
@@ -383,7 +389,7 @@ fn run_request(
         names: Names::JSON,
         by: caller.name.as_str().into(),
     };
-    manual::check(config, &request, Utc::now())?;
+    manual::check(config, &request, now)?;
     if let Selection::Range(from, to) = &request.periods {
         manual::periods_between(job, (from, to), RANGE_LIMIT, Names::JSON)?;
     }
@@ -473,6 +479,7 @@ async fn adopt(
         run_id: None,
     };
     let store = api.store().clone();
+    let now = api.now();
     let by = token.name.clone();
     let answer = idempotent.answer(&headers, &value, |_| async move {
         let job = find_job(&config, &name)?;
@@ -487,7 +494,7 @@ async fn adopt(
             }
         };
         let names = operate::AdoptNames::JSON;
-        Ok(match operate::adopt(&store, job, which, &by, Utc::now(), names).await? {
+        Ok(match operate::adopt(&store, job, which, &by, now, names).await? {
             operate::Adopted::Recorded(keys) => {
                 tracing::info!(job = %job.name, by = %by, periods = keys.len(), "adopted over the API");
                 Reply::ok(StatusCode::OK, json!({ "job": job.name, "adopted": keys }))

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use chrono::Utc;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -118,7 +117,7 @@ pub(super) async fn jobs(
 }
 
 async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
-    let now = Utc::now();
+    let now = api.now();
     let all: Vec<&Job> = config.jobs.iter().collect();
     // The one overview `status` shows, with the API's few fields more.
     let overviews = overview::of_jobs(api.store(), &all, 1, now).await?;
@@ -181,7 +180,7 @@ pub(super) async fn periods(
     let last = number("last", range.last.as_deref(), RANGE_LIMIT)?;
     let limit = number("limit", range.limit.as_deref(), RANGE_LIMIT)?;
     let max_age = number("max_age", range.max_age.as_deref(), MAX_AGE as usize)?;
-    let now = Utc::now();
+    let now = api.now();
     // The periods, with the label that goes on from them: the next page
     // of a range, or the period before the last ones.
     let (listed, more) = match (last, &range.from, &range.to) {
@@ -282,7 +281,7 @@ pub(super) async fn period(
     let key = format!("period/{}/{}", job.name, period.label);
     let read = async {
         let mut views =
-            view::periods(api.store(), job, std::slice::from_ref(&period), Utc::now()).await?;
+            view::periods(api.store(), job, std::slice::from_ref(&period), api.now()).await?;
         let view = views
             .pop()
             .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;

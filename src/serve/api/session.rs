@@ -250,7 +250,7 @@ async fn open(api: &Api, headers: &HeaderMap, body: Body) -> Answer {
     };
     bearer.insert(header::AUTHORIZATION, given);
     let (_, token) = authorize(api, &bearer, Need::Read)?;
-    let now = Utc::now();
+    let now = api.now();
     let expires = now + chrono::TimeDelta::from_std(LIFETIME).unwrap_or_default();
     let mac = token
         .secret
