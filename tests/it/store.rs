@@ -1198,6 +1198,253 @@ async fn a_stale_period_is_reopened_once_by_its_attempt(store: Store) {
     assert_eq!(again.attempt, 3);
 }
 
+/// An Idempotency-Key is new once; after that it is known, in progress
+/// and then with its answer; a key in progress past its bound is taken
+/// over by the same request only; freeing one in progress makes it new
+/// again, and an answered one is never freed.
+async fn an_idempotency_key_is_new_once_then_known_with_its_answer(store: Store) {
+    use scheduler::store::{KeyClaim, KeyState};
+    let minute = Duration::from_secs(60);
+    let known = |claim: KeyClaim| match claim {
+        KeyClaim::Known(record) => record,
+        KeyClaim::New => panic!("expected a known key"),
+    };
+    let claim = store.claim_key("k1", "h1", minute, minute, Some("/v1/runs/r1"));
+    assert!(matches!(claim.await.unwrap(), KeyClaim::New));
+    let running = known(
+        store
+            .claim_key("k1", "h1", minute, minute, None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(running.state, KeyState::Running);
+    assert_eq!((running.stale, running.run_going), (0, 0));
+    assert_eq!(running.location.as_deref(), Some("/v1/runs/r1"));
+    store
+        .answer_key("k1", 201, "{}", Some("/v1/runs/r1"), None)
+        .await
+        .unwrap();
+    for request in ["h1", "h2"] {
+        let answered = known(
+            store
+                .claim_key("k1", request, minute, minute, None)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(answered.state, KeyState::Answered);
+        assert_eq!(
+            (answered.status, answered.request.as_str()),
+            (Some(201), "h1")
+        );
+    }
+    store.forget_key("k1").await.unwrap();
+    assert!(matches!(
+        store
+            .claim_key("k1", "h1", minute, minute, None)
+            .await
+            .unwrap(),
+        KeyClaim::Known(_)
+    ));
+    // In progress past its bound (0): the same request takes it over,
+    // another is told what is known.
+    let claim = store.claim_key("k2", "h1", Duration::ZERO, minute, None);
+    assert!(matches!(claim.await.unwrap(), KeyClaim::New));
+    let other = known(
+        store
+            .claim_key("k2", "h2", minute, minute, None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((other.state, other.stale), (KeyState::Running, 1));
+    let claim = store.claim_key("k2", "h1", minute, minute, None);
+    assert!(matches!(claim.await.unwrap(), KeyClaim::New));
+    // Freed in progress (its request failed on the server): new again.
+    store.forget_key("k2").await.unwrap();
+    let claim = store.claim_key("k2", "h2", minute, minute, None);
+    assert!(matches!(claim.await.unwrap(), KeyClaim::New));
+}
+
+/// A run asked for over the API is running while its replica keeps it
+/// alive, abandoned-looking (not alive) once it stops, done once ended;
+/// its key points at it and counts as in flight while it goes.
+async fn an_api_run_is_alive_while_kept_and_done_once_ended(store: Store) {
+    use scheduler::store::{ApiRun, ApiRunState, KeyClaim};
+    let minute = Duration::from_secs(60);
+    let run = |id: &str| ApiRun {
+        id: id.to_owned(),
+        job: "billing".to_owned(),
+        requested_by: "ci".to_owned(),
+        owner: "a".to_owned(),
+        state: ApiRunState::Running,
+        body: "{\"periods\": []}".to_owned(),
+        alive: 1,
+        created_at: 0,
+    };
+    let claim = store.claim_key("k", "h", minute, minute, None);
+    assert!(matches!(claim.await.unwrap(), KeyClaim::New));
+    store.create_run(&run("r1"), minute, minute).await.unwrap();
+    store.note_key_run("k", "r1", "/v1/runs/r1").await.unwrap();
+    let going = store.api_run("r1").await.unwrap().expect("r1");
+    assert_eq!((going.state, going.alive), (ApiRunState::Running, 1));
+    match store
+        .claim_key("k", "h", minute, minute, None)
+        .await
+        .unwrap()
+    {
+        KeyClaim::Known(record) => {
+            assert_eq!(record.run_going, 1);
+            assert_eq!(record.run_id.as_deref(), Some("r1"));
+        }
+        KeyClaim::New => panic!("the key of a running run is known"),
+    }
+    store
+        .update_run("r1", "{\"periods\": [1]}", Some(minute), minute)
+        .await
+        .unwrap();
+    let done = store.api_run("r1").await.unwrap().expect("r1");
+    assert_eq!(done.state, ApiRunState::Done);
+    assert_eq!(done.body, "{\"periods\": [1]}");
+    // A replica that stopped keeping its run alive: not alive.
+    store
+        .create_run(&run("r2"), Duration::ZERO, minute)
+        .await
+        .unwrap();
+    let left = store.api_run("r2").await.unwrap().expect("r2");
+    assert_eq!((left.state, left.alive), (ApiRunState::Running, 0));
+    let ids: Vec<String> = store
+        .api_runs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(store.api_run("r3").await.unwrap().is_none());
+}
+
+/// A notification is created once; a try takes it under a lease (no
+/// other taker meanwhile); only its taker's outcome, fenced by its try
+/// number, is written; a try to be made again waits for its backoff; a
+/// `recovered` waits until the period's `failed` is settled.
+async fn a_notification_is_created_once_and_told_by_its_taker_only(store: Store) {
+    use scheduler::store::{DeliveryState, NewNotification, Tried};
+    let minute = Duration::from_secs(60);
+    let new = |event: &'static str| NewNotification {
+        notifier: "pager".to_owned(),
+        period_key: "billing:2026-07".to_owned(),
+        event,
+        job: "billing".to_owned(),
+        payload: format!("{{\"event\": \"{event}\"}}"),
+    };
+    assert_eq!(
+        store
+            .notify_new(&[new("failed"), new("recovered")])
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(store.notify_new(&[new("failed")]).await.unwrap(), 0);
+    // Only `failed` is taken: `recovered` waits for it.
+    let taken = store
+        .notify_take("a", minute, &["pager"], 10, true)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!((taken[0].event.as_str(), taken[0].tries), ("failed", 1));
+    assert!(
+        store
+            .notify_take("b", minute, &["pager"], 10, true)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Another notifier's rows are not taken for this one.
+    assert!(
+        store
+            .notify_take("b", minute, &["other"], 10, true)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let again = Tried::Again(Some(503), "busy".to_owned(), minute);
+    assert_eq!(
+        store
+            .notify_tried(&[(&taken[0], again.clone())], "b")
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .notify_tried(&[(&taken[0], again)], "a")
+            .await
+            .unwrap(),
+        1
+    );
+    // Pending again, its next try a minute away: nothing to take now.
+    assert!(
+        store
+            .notify_take("a", minute, &["pager"], 10, true)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let listed = store.notifications("billing", 10).await.unwrap();
+    let failed = listed.iter().find(|n| n.event == "failed").expect("failed");
+    assert_eq!(
+        (failed.state, failed.tries, failed.status),
+        (DeliveryState::Pending, 1, Some(503))
+    );
+    // `recovered` still waits: its `failed` is pending.
+    let recovered = listed
+        .iter()
+        .find(|n| n.event == "recovered")
+        .expect("recovered");
+    assert_eq!(
+        (recovered.state, recovered.tries),
+        (DeliveryState::Pending, 0)
+    );
+    // Taken over once the taker's lease ran out (lease 0), then delivered
+    // by the new taker; the old one's late outcome is not written.
+    let august = NewNotification {
+        period_key: "billing:2026-08".to_owned(),
+        ..new("late")
+    };
+    store.notify_new(&[august]).await.unwrap();
+    let first = store
+        .notify_take("a", Duration::ZERO, &["pager"], 10, true)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    let second = store
+        .notify_take("b", minute, &["pager"], 10, true)
+        .await
+        .unwrap();
+    assert_eq!((second.len(), second[0].tries), (1, 2));
+    let late = Tried::Delivered(200);
+    assert_eq!(
+        store
+            .notify_tried(&[(&first[0], late.clone())], "a")
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .notify_tried(&[(&second[0], late)], "b")
+            .await
+            .unwrap(),
+        1
+    );
+    let listed = store.notifications("billing", 10).await.unwrap();
+    let delivered = listed
+        .iter()
+        .find(|n| n.period_key == "billing:2026-08")
+        .expect("late");
+    assert_eq!(delivered.state, DeliveryState::Delivered);
+    assert!(delivered.finished_at.is_some());
+}
+
 /// Runs each test function against SQLite and PostgreSQL.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -1252,6 +1499,9 @@ conformance_db!(
 );
 
 conformance!(
+    an_idempotency_key_is_new_once_then_known_with_its_answer,
+    an_api_run_is_alive_while_kept_and_done_once_ended,
+    a_notification_is_created_once_and_told_by_its_taker_only,
     a_group_of_sql_actions_commits_each_with_its_outcome_and_a_failing_one_fails_alone,
     a_group_runs_nothing_of_a_period_whose_claim_moved_on,
     concurrency_holds_inside_one_batch_and_across_batches,
