@@ -1028,7 +1028,7 @@ async fn plan<'a>(
                 .await?;
             // A period that waited for its upstream runs as `upstream`,
             // whether or not it is also among the due ones.
-            let (reopened, _) = super::after::reopen_stale(store, &[job], window, now).await?;
+            let (reopened, _) = super::rerun::reopen_stale(store, &[job], window, now).await?;
             // Every period of the job noted waiting goes to the claim's
             // gate, which claims the ready ones: what it waits for may
             // have changed with jobs.toml since it was noted.

@@ -20,6 +20,7 @@ pub mod overview;
 mod plain;
 mod process;
 mod report;
+pub mod rerun;
 pub mod supervision;
 pub mod view;
 
