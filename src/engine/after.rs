@@ -301,4 +301,3 @@ fn standing(
         .collect();
     upstream
 }
-

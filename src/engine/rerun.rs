@@ -41,7 +41,9 @@ pub async fn reopen_stale(
     // The periods of the rerunning jobs that needed what succeeded.
     let candidates = needing(
         &rerun,
-        succeeded.iter().map(|done| (done.job.as_str(), &done.period)),
+        succeeded
+            .iter()
+            .map(|done| (done.job.as_str(), &done.period)),
     );
     let (done, running) = succeeded_rows(store, candidates).await?;
     let reopened = reopen(store, done, now).await?;
@@ -117,7 +119,9 @@ async fn succeeded_rows<'j>(
         .into_iter()
         .zip(&keys)
         .filter_map(|((job, period), key)| {
-            let row = rows.remove(key).filter(|r| r.state == ClaimState::Succeeded)?;
+            let row = rows
+                .remove(key)
+                .filter(|r| r.state == ClaimState::Succeeded)?;
             Some((job, period, row))
         })
         .collect();

@@ -7,8 +7,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::json;
 
 use super::Api;
-use super::reply::Reply;
 use super::cookie;
+use super::reply::Reply;
 use crate::config::{Config, Token};
 
 /// What a token must be allowed.

@@ -198,4 +198,3 @@ fn who(token: &Token, expires: Option<DateTime<Utc>>) -> Reply {
     )
     .with(header::CACHE_CONTROL, "no-store")
 }
-
