@@ -12,6 +12,7 @@ mod execute;
 mod group;
 pub mod heartbeat;
 mod http;
+pub mod labels;
 pub mod manual;
 pub mod notify;
 pub mod operate;
