@@ -2,6 +2,8 @@
 //! batch of periods claimed and run side by side, each one's line handed to
 //! the sink in period order.
 
+use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,12 +11,15 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
 use super::Sink;
-use super::line::{Line, dry_run_line, skip_line, state_word};
+use super::line::{Line, passed_over};
 use super::plan::{Periods, Plan, RECLAIM_LIMIT, plan};
 use super::request::Request;
 use crate::config::{Config, Job};
+use crate::engine::after::Upstream;
 use crate::engine::due::Due;
-use crate::engine::{Ask, Claimed, Engine, Mode, Queue, Report, SQL_GROUP, Taken, after_grace};
+use crate::engine::{
+    Ask, Claimed, Engine, Mode, Queue, Report, SQL_GROUP, Taken, Won, after_grace,
+};
 use crate::error::{Error, Outcome, Unread};
 use crate::period::{Period, PeriodKey, utc_text};
 use crate::state::PeriodOutcome;
@@ -87,7 +92,42 @@ struct Backfill<'a> {
     out_of_slots: bool,
 }
 
+/// Whether a run goes on (`Continue`), or ends: cut short by shutdown
+/// (`Break(Ok)`), or its sink gone (`Break(Err)`).
+type Flow = ControlFlow<Result<(), Unread>>;
+
+/// How the periods of one plan are asked for.
+struct Asking {
+    job: Arc<Job>,
+    /// The run's request, as it applies to the plan.
+    request: Request,
+    mode: Mode,
+    /// How many periods are claimed and run side by side.
+    batch: usize,
+    /// Asked for by hand: who asked is noted on each attempt.
+    manual: bool,
+    /// Upstream periods run first (`--with-upstream`): those already
+    /// succeeded are passed over without a line.
+    upstream: bool,
+}
+
+/// The asks of a batch that were not won, by what comes of them.
+#[derive(Default)]
+struct NotWon {
+    /// Each with its line; `None` for one to wait for (`--wait`, or
+    /// released by hand: `wait_for_released`).
+    lines: Vec<(Ask, Option<Line>)>,
+    /// Periods that found no slot while this batch took one: the slot
+    /// may be a batch mate's, freed when the batch ends.
+    again: Vec<Ask>,
+    /// Periods whose lease ran out, left to their runners a while: who
+    /// held each, and when its lease ran out.
+    expired: Vec<(Ask, String, DateTime<Utc>)>,
+}
+
 impl Backfill<'_> {
+    /// Goes through `plans` in order; a job that waits for the jobs run
+    /// before it finds its periods when its turn comes.
     async fn plans(
         &mut self,
         plans: &mut [Plan<'_>],
@@ -101,112 +141,128 @@ impl Backfill<'_> {
                     None => continue,
                 }
             }
-            let job = Arc::new(plan.job.clone());
-            let request = Request {
-                force: plan.force,
-                only_failed: self.request.only_failed && !plan.upstream && !plan.downstream,
-                ..self.request.clone()
-            };
-            let mode = Mode {
-                manual: plan.manual,
-                force: plan.force,
-                early: self.request.early,
-            };
-            // A batch runs its periods side by side: at most as many as
-            // the job may run at once, and (but for an `sql` group, one
-            // slot) as this process may.
-            let mut batch = (job.concurrency as usize).clamp(1, SQL_GROUP);
-            if !matches!(job.action, crate::config::Action::Sql { .. }) {
-                batch = batch.min(self.max_running.max(1));
-            }
-            loop {
-                let chunk = plan.periods.chunk(plan.job, now);
-                if chunk.is_empty() {
-                    break;
-                }
-                let keys: Vec<PeriodKey> = chunk
-                    .iter()
-                    .map(|d| PeriodKey::new(&job.name, &d.period.label))
-                    .collect();
-                let rows = self.look_up(&job, &keys).await?;
-                // A dry run says what the claim's gate would: a period whose
-                // upstream is not done waits.
-                let mut waits = match request.dry_run && job.after.any() {
-                    true => {
-                        let asked: Vec<(&Job, &Period)> =
-                            chunk.iter().map(|d| (&*job, &d.period)).collect();
-                        crate::engine::after::look(self.engine.store(), &asked, now).await?
-                    }
-                    false => Vec::new(),
-                }
-                .into_iter();
-                let mut asks = Vec::new();
-                for (due, key) in chunk.into_iter().zip(keys) {
-                    let upstream = waits.next().filter(|up| up.waiting());
-                    if *self.shutdown.borrow() {
-                        self.cut_short();
-                        return Ok(Ok(()));
-                    }
-                    let row = rows.get(key.as_str());
-                    let done = row.is_some_and(|r| matches!(r.as_claim(), Claim::Succeeded { .. }));
-                    if plan.upstream && done {
-                        continue;
-                    }
-                    let claimable = row.is_none_or(|row| {
-                        !matches!(row.as_claim(), Claim::Succeeded { .. } | Claim::Held { .. })
-                    });
-                    let failed = row.is_some_and(|r| matches!(r.as_claim(), Claim::Failed { .. }));
-                    let skip = if request.only_failed && !failed {
-                        Some(Line {
-                            attempt: row.map(|r| r.attempt),
-                            ..Line::bare(
-                                key.as_str(),
-                                format!("not failed ({}): passed over", state_word(row)),
-                            )
-                        })
-                    } else if let Some(upstream) = upstream.filter(|_| claimable) {
-                        Some(Line::new(
-                            &key,
-                            PeriodOutcome::Waiting,
-                            upstream.to_string(),
-                            None,
-                        ))
-                    } else if request.dry_run {
-                        Some(dry_run_line(key.as_str(), row, &request))
-                    } else {
-                        row.and_then(|row| skip_line(key.as_str(), row, &request))
-                    };
-                    match skip {
-                        Some(line) => {
-                            if let Err(stop) = self.go(std::mem::take(&mut asks)).await? {
-                                return Ok(Err(stop));
-                            }
-                            if let Err(stop) = self.emit(&line) {
-                                return Ok(Err(stop));
-                            }
-                        }
-                        None => {
-                            asks.push(Ask {
-                                job: job.clone(),
-                                due,
-                                mode,
-                                by: plan.manual.then(|| self.request.by.clone()),
-                                timed: false,
-                            });
-                            if asks.len() >= batch
-                                && let Err(stop) = self.go(std::mem::take(&mut asks)).await?
-                            {
-                                return Ok(Err(stop));
-                            }
-                        }
-                    }
-                }
-                if let Err(stop) = self.go(asks).await? {
-                    return Ok(Err(stop));
-                }
+            if let ControlFlow::Break(end) = self.plan(plan, now).await? {
+                return Ok(end);
             }
         }
         Ok(Ok(()))
+    }
+
+    /// Goes through one plan's periods, a chunk at a time.
+    async fn plan(&mut self, plan: &mut Plan<'_>, now: DateTime<Utc>) -> Result<Flow, Error> {
+        let asking = Asking {
+            job: Arc::new(plan.job.clone()),
+            request: Request {
+                force: plan.force,
+                only_failed: self.request.only_failed && !plan.upstream && !plan.downstream,
+                ..self.request.clone()
+            },
+            mode: Mode {
+                manual: plan.manual,
+                force: plan.force,
+                early: self.request.early,
+            },
+            batch: self.batch(plan.job),
+            manual: plan.manual,
+            upstream: plan.upstream,
+        };
+        loop {
+            let chunk = plan.periods.chunk(plan.job, now);
+            if chunk.is_empty() {
+                return Ok(ControlFlow::Continue(()));
+            }
+            let flow = self.chunk(&asking, chunk, now).await?;
+            if flow.is_break() {
+                return Ok(flow);
+            }
+        }
+    }
+
+    /// How many periods of `job` are claimed and run side by side.
+    fn batch(&self, job: &Job) -> usize {
+        // A batch runs its periods side by side: at most as many as
+        // the job may run at once, and (but for an `sql` group, one
+        // slot) as this process may.
+        let mut batch = (job.concurrency as usize).clamp(1, SQL_GROUP);
+        if !matches!(job.action, crate::config::Action::Sql { .. }) {
+            batch = batch.min(self.max_running.max(1));
+        }
+        batch
+    }
+
+    /// Looks up one chunk of a plan's periods and claims and runs them, a
+    /// batch at a time; a period passed over gets its line in its place.
+    async fn chunk(
+        &mut self,
+        asking: &Asking,
+        chunk: Vec<Due>,
+        now: DateTime<Utc>,
+    ) -> Result<Flow, Error> {
+        let job = &asking.job;
+        let keys: Vec<PeriodKey> = chunk
+            .iter()
+            .map(|d| PeriodKey::new(&job.name, &d.period.label))
+            .collect();
+        let rows = self.look_up(job, &keys).await?;
+        let mut waits = self.gate(asking, &chunk, now).await?.into_iter();
+        let mut asks = Vec::new();
+        for (due, key) in chunk.into_iter().zip(keys) {
+            let upstream = waits.next().filter(|up| up.waiting());
+            if *self.shutdown.borrow() {
+                self.cut_short();
+                return Ok(ControlFlow::Break(Ok(())));
+            }
+            let row = rows.get(key.as_str());
+            let done = row.is_some_and(|r| matches!(r.as_claim(), Claim::Succeeded { .. }));
+            if asking.upstream && done {
+                continue;
+            }
+            match passed_over(&asking.request, &key, row, upstream) {
+                Some(line) => {
+                    if let Err(stop) = self.go(std::mem::take(&mut asks)).await? {
+                        return Ok(ControlFlow::Break(Err(stop)));
+                    }
+                    if let Err(stop) = self.emit(&line) {
+                        return Ok(ControlFlow::Break(Err(stop)));
+                    }
+                }
+                None => {
+                    asks.push(Ask {
+                        job: job.clone(),
+                        due,
+                        mode: asking.mode,
+                        by: asking.manual.then(|| self.request.by.clone()),
+                        timed: false,
+                    });
+                    if asks.len() >= asking.batch
+                        && let Err(stop) = self.go(std::mem::take(&mut asks)).await?
+                    {
+                        return Ok(ControlFlow::Break(Err(stop)));
+                    }
+                }
+            }
+        }
+        if let Err(stop) = self.go(asks).await? {
+            return Ok(ControlFlow::Break(Err(stop)));
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Where the upstream periods of each period of `chunk` stand, for a
+    /// dry run of a job with `after`; nothing otherwise.
+    async fn gate(
+        &self,
+        asking: &Asking,
+        chunk: &[Due],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Upstream>, Error> {
+        // A dry run says what the claim's gate would: a period whose
+        // upstream is not done waits.
+        if !(asking.request.dry_run && asking.job.after.any()) {
+            return Ok(Vec::new());
+        }
+        let asked: Vec<(&Job, &Period)> = chunk.iter().map(|d| (&*asking.job, &d.period)).collect();
+        crate::engine::after::look(self.engine.store(), &asked, now).await
     }
 
     /// The periods of `job` noted waiting whose upstream periods have all
@@ -300,41 +356,62 @@ impl Backfill<'_> {
         }
         // Where each period's line goes among the batch's: lines are
         // printed in period order, whichever ended first.
-        let place: std::collections::HashMap<PeriodKey, usize> = asks
+        let place: HashMap<PeriodKey, usize> = asks
             .iter()
             .enumerate()
             .map(|(i, ask)| (ask.key(), i))
             .collect();
         let claimed = self.engine.take(vec![asks], Queue::Wait).await?;
         let Claimed { won, not_won } = claimed.into_iter().next().unwrap_or_default();
-        let mut lines = Vec::new();
-        // Periods that found no slot while this batch took one: the slot
-        // may be a batch mate's, freed when the batch ends.
-        let mut again = Vec::new();
-        // Periods whose lease ran out, left to their runners a while.
-        let mut expired = Vec::new();
         for (_, w) in &won {
             self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);
         }
+        let mut left = self.not_won(not_won, !won.is_empty());
+        self.wait_for_released(&mut left.lines).await?;
+        let mut ended = self.run_won(won, &place).await?;
+        self.after_the_batch(left, &place, &mut ended).await?;
+        ended.sort_by_key(|(at, _)| *at);
+        for (_, line) in ended {
+            if let Err(stop) = self.emit(&line) {
+                return Ok(Err(stop));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Sorts the asks of a batch that were not won by what comes of them
+    /// (`any_won`: the batch won some).
+    fn not_won(&self, not_won: Vec<(Ask, Taken)>, any_won: bool) -> NotWon {
+        let mut left = NotWon::default();
         for (ask, taken) in not_won {
             match taken {
                 // A lease that ran out while this process holds recoveries
                 // (it has just started, or saw the database fail) is left
                 // to its runner for that long, then claimed again.
-                Taken::Not(Claim::Expired { owner, until }) => expired.push((ask, owner, until)),
-                Taken::Not(Claim::Held { .. } | Claim::Busy) if self.request.wait => {
-                    lines.push((ask, None));
+                Taken::Not(Claim::Expired { owner, until }) => {
+                    left.expired.push((ask, owner, until));
                 }
-                Taken::Not(Claim::Busy) if !won.is_empty() => again.push(ask),
+                Taken::Not(Claim::Held { .. } | Claim::Busy) if self.request.wait => {
+                    left.lines.push((ask, None));
+                }
+                Taken::Not(Claim::Busy) if any_won => left.again.push(ask),
                 not => {
                     let line = self.not_run_line(&ask, not);
-                    lines.push((ask, Some(line)));
+                    left.lines.push((ask, Some(line)));
                 }
             }
         }
-        self.wait_for_released(&mut lines).await?;
+        left
+    }
+
+    /// Runs what a batch won side by side: each one's line, with its place.
+    async fn run_won(
+        &mut self,
+        won: Vec<(Ask, Won)>,
+        place: &HashMap<PeriodKey, usize>,
+    ) -> Result<Vec<(usize, Line)>, Error> {
         // How each was asked for, said on its line as `history` says it.
-        let modes: std::collections::HashMap<String, Mode> = won
+        let modes: HashMap<String, Mode> = won
             .iter()
             .map(|(ask, _)| (ask.key().to_string(), ask.mode))
             .collect();
@@ -346,38 +423,42 @@ impl Backfill<'_> {
             line.asked = modes.get(&line.key).filter(|m| m.manual).map(|m| m.words());
             ended.push((at, line));
         }
-        for ask in again {
+        Ok(ended)
+    }
+
+    /// The lines of the asks a batch did not win, once its own runs ended,
+    /// each with its place, added to `ended`.
+    async fn after_the_batch(
+        &mut self,
+        left: NotWon,
+        place: &HashMap<PeriodKey, usize>,
+        ended: &mut Vec<(usize, Line)>,
+    ) -> Result<(), Error> {
+        let at = |ask: &Ask| place.get(&ask.key()).copied().unwrap_or(usize::MAX);
+        for ask in left.again {
             if *self.shutdown.borrow() {
                 self.cut_short();
                 break;
             }
-            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
+            let at = at(&ask);
             if let Some(line) = self.again(ask).await? {
                 ended.push((at, line));
             }
         }
-        for (ask, owner, until) in expired {
-            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
+        for (ask, owner, until) in left.expired {
             let line = self.after_the_hold(&ask, &owner, until).await?;
-            ended.push((at, line));
+            ended.push((at(&ask), line));
         }
         // A period run elsewhere is waited for after the batch's own runs
         // ended (it may be waiting for one of them to free a slot).
-        for (ask, line) in lines {
+        for (ask, line) in left.lines {
             let line = match line {
                 Some(line) => line,
                 None => self.wait_and_run(&ask).await?,
             };
-            let at = place.get(&ask.key()).copied().unwrap_or(usize::MAX);
-            ended.push((at, line));
+            ended.push((at(&ask), line));
         }
-        ended.sort_by_key(|(at, _)| *at);
-        for (_, line) in ended {
-            if let Err(stop) = self.emit(&line) {
-                return Ok(Err(stop));
-            }
-        }
-        Ok(Ok(()))
+        Ok(())
     }
 
     /// A period that found no slot while its batch took one, asked again

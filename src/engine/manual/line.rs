@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::request::Request;
+use crate::engine::after::Upstream;
 use crate::engine::{Report, Status};
 use crate::error::Error;
 use crate::period::{PeriodKey, utc_text};
@@ -45,8 +46,43 @@ pub struct Line {
     pub held: bool,
 }
 
+/// The line of a period passed over without a claim, if it is: not
+/// failed under `--only-failed`, waiting for its upstream periods
+/// (`upstream`, as a dry run's gate found them), said by a dry run, or
+/// settled by its claim row.
+pub(super) fn passed_over(
+    request: &Request,
+    key: &PeriodKey,
+    row: Option<&ClaimRow>,
+    upstream: Option<Upstream>,
+) -> Option<Line> {
+    let claimable = row
+        .is_none_or(|row| !matches!(row.as_claim(), Claim::Succeeded { .. } | Claim::Held { .. }));
+    let failed = row.is_some_and(|r| matches!(r.as_claim(), Claim::Failed { .. }));
+    if request.only_failed && !failed {
+        Some(Line {
+            attempt: row.map(|r| r.attempt),
+            ..Line::bare(
+                key.as_str(),
+                format!("not failed ({}): passed over", state_word(row)),
+            )
+        })
+    } else if let Some(upstream) = upstream.filter(|_| claimable) {
+        Some(Line::new(
+            key,
+            PeriodOutcome::Waiting,
+            upstream.to_string(),
+            None,
+        ))
+    } else if request.dry_run {
+        Some(dry_run_line(key.as_str(), row, request))
+    } else {
+        row.and_then(|row| skip_line(key.as_str(), row, request))
+    }
+}
+
 /// Why a period is passed over without a claim, from its row, if it is.
-pub(super) fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
+fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
     let manual = request.manual();
     let detail = match row.as_claim() {
         Claim::Succeeded { at } if !request.force && row.attempt == ADOPTED_ATTEMPT => {
@@ -95,7 +131,7 @@ pub(super) fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<
 }
 
 /// Where a period stands by its claim row alone, in a word.
-pub(super) fn state_word(row: Option<&ClaimRow>) -> &'static str {
+fn state_word(row: Option<&ClaimRow>) -> &'static str {
     row.map_or("never claimed", |row| row.standing().as_str())
 }
 
@@ -108,7 +144,7 @@ fn failed_line(key: &str, row: &ClaimRow, detail: String) -> Line {
     }
 }
 
-pub(super) fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
+fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
     let (status, detail) = match row {
         None => (PeriodOutcome::WouldClaim, "new period".to_owned()),
         Some(row) => match skip_line(key, row, request) {

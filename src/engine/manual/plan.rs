@@ -155,77 +155,10 @@ pub(super) async fn plan<'a>(
             }
             Periods::Range(walk)
         } else {
-            let seen = sighting(store, job, request.dry_run, now).await?;
-            let Some(seen) = seen else {
-                continue;
-            };
-            if seen.paused {
-                sink.paused(&job.name);
-                continue;
+            match due_periods(config, store, job, request, now, sink).await? {
+                Some(listed) => Periods::Listed(listed.into_iter()),
+                None => continue,
             }
-            let window =
-                now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
-            // What `serve` would take at this instant (docs/commands.md,
-            // "One period, one meaning"): the fires the job owes, as its
-            // first sighting fixed them, within the window; the latest one
-            // too only if it is owed (a job first seen days after its
-            // monthly fire does not run that month on its own). A dry run
-            // records nothing.
-            let owed = match request.dry_run {
-                true => job.owed_from(Some(seen.first_seen), seen.owed_from, now),
-                false => due::owed_from(store, job, &seen).await,
-            };
-            let since = window.max(owed);
-            let mut listed = due(job, now, since, true);
-            listed.retain(|d| d.fire >= since);
-            // Failed periods whose retry is due, and claims whose lease ran
-            // out or that were released, run again as `serve`'s scan would
-            // take them, however old: a platform cron container may be all
-            // there is, and `catch_up` bounds only periods never claimed.
-            let again = store
-                .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT, true)
-                .await?;
-            // A period that waited for its upstream runs as `upstream`,
-            // whether or not it is also among the due ones.
-            let (reopened, _) =
-                crate::engine::rerun::reopen_stale(store, &[job], window, now).await?;
-            // Every period of the job noted waiting goes to the claim's
-            // gate, which claims the ready ones: what it waits for may
-            // have changed with jobs.toml since it was noted.
-            let noted = store
-                .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
-                .await?;
-            let again = again.into_iter().chain(noted).map(|r| Due {
-                trigger: match r.trigger {
-                    Trigger::Upstream => Trigger::Upstream,
-                    _ => Trigger::Retry,
-                },
-                period: r.period,
-                fire: r.scheduled_at,
-            });
-            // Succeeded periods an upstream rerun made stale, for a job
-            // that reruns on it, as `serve`'s scan would take them.
-            for due in again.chain(reopened.into_iter().map(|(_, due)| due)) {
-                match listed
-                    .iter_mut()
-                    .find(|d| d.period.label == due.period.label)
-                {
-                    Some(listed) if due.trigger == Trigger::Upstream => {
-                        listed.trigger = Trigger::Upstream;
-                    }
-                    Some(_) => {}
-                    None => listed.push(due),
-                }
-            }
-            listed.sort_by_key(|d| d.fire);
-            // A first sighting says what it owes: with nothing to run,
-            // through the line saying so.
-            if listed.is_empty() {
-                sink.nothing_due(&job.name, &nothing_due(job, &seen, now));
-            } else if seen.new && !request.dry_run {
-                due::log_first_sighting(job, owed);
-            }
-            Periods::Listed(listed.into_iter())
         };
         plans.push(Plan {
             job,
@@ -253,6 +186,109 @@ pub(super) async fn plan<'a>(
         }));
     }
     Ok(plans)
+}
+
+/// The periods of `job` a scheduled run (`run JOB`, `run --all`) takes,
+/// oldest first; `None` for a job it passes over (paused, or a dry run's
+/// job nothing would see).
+async fn due_periods(
+    config: &Config,
+    store: &Store,
+    job: &Job,
+    request: &Request,
+    now: DateTime<Utc>,
+    sink: &mut dyn Sink,
+) -> Result<Option<Vec<Due>>, Error> {
+    let seen = sighting(store, job, request.dry_run, now).await?;
+    let Some(seen) = seen else {
+        return Ok(None);
+    };
+    if seen.paused {
+        sink.paused(&job.name);
+        return Ok(None);
+    }
+    let window = now - chrono::Duration::from_std(config.settings.catch_up).unwrap_or_default();
+    // What `serve` would take at this instant (docs/commands.md,
+    // "One period, one meaning"): the fires the job owes, as its
+    // first sighting fixed them, within the window; the latest one
+    // too only if it is owed (a job first seen days after its
+    // monthly fire does not run that month on its own). A dry run
+    // records nothing.
+    let owed = match request.dry_run {
+        true => job.owed_from(Some(seen.first_seen), seen.owed_from, now),
+        false => due::owed_from(store, job, &seen).await,
+    };
+    let since = window.max(owed);
+    let mut listed = due(job, now, since, true);
+    listed.retain(|d| d.fire >= since);
+    let again = taken_again(store, job, window, now).await?;
+    merge(&mut listed, again);
+    listed.sort_by_key(|d| d.fire);
+    // A first sighting says what it owes: with nothing to run,
+    // through the line saying so.
+    if listed.is_empty() {
+        sink.nothing_due(&job.name, &nothing_due(job, &seen, now));
+    } else if seen.new && !request.dry_run {
+        due::log_first_sighting(job, owed);
+    }
+    Ok(Some(listed))
+}
+
+/// The periods of `job` a scheduled run takes besides its due fires:
+/// retries, recoveries, periods noted waiting, and succeeded ones an
+/// upstream rerun made stale (reopened here).
+async fn taken_again(
+    store: &Store,
+    job: &Job,
+    window: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<Due>, Error> {
+    // Failed periods whose retry is due, and claims whose lease ran
+    // out or that were released, run again as `serve`'s scan would
+    // take them, however old: a platform cron container may be all
+    // there is, and `catch_up` bounds only periods never claimed.
+    let again = store
+        .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT, true)
+        .await?;
+    // A period that waited for its upstream runs as `upstream`,
+    // whether or not it is also among the due ones.
+    let (reopened, _) = crate::engine::rerun::reopen_stale(store, &[job], window, now).await?;
+    // Every period of the job noted waiting goes to the claim's
+    // gate, which claims the ready ones: what it waits for may
+    // have changed with jobs.toml since it was noted.
+    let noted = store
+        .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
+        .await?;
+    let again = again.into_iter().chain(noted).map(|r| Due {
+        trigger: match r.trigger {
+            Trigger::Upstream => Trigger::Upstream,
+            _ => Trigger::Retry,
+        },
+        period: r.period,
+        fire: r.scheduled_at,
+    });
+    // Succeeded periods an upstream rerun made stale, for a job
+    // that reruns on it, as `serve`'s scan would take them.
+    Ok(again
+        .chain(reopened.into_iter().map(|(_, due)| due))
+        .collect())
+}
+
+/// Adds `more` to `listed`, each period once: one listed already keeps
+/// its place, and becomes `upstream` if it is one in `more`.
+fn merge(listed: &mut Vec<Due>, more: Vec<Due>) {
+    for due in more {
+        match listed
+            .iter_mut()
+            .find(|d| d.period.label == due.period.label)
+        {
+            Some(listed) if due.trigger == Trigger::Upstream => {
+                listed.trigger = Trigger::Upstream;
+            }
+            Some(_) => {}
+            None => listed.push(due),
+        }
+    }
 }
 
 /// The jobs that wait, directly or through others, for job `name`, each
