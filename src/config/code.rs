@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono_tz::Tz;
 
 use super::after::{After, Named, OnRerun};
-use super::raw::{
+use super::rules::{
     SHORTEST_LEASE, SHORTEST_SCAN, count_problem, duration_problem, floor_problem,
     job_name_problem, keep_problem, namespace_problem, schedule,
 };
@@ -253,7 +253,7 @@ impl CodeJob {
         }
         if let Some(problem) = self
             .deadline
-            .and_then(|deadline| super::raw::deadline_problem(deadline, settings.catch_up))
+            .and_then(|deadline| super::rules::deadline_problem(deadline, settings.catch_up))
         {
             return Err(fail(problem));
         }
@@ -332,7 +332,7 @@ impl Retry {
 impl Settings {
     /// The defaults of an empty `[scheduler]` table.
     pub fn defaults() -> Settings {
-        super::raw::default_settings()
+        super::validate::default_settings()
     }
 
     /// Checks settings given in code by the rules of `[scheduler]`.
