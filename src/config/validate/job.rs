@@ -36,51 +36,7 @@ impl RawJob {
                 Err::<(), _>(at.error(self.name.span(), problem)),
             );
         }
-        let zone = match &self.timezone {
-            Some(z) => kept(&mut errors, zone(at, z)),
-            None => Some(settings.timezone),
-        };
-        let dst = DstRule {
-            gap: self.dst.gap,
-            repeat: self.dst.repeat,
-        };
-        // Checked in UTC where the zone is wrong, so that both are said.
-        let schedule = kept(
-            &mut errors,
-            schedule(self.schedule.get_ref(), zone.unwrap_or(Tz::UTC), dst)
-                .map_err(|problem| at.error(self.schedule.span(), problem)),
-        )
-        .filter(|_| zone.is_some());
-        let (days, fires_rules) = self.days_and_fires(at, calendars, &mut errors);
-        let schedule = schedule.map(|s| s.with_days(days));
-        if let Some(schedule) = &schedule
-            && schedule.days().is_some()
-            && schedule.next_after(chrono::DateTime::UNIX_EPOCH).is_none()
-        {
-            let span = self
-                .calendar
-                .as_ref()
-                .map_or(self.schedule.span(), Spanned::span);
-            errors.push(at.error(
-                span,
-                format!(
-                    "job `{name}` would never fire: `{}` falls only on days its calendar skips or outside its active dates",
-                    schedule.source()
-                ),
-            ));
-        }
-        if let (Some(schedule), Some(shift)) = (&schedule, &fires_rules.shift)
-            && let Some(problem) = too_frequent_to_move(schedule)
-        {
-            errors.push(
-                at.error(
-                    self.on_day_off
-                        .as_ref()
-                        .map_or(self.schedule.span(), Spanned::span),
-                    format!("`on_day_off = \"{}\"`: {problem}", shift.to),
-                ),
-            );
-        }
+        let (schedule, fires_rules) = self.schedule(at, settings, calendars, &mut errors);
         let action = kept(&mut errors, self.action(at, env));
         let retry = self.retry(at, &mut errors);
         let timeout = kept(
@@ -137,6 +93,64 @@ impl RawJob {
             definition: Fingerprint::default(),
             secrets: Default::default(),
         })
+    }
+
+    /// The job's schedule, in its zone and with the days it fires on, and
+    /// how its fires move and are delayed; mistakes added to `errors`.
+    fn schedule(
+        &self,
+        at: &Locator,
+        settings: &Settings,
+        calendars: &Calendars,
+        errors: &mut Vec<ConfigError>,
+    ) -> (Option<Schedule>, FireRules) {
+        let name = self.name.get_ref();
+        let zone = match &self.timezone {
+            Some(z) => kept(errors, zone(at, z)),
+            None => Some(settings.timezone),
+        };
+        let dst = DstRule {
+            gap: self.dst.gap,
+            repeat: self.dst.repeat,
+        };
+        // Checked in UTC where the zone is wrong, so that both are said.
+        let schedule = kept(
+            errors,
+            schedule(self.schedule.get_ref(), zone.unwrap_or(Tz::UTC), dst)
+                .map_err(|problem| at.error(self.schedule.span(), problem)),
+        )
+        .filter(|_| zone.is_some());
+        let (days, fires_rules) = self.days_and_fires(at, calendars, errors);
+        let schedule = schedule.map(|s| s.with_days(days));
+        if let Some(schedule) = &schedule
+            && schedule.days().is_some()
+            && schedule.next_after(chrono::DateTime::UNIX_EPOCH).is_none()
+        {
+            let span = self
+                .calendar
+                .as_ref()
+                .map_or(self.schedule.span(), Spanned::span);
+            errors.push(at.error(
+                span,
+                format!(
+                    "job `{name}` would never fire: `{}` falls only on days its calendar skips or outside its active dates",
+                    schedule.source()
+                ),
+            ));
+        }
+        if let (Some(schedule), Some(shift)) = (&schedule, &fires_rules.shift)
+            && let Some(problem) = too_frequent_to_move(schedule)
+        {
+            errors.push(
+                at.error(
+                    self.on_day_off
+                        .as_ref()
+                        .map_or(self.schedule.span(), Spanned::span),
+                    format!("`on_day_off = \"{}\"`: {problem}", shift.to),
+                ),
+            );
+        }
+        (schedule, fires_rules)
     }
 
     /// Which fires exist (`active_from`, `active_until`, a calendar with
