@@ -2,6 +2,10 @@
 //! asks (`scheduler run`, the HTTP API): the due periods of a job as one
 //! `serve` wake-up would take them, one period, or a range, streamed a
 //! chunk at a time. Each period ends as a [`Line`] handed to a [`Sink`].
+//!
+//! A [`Request`] is checked (`request`), planned (`plan`: which periods of
+//! which jobs, in which order) and driven (`drive`: claimed and run a batch
+//! at a time); `line` makes each period's line.
 
 mod drive;
 mod line;
@@ -13,8 +17,7 @@ use crate::error::Unread;
 pub use drive::drive;
 pub use line::Line;
 pub use request::{Request, Selection, check};
-// The periods named by label are the engine's, for every front end; they
-// are here too, where they were first.
+// The periods a front end names by label, which a request names too.
 pub use crate::engine::labels::{
     Names, page_between, period_of_label, periods_between, periods_up_to,
 };
