@@ -88,6 +88,10 @@ impl std::fmt::Display for OnRerun {
     }
 }
 
+/// For each job, the jobs it waits for: the position of each, and where
+/// it is named.
+type Edges<'c> = Vec<Vec<(usize, &'c Named)>>;
+
 impl Config {
     /// Links every job's `after` to the jobs it names (by their names in
     /// the database, the namespace included), and refuses unknown names,
@@ -136,14 +140,14 @@ impl Config {
     /// For each job, the jobs its `after` names (their position, and where
     /// each is named), and whether it waits for its own previous period;
     /// mistakes added to `errors`.
-    fn after_edges(&self, errors: &mut Vec<ConfigError>) -> (Vec<Vec<(usize, &Named)>>, Vec<bool>) {
+    fn after_edges(&self, errors: &mut Vec<ConfigError>) -> (Edges<'_>, Vec<bool>) {
         let by_name: HashMap<&str, usize> = self
             .jobs
             .iter()
             .enumerate()
             .map(|(i, job)| (job.name.as_str(), i))
             .collect();
-        let mut edges: Vec<Vec<(usize, &Named)>> = vec![Vec::new(); self.jobs.len()];
+        let mut edges: Edges = vec![Vec::new(); self.jobs.len()];
         let mut previous = vec![false; self.jobs.len()];
         for (i, job) in self.jobs.iter().enumerate() {
             for named in &job.after.named {

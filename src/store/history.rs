@@ -59,7 +59,7 @@ impl Store {
 
     /// The claim rows of `job` that `status` shows, newest period first:
     /// the `limit` newest periods, every running, released or failed one
-    /// however old (up to [`UNSETTLED_SHOWN`]: a stuck backfill period is
+    /// however old (up to [`UNSETTLED_SHOWN`](super::UNSETTLED_SHOWN): a stuck backfill period is
     /// what on-call looks for), and the one that finished last.
     pub async fn recent(&self, job: &str, limit: u32) -> Result<Vec<ClaimRow>, Error> {
         bounded!(self.recent(job, limit))

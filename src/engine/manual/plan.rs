@@ -35,7 +35,7 @@ pub(super) struct Plan<'a> {
     pub(super) upstream: bool,
     /// A job that waits for the jobs run before it (`after`): its periods
     /// noted waiting that those runs made ready, worked out when its turn
-    /// comes ([`Backfill::made_ready`](super::drive::Backfill::made_ready)).
+    /// comes (the drive's `Backfill::made_ready`).
     pub(super) downstream: bool,
 }
 
