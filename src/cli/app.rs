@@ -7,7 +7,7 @@ use tokio::sync::{mpsc, watch};
 use crate::cli::check;
 use crate::cli::inspect;
 use crate::cli::run;
-use crate::cli::{Cli, Command};
+use crate::cli::{After, Cli, Command};
 use crate::config::{Config, ConfigError};
 use crate::driver::Service;
 use crate::engine::operate::Adoption;
@@ -82,19 +82,7 @@ async fn inspect_database(
     now: chrono::DateTime<Utc>,
 ) -> Result<Outcome, Error> {
     match command {
-        Command::Migrate => {
-            let said = if applied.is_empty() {
-                say(format_args!("up to date: no migration to apply"))
-            } else {
-                applied
-                    .iter()
-                    .try_for_each(|m| say(format_args!("applied {m}")))
-            };
-            match said {
-                Ok(()) => Ok(Outcome::Done),
-                Err(stop) => stop.into_result(),
-            }
-        }
+        Command::Migrate => migrated(applied),
         Command::Status {
             job: Some(job),
             from: Some(from),
@@ -115,25 +103,12 @@ async fn inspect_database(
             output,
             json,
         } => {
-            let key = match &period {
-                Some(label) => Some(inspect::period_key_of(config.job(&job)?, label)?),
-                None => None,
-            };
             let shown = inspect::Shown {
                 limit,
                 output,
                 json,
             };
-            let defined = config.find(&job).ok();
-            inspect::history(
-                store,
-                &config.full_name(&job),
-                defined,
-                key.as_deref(),
-                shown,
-            )
-            .await
-            .or_else(Unread::into_result)
+            history(config, store, &job, period.as_deref(), shown).await
         }
         Command::Release { job, period } => inspect::release(config, store, &job, &period)
             .await
@@ -143,20 +118,7 @@ async fn inspect_database(
             through,
             from,
             to,
-        } => {
-            let which = match (&through, &from, &to) {
-                (Some(through), _, _) => Adoption::Through(through),
-                (None, Some(from), Some(to)) => Adoption::Range(from, to),
-                _ => {
-                    return Err(Error::Usage(
-                        "adopt: give --through LABEL, or --from and --to".into(),
-                    ));
-                }
-            };
-            inspect::adopt(config, store, &job, which, now)
-                .await
-                .or_else(Unread::into_result)
-        }
+        } => adopt(config, store, &job, (&through, &from, &to), now).await,
         Command::Pause { job } => inspect::pause(store, &config.full_name(&job), true)
             .await
             .or_else(Unread::into_result),
@@ -174,6 +136,67 @@ async fn inspect_database(
         | Command::Man
         | Command::Health { .. } => Ok(Outcome::Done),
     }
+}
+
+/// `migrate`: the migrations it applied, or that there was none.
+fn migrated(applied: &[String]) -> Result<Outcome, Error> {
+    let said = if applied.is_empty() {
+        say(format_args!("up to date: no migration to apply"))
+    } else {
+        applied
+            .iter()
+            .try_for_each(|m| say(format_args!("applied {m}")))
+    };
+    match said {
+        Ok(()) => Ok(Outcome::Done),
+        Err(stop) => stop.into_result(),
+    }
+}
+
+/// `history JOB [--period LABEL]`.
+async fn history(
+    config: &Config,
+    store: &Store,
+    job: &str,
+    period: Option<&str>,
+    shown: inspect::Shown,
+) -> Result<Outcome, Error> {
+    let key = match period {
+        Some(label) => Some(inspect::period_key_of(config.job(job)?, label)?),
+        None => None,
+    };
+    let defined = config.find(job).ok();
+    inspect::history(
+        store,
+        &config.full_name(job),
+        defined,
+        key.as_deref(),
+        shown,
+    )
+    .await
+    .or_else(Unread::into_result)
+}
+
+/// `adopt JOB`, given `--through`, `--from` and `--to`.
+async fn adopt(
+    config: &Config,
+    store: &Store,
+    job: &str,
+    given: (&Option<String>, &Option<String>, &Option<String>),
+    now: chrono::DateTime<Utc>,
+) -> Result<Outcome, Error> {
+    let which = match given {
+        (Some(through), _, _) => Adoption::Through(through),
+        (None, Some(from), Some(to)) => Adoption::Range(from, to),
+        _ => {
+            return Err(Error::Usage(
+                "adopt: give --through LABEL, or --from and --to".into(),
+            ));
+        }
+    };
+    inspect::adopt(config, store, job, which, now)
+        .await
+        .or_else(Unread::into_result)
 }
 
 /// The configuration `cli`'s command needs, and the `${VAR}`s it left
@@ -196,36 +219,10 @@ fn without_database(
     unset: &[ConfigError],
     now: chrono::DateTime<Utc>,
 ) -> Result<Option<Outcome>, Error> {
-    let io = |e: std::io::Error| Unread::from(e).into_result();
     match command {
-        Command::Check { strict } => {
-            if *strict && !unset.is_empty() {
-                return Err(Error::Config(ConfigError::joined(unset.to_vec())));
-            }
-            for warning in unset {
-                eprintln!(
-                    "warning: {warning}; `serve` needs it, and so does `run` of a job that uses it (in its action, or through a [[notify]] told of the job)"
-                );
-            }
-            return Ok(Some(
-                match check::check(config, now, &mut std::io::stdout().lock()) {
-                    Ok(()) => Outcome::Done,
-                    Err(e) => io(e)?,
-                },
-            ));
-        }
+        Command::Check { strict } => return check_config(config, unset, *strict, now).map(Some),
         Command::Next { job, count, after } => {
-            let job = config.job(job)?;
-            let after = match after {
-                Some(after) => after.resolve(job.schedule.zone()),
-                None => now,
-            };
-            return Ok(Some(
-                match check::next(job, after, *count, &mut std::io::stdout().lock()) {
-                    Ok(()) => Outcome::Done,
-                    Err(e) => io(e)?,
-                },
-            ));
+            return next_fires(config, job, *count, after.as_ref(), now).map(Some);
         }
         Command::Run(args) => {
             // Only the jobs it runs need every `${VAR}` of theirs.
@@ -274,6 +271,53 @@ fn without_database(
         _ => {}
     }
     Ok(None)
+}
+
+/// `check [--strict]`: the configuration checked, each `${VAR}` it left
+/// unset said (and refused with `--strict`).
+fn check_config(
+    config: &Config,
+    unset: &[ConfigError],
+    strict: bool,
+    now: chrono::DateTime<Utc>,
+) -> Result<Outcome, Error> {
+    let io = |e: std::io::Error| Unread::from(e).into_result();
+    if strict && !unset.is_empty() {
+        return Err(Error::Config(ConfigError::joined(unset.to_vec())));
+    }
+    for warning in unset {
+        eprintln!(
+            "warning: {warning}; `serve` needs it, and so does `run` of a job that uses it (in its action, or through a [[notify]] told of the job)"
+        );
+    }
+    Ok(
+        match check::check(config, now, &mut std::io::stdout().lock()) {
+            Ok(()) => Outcome::Done,
+            Err(e) => io(e)?,
+        },
+    )
+}
+
+/// `next JOB [--count N] [--after WHEN]`: its next fires.
+fn next_fires(
+    config: &Config,
+    job: &str,
+    count: u32,
+    after: Option<&After>,
+    now: chrono::DateTime<Utc>,
+) -> Result<Outcome, Error> {
+    let io = |e: std::io::Error| Unread::from(e).into_result();
+    let job = config.job(job)?;
+    let after = match after {
+        Some(after) => after.resolve(job.schedule.zone()),
+        None => now,
+    };
+    Ok(
+        match check::next(job, after, count, &mut std::io::stdout().lock()) {
+            Ok(()) => Outcome::Done,
+            Err(e) => io(e)?,
+        },
+    )
 }
 
 /// Opens (creating it for `run`, `serve` and `migrate`) and migrates the

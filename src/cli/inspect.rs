@@ -43,12 +43,21 @@ pub async fn status(
         }
         return Ok(Outcome::Done);
     }
+    table(&all, now)?;
+    if let [job] = &all[..] {
+        details(job)?;
+    }
+    Ok(Outcome::Done)
+}
+
+/// The status table of `all`, one row a job.
+fn table(all: &[JobOverview], now: DateTime<Utc>) -> Result<(), Unread> {
     let look = Look::of_stdout();
     let mut table = look.table();
     table.set_header([
         "JOB", "SCHEDULE", "NEXT", "LAST", "RUNNING", "FAILED", "OVERDUE", "LATE", "WAITING",
     ]);
-    for job in &all {
+    for job in all {
         table.add_row(cells(job, &look, now));
     }
     if look.terminal {
@@ -62,61 +71,66 @@ pub async fn status(
             say(format_args!("{}", line.trim_end()))?;
         }
     }
-    if let [job] = &all[..] {
-        if let Some(first_run) = &job.first_run {
-            match &first_run[..] {
-                [] => say(format_args!(
-                    "not seen yet: a first `serve` or `run {}` now runs nothing before its next fire (its latest fire is older than catch_up); `run --period` runs an older period by hand",
-                    job.job.name
-                ))?,
-                keys => say(format_args!(
-                    "not seen yet: a first `serve` or `run {}` now takes {} (the latest fire within catch_up); if an earlier system ran it, `scheduler adopt {} --through LABEL` first",
-                    job.job.name,
-                    keys.join(", "),
-                    job.job.name
-                ))?,
-            }
+    Ok(())
+}
+
+/// What `status JOB` says of one job below its row: how a first run would
+/// start it, its overdue, late, ready, waiting and stale periods, and its
+/// recent ones.
+fn details(job: &JobOverview) -> Result<(), Unread> {
+    if let Some(first_run) = &job.first_run {
+        match &first_run[..] {
+            [] => say(format_args!(
+                "not seen yet: a first `serve` or `run {}` now runs nothing before its next fire (its latest fire is older than catch_up); `run --period` runs an older period by hand",
+                job.job.name
+            ))?,
+            keys => say(format_args!(
+                "not seen yet: a first `serve` or `run {}` now takes {} (the latest fire within catch_up); if an earlier system ran it, `scheduler adopt {} --through LABEL` first",
+                job.job.name,
+                keys.join(", "),
+                job.job.name
+            ))?,
         }
-        for (what, keys) in [
-            ("overdue", &job.overdue),
-            ("late", &job.late),
-            ("ready", &job.ready),
-        ] {
-            if !keys.is_empty() {
-                say(format_args!("{what} ({}):", keys.len()))?;
-                for key in keys {
-                    say(format_args!("  {key}"))?;
-                }
-            }
-        }
-        if !job.waiting.is_empty() {
-            say(format_args!("waiting ({}):", job.waiting.len()))?;
-            for (key, waits) in &job.waiting {
-                say(format_args!("  {key}  waiting for {waits}"))?;
-            }
-        }
-        if !job.stale.is_empty() {
-            say(format_args!("stale ({}):", job.stale.len()))?;
-            for (key, upstream, at) in &job.stale {
-                say(format_args!(
-                    "  {key}  {upstream} succeeded again at {}, after it ran",
-                    utc_text(*at)
-                ))?;
-            }
-        }
-        if !job.recent.is_empty() {
-            say(format_args!("recent periods:"))?;
-            for row in &job.recent {
-                say(format_args!(
-                    "  {}  attempt {}  {}",
-                    row.period_key,
-                    row.attempt,
-                    describe(row)
-                ))?;
+    }
+    for (what, keys) in [
+        ("overdue", &job.overdue),
+        ("late", &job.late),
+        ("ready", &job.ready),
+    ] {
+        if !keys.is_empty() {
+            say(format_args!("{what} ({}):", keys.len()))?;
+            for key in keys {
+                say(format_args!("  {key}"))?;
             }
         }
     }
-    Ok(Outcome::Done)
+    if !job.waiting.is_empty() {
+        say(format_args!("waiting ({}):", job.waiting.len()))?;
+        for (key, waits) in &job.waiting {
+            say(format_args!("  {key}  waiting for {waits}"))?;
+        }
+    }
+    if !job.stale.is_empty() {
+        say(format_args!("stale ({}):", job.stale.len()))?;
+        for (key, upstream, at) in &job.stale {
+            say(format_args!(
+                "  {key}  {upstream} succeeded again at {}, after it ran",
+                utc_text(*at)
+            ))?;
+        }
+    }
+    if !job.recent.is_empty() {
+        say(format_args!("recent periods:"))?;
+        for row in &job.recent {
+            say(format_args!(
+                "  {}  attempt {}  {}",
+                row.period_key,
+                row.attempt,
+                describe(row)
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 /// How output looks: a table with borders and colour for a person at a
@@ -371,56 +385,10 @@ pub async fn history(
     key: Option<&str>,
     shown: Shown,
 ) -> Result<Outcome, Unread> {
-    if let Some(defined) = defined {
-        // What the one overview says of its periods that are not plain
-        // claims: waiting (and what for), ready, stale.
-        let overview = overview::of_jobs(store, &[defined], RECENT, Utc::now()).await?;
-        let Some(o) = overview.first() else {
-            return Ok(Outcome::Done);
-        };
-        let mine = |k: &str| key.is_none_or(|key| k == key);
-        let waiting = o.waiting.iter().filter(|(k, _)| mine(k));
-        for (i, (k, waits)) in waiting.enumerate() {
-            if shown.json {
-                say(format_args!(
-                    "{}",
-                    json!({ "waiting": { "period_key": k, "waiting_for": waits } })
-                ))?;
-                continue;
-            }
-            if i == 0 {
-                say(format_args!("waiting:"))?;
-            }
-            say(format_args!("  {k}  waiting for {waits}"))?;
-        }
-        for (i, k) in o.ready.iter().filter(|k| mine(k)).enumerate() {
-            if shown.json {
-                say(format_args!("{}", json!({ "ready": { "period_key": k } })))?;
-                continue;
-            }
-            if i == 0 {
-                say(format_args!(
-                    "ready (its upstream periods are done; the next scan or run takes it):"
-                ))?;
-            }
-            say(format_args!("  {k}"))?;
-        }
-        for (i, (k, upstream, at)) in o.stale.iter().filter(|(k, _, _)| mine(k)).enumerate() {
-            if shown.json {
-                say(format_args!(
-                    "{}",
-                    json!({ "stale": { "period_key": k, "upstream": upstream, "succeeded_at": utc_text(*at) } })
-                ))?;
-                continue;
-            }
-            if i == 0 {
-                say(format_args!("stale:"))?;
-            }
-            say(format_args!(
-                "  {k}  {upstream} succeeded again at {}, after it ran",
-                utc_text(*at)
-            ))?;
-        }
+    if let Some(defined) = defined
+        && !not_plain(store, defined, key, &shown).await?
+    {
+        return Ok(Outcome::Done);
     }
     let attempts = match key {
         Some(key) => store.attempts(key, shown.limit).await?,
@@ -434,55 +402,128 @@ pub async fn history(
         .map(|a| a.definition.clone())
         .chain(std::iter::once(None))
         .collect();
-    for (mut attempt, before) in attempts.into_iter().zip(older) {
-        let changed = match (&attempt.definition, &before) {
-            (Some(now), Some(before)) if now != before => {
-                Some(format!("  definition changed ({before} → {now})"))
-            }
-            _ => None,
-        };
-        if shown.json {
-            if !shown.output {
-                attempt.output = None;
-            }
-            say(format_args!("{}", json!(attempt)))?;
-            continue;
-        }
-        let code = match (attempt.exit_code, attempt.http_status) {
-            (Some(code), _) => format!("  exit {code}"),
-            (_, Some(status)) => format!("  HTTP {status}"),
-            _ => String::new(),
-        };
-        let error = attempt.error.map(|e| format!("  {e}")).unwrap_or_default();
-        // A manual attempt says how it was asked for, and by whom.
-        let trigger = match (&attempt.asked, &attempt.requested_by) {
-            (Some(asked), Some(by)) => format!("{asked} by {by}"),
-            (Some(asked), None) => asked.clone(),
-            _ => attempt.trigger.as_str().to_owned(),
-        };
-        say(format_args!(
-            "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}{}",
-            attempt.period_key,
-            attempt.attempt,
-            attempt.outcome,
-            trigger,
-            utc_text(attempt.started_at),
-            time(attempt.finished_at),
-            attempt.owner,
-            changed.unwrap_or_default()
-        ))?;
-        if shown.output {
-            match attempt.output.as_deref().filter(|o| !o.is_empty()) {
-                Some(output) => {
-                    for line in output.lines() {
-                        say(format_args!("    | {}", crate::error::printable(line)))?;
-                    }
-                }
-                None => say(format_args!("    (no output kept)"))?,
-            }
-        }
+    for (attempt, before) in attempts.into_iter().zip(older) {
+        say_attempt(attempt, before, &shown)?;
     }
     notifications(store, job, key, shown).await
+}
+
+/// What `history` says first of a job still in jobs.toml (`defined`): its
+/// periods that wait for upstream periods, and what for, the ready and the
+/// stale ones (of one period, with `key`). `false`: the overview has no
+/// such job, and nothing more is said.
+async fn not_plain(
+    store: &Store,
+    defined: &Job,
+    key: Option<&str>,
+    shown: &Shown,
+) -> Result<bool, Unread> {
+    // What the one overview says of its periods that are not plain
+    // claims: waiting (and what for), ready, stale.
+    let overview = overview::of_jobs(store, &[defined], RECENT, Utc::now()).await?;
+    let Some(o) = overview.first() else {
+        return Ok(false);
+    };
+    let mine = |k: &str| key.is_none_or(|key| k == key);
+    let waiting = o.waiting.iter().filter(|(k, _)| mine(k));
+    for (i, (k, waits)) in waiting.enumerate() {
+        if shown.json {
+            say(format_args!(
+                "{}",
+                json!({ "waiting": { "period_key": k, "waiting_for": waits } })
+            ))?;
+            continue;
+        }
+        if i == 0 {
+            say(format_args!("waiting:"))?;
+        }
+        say(format_args!("  {k}  waiting for {waits}"))?;
+    }
+    for (i, k) in o.ready.iter().filter(|k| mine(k)).enumerate() {
+        if shown.json {
+            say(format_args!("{}", json!({ "ready": { "period_key": k } })))?;
+            continue;
+        }
+        if i == 0 {
+            say(format_args!(
+                "ready (its upstream periods are done; the next scan or run takes it):"
+            ))?;
+        }
+        say(format_args!("  {k}"))?;
+    }
+    for (i, (k, upstream, at)) in o.stale.iter().filter(|(k, _, _)| mine(k)).enumerate() {
+        if shown.json {
+            say(format_args!(
+                "{}",
+                json!({ "stale": { "period_key": k, "upstream": upstream, "succeeded_at": utc_text(*at) } })
+            ))?;
+            continue;
+        }
+        if i == 0 {
+            say(format_args!("stale:"))?;
+        }
+        say(format_args!(
+            "  {k}  {upstream} succeeded again at {}, after it ran",
+            utc_text(*at)
+        ))?;
+    }
+    Ok(true)
+}
+
+/// One attempt as `history` shows it; `before`, the definition of the
+/// attempt before it.
+fn say_attempt(
+    mut attempt: crate::store::Attempt,
+    before: Option<String>,
+    shown: &Shown,
+) -> Result<(), Unread> {
+    let changed = match (&attempt.definition, &before) {
+        (Some(now), Some(before)) if now != before => {
+            Some(format!("  definition changed ({before} → {now})"))
+        }
+        _ => None,
+    };
+    if shown.json {
+        if !shown.output {
+            attempt.output = None;
+        }
+        say(format_args!("{}", json!(attempt)))?;
+        return Ok(());
+    }
+    let code = match (attempt.exit_code, attempt.http_status) {
+        (Some(code), _) => format!("  exit {code}"),
+        (_, Some(status)) => format!("  HTTP {status}"),
+        _ => String::new(),
+    };
+    let error = attempt.error.map(|e| format!("  {e}")).unwrap_or_default();
+    // A manual attempt says how it was asked for, and by whom.
+    let trigger = match (&attempt.asked, &attempt.requested_by) {
+        (Some(asked), Some(by)) => format!("{asked} by {by}"),
+        (Some(asked), None) => asked.clone(),
+        _ => attempt.trigger.as_str().to_owned(),
+    };
+    say(format_args!(
+        "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}{}",
+        attempt.period_key,
+        attempt.attempt,
+        attempt.outcome,
+        trigger,
+        utc_text(attempt.started_at),
+        time(attempt.finished_at),
+        attempt.owner,
+        changed.unwrap_or_default()
+    ))?;
+    if shown.output {
+        match attempt.output.as_deref().filter(|o| !o.is_empty()) {
+            Some(output) => {
+                for line in output.lines() {
+                    say(format_args!("    | {}", crate::error::printable(line)))?;
+                }
+            }
+            None => say(format_args!("    (no output kept)"))?,
+        }
+    }
+    Ok(())
 }
 
 /// The notifications of `job` (of one period, with `key`), newest first,

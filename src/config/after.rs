@@ -88,6 +88,10 @@ impl std::fmt::Display for OnRerun {
     }
 }
 
+/// For each job, the jobs it waits for: the position of each, and where
+/// it is named.
+type Edges<'c> = Vec<Vec<(usize, &'c Named)>>;
+
 impl Config {
     /// Links every job's `after` to the jobs it names (by their names in
     /// the database, the namespace included), and refuses unknown names,
@@ -95,14 +99,55 @@ impl Config {
     /// is reported at once.
     pub(crate) fn link_after(&mut self) -> Result<(), ConfigError> {
         let mut errors = Vec::new();
+        // For each job, the jobs it waits for (its position, and where).
+        let (edges, previous) = self.after_edges(&mut errors);
+        if let Some((cycle, named)) = first_cycle(&edges) {
+            let path: Vec<&str> = cycle
+                .iter()
+                .map(|i| self.short_name(&self.jobs[*i]))
+                .collect();
+            errors.push(named.error(format!(
+                "`after`: a cycle: {}; each would wait for the other for ever (a job waits for its own previous period by naming itself)",
+                path.join(" → ")
+            )));
+        }
+        if !errors.is_empty() {
+            return Err(ConfigError::joined(errors));
+        }
+        let upstream: Vec<Vec<Upstream>> = edges
+            .iter()
+            .map(|ups| {
+                ups.iter()
+                    .map(|(up, _)| {
+                        let up = &self.jobs[*up];
+                        Upstream {
+                            job: up.name.clone(),
+                            schedule: up.schedule.clone(),
+                            period: up.period,
+                            fires: up.fires.clone(),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        for ((job, upstream), previous) in self.jobs.iter_mut().zip(upstream).zip(previous) {
+            job.after.upstream = upstream;
+            job.after.previous = previous;
+        }
+        Ok(())
+    }
+
+    /// For each job, the jobs its `after` names (their position, and where
+    /// each is named), and whether it waits for its own previous period;
+    /// mistakes added to `errors`.
+    fn after_edges(&self, errors: &mut Vec<ConfigError>) -> (Edges<'_>, Vec<bool>) {
         let by_name: HashMap<&str, usize> = self
             .jobs
             .iter()
             .enumerate()
             .map(|(i, job)| (job.name.as_str(), i))
             .collect();
-        // For each job, the jobs it waits for (its position, and where).
-        let mut edges: Vec<Vec<(usize, &Named)>> = vec![Vec::new(); self.jobs.len()];
+        let mut edges: Edges = vec![Vec::new(); self.jobs.len()];
         let mut previous = vec![false; self.jobs.len()];
         for (i, job) in self.jobs.iter().enumerate() {
             for named in &job.after.named {
@@ -142,40 +187,7 @@ impl Config {
                 }
             }
         }
-        if let Some((cycle, named)) = first_cycle(&edges) {
-            let path: Vec<&str> = cycle
-                .iter()
-                .map(|i| self.short_name(&self.jobs[*i]))
-                .collect();
-            errors.push(named.error(format!(
-                "`after`: a cycle: {}; each would wait for the other for ever (a job waits for its own previous period by naming itself)",
-                path.join(" → ")
-            )));
-        }
-        if !errors.is_empty() {
-            return Err(ConfigError::joined(errors));
-        }
-        let upstream: Vec<Vec<Upstream>> = edges
-            .iter()
-            .map(|ups| {
-                ups.iter()
-                    .map(|(up, _)| {
-                        let up = &self.jobs[*up];
-                        Upstream {
-                            job: up.name.clone(),
-                            schedule: up.schedule.clone(),
-                            period: up.period,
-                            fires: up.fires.clone(),
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
-        for ((job, upstream), previous) in self.jobs.iter_mut().zip(upstream).zip(previous) {
-            job.after.upstream = upstream;
-            job.after.previous = previous;
-        }
-        Ok(())
+        (edges, previous)
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono_tz::Tz;
 
 use super::after::{After, Named, OnRerun};
-use super::raw::{
+use super::rules::{
     SHORTEST_LEASE, SHORTEST_SCAN, count_problem, duration_problem, floor_problem,
     job_name_problem, keep_problem, namespace_problem, schedule,
 };
@@ -209,7 +209,7 @@ impl CodeJob {
     }
 
     /// Checks it by the rules of `jobs.toml` under `settings`.
-    pub(crate) fn validate(self, settings: &Settings) -> Result<Job, ConfigError> {
+    pub(crate) fn validate(mut self, settings: &Settings) -> Result<Job, ConfigError> {
         let place = format!("code job `{}`", self.name);
         let fail = |message: String| ConfigError {
             place: place.clone(),
@@ -220,47 +220,13 @@ impl CodeJob {
         }
         let zone = self.timezone.unwrap_or(settings.timezone);
         let schedule = schedule(&self.schedule, zone, self.dst).map_err(fail)?;
-        let Some(handler) = self.handler else {
+        let Some(handler) = self.handler.take() else {
             return Err(fail(
                 "no action: give it one with `.handler(…)` or `.transaction(…)`".into(),
             ));
         };
-        let counts = [
-            ("concurrency", self.concurrency),
-            ("retry attempts", self.retry.attempts),
-        ];
-        for (what, n) in counts {
-            if let Some(problem) = count_problem(i64::from(n)) {
-                return Err(fail(format!("{what}: {problem}")));
-            }
-        }
-        let durations = [
-            ("timeout", self.timeout),
-            ("keep", self.keep),
-            ("retry backoff", Some(self.retry.backoff)),
-            ("retry max_backoff", Some(self.retry.max_backoff)),
-        ];
-        for (what, d) in durations {
-            if let Some(problem) = d.and_then(|d| duration_problem(d, &short(d))) {
-                return Err(fail(format!("{what}: {problem}")));
-            }
-        }
-        if let Some(problem) = self
-            .keep
-            .and_then(|keep| keep_problem(&short(keep), keep, settings.catch_up))
-        {
+        if let Some(problem) = self.problem(settings) {
             return Err(fail(problem));
-        }
-        if let Some(problem) = self
-            .deadline
-            .and_then(|deadline| super::raw::deadline_problem(deadline, settings.catch_up))
-        {
-            return Err(fail(problem));
-        }
-        if self.on_upstream_rerun.is_some() && self.after.is_empty() {
-            return Err(fail(
-                "`on_upstream_rerun` without `after`: the job waits for no other job's periods, so no rerun upstream concerns it".into(),
-            ));
         }
         let mut job = Job {
             name: self.name,
@@ -292,6 +258,49 @@ impl CodeJob {
         };
         job.derive();
         Ok(job)
+    }
+
+    /// What breaks a rule of `jobs.toml` under `settings` among its counts,
+    /// durations, `keep`, `deadline` and `after`, if anything: the first.
+    fn problem(&self, settings: &Settings) -> Option<String> {
+        let counts = [
+            ("concurrency", self.concurrency),
+            ("retry attempts", self.retry.attempts),
+        ];
+        for (what, n) in counts {
+            if let Some(problem) = count_problem(i64::from(n)) {
+                return Some(format!("{what}: {problem}"));
+            }
+        }
+        let durations = [
+            ("timeout", self.timeout),
+            ("keep", self.keep),
+            ("retry backoff", Some(self.retry.backoff)),
+            ("retry max_backoff", Some(self.retry.max_backoff)),
+        ];
+        for (what, d) in durations {
+            if let Some(problem) = d.and_then(|d| duration_problem(d, &short(d))) {
+                return Some(format!("{what}: {problem}"));
+            }
+        }
+        if let Some(problem) = self
+            .keep
+            .and_then(|keep| keep_problem(&short(keep), keep, settings.catch_up))
+        {
+            return Some(problem);
+        }
+        if let Some(problem) = self
+            .deadline
+            .and_then(|deadline| super::rules::deadline_problem(deadline, settings.catch_up))
+        {
+            return Some(problem);
+        }
+        if self.on_upstream_rerun.is_some() && self.after.is_empty() {
+            return Some(
+                "`on_upstream_rerun` without `after`: the job waits for no other job's periods, so no rerun upstream concerns it".into(),
+            );
+        }
+        None
     }
 }
 
@@ -332,7 +341,7 @@ impl Retry {
 impl Settings {
     /// The defaults of an empty `[scheduler]` table.
     pub fn defaults() -> Settings {
-        super::raw::default_settings()
+        super::validate::default_settings()
     }
 
     /// Checks settings given in code by the rules of `[scheduler]`.

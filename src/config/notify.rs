@@ -4,7 +4,8 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{Vars, job_name_problem};
+use super::rules::job_name_problem;
+use super::vars::Vars;
 use super::{ConfigError, Job, Locator};
 use crate::suggest::nearest;
 

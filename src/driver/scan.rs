@@ -91,7 +91,7 @@ impl Service {
                 }
             }
             let rerun: Vec<&Job> = rerun.iter().map(|job| &**job).collect();
-            let reopened = crate::engine::after::reopen_stale(&store, &rerun, since, now).await;
+            let reopened = crate::engine::rerun::reopen_stale(&store, &rerun, since, now).await;
             let scanned = Scanned {
                 paused,
                 found,

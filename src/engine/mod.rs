@@ -12,6 +12,7 @@ mod execute;
 mod group;
 pub mod heartbeat;
 mod http;
+pub mod labels;
 pub mod manual;
 pub mod notify;
 pub mod operate;
@@ -20,6 +21,7 @@ pub mod overview;
 mod plain;
 mod process;
 mod report;
+pub mod rerun;
 pub mod supervision;
 pub mod view;
 

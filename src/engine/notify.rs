@@ -17,7 +17,7 @@ use crate::config::notify::{Event, Format, Notifier};
 use crate::config::{Config, Job};
 use crate::error::Error;
 use crate::period::utc_text;
-use crate::store::{Delivery, NewNotification, Tried};
+use crate::store::{Delivery, FailedForGood, NewNotification, Tried};
 
 /// How many late periods of a job one check tells of: the newest. A day
 /// with every replica down is a day of late periods; past this many per
@@ -87,53 +87,16 @@ impl Engine {
             false => Vec::new(),
         };
         let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_str(), *j)).collect();
-        for failed in failed {
-            let Some(job) = by_name.get(failed.job.as_str()) else {
-                continue;
-            };
-            let told = Told {
-                job,
-                key: &failed.period_key,
-                label: &failed.period,
-                state: "failed",
-                attempt: Some(failed.attempt),
-                failures: failed.failures,
-                error: failed.error.as_deref(),
-                deadline: None,
-                waiting_for: None,
-            };
-            new.extend(told.to(&config.notifiers, Event::Failed));
-        }
+        new.extend(failed_told(config, &by_name, failed));
         let mut made = self.store().notify_new(&new).await?;
         // Read again once the `late` and `failed` above exist: a period
         // caught up past its deadline (by `run` alone, say) is told `late`
         // and `recovered` in one check.
-        let mut new = Vec::new();
         let recovered = match made {
             0 => recovered,
             _ => self.store().notify_recovered().await?,
         };
-        for (notifier, job, key) in recovered {
-            let (Some(job), Some(n)) = (
-                by_name.get(job.as_str()),
-                config.notifiers.iter().find(|n| n.name == notifier),
-            ) else {
-                continue;
-            };
-            let label = key.split_once(':').map_or("", |(_, label)| label);
-            let told = Told {
-                job,
-                key: &key,
-                label,
-                state: "succeeded",
-                attempt: None,
-                failures: 0,
-                error: None,
-                deadline: None,
-                waiting_for: None,
-            };
-            new.extend(told.to(std::slice::from_ref(n), Event::Recovered));
-        }
+        let new = recovered_told(config, &by_name, recovered);
         made += self.store().notify_new(&new).await?;
         Ok(made)
     }
@@ -282,37 +245,9 @@ impl Engine {
             // Sent side by side, each within what is left of the budget:
             // a receiver that hangs holds the batch for that long at most.
             let left = until.saturating_duration_since(tokio::time::Instant::now());
-            let sends = taken.iter().map(|delivery| async move {
-                let notifier = config
-                    .notifiers
-                    .iter()
-                    .find(|n| n.name == delivery.notifier);
-                match notifier {
-                    // Not tried for longer than tries last (its notifier
-                    // was out of jobs.toml, every replica was down): a day
-                    // late is too late to tell.
-                    _ if age(delivery, self.now())
-                        > TRY_FOR + TimeDelta::seconds(MOST_BACKOFF.as_secs() as i64) =>
-                    {
-                        Tried::GivenUp(
-                            None,
-                            "not sent within a day of its event (its notifier was out of jobs.toml, or no replica ran)".into(),
-                        )
-                    }
-                    Some(notifier) => {
-                        let timeout = SEND_TIMEOUT.min(left).max(Duration::from_millis(100));
-                        self.send(notifier, delivery, &config.secrets, timeout)
-                            .await
-                    }
-                    // Taken only for the notifiers of `names`: none is
-                    // missing. Left pending for a reload that restores it.
-                    None => Tried::Again(
-                        None,
-                        "its notifier is not in jobs.toml".into(),
-                        MOST_BACKOFF,
-                    ),
-                }
-            });
+            let sends = taken
+                .iter()
+                .map(|delivery| self.try_to_send(config, delivery, left));
             let tries = futures_util::future::join_all(sends).await;
             let mut outcomes = Vec::with_capacity(taken.len());
             for (delivery, tried) in taken.iter().zip(tries) {
@@ -330,6 +265,39 @@ impl Engine {
             self.write_tried(&outcomes, config.settings.lease).await?;
         }
         Ok(delivered)
+    }
+
+    /// One try of `delivery`, within `left` of the budget.
+    async fn try_to_send(&self, config: &Config, delivery: &Delivery, left: Duration) -> Tried {
+        let notifier = config
+            .notifiers
+            .iter()
+            .find(|n| n.name == delivery.notifier);
+        match notifier {
+            // Not tried for longer than tries last (its notifier
+            // was out of jobs.toml, every replica was down): a day
+            // late is too late to tell.
+            _ if age(delivery, self.now())
+                > TRY_FOR + TimeDelta::seconds(MOST_BACKOFF.as_secs() as i64) =>
+            {
+                Tried::GivenUp(
+                    None,
+                    "not sent within a day of its event (its notifier was out of jobs.toml, or no replica ran)".into(),
+                )
+            }
+            Some(notifier) => {
+                let timeout = SEND_TIMEOUT.min(left).max(Duration::from_millis(100));
+                self.send(notifier, delivery, &config.secrets, timeout)
+                    .await
+            }
+            // Taken only for the notifiers of `names`: none is
+            // missing. Left pending for a reload that restores it.
+            None => Tried::Again(
+                None,
+                "its notifier is not in jobs.toml".into(),
+                MOST_BACKOFF,
+            ),
+        }
     }
 
     /// Writes how a batch's tries ended, waiting for a database that is
@@ -505,6 +473,66 @@ fn log(delivery: &Delivery, tried: &Tried) {
             "notification not delivered yet"
         ),
     }
+}
+
+/// The `failed` notifications of the periods of `failed` (failed for
+/// good), for their jobs among `by_name`.
+fn failed_told(
+    config: &Config,
+    by_name: &HashMap<&str, &Job>,
+    failed: Vec<FailedForGood>,
+) -> Vec<NewNotification> {
+    let mut new = Vec::new();
+    for failed in failed {
+        let Some(job) = by_name.get(failed.job.as_str()) else {
+            continue;
+        };
+        let told = Told {
+            job,
+            key: &failed.period_key,
+            label: &failed.period,
+            state: "failed",
+            attempt: Some(failed.attempt),
+            failures: failed.failures,
+            error: failed.error.as_deref(),
+            deadline: None,
+            waiting_for: None,
+        };
+        new.extend(told.to(&config.notifiers, Event::Failed));
+    }
+    new
+}
+
+/// The `recovered` notifications of `recovered` (notifier, job, period
+/// key), for their jobs among `by_name`.
+fn recovered_told(
+    config: &Config,
+    by_name: &HashMap<&str, &Job>,
+    recovered: Vec<(String, String, String)>,
+) -> Vec<NewNotification> {
+    let mut new = Vec::new();
+    for (notifier, job, key) in recovered {
+        let (Some(job), Some(n)) = (
+            by_name.get(job.as_str()),
+            config.notifiers.iter().find(|n| n.name == notifier),
+        ) else {
+            continue;
+        };
+        let label = key.split_once(':').map_or("", |(_, label)| label);
+        let told = Told {
+            job,
+            key: &key,
+            label,
+            state: "succeeded",
+            attempt: None,
+            failures: 0,
+            error: None,
+            deadline: None,
+            waiting_for: None,
+        };
+        new.extend(told.to(std::slice::from_ref(n), Event::Recovered));
+    }
+    new
 }
 
 /// A period as a notification tells of it.

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::labels::{Names, page_between, period_of_label};
 use crate::config::{Config, Job};
 use crate::error::Error;
 use crate::period::{Period, PeriodKey};
@@ -87,7 +88,6 @@ pub async fn adopt(
     now: chrono::DateTime<chrono::Utc>,
     given: AdoptNames,
 ) -> Result<Adopted, Error> {
-    use super::manual::{Names, page_between, period_of_label};
     let (last_name, names) = match which {
         Adoption::Through(_) => (
             given.through,
@@ -112,26 +112,7 @@ pub async fn adopt(
         }
         Adoption::Through(to) => {
             let last = period_of_label(job, to, last_name)?;
-            // From the first fire the job owes (docs/commands.md): what a first
-            // run would take, for a job not seen yet.
-            let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
-            let seen = seen.get(&job.name);
-            let window = chrono::TimeDelta::from_std(job.catch_up)
-                .ok()
-                .and_then(|w| now.checked_sub_signed(w))
-                .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-            let owed = job.owed_from(
-                seen.map(|s| s.first_seen),
-                seen.and_then(|s| s.owed_from),
-                now,
-            );
-            let owed = window.max(owed.min(now));
-            let first = job
-                .timing()
-                .next(owed - chrono::TimeDelta::nanoseconds(1))
-                .map(|fire| job.timing().period_of(&fire))
-                .filter(|first| first.start < last.start)
-                .unwrap_or(last);
+            let first = first_owed(store, job, last, now).await?;
             (first.label, to)
         }
     };
@@ -161,6 +142,36 @@ pub async fn adopt(
             .map(|(period, _)| PeriodKey::new(&job.name, &period.label))
             .collect(),
     ))
+}
+
+/// The first period `adopt --through` records, through `last`: the
+/// period of the first fire the job owes, or `last` itself.
+async fn first_owed(
+    store: &Store,
+    job: &Job,
+    last: Period,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Period, Error> {
+    // From the first fire the job owes (docs/commands.md): what a first
+    // run would take, for a job not seen yet.
+    let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
+    let seen = seen.get(&job.name);
+    let window = chrono::TimeDelta::from_std(job.catch_up)
+        .ok()
+        .and_then(|w| now.checked_sub_signed(w))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+    let owed = job.owed_from(
+        seen.map(|s| s.first_seen),
+        seen.and_then(|s| s.owed_from),
+        now,
+    );
+    let owed = window.max(owed.min(now));
+    Ok(job
+        .timing()
+        .next(owed - chrono::TimeDelta::nanoseconds(1))
+        .map(|fire| job.timing().period_of(&fire))
+        .filter(|first| first.start < last.start)
+        .unwrap_or(last))
 }
 
 /// The fire of `period`, refused (naming `field`) if it is still ahead:

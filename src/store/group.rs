@@ -10,7 +10,10 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use super::{Finish, GROUP_BUDGET, GroupedEnd, GroupedSql, Lease, Param, SqlLimits, Work};
+use chrono::{DateTime, Utc};
+
+use super::{Finish, Lease, Store, query_error};
+use crate::error::Error;
 use crate::handler::{Context, Failure, Handled, Handler, Scoped, Transaction};
 
 /// Why a statement of a group did not succeed.
@@ -167,7 +170,7 @@ pub(super) fn alone<'a>(
 ) -> (Vec<GroupedEnd>, Vec<(&'a Lease, Finish)>) {
     let mut ends = vec![GroupedEnd::NotStarted; runs.len()];
     ends[i] = end;
-    let outcomes = super::group_outcomes(runs, &ends);
+    let outcomes = group_outcomes(runs, &ends);
     (ends, outcomes)
 }
 
@@ -249,5 +252,212 @@ fn lost_transaction(e: &sqlx::Error) -> GroupedEnd {
             "the handler ended its transaction itself (COMMIT or ROLLBACK): what it wrote may have committed without the period's outcome; not retried ({e})"
         )),
         _ => GroupedEnd::Failed(format!("the handler's transaction was lost: {e}")),
+    }
+}
+
+/// One `sql` action of a group committed together.
+#[derive(Debug)]
+pub struct GroupedSql<'a> {
+    /// Its won claim.
+    pub lease: &'a Lease,
+    /// What it runs.
+    pub work: Work<'a>,
+    /// How long the statement may run: the job's `timeout`.
+    pub timeout: Option<Duration>,
+    /// What is recorded if the statement fails (its error filled in).
+    pub failure: Finish,
+    /// Values masked in its error (a bound param may hold a secret, and
+    /// the database quotes bad values back).
+    pub secrets: &'a crate::template::Secrets,
+}
+
+impl GroupedSql<'_> {
+    /// How the database's error about it is told, secrets masked.
+    pub(super) fn error(&self, e: &dyn std::fmt::Display) -> String {
+        self.secrets.mask(&e.to_string())
+    }
+}
+
+/// What one action of a group runs in the group's transaction.
+pub enum Work<'a> {
+    /// An `sql` job's statement.
+    Statement {
+        /// With `$1`, `$2`, … for the params.
+        statement: &'a str,
+        /// Its params, rendered.
+        params: Vec<Param>,
+    },
+    /// A code job's transaction-scoped handler: always in a savepoint of
+    /// its own, and run once (a failure is rolled back alone, never run
+    /// again in a second pass).
+    Code {
+        /// The handler.
+        handler: &'a crate::handler::Scoped,
+        /// What it is told, its token cancelled when the group is stopped.
+        context: crate::handler::Context,
+    },
+}
+
+/// A bound param of an `sql` statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Param {
+    /// Text.
+    Text(String),
+    /// An instant (a param that is just `{period_start}`, `{period_end}` or
+    /// `{scheduled_at}`): a `timestamptz` on PostgreSQL, so that a
+    /// procedure taking one is called as written; RFC 3339 text on SQLite,
+    /// which has no such type.
+    Instant(DateTime<Utc>),
+}
+
+impl Param {
+    /// Its value as text, as SQLite is given it.
+    pub fn text(&self) -> String {
+        match self {
+            Param::Text(text) => text.clone(),
+            Param::Instant(at) => crate::period::utc_text(*at),
+        }
+    }
+}
+
+impl std::fmt::Debug for Work<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Work::Statement { statement, .. } => write!(f, "Statement({statement:?})"),
+            Work::Code { context, .. } => write!(f, "Code({})", context.period_key()),
+        }
+    }
+}
+
+impl Work<'_> {
+    /// Whether it is a handler.
+    pub(super) fn is_code(&self) -> bool {
+        matches!(self, Work::Code { .. })
+    }
+
+    /// How a failure of it is told.
+    pub(super) fn failed(&self, error: &str) -> String {
+        match self {
+            Work::Statement { .. } => format!("SQL failed: {error}"),
+            Work::Code { .. } => error.to_owned(),
+        }
+    }
+}
+
+/// How one action of a group ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupedEnd {
+    /// Its statement and its success committed together; how long the
+    /// statement ran (on PostgreSQL, beyond a round trip of the moment).
+    Succeeded(Duration),
+    /// Its statement failed and was rolled back; the failure is recorded.
+    Failed(String),
+    /// Its handler failed for good and was rolled back; the failure is
+    /// recorded, no retry due.
+    Permanent(String),
+    /// Its claim had moved on: nothing of it ran.
+    Moved,
+    /// Not started: the group had run its [`GROUP_BUDGET`].
+    NotStarted,
+}
+
+/// How long a group of `sql` actions runs before it starts no more
+/// statements: it commits what it ran and leaves the rest
+/// ([`GroupedEnd::NotStarted`]) to run apart, so a slow statement delays
+/// the others of its group once at most.
+pub const GROUP_BUDGET: Duration = Duration::from_millis(100);
+
+/// What a group records: each success, and each failure with its error.
+pub(super) fn group_outcomes<'a>(
+    runs: &[GroupedSql<'a>],
+    ends: &[GroupedEnd],
+) -> Vec<(&'a Lease, Finish)> {
+    runs.iter()
+        .zip(ends)
+        .filter_map(|(run, end)| match end {
+            GroupedEnd::Succeeded(_) => Some((
+                run.lease,
+                Finish {
+                    succeeded: true,
+                    definition: run.failure.definition.clone(),
+                    ..Finish::default()
+                },
+            )),
+            GroupedEnd::Failed(error) => Some((
+                run.lease,
+                Finish {
+                    error: Some(run.work.failed(error)),
+                    ..run.failure.clone()
+                },
+            )),
+            GroupedEnd::Permanent(error) => Some((
+                run.lease,
+                Finish {
+                    error: Some(run.work.failed(error)),
+                    retry_after: None,
+                    ..run.failure.clone()
+                },
+            )),
+            GroupedEnd::Moved | GroupedEnd::NotStarted => None,
+        })
+        .collect()
+}
+
+/// The bounds of an `sql` action's statement.
+#[derive(Debug)]
+pub struct SqlLimits {
+    /// How long the statement may run: the job's `timeout`.
+    pub timeout: Option<Duration>,
+    /// How long a statement may hold SQLite's one writer at most, whatever
+    /// its `timeout` (heartbeats and claims wait for it meanwhile).
+    pub writer_timeout: Duration,
+    /// Turned true to stop the statement: its claim was lost or shutdown
+    /// came. A channel, so a waiter sleeps until it turns and SQLite's
+    /// progress handler can read it too.
+    pub cancel: tokio::sync::watch::Sender<bool>,
+}
+
+impl SqlLimits {
+    /// Limits with no cancel yet.
+    pub fn new(timeout: Option<Duration>, writer_timeout: Duration) -> SqlLimits {
+        SqlLimits {
+            timeout,
+            writer_timeout,
+            cancel: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Stops the statement.
+    pub fn cancel(&self) {
+        self.cancel.send_replace(true);
+    }
+
+    /// Resolves once the statement is to stop.
+    pub(super) async fn cancelled_wait(&self) {
+        let _ = self
+            .cancel
+            .subscribe()
+            .wait_for(|cancelled| *cancelled)
+            .await;
+    }
+}
+
+impl Store {
+    /// Runs a group of `sql` actions in one transaction and one commit:
+    /// each statement in a savepoint of its own, so a failing one fails
+    /// only its own period, and every outcome fenced by its attempt. While
+    /// the group runs its claims cannot be taken over (PostgreSQL: a key
+    /// share lock each, which renewals pass and other replicas' claims
+    /// report as held; SQLite: the one writer). A group that fails to
+    /// commit records nothing. `recording` is called just before the
+    /// outcomes are written. `Ok(None)`: stopped through `limits.cancel`,
+    /// nothing committed.
+    pub async fn run_sql_group(
+        &self,
+        runs: &[GroupedSql<'_>],
+        limits: &SqlLimits,
+        recording: &(dyn Fn() + Sync),
+    ) -> Result<Option<Vec<GroupedEnd>>, Error> {
+        dispatch!(self.run_sql_group(runs, limits, recording)).map_err(query_error)
     }
 }

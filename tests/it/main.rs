@@ -16,6 +16,7 @@ mod dst;
 mod edges;
 mod embed;
 mod labels;
+mod layout;
 mod never_twice;
 mod notify;
 mod once_at_the_edges;

@@ -7,8 +7,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::json;
 
 use super::Api;
+use super::cookie;
 use super::reply::Reply;
-use super::session;
 use crate::config::{Config, Token};
 
 /// What a token must be allowed.
@@ -67,22 +67,22 @@ pub(super) fn authorize(
         }
         // The console's session, from its cookie.
         None => {
-            if session::doubled(headers) {
+            if cookie::doubled(headers) {
                 return Err(unauthorized(
                     "two session cookies came with the request (a page of another port or site on this host may have set one): log in again, and clear this host's cookies if it goes on",
                 ));
             }
-            let token = session::token_of(settings, headers, api.now());
+            let token = cookie::token_of(settings, headers, api.now());
             // A session is a reader's: a token that lost `read` (a reload)
             // ends its sessions.
             let token = token.filter(|t| t.allow.read).ok_or_else(|| {
-                unauthorized(if session::has_cookie(headers) {
+                unauthorized(if cookie::has_cookie(headers) {
                     "the console's session has ended: log in again"
                 } else {
                     "missing bearer token: send `Authorization: Bearer <secret>`"
                 })
             })?;
-            if !matches!(need, Need::Read) && !session::same_origin(headers, true) {
+            if !matches!(need, Need::Read) && !cookie::same_origin(headers, true) {
                 return Err(Reply::error(
                     StatusCode::FORBIDDEN,
                     "a session may act only from the console's own page",

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::reply::Reply;
-use super::runs::run_body;
+use super::run_view::run_body;
 use super::{Api, KEY_SLACK};
 use crate::config::Token;
 use crate::error::Error;

@@ -6,9 +6,11 @@
 //! its shutdown (`runs`). This file holds the routes and the writes.
 
 mod auth;
+mod cookie;
 mod idempotent;
 mod read;
 mod reply;
+mod run_view;
 mod runs;
 mod session;
 
@@ -37,7 +39,7 @@ use auth::{Need, authorize};
 use idempotent::Idempotent;
 pub use reply::no_route;
 use reply::{Answer, Reply, body_of, empty_body, json_errors, read_body};
-use runs::run_body;
+use run_view::run_body;
 
 /// The largest request body.
 pub const BODY_LIMIT: usize = 64 * 1024;

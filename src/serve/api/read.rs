@@ -12,7 +12,8 @@ use serde_json::json;
 
 use super::auth::{Need, authorize};
 use super::reply::{Answer, Reply};
-use super::{Api, RANGE_LIMIT, find_job, runs as api_runs};
+use super::run_view::run_summary;
+use super::{Api, RANGE_LIMIT, find_job};
 use crate::config::{Config, Job};
 use crate::engine::manual::{self, Names};
 use crate::engine::overview;
@@ -328,7 +329,7 @@ pub(super) async fn runs(
     let max_age = number("max_age", query.max_age.as_deref(), MAX_AGE as usize)?;
     let read = async {
         let runs = api.store().api_runs(limit).await?;
-        let runs: Vec<_> = runs.iter().map(api_runs::run_summary).collect();
+        let runs: Vec<_> = runs.iter().map(run_summary).collect();
         Ok(Reply::ok(StatusCode::OK, json!({ "runs": runs })))
     };
     api.shared(

@@ -10,6 +10,8 @@ use serde::Deserialize;
 
 use crate::schedule::{Schedule, earliest_instant, local};
 
+pub(crate) mod walk;
+
 /// The granularity of a job's periods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]

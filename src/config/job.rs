@@ -1,0 +1,316 @@
+//! A validated job: when it fires, what a fire covers, what it does and
+//! what becomes of its failures; its definition's fingerprint.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::Deserialize;
+
+use super::{after, environment};
+use crate::fires::{FireRules, Timing};
+use crate::period::PeriodRule;
+use crate::schedule::Schedule;
+use crate::template::{Secrets, Template};
+
+/// What to do with periods missed while nothing ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Missed {
+    /// Run every missed period within the catch-up window.
+    #[default]
+    All,
+    /// Run only the newest missed period.
+    Latest,
+    /// Run none of them.
+    Skip,
+}
+
+/// Retry policy for failures a run reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Attempts in all, the first included (1 = no retry).
+    pub attempts: u32,
+    /// Wait after the first failure; doubled after each further one.
+    pub backoff: Duration,
+    /// The longest wait.
+    pub max_backoff: Duration,
+}
+
+impl Retry {
+    /// The wait before the next attempt after `failures` failures, or `None`
+    /// when the budget is spent.
+    pub fn backoff_after(&self, failures: u32) -> Option<Duration> {
+        if failures >= self.attempts {
+            return None;
+        }
+        let factor = 2u32.saturating_pow(failures.saturating_sub(1));
+        Some(self.backoff.saturating_mul(factor).min(self.max_backoff))
+    }
+}
+
+/// How a `command` or `shell` action starts its process.
+#[derive(Debug, Clone)]
+pub enum Program {
+    /// Executed directly, no shell.
+    Command(Vec<Template>),
+    /// Run by `/bin/sh -c`.
+    Shell(Template),
+}
+
+/// A child process.
+#[derive(Debug, Clone)]
+pub struct ProcessAction {
+    /// What to execute.
+    pub program: Program,
+    /// Working directory.
+    pub workdir: Option<Template>,
+    /// Extra environment variables.
+    pub env: Vec<(String, Template)>,
+    /// What it inherits of the scheduler's environment.
+    pub inherit: environment::Inherit,
+}
+
+/// An HTTP request carrying `Idempotency-Key`.
+#[derive(Debug, Clone)]
+pub struct HttpAction {
+    /// The address.
+    pub url: Template,
+    /// GET, POST, …
+    pub method: String,
+    /// Extra headers.
+    pub headers: Vec<(String, Template)>,
+    /// Request body.
+    pub body: Option<Template>,
+    /// Request timeout.
+    pub timeout: Duration,
+}
+
+/// A job's one action. The larger ones are boxed, so that a job of the
+/// small ones (`sql`, above all, 10,000 of which are one burst) is 100
+/// bytes smaller.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// A child process.
+    Process(Box<ProcessAction>),
+    /// An HTTP request carrying `Idempotency-Key`.
+    Http(Box<HttpAction>),
+    /// An async function of the embedding program (a code job of the
+    /// library).
+    Code(crate::handler::Handler),
+    /// A statement run in the transaction that marks the claim succeeded.
+    Sql {
+        /// With `$1`, `$2`, … for the params.
+        statement: String,
+        /// Bound, never spliced.
+        params: Vec<Template>,
+    },
+}
+
+impl Action {
+    /// Everything it does, values included: only for the definition
+    /// fingerprint.
+    fn exact(&self) -> String {
+        let t = Template::exact;
+        let pairs = |pairs: &[(String, Template)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(k, v)| (k.clone(), t(v))).collect()
+        };
+        match self {
+            Action::Process(process) => {
+                let program = match &process.program {
+                    Program::Command(args) => {
+                        format!("command {:?}", args.iter().map(t).collect::<Vec<_>>())
+                    }
+                    Program::Shell(script) => format!("shell {:?}", t(script)),
+                };
+                let mut text = format!(
+                    "{program} {:?} {:?}",
+                    process.workdir.as_ref().map(t),
+                    pairs(&process.env)
+                );
+                // Only where given, so that older definitions keep their
+                // fingerprints.
+                if let Some(only) = &process.inherit.only {
+                    text.push_str(&format!(" inherit {only:?}"));
+                }
+                text
+            }
+            Action::Http(http) => format!(
+                "http {} {:?} {:?} {:?} {:?}",
+                http.method,
+                t(&http.url),
+                pairs(&http.headers),
+                http.body.as_ref().map(t),
+                http.timeout
+            ),
+            Action::Sql { statement, params } => format!(
+                "sql {statement:?} {:?}",
+                params.iter().map(t).collect::<Vec<_>>()
+            ),
+            Action::Code(handler) => format!("code {handler:?}"),
+        }
+    }
+
+    /// The values `${NAME}` put into it.
+    fn secrets(&self) -> Secrets {
+        match self {
+            Action::Process(process) => {
+                let program: Vec<&Template> = match &process.program {
+                    Program::Command(args) => args.iter().collect(),
+                    Program::Shell(script) => vec![script],
+                };
+                Secrets::of(
+                    program
+                        .into_iter()
+                        .chain(&process.workdir)
+                        .chain(process.env.iter().map(|(_, v)| v)),
+                )
+            }
+            Action::Http(http) => Secrets::of(
+                std::iter::once(&http.url)
+                    .chain(http.headers.iter().map(|(_, v)| v))
+                    .chain(&http.body),
+            ),
+            Action::Sql { params, .. } => Secrets::of(params),
+            Action::Code(_) => Secrets::default(),
+        }
+    }
+}
+
+/// A job's [`Job::definition`]: 12 hex digits, held in place (a `String`
+/// would cost every job a heap block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fingerprint([u8; 12]);
+
+impl Fingerprint {
+    /// The digits.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A validated job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// `[a-z0-9][a-z0-9_-]{0,62}`, unique.
+    pub name: String,
+    /// When it fires.
+    pub schedule: Schedule,
+    /// What a fire covers.
+    pub period: PeriodRule,
+    /// How its fires move to working days and are delayed (which fires
+    /// exist at all is the schedule's: its active window, a skipping
+    /// calendar).
+    pub fires: FireRules,
+    /// What it does.
+    pub action: Action,
+    /// Killed and counted failed past this.
+    pub timeout: Option<Duration>,
+    /// Periods of this job running at once, across all replicas.
+    pub concurrency: u32,
+    /// What happens to periods missed while nothing ran.
+    pub missed: Missed,
+    /// Retries of reported failures.
+    pub retry: Retry,
+    /// Finished claims older than this may be pruned.
+    pub keep: Option<Duration>,
+    /// A period must have succeeded this long after its fire, or it is
+    /// late.
+    pub deadline: Option<Duration>,
+    /// The upstream periods each of its periods waits for.
+    pub after: after::After,
+    /// How far back missed periods are owed: `[scheduler].catch_up`,
+    /// copied here so that the one rule of what a job owes
+    /// ([`Job::owed_since`]) needs nothing but the job.
+    pub catch_up: Duration,
+    /// A fingerprint of what it does and when (schedule, zone, period
+    /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
+    /// recorded on every attempt, so `history` shows where it changed. A
+    /// hash, never the values themselves.
+    pub definition: Fingerprint,
+    /// The values `${NAME}` put into its action, masked in every message
+    /// about it.
+    pub secrets: Secrets,
+}
+
+impl Job {
+    /// Its fires as they run: the one answer to when a period is due.
+    pub fn timing(&self) -> Timing<'_> {
+        Timing::new(&self.name, &self.schedule, &self.period, &self.fires)
+    }
+
+    /// The instant from which the job's fires are owed, given when a
+    /// `serve` or `run JOB` first saw it (docs/commands.md): the latest fire at
+    /// that sighting if it lies within `catch_up` of it (a platform cron
+    /// container starts minutes after its fire: that fire is why it
+    /// started), else the sighting itself. A fire before this instant is
+    /// *before first seen*: no mode runs it on its own, no view counts it
+    /// as missed, late or waiting. One rule for the timer, the scan, a
+    /// reload, a resume, `run JOB`, `--dry-run` and every view.
+    pub fn owed_since(&self, first_seen: DateTime<Utc>) -> DateTime<Utc> {
+        let window = TimeDelta::from_std(self.catch_up).unwrap_or(TimeDelta::MAX);
+        self.timing()
+            .latest(first_seen)
+            .map(|fire| fire.at)
+            .filter(|at| first_seen - *at <= window)
+            .map_or(first_seen, |at| at.min(first_seen))
+    }
+
+    /// From when the job owes its fires: as its first sighting recorded it
+    /// (`recorded`), else worked out from when it was first seen
+    /// ([`Job::owed_since`]), else, never seen, as a first sighting now
+    /// would have it.
+    pub fn owed_from(
+        &self,
+        first_seen: Option<DateTime<Utc>>,
+        recorded: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> DateTime<Utc> {
+        recorded.unwrap_or_else(|| self.owed_since(first_seen.unwrap_or(now)))
+    }
+
+    /// Computes [`Job::definition`] from the rest.
+    fn fingerprint(&self) -> Fingerprint {
+        use sha2::Digest;
+        let mut text = format!(
+            "{}\n{}\n{:?}\n{}",
+            self.schedule.source(),
+            self.schedule.zone().name(),
+            self.period,
+            self.action.exact()
+        );
+        // Which fires exist and when they run: only where set, so a job
+        // without them keeps the fingerprint it had.
+        let calendar = |c: &crate::calendar::Calendar| {
+            let holidays: Vec<String> = c.holidays().map(|d| d.to_string()).collect();
+            format!("{} {:?} {}", c.name, c.weekdays(), holidays.join(","))
+        };
+        if let Some(days) = self.schedule.days() {
+            let working = days.working.as_deref().map(calendar);
+            text += &format!("\n{:?} {:?} {working:?}", days.from, days.until);
+        }
+        if let Some(shift) = &self.fires.shift {
+            text += &format!("\n{} {}", shift.to, calendar(&shift.calendar));
+        }
+        if let Some(jitter) = self.fires.jitter {
+            text += &format!("\njitter {}", jitter.as_secs());
+        }
+        let hash = sha2::Sha256::digest(text.as_bytes());
+        let mut digits = [0; 12];
+        // Six bytes make exactly twelve hex digits.
+        let _ = hex::encode_to_slice(&hash[..6], &mut digits);
+        Fingerprint(digits)
+    }
+
+    /// Fills in what is derived from the rest: [`Job::definition`] and
+    /// [`Job::secrets`].
+    pub(crate) fn derive(&mut self) {
+        self.definition = self.fingerprint();
+        self.secrets = self.action.secrets();
+    }
+}

@@ -1,0 +1,276 @@
+//! The top-level tables of `jobs.toml` sorted out and each validated:
+//! `[scheduler]`, `[api]`, every `[[calendar]]`, `[[job]]` and
+//! `[[notify]]`, names unique.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::locator::Locator;
+use super::raw::{Calendars, RawApi, RawCalendar, RawJob, RawSettings};
+use super::vars::Vars;
+use super::{Action, ApiSettings, ConfigError, Job, Settings, notify};
+use crate::suggest::nearest;
+
+/// The top-level tables of jobs.toml, as written: `[scheduler]`, `[api]`
+/// and every `[[job]]`.
+#[derive(Default)]
+pub(super) struct Sections<'t> {
+    settings: Option<toml::Spanned<toml::de::DeValue<'t>>>,
+    api: Option<toml::Spanned<toml::de::DeValue<'t>>>,
+    jobs: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
+    pub(super) notify: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
+    calendars: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
+}
+
+impl<'t> Sections<'t> {
+    /// Sorts the file's tables; an unknown one is an error.
+    pub(super) fn of(
+        root: toml::Spanned<toml::de::DeTable<'t>>,
+        at: &Locator<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> Self {
+        use serde::de::IntoDeserializer;
+        let mut sections = Sections::default();
+        for (key, value) in root.into_inner() {
+            match key.get_ref().as_ref() {
+                "scheduler" => sections.settings = Some(value),
+                "api" => sections.api = Some(value),
+                "job" => match value.get_ref().as_array() {
+                    Some(jobs) => sections.jobs.extend(jobs.iter().cloned()),
+                    None => {
+                        if let Err(e) = Vec::<RawJob>::deserialize(value.into_deserializer()) {
+                            errors.push(at.toml_error(&e));
+                        }
+                    }
+                },
+                "calendar" => match value.get_ref().as_array() {
+                    Some(calendars) => sections.calendars.extend(calendars.iter().cloned()),
+                    None => {
+                        let raw = Vec::<RawCalendar>::deserialize(value.into_deserializer());
+                        if let Err(e) = raw {
+                            errors.push(at.toml_error(&e));
+                        }
+                    }
+                },
+                "notify" => match value.get_ref().as_array() {
+                    Some(notify) => sections.notify.extend(notify.iter().cloned()),
+                    None => {
+                        let raw = Vec::<notify::RawNotify>::deserialize(value.into_deserializer());
+                        if let Err(e) = raw {
+                            errors.push(at.toml_error(&e));
+                        }
+                    }
+                },
+                other => {
+                    let hint = nearest(other, ["scheduler", "api", "job", "notify", "calendar"])
+                        .map(|n| format!("; did you mean `{n}`?"))
+                        .unwrap_or_default();
+                    errors.push(at.error(
+                        key.span(),
+                        format!(
+                            "unknown field `{other}`, expected `scheduler`, `api`, `job`, `notify` or `calendar`{hint}"
+                        ),
+                    ));
+                }
+            }
+        }
+        sections
+    }
+
+    /// `[scheduler]`, validated; a bad one is an error, and the jobs are
+    /// still checked against the defaults (but not `keep` against a
+    /// `catch_up` the file may set otherwise).
+    pub(super) fn settings(
+        &self,
+        at: &Locator<'_>,
+        vars: &Vars<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> Result<Settings, ConfigError> {
+        use serde::de::IntoDeserializer;
+        let settings = self
+            .settings
+            .clone()
+            .map(|value| RawSettings::deserialize(value.into_deserializer()))
+            .transpose()
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.unwrap_or_default().validate(at, vars));
+        match settings {
+            Ok(settings) => Ok(settings),
+            Err(e) => {
+                errors.push(e);
+                let mut defaults = RawSettings::default().validate(at, vars)?;
+                defaults.catch_up = Duration::ZERO;
+                Ok(defaults)
+            }
+        }
+    }
+
+    /// `[api]`, validated, if the file has one.
+    pub(super) fn api(
+        &self,
+        at: &Locator<'_>,
+        vars: &Vars<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> Option<ApiSettings> {
+        use serde::de::IntoDeserializer;
+        let api = self
+            .api
+            .clone()
+            .map(|value| RawApi::deserialize(value.into_deserializer()))
+            .transpose()
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.map(|raw| raw.validate(at, vars)).transpose());
+        api.unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        })
+    }
+
+    /// Every `[[calendar]]`, validated, names unique.
+    fn calendars(&mut self, at: &Locator<'_>, errors: &mut Vec<ConfigError>) -> Calendars {
+        use serde::de::IntoDeserializer;
+        let mut calendars = Calendars::new();
+        for value in std::mem::take(&mut self.calendars) {
+            let span = value.span();
+            let raw = match RawCalendar::deserialize(value.into_deserializer()) {
+                Ok(raw) => raw,
+                Err(e) => {
+                    errors.push(at.toml_error(&e));
+                    continue;
+                }
+            };
+            let name = raw.name().to_owned();
+            if calendars.contains_key(&name) {
+                errors.push(at.error(
+                    span,
+                    format!("calendar name `{name}` is used twice; each needs its own"),
+                ));
+                continue;
+            }
+            // A calendar with a mistake is still known by name: its jobs
+            // are not told it is missing as well.
+            let calendar = raw
+                .validate(at)
+                .map_err(|e| errors.push(e))
+                .ok()
+                .map(std::sync::Arc::new);
+            calendars.insert(name, calendar);
+        }
+        calendars
+    }
+
+    /// Every `[[job]]`, validated, names unique; with the `${VAR}`s each
+    /// one names that are not set (job, variable).
+    pub(super) fn jobs(
+        mut self,
+        at: &Locator<'_>,
+        settings: &Settings,
+        vars: &Vars<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> (Vec<Job>, Vec<(String, String)>) {
+        use serde::de::IntoDeserializer;
+        let calendars = self.calendars(at, errors);
+        let mut jobs: Vec<Job> = Vec::with_capacity(self.jobs.len());
+        let mut incomplete: Vec<(String, String)> = Vec::new();
+        let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
+        // Every job's name as written, its own mistakes or not: what an
+        // `after` may name.
+        let names: Vec<String> = self
+            .jobs
+            .iter()
+            .filter_map(|value| match value.get_ref() {
+                toml::de::DeValue::Table(table) => match table.get("name")?.get_ref() {
+                    toml::de::DeValue::String(name) => Some(name.to_string()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        for value in self.jobs {
+            let raw_job = match RawJob::deserialize(value.into_deserializer()) {
+                Ok(raw_job) => raw_job,
+                Err(e) => {
+                    errors.push(at.toml_error(&e));
+                    continue;
+                }
+            };
+            let name_span = raw_job.name.span();
+            let mark = vars.mark();
+            let mut job = match raw_job.validate(at, settings, vars, &calendars) {
+                Ok(job) => job,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            if let Some(first) = seen.get(&job.name) {
+                let line = at.line_col(first.start).0;
+                errors.push(at.error(
+                    name_span,
+                    format!(
+                        "job name `{}` is already used at line {line}; job names must be unique",
+                        job.name
+                    ),
+                ));
+                continue;
+            }
+            seen.insert(job.name.clone(), name_span);
+            if let Action::Process(process) = &mut job.action {
+                process.inherit.named = vars.names_since(mark);
+            }
+            for name in vars.missed_since(mark) {
+                incomplete.push((job.name.clone(), name));
+            }
+            jobs.push(job);
+        }
+        // With other mistakes in the file, an `after` that names no job is
+        // told now, with them, not in a later round (linking the jobs waits
+        // for a file without mistakes).
+        if !errors.is_empty() {
+            for job in &jobs {
+                errors.extend(job.after.unknown_names(&names));
+            }
+        }
+        (jobs, incomplete)
+    }
+}
+
+/// Every `[[notify]]`, validated, names unique.
+pub(super) fn notifiers(
+    values: Vec<toml::Spanned<toml::de::DeValue<'_>>>,
+    at: &Locator<'_>,
+    vars: &Vars<'_>,
+    jobs: &[Job],
+    errors: &mut Vec<ConfigError>,
+) -> (Vec<notify::Notifier>, Vec<(String, String)>) {
+    use serde::de::IntoDeserializer;
+    let mut notifiers: Vec<notify::Notifier> = Vec::new();
+    let mut incomplete = Vec::new();
+    for value in values {
+        let span = value.span();
+        let mark = vars.mark();
+        let validated = notify::RawNotify::deserialize(value.into_deserializer())
+            .map_err(|e| at.toml_error(&e))
+            .and_then(|raw| raw.validate(at, vars, jobs));
+        match validated {
+            Ok(n) if notifiers.iter().any(|m| m.name == n.name) => errors.push(at.error(
+                span,
+                format!(
+                    "notifier name `{}` is used twice; each needs its own",
+                    n.name
+                ),
+            )),
+            Ok(n) => {
+                for name in vars.missed_since(mark) {
+                    incomplete.push((n.name.clone(), name));
+                }
+                notifiers.push(n);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    (notifiers, incomplete)
+}

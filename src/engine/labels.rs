@@ -1,0 +1,238 @@
+//! Periods a front end names by label for a job: one label, a range
+//! (`from..=to`), a page of one, the last few. Each is refused, in the
+//! words of the front end's fields ([`Names`]), where it is no period of
+//! the job, and a manual run's where it may not run yet.
+
+use chrono::{DateTime, Utc};
+
+use crate::config::Job;
+use crate::error::Error;
+use crate::period::walk::{RangeWalk, is_empty};
+use crate::period::{Period, PeriodKey, utc_text};
+
+/// How a front end names a request's fields in its messages.
+#[derive(Debug, Clone, Copy)]
+pub struct Names {
+    /// The one-period field.
+    pub period: &'static str,
+    /// The start of a range.
+    pub from: &'static str,
+    /// The end of a range.
+    pub to: &'static str,
+    /// Running a period not yet due.
+    pub early: &'static str,
+    /// Re-running succeeded periods.
+    pub force: &'static str,
+    /// Waiting for a period held elsewhere.
+    pub wait: &'static str,
+    /// Running the upstream periods first.
+    pub with_upstream: &'static str,
+    /// Running only failed periods.
+    pub only_failed: &'static str,
+}
+
+impl Names {
+    /// The command line's flags.
+    pub const FLAGS: Names = Names {
+        period: "--period",
+        from: "--from",
+        to: "--to",
+        early: "--early",
+        force: "--force",
+        wait: "--wait",
+        with_upstream: "--with-upstream",
+        only_failed: "--only-failed",
+    };
+    /// A period label in an HTTP API path.
+    pub const PATH: Names = Names {
+        period: "label",
+        from: "label",
+        to: "label",
+        early: "early",
+        force: "force",
+        wait: "wait",
+        with_upstream: "with_upstream",
+        only_failed: "only_failed",
+    };
+    /// The HTTP API's JSON fields.
+    pub const JSON: Names = Names {
+        period: "period",
+        from: "from",
+        to: "to",
+        early: "early",
+        force: "force",
+        wait: "wait",
+        with_upstream: "with_upstream",
+        only_failed: "only_failed",
+    };
+}
+
+/// The periods of `job` from label `from` to `to`, both included; more
+/// than `limit` of them is a usage error.
+pub fn periods_between(
+    job: &Job,
+    (from, to): (&str, &str),
+    limit: usize,
+    names: Names,
+) -> Result<Vec<Period>, Error> {
+    match page_between(job, (from, to), limit, names)? {
+        (periods, None) => Ok(periods),
+        (_, Some(_)) => Err(Error::Usage(format!(
+            "{}: the range holds more than {limit} periods; ask for a shorter one",
+            names.to
+        ))),
+    }
+}
+
+/// The first `limit` periods of the range `from..=to`, oldest first, and
+/// the label of the period after them if the range goes on: one page.
+pub fn page_between(
+    job: &Job,
+    (from, to): (&str, &str),
+    limit: usize,
+    names: Names,
+) -> Result<(Vec<Period>, Option<String>), Error> {
+    let (first, last) = bounds(job, (from, to), names)?;
+    let mut walk = RangeWalk::new(first, last);
+    let mut periods = Vec::new();
+    while let Some(period) = walk.step(&job.period, &job.schedule) {
+        if periods.len() == limit {
+            return Ok((periods, Some(period.label)));
+        }
+        periods.push(period);
+    }
+    Ok((periods, None))
+}
+
+/// The last `count` periods of `job` that a fire covers, up to the one
+/// labelled `to` or else up to the latest fire at `now`, oldest first, and
+/// the label of the period before them, if there is one.
+pub fn periods_up_to(
+    job: &Job,
+    to: Option<&str>,
+    count: usize,
+    names: Names,
+    now: DateTime<Utc>,
+) -> Result<(Vec<Period>, Option<String>), Error> {
+    let last = match to {
+        Some(label) => parse_label(job, label, names.to)?,
+        None => match job.timing().latest(now) {
+            Some(fire) => job.timing().period_of(&fire),
+            None => return Ok((Vec::new(), None)),
+        },
+    };
+    let mut periods = vec![last];
+    let mut before = None;
+    while let Some(oldest) = periods.last() {
+        let Some(preceding) = job.period.preceding(&job.schedule, oldest) else {
+            break;
+        };
+        if periods.len() == count {
+            before = Some(preceding.label);
+            break;
+        }
+        periods.push(preceding);
+    }
+    periods.reverse();
+    Ok((periods, before))
+}
+
+/// The first and last period of a range, in order.
+pub(super) fn bounds(
+    job: &Job,
+    (from, to): (&str, &str),
+    names: Names,
+) -> Result<(Period, Period), Error> {
+    let mut first = parse_label(job, from, names.from)?;
+    let last = parse_label(job, to, names.to)?;
+    // A first label a spring-forward skips starts the range at the period
+    // after it (an empty period's `following` starts at the same instant).
+    if is_empty(&first) {
+        let skipped = first.label.clone();
+        first = job.period.following(&job.schedule, &first);
+        if is_empty(&first) || (first.start >= last.start && is_empty(&last)) {
+            return Err(Error::Usage(format!(
+                "{}: the range holds no period: a spring-forward skips {skipped} in {}",
+                names.from,
+                job.schedule.zone().name()
+            )));
+        }
+    }
+    // A last label a spring-forward makes empty comes before a first one
+    // that starts at its instant or later.
+    let reversed = is_empty(&last) && first.label != last.label && first.start >= last.start;
+    if last.start < first.start || reversed {
+        return Err(Error::Usage(format!(
+            "{}: {} comes before {} {}",
+            names.to, last.label, names.from, first.label
+        )));
+    }
+    Ok((first, last))
+}
+
+/// The period `label` names for `job`, refused (naming `flag` and why) if
+/// it is no period of the job: not a label of its period rule, a period a
+/// spring-forward skips, or one no fire covers (a day off its calendar
+/// skips, a date outside its active dates).
+pub fn period_of_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
+    let period = parse_label(job, label, flag)?;
+    refuse_fireless(job, &period, flag)?;
+    Ok(period)
+}
+
+pub(super) fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
+    job.period.parse_label(&job.schedule, label).map_err(|e| {
+        Error::Usage(format!(
+            "{flag}: {e} (job `{}` has {} periods)",
+            job.name, job.period.unit
+        ))
+    })
+}
+
+pub(super) fn refuse_future(period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), Error> {
+    if period.start > now {
+        return Err(Error::Usage(format!(
+            "{flag}: period {} starts at {}, after now; only a period that has started can be run",
+            period.label,
+            utc_text(period.start)
+        )));
+    }
+    Ok(())
+}
+
+/// A period no fire covers (a day the schedule, its calendar or its
+/// active dates leave out) is no period of the job: there is nothing to
+/// run, and a run of it would be one no schedule ever asks for.
+pub(super) fn refuse_fireless(job: &Job, period: &Period, flag: &str) -> Result<(), Error> {
+    if job.period.fire_for(&job.schedule, period).is_some() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "{flag}: no fire of job `{}` covers {}: it is not a period of the job ({} it out; see `scheduler next {}`)",
+        job.name,
+        period.label,
+        match job.schedule.days() {
+            Some(_) => "its schedule, calendar or active dates leave",
+            None => "its schedule leaves",
+        },
+        job.name
+    )))
+}
+
+/// A period whose fire is still ahead would, run now, turn its scheduled
+/// run into a no-op (and cover a period that is not over).
+pub(super) fn refuse_not_due(
+    job: &Job,
+    period: &Period,
+    now: DateTime<Utc>,
+    (field, early): (&str, &str),
+) -> Result<(), Error> {
+    match job.timing().of(period) {
+        Some(fire) if fire > now => Err(Error::Usage(format!(
+            "{field}: {} is not due yet: its fire is at {}; run now, it would turn that scheduled run into a no-op; pass {early} to run it anyway",
+            PeriodKey::new(&job.name, &period.label),
+            utc_text(fire),
+        ))),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,75 @@
+//! Jobs as the database knows them: when each was first seen and from when
+//! it owes its fires, paused or not, its newest scheduled fire.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+
+use super::Store;
+use crate::error::Error;
+
+/// A job as the database has seen it.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRecord {
+    /// When a `run` or `serve` first saw it.
+    pub first_seen: DateTime<Utc>,
+    /// From when it owes its fires, as its first sighting fixed it
+    /// ([`Store::note_owed`]); `None` where no sighting recorded it yet.
+    pub owed_from: Option<DateTime<Utc>>,
+    /// Seen for the first time by the call that returned this.
+    pub new: bool,
+    /// Paused for every replica.
+    pub paused: bool,
+}
+
+/// A job's first sighting as the database holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sighted {
+    /// When a `run` or `serve` first saw it.
+    pub first_seen: DateTime<Utc>,
+    /// From when it owes its fires, where its first sighting recorded it.
+    pub owed_from: Option<DateTime<Utc>>,
+}
+
+impl Store {
+    /// Records `jobs` as seen (now, on the database's clock) where new, in
+    /// one statement, and returns each one's record.
+    pub async fn see_jobs(&self, jobs: &[String]) -> Result<HashMap<String, JobRecord>, Error> {
+        bounded!(self.see_jobs(jobs))
+    }
+
+    /// When each of `jobs` was first seen, and from when it owes its
+    /// fires where that is recorded, for those a `serve` or `run JOB` has
+    /// seen (one only `pause` named is not); reads only.
+    pub async fn first_seen(&self, jobs: &[String]) -> Result<HashMap<String, Sighted>, Error> {
+        bounded!(self.first_seen(jobs))
+    }
+
+    /// Records, for `job` seen for the first time, from when it owes its
+    /// fires, unless a sighting recorded it already: fixed there, so that a
+    /// later change of the job's calendar, dates or jitter never makes a
+    /// fire from before the sighting owed.
+    pub async fn note_owed(&self, job: &str, owed_from: DateTime<Utc>) -> Result<(), Error> {
+        bounded!(self.note_owed(job, owed_from))
+    }
+
+    /// The jobs paused for every replica.
+    pub async fn paused_jobs(&self) -> Result<Vec<String>, Error> {
+        bounded!(self.paused_jobs())
+    }
+
+    /// For each of `jobs` with claims, the newest fire a claim was made for
+    /// by a scheduler, not by hand: a hand run of a recent period says
+    /// nothing of the periods before it.
+    pub async fn last_fires(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, Error> {
+        bounded!(self.last_fires(jobs))
+    }
+
+    /// Pauses or resumes `job` for every replica.
+    pub async fn set_paused(&self, job: &str, paused: bool) -> Result<(), Error> {
+        bounded!(self.set_paused(job, paused))
+    }
+}

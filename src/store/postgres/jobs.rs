@@ -1,0 +1,118 @@
+//! PostgreSQL's record of the jobs: first sightings, pauses, newest fires.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::PgStore;
+use crate::store::{JobRecord, Sighted};
+
+impl PgStore {
+    pub(in crate::store) async fn see_jobs(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, JobRecord>, sqlx::Error> {
+        let rows = sqlx::query(
+            "INSERT INTO scheduler_jobs (name, first_seen)
+             SELECT name, now() FROM unnest($1::text[]) AS name
+             ON CONFLICT (name) DO UPDATE
+                 SET first_seen = LEAST(scheduler_jobs.first_seen, excluded.first_seen)
+             RETURNING name, first_seen, owed_from, paused, first_seen = now() AS new",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let record = JobRecord {
+                    first_seen: row.try_get("first_seen")?,
+                    owed_from: row.try_get("owed_from")?,
+                    paused: row.try_get("paused")?,
+                    new: row.try_get("new")?,
+                };
+                Ok((row.try_get("name")?, record))
+            })
+            .collect()
+    }
+
+    pub(in crate::store) async fn first_seen(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
+        let rows: Vec<(String, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT name, first_seen, owed_from FROM scheduler_jobs
+              WHERE name = ANY($1) AND first_seen < '9999-12-31T00:00:00Z'",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, first_seen, owed_from)| {
+                (
+                    name,
+                    Sighted {
+                        first_seen,
+                        owed_from,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    pub(in crate::store) async fn note_owed(
+        &self,
+        job: &str,
+        owed_from: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE scheduler_jobs SET owed_from = $2 WHERE name = $1 AND owed_from IS NULL",
+        )
+        .bind(job)
+        .bind(owed_from)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(in crate::store) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT name FROM scheduler_jobs WHERE paused")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    pub(in crate::store) async fn last_fires(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT job, max(scheduled_at) FROM scheduler_claims
+             WHERE job = ANY($1) AND trigger <> 'manual' GROUP BY job",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    pub(in crate::store) async fn set_paused(
+        &self,
+        job: &str,
+        paused: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            // A job only `pause` or `resume` has named is not seen yet: its
+            // first sighting (`see_jobs`) sets `first_seen`, so a new job
+            // paused before it is deployed still starts at its next fire.
+            "INSERT INTO scheduler_jobs (name, first_seen, paused)
+             VALUES ($1, '9999-12-31T00:00:00Z', $2)
+             ON CONFLICT (name) DO UPDATE SET paused = excluded.paused",
+        )
+        .bind(job)
+        .bind(paused)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

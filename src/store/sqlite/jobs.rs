@@ -1,0 +1,126 @@
+//! SQLite's record of the jobs: first sightings, pauses, newest fires.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::{NOT_SEEN, NOW, SqliteStore, ms, opt_time, time};
+use crate::store::{JobRecord, Sighted};
+
+impl SqliteStore {
+    pub(in crate::store) async fn see_jobs(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, JobRecord>, sqlx::Error> {
+        let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let mut tx = self.begin().await?;
+        // One instant for every row, read once: a row that holds it after
+        // the statement was seen for the first time by it.
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        let rows = sqlx::query(
+            "INSERT INTO scheduler_jobs (name, first_seen)
+             SELECT value, ?2 FROM json_each(?1) WHERE true
+             ON CONFLICT (name) DO UPDATE
+                 SET first_seen = min(scheduler_jobs.first_seen, excluded.first_seen)
+             RETURNING name, first_seen, owed_from, paused",
+        )
+        .bind(names)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|row| {
+                let first_seen: i64 = row.try_get("first_seen")?;
+                let record = JobRecord {
+                    first_seen: time(first_seen),
+                    owed_from: opt_time(row, "owed_from")?,
+                    paused: row.try_get("paused")?,
+                    new: first_seen == now,
+                };
+                Ok((row.try_get("name")?, record))
+            })
+            .collect()
+    }
+
+    pub(in crate::store) async fn first_seen(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
+        let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let rows: Vec<(String, i64, Option<i64>)> = sqlx::query_as(&format!(
+            "SELECT name, first_seen, owed_from FROM scheduler_jobs
+              WHERE name IN (SELECT value FROM json_each(?1)) AND first_seen < {NOT_SEEN}"
+        ))
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, at, owed)| {
+                let seen = Sighted {
+                    first_seen: time(at),
+                    owed_from: owed.map(time),
+                };
+                (name, seen)
+            })
+            .collect())
+    }
+
+    pub(in crate::store) async fn note_owed(
+        &self,
+        job: &str,
+        owed_from: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "UPDATE scheduler_jobs SET owed_from = ?2 WHERE name = ?1 AND owed_from IS NULL",
+        )
+        .bind(job)
+        .bind(ms(owed_from))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
+    }
+
+    pub(in crate::store) async fn paused_jobs(&self) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT name FROM scheduler_jobs WHERE paused")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    pub(in crate::store) async fn last_fires(
+        &self,
+        jobs: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, sqlx::Error> {
+        let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT job, max(scheduled_at) FROM scheduler_claims
+              WHERE job IN (SELECT value FROM json_each(?1)) AND trigger <> 'manual'
+              GROUP BY job",
+        )
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(job, at)| (job, time(at))).collect())
+    }
+
+    pub(in crate::store) async fn set_paused(
+        &self,
+        job: &str,
+        paused: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&format!(
+            "INSERT INTO scheduler_jobs (name, first_seen, paused) VALUES (?1, {NOT_SEEN}, ?2)
+             ON CONFLICT (name) DO UPDATE SET paused = excluded.paused"
+        ))
+        .bind(job)
+        .bind(paused)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,159 @@
+//! The SQLite backend: one writer connection per process, WAL, and short
+//! `BEGIN IMMEDIATE` transactions so several processes can share one file.
+//! Times are milliseconds since the epoch on SQLite's clock.
+//!
+//! Its statements, by what they touch: the claims (`claims`), the jobs
+//! (`jobs`), the attempts kept (`history`) and a group of `sql` actions
+//! (`group`).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{ClaimRow, claim_state};
+
+mod claims;
+mod group;
+mod history;
+mod jobs;
+
+/// The scheduler's migrations, beside whatever else `_sqlx_migrations`
+/// holds (see [`super::SCHEDULER_VERSIONS`]).
+fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!("migrations/sqlite");
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+/// SQLite's clock in milliseconds.
+pub(super) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// The `first_seen` of a job that only `pause` or `resume` has named (no
+/// scheduler has seen it): 9999-12-31, replaced by the first sighting.
+const NOT_SEEN: &str = "253402214400000";
+
+/// A handle on one SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pub(super) pool: SqlitePool,
+    pub(super) outage: std::sync::Arc<super::outage::Outage>,
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+fn opt_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    Ok(row.try_get::<Option<i64>, _>(column)?.map(time))
+}
+
+fn claim_row(row: &SqliteRow) -> Result<ClaimRow, sqlx::Error> {
+    Ok(ClaimRow {
+        period_key: row.try_get("period_key")?,
+        period: row.try_get("period")?,
+        state: claim_state(row.try_get("state")?)?,
+        attempt: row.try_get("attempt")?,
+        failures: row.try_get("failures")?,
+        owner: row.try_get("owner")?,
+        lease_until: opt_time(row, "lease_until")?,
+        started_at: opt_time(row, "started_at")?,
+        retry_at: opt_time(row, "retry_at")?,
+        finished_at: opt_time(row, "finished_at")?,
+        // The rule is SQL: NULL (a comparison with a missing time) is no.
+        claimable: row
+            .try_get::<Option<bool>, _>("claimable")?
+            .unwrap_or(false),
+        now: time(row.try_get("now")?),
+    })
+}
+
+impl SqliteStore {
+    pub(super) async fn connect(url: &str) -> Result<SqliteStore, sqlx::Error> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: an acknowledged claim survives a power cut; a lost one
+            // would be a double run.
+            .synchronous(SqliteSynchronous::Full)
+            // Writers from other processes take turns; a wait can approach
+            // the whole timeout under contention, so it is generous.
+            .busy_timeout(Duration::from_secs(30));
+        // Processes opening a new file together race to switch it to WAL,
+        // which SQLite answers with "database is locked" rather than a wait.
+        let mut tries = 0;
+        let pool = loop {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                // A broken connection fails its query and is replaced; a ping
+                // before every use would cost a round trip per statement.
+                .test_before_acquire(false)
+                .acquire_timeout(Duration::from_secs(60))
+                .connect_with(options.clone())
+                .await;
+            match pool {
+                Err(sqlx::Error::Database(e)) if tries < 20 && e.message().contains("locked") => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(25 * tries)).await;
+                }
+                other => break other?,
+            }
+        };
+        Ok(SqliteStore {
+            pool,
+            outage: Default::default(),
+        })
+    }
+
+    pub(super) async fn has_schema(&self) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'scheduler_claims'",
+        )
+        .fetch_one(&self.pool)
+        .await
+    }
+
+    /// Applies what is pending; the migrations it applied. The versions
+    /// of `_sqlx_migrations` past the scheduler's range are another
+    /// program's, and left alone.
+    pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        let migrator = &migrator();
+        let before: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default();
+        super::refuse_newer(migrator, &before)?;
+        // Processes starting together on a new file race to migrate (SQLite
+        // has no migration lock); the loser finds the work done on a later
+        // try. The waits are random, so two racers fall out of step.
+        let mut tries = 0;
+        loop {
+            match migrator.run(&self.pool).await {
+                Err(e)
+                    if tries < 30
+                        && !matches!(e, sqlx::migrate::MigrateError::VersionMissing(_)) =>
+                {
+                    tries += 1;
+                    let jitter = getrandom::u32().unwrap_or(0) % 100;
+                    tokio::time::sleep(Duration::from_millis(20 + u64::from(jitter))).await;
+                }
+                Ok(()) => return Ok(super::applied_since(migrator, &before)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+}
