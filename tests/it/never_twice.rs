@@ -1044,14 +1044,8 @@ fn serve_runs_on_when_nothing_reads_its_log() {
     };
     // Runs, each of them logged, after the reader went away (at the first
     // line, maybe before the store's tables were made).
-    let made = || {
-        crate::support::count(
-            &db.url,
-            "SELECT count(*) FROM sqlite_master WHERE name = 'scheduler_attempts'",
-        ) == 1
-    };
     eventually("four runs without a log reader", BOUND, || {
-        made() && count("succeeded") >= 4
+        crate::support::migrated(&db.url) && count("succeeded") >= 4
     });
     assert_eq!(stop(server), 0);
     assert!(count("succeeded") >= 4, "{} succeeded", count("succeeded"));

@@ -212,8 +212,19 @@ pub fn eventually(what: &str, bound: std::time::Duration, check: impl FnMut() ->
 }
 
 /// Polls `check` every 20 ms until it is true (`true`) or `bound` has
-/// passed (`false`), for a test that cleans up before it fails.
-pub fn within(bound: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+/// passed (`false`), for a test that cleans up, or says more, before it
+/// fails.
+pub fn within(bound: std::time::Duration, check: impl FnMut() -> bool) -> bool {
+    polled(std::time::Duration::from_millis(20), bound, check)
+}
+
+/// [`within`], polling every `every`: for a check that costs the system
+/// under test (a query of a database a burst is writing to).
+pub fn polled(
+    every: std::time::Duration,
+    bound: std::time::Duration,
+    mut check: impl FnMut() -> bool,
+) -> bool {
     let start = std::time::Instant::now();
     loop {
         if check() {
@@ -222,7 +233,7 @@ pub fn within(bound: std::time::Duration, mut check: impl FnMut() -> bool) -> bo
         if start.elapsed() >= bound {
             return false;
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(every);
     }
 }
 
@@ -619,9 +630,23 @@ pub fn count(url: &str, sql: &str) -> i64 {
                 .fetch_optional(&mut conn)
                 .await
                 .unwrap();
+            // Said goodbye to, so that a test polling with it leaves no
+            // backend behind it for the server to count.
+            let _ = conn.close().await;
             row.unwrap_or(0)
         }
     })
+}
+
+/// Whether the scheduler's tables are in the test's database yet (a
+/// `serve` just started may not have made them).
+pub fn migrated(url: &str) -> bool {
+    let sql = if url.starts_with("sqlite:") {
+        "SELECT count(*) FROM sqlite_master WHERE name = 'scheduler_attempts'"
+    } else {
+        "SELECT count(*) FROM pg_tables WHERE tablename = 'scheduler_attempts' AND schemaname = current_schema()"
+    };
+    count(url, sql) == 1
 }
 
 /// The text of each row a one-column query of a SQLite database returns.
