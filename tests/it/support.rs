@@ -638,6 +638,30 @@ pub fn count(url: &str, sql: &str) -> i64 {
     })
 }
 
+/// The database's clock in `url`'s SQL, in the unit of its time columns
+/// (milliseconds on SQLite, `timestamptz` on PostgreSQL): `lease_until <
+/// {now}` holds on both once a lease has run out.
+pub fn now_sql(url: &str) -> &'static str {
+    if url.starts_with("sqlite:") {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    } else {
+        "now()"
+    }
+}
+
+/// Whether the claim of `key` is running on a lease that has run out, by
+/// the database's clock.
+pub fn lease_over(url: &str, key: &str) -> bool {
+    count(
+        url,
+        &format!(
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = '{key}' \
+             AND state = 'running' AND lease_until < {}",
+            now_sql(url)
+        ),
+    ) == 1
+}
+
 /// Whether the scheduler's tables are in the test's database yet (a
 /// `serve` just started may not have made them).
 pub fn migrated(url: &str) -> bool {
