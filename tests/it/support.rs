@@ -264,22 +264,36 @@ pub fn more_lines(file: impl AsRef<Path>, more: usize) {
 /// every-second one) through `seconds` more seconds, as its next-fire gauge
 /// in `/metrics` says: the loop's own progress, seen in the job under test.
 pub fn fired_on(addr: &str, job: &str, seconds: u32) {
+    fired_on_each(&[addr], job, seconds);
+}
+
+/// [`fired_on`] for every serve listening at `addrs`: each replica's own
+/// loop has fired `job` through `seconds` more seconds.
+pub fn fired_on_each(addrs: &[&str], job: &str, seconds: u32) {
     let series = format!("scheduler_next_fire_timestamp_seconds{{job=\"{job}\"}}");
-    let next = || crate::serve::metric(&http_get(addr, "/metrics"), &series);
-    let mut from = None;
+    let next = |addr: &str| crate::serve::metric(&http_get(addr, "/metrics"), &series);
+    let mut until = Vec::new();
+    for addr in addrs {
+        let mut from = None;
+        eventually(
+            &format!("{job}'s next-fire gauge at {addr}"),
+            std::time::Duration::from_secs(60),
+            || {
+                from = next(addr);
+                from.is_some()
+            },
+        );
+        until.push(from.unwrap_or_default() + f64::from(seconds));
+    }
     eventually(
-        &format!("{job}'s next-fire gauge"),
+        &format!("{seconds} more seconds of fires of {job} on each replica"),
         std::time::Duration::from_secs(60),
         || {
-            from = next();
-            from.is_some()
+            addrs
+                .iter()
+                .zip(&until)
+                .all(|(addr, until)| next(addr).is_some_and(|at| at >= *until))
         },
-    );
-    let until = from.unwrap_or_default() + f64::from(seconds);
-    eventually(
-        &format!("{seconds} more seconds of fires of {job}"),
-        std::time::Duration::from_secs(60),
-        || next().is_some_and(|at| at >= until),
     );
 }
 
