@@ -663,6 +663,16 @@ pub fn now_sql(url: &str) -> &'static str {
     }
 }
 
+/// `url`'s SQL for "`column` (a time) plus `ms` milliseconds is past", by
+/// the database's clock.
+pub fn past_sql(url: &str, column: &str, ms: u32) -> String {
+    if url.starts_with("sqlite:") {
+        format!("{column} + {ms} < {}", now_sql(url))
+    } else {
+        format!("{column} + interval '{ms} milliseconds' < now()")
+    }
+}
+
 /// Whether the claim of `key` is running on a lease that has run out, by
 /// the database's clock.
 pub fn lease_over(url: &str, key: &str) -> bool {
