@@ -9,8 +9,10 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
-use crate::serve::{serve, serve_with, signal, stop};
-use crate::support::{Said, TestDb, Workspace, count, databases, eventually, lines, wait};
+use crate::serve::{serve, serve_listening, signal, stop};
+use crate::support::{
+    Said, TestDb, Workspace, count, databases, eventually, fired_on_each, lines, ticker, wait,
+};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -36,6 +38,26 @@ fn daily_and_monthly_jobs(extra: &str) -> String {
 
 fn runs(ws: &Workspace) -> Vec<String> {
     lines(ws.path().join("runs.txt"))
+}
+
+/// A job beside the ones under test whose fires count each replica's
+/// progress (its next-fire gauge).
+fn witness() -> String {
+    ticker("witness", "ticks.txt")
+}
+
+/// `count` replicas listening, and their addresses.
+fn replicas(ws: &Workspace, db: &TestDb, count: usize) -> (Vec<std::process::Child>, Vec<String>) {
+    (0..count)
+        .map(|_| serve_listening(ws, &db.url, &[]))
+        .unzip()
+}
+
+/// Waits until every replica at `addrs` has fired the witness three more
+/// times: several scans of each (one a second).
+fn several_scans(addrs: &[String]) {
+    let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    fired_on_each(&addrs, "witness", 3);
 }
 
 /// `scheduler --database-url URL ARGS…`.
@@ -95,7 +117,7 @@ fn attempts(db: &TestDb, key: &str) -> i64 {
 #[test]
 fn the_month_waits_for_its_last_day_and_runs_once_across_three_replicas() {
     for db in databases() {
-        let ws = Workspace::new(&daily_and_monthly(""));
+        let ws = Workspace::new(&(daily_and_monthly("") + &witness()));
         let out = thirty_days_then_the_month(&ws, &db);
         assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
         assert!(
@@ -115,16 +137,16 @@ fn the_month_waits_for_its_last_day_and_runs_once_across_three_replicas() {
             &["status", "report", "--from", "2026-10", "--to", "2026-10"],
         );
         assert!(range.contains("report:2026-10  waiting"), "{range}");
-        let replicas: Vec<_> = (0..3).map(|_| serve(&ws, &db.url)).collect();
+        let (replicas, addrs) = replicas(&ws, &db, 3);
         // Several scans of every replica: nothing claims the month.
-        std::thread::sleep(Duration::from_millis(2_500));
+        several_scans(&addrs);
         assert_eq!(attempts(&db, "report:2026-10"), 0);
         ok(&ws, &db, &["run", "ingest", "--period", "2026-10-31"]);
         eventually("the month runs", BOUND, || {
             runs(&ws).iter().any(|l| l.starts_with("report"))
         });
         // A few more scans of every replica: nothing runs it again.
-        std::thread::sleep(Duration::from_millis(2_500));
+        several_scans(&addrs);
         for replica in replicas {
             assert_eq!(stop(replica), 0);
         }
@@ -241,6 +263,7 @@ fn a_forced_rerun_of_a_day_marks_the_month_stale_or_reruns_it_once() {
              after = [\"ingest\"]\non_upstream_rerun = \"rerun\"\n\
              shell = \"echo bill $SCHEDULER_PERIOD $SCHEDULER_TRIGGER >> runs.txt\"\n",
         );
+        text.push_str(&witness());
         let ws = Workspace::new(&text);
         ok(
             &ws,
@@ -283,11 +306,12 @@ fn a_forced_rerun_of_a_day_marks_the_month_stale_or_reruns_it_once() {
             "{status}"
         );
         // Two replicas find `bill` stale: one reruns it.
-        let replicas: Vec<_> = (0..2).map(|_| serve(&ws, &db.url)).collect();
+        let (replicas, addrs) = replicas(&ws, &db, 2);
         eventually("the rerun of bill", BOUND, || {
             runs(&ws).iter().any(|l| l == "bill 2026-10 upstream")
         });
-        std::thread::sleep(Duration::from_millis(3_000));
+        // Several scans of both: neither reruns anything again.
+        several_scans(&addrs);
         for replica in replicas {
             assert_eq!(stop(replica), 0);
         }
@@ -470,7 +494,7 @@ fn kill_9_of_the_replica_that_recorded_the_last_day_before_it_claimed_the_month(
                     [[job]]\nname = \"report\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
                     after = [\"ingest\"]\nconcurrency = 1\n\
                     shell = \"echo start $SCHEDULER_PERIOD >> runs.txt; if [ $SCHEDULER_PERIOD = 2026-09 ]; then sleep 8; fi; echo report $SCHEDULER_PERIOD >> runs.txt\"\n";
-        let ws = Workspace::new(text);
+        let ws = Workspace::new(&(text.to_owned() + &witness()));
         the_last_day_fails(&ws, &db, "2026-09-01");
         let out = said(&ws, &db, &["run", "report", "--period", "2026-10"]);
         assert!(
@@ -517,13 +541,14 @@ fn kill_9_of_the_replica_that_recorded_the_last_day_before_it_claimed_the_month(
             0,
             "claimed before the kill"
         );
-        let other = serve_with(&ws, &db.url, &[]);
+        let (mut other, addrs) = replicas(&ws, &db, 1);
         eventually("the month runs", BOUND, || {
             runs(&ws).iter().any(|l| l == "report 2026-10")
         });
         let _ = wait(september, BOUND);
-        std::thread::sleep(Duration::from_millis(2_000));
-        assert_eq!(stop(other), 0);
+        // Several scans of the other: it starts the month no more.
+        several_scans(&addrs);
+        assert_eq!(stop(other.remove(0)), 0);
         let starts = runs(&ws)
             .iter()
             .filter(|l| l.as_str() == "start 2026-10")
@@ -550,7 +575,13 @@ fn the_replica_that_records_the_last_day_claims_the_month_at_once() {
     assert!(out.stdout().contains("waiting"), "{}", out.stdout());
     std::fs::write(ws.path().join("ok"), "").expect("ok");
     // The retry is due by the first scan, at start-up.
-    std::thread::sleep(Duration::from_millis(1_200));
+    eventually("the last day's retry due", BOUND, || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = 'ingest:2026-10-31' \
+             AND retry_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        ) == 1
+    });
     let started = std::time::Instant::now();
     let replica = serve(&ws, &db.url);
     eventually("the month runs", BOUND, || {

@@ -286,7 +286,18 @@ fn the_same_key_sent_to_two_replicas_on_postgres_runs_once() {
         .count();
     assert_eq!(executed, 1, "{answers:?}");
     eventually("the run", BOUND, || !runs(&ws).is_empty());
-    std::thread::sleep(Duration::from_secs(2));
+    // Every request settled and no run under way: a second one would have
+    // written its line by now.
+    eventually("nothing running", BOUND, || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE state = 'running'",
+        ) == 0
+            && count(
+                &db.url,
+                "SELECT count(*) FROM scheduler_idempotency WHERE state = 'running'",
+            ) == 0
+    });
     assert_eq!(runs(&ws), ["billing:2026-07"]);
     assert_eq!(a.stop(), 0);
     assert_eq!(b.stop(), 0);
@@ -433,7 +444,12 @@ fn an_in_progress_key_left_by_a_killed_replica_is_taken_over_after_its_bound() {
             .json(&json!({"period": "2026-07"}))
             .send()
     });
-    std::thread::sleep(Duration::from_millis(500));
+    eventually("the request under way", BOUND, || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_idempotency WHERE state = 'running'",
+        ) == 1
+    });
     server.kill();
     let _ = waiting.join();
     let in_progress = count(
@@ -844,7 +860,12 @@ fn a_caller_waiting_at_shutdown_is_answered_with_the_run_so_far_and_its_key_repl
             let waiting = s.spawn(|| {
                 answer(first.post(CI, "/v1/jobs/billing/runs?wait=60", "at-shutdown", &body))
             });
-            std::thread::sleep(Duration::from_secs(1));
+            eventually("the caller waiting on its run", BOUND, || {
+                count(
+                    &db.url,
+                    "SELECT count(*) FROM scheduler_claims WHERE period_key = 'billing:2026-07' AND state = 'running'",
+                ) == 1
+            });
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGTERM,
@@ -1171,6 +1192,7 @@ fn a_live_replica_records_its_runs_end_once_the_database_is_back() {
     ));
     assert_eq!(status, StatusCode::ACCEPTED);
     proxy.cut();
+    // Scenario time: an outage longer than ten tries a second apart.
     std::thread::sleep(Duration::from_secs(20));
     proxy.restore();
     let location = location.expect("Location");
@@ -1257,7 +1279,13 @@ fn a_409_while_the_run_is_set_up_already_carries_its_location() {
     let body = json!({"period": "2026-07"});
     let (first, retry) = std::thread::scope(|s| {
         let first = s.spawn(|| answer(server.post(CI, "/v1/jobs/billing/runs", "early", &body)));
-        std::thread::sleep(Duration::from_secs(1));
+        eventually("the first request held up by the lock", BOUND, || {
+            count(
+                &db.url,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ) > 0
+        });
         let retry = answer(server.post(CI, "/v1/jobs/billing/runs", "early", &body));
         runtime.block_on(async {
             sqlx::query("COMMIT").execute(&mut locker).await.unwrap();

@@ -142,7 +142,8 @@ impl Browser {
         self.until(css, || self.eval(&script) == json!(true));
     }
 
-    /// Waits until `check` holds, or fails naming `what`.
+    /// Waits until `check` holds, or fails naming `what`. (Its own poll:
+    /// the console's bench shares this file, not the tests' support.)
     pub(crate) fn until(&self, what: &str, mut check: impl FnMut() -> bool) {
         let start = Instant::now();
         while !check() {
@@ -156,20 +157,17 @@ impl Browser {
     /// finding and the click: WebDriver then answers "stale element" and
     /// nothing was clicked, so it is found again and clicked.
     pub(crate) fn click(&self, css: &str) {
-        let start = Instant::now();
-        loop {
+        self.until(&format!("a click on {css} that is not stale"), || {
             self.wait_for(css);
             let clicked = self
                 .runtime
                 .block_on(async { self.client().find(Locator::Css(css)).await?.click().await });
             match clicked {
-                Ok(()) => return,
-                Err(e) if e.to_string().contains("stale element") && start.elapsed() < BOUND => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                Ok(()) => true,
+                Err(e) if e.to_string().contains("stale element") => false,
                 Err(e) => panic!("click {css}: {e}"),
             }
-        }
+        });
     }
 
     pub(crate) fn type_into(&self, css: &str, text: &str) {

@@ -7,9 +7,40 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 
 use crate::serve::{serve, stop};
-use crate::support::{Said, Workspace, count, databases};
+use crate::support::{Said, Workspace, count, databases, migrated, polled};
 
 const JOBS: usize = 500;
+
+/// Generous: only there to catch a hang.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// How often a test asks the database of a burst how far it got: each
+/// question is a connection of its own, beside the replicas'.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Polls `check` every [`POLL`] until it is true, failing after [`BOUND`].
+fn eventually(what: &str, check: impl FnMut() -> bool) {
+    assert!(polled(POLL, BOUND, check), "timed out waiting for {what}");
+}
+
+/// The label of `t`'s second.
+fn label(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Whether `burst_runs` holds a period of a job named `like` whose second
+/// is `at` or later: the replicas have fired that far.
+fn ran_past(url: &str, like: &str, at: DateTime<Utc>) -> bool {
+    count(
+        url,
+        &format!(
+            // A label is the last 20 characters of a key.
+            "SELECT count(*) FROM burst_runs WHERE period_key LIKE '{like}:%' \
+             AND substr(period_key, length(period_key) - 19) >= '{}'",
+            label(at)
+        ),
+    ) > 0
+}
 
 fn jobs_toml() -> String {
     let mut toml = String::from("[scheduler]\nlease = \"10s\"\nshutdown_grace = \"5s\"\n");
@@ -34,13 +65,21 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
         let ws = Workspace::new(&jobs_toml());
         let started = Utc::now();
         let servers: Vec<Child> = (0..replicas).map(|_| serve(&ws, &db.url)).collect();
-        std::thread::sleep(Duration::from_secs(10));
+        // The middle of the run, to be judged, starts 3 s in; it is three
+        // seconds long at least once the replicas have fired 4 s past it.
+        let first: DateTime<Utc> = started.trunc_subsecs(0) + TimeDelta::seconds(3);
+        let past = first + TimeDelta::seconds(2 + 4);
+        assert!(
+            polled(Duration::from_millis(500), BOUND, || ran_past(
+                &db.url, "j%", past
+            )),
+            "the replicas never fired past {past}"
+        );
         let stopped = Utc::now();
         // Every job's every fire in the middle of the run must run; on a
         // loaded machine a claim that found the database busy waits for the
         // next scan, so the replicas go on until those fires have run (or
         // a generous bound).
-        let first: DateTime<Utc> = started.trunc_subsecs(0) + TimeDelta::seconds(3);
         let last = stopped - TimeDelta::seconds(4);
         let middle = format!(
             // A label is the last 20 characters of a key.
@@ -49,10 +88,9 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
             last.format("%Y-%m-%dT%H:%M:%SZ")
         );
         let expected = JOBS as i64 * ((last - first).num_seconds() + 1);
-        let waited = std::time::Instant::now();
-        while count(&db.url, &middle) < expected && waited.elapsed() < Duration::from_secs(40) {
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        polled(Duration::from_millis(500), Duration::from_secs(40), || {
+            count(&db.url, &middle) >= expected
+        });
         for server in servers {
             assert_eq!(stop(server), 0, "a replica did not stop cleanly");
         }
@@ -187,11 +225,10 @@ fn a_slow_statement_does_not_hold_back_the_rest_of_its_group() {
         .unwrap();
     let active = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = 'SELECT pg_sleep(2)' AND datname = current_database()";
     let mut most = 0;
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while std::time::Instant::now() < until && most < 2 {
+    polled(POLL, Duration::from_secs(20), || {
         most = most.max(count(&db.url, active));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        most >= 2
+    });
     let out = crate::support::wait(run, Duration::from_secs(60));
     assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
     assert_eq!(
@@ -223,7 +260,9 @@ fn a_job_whose_statement_ends_its_own_connection_harms_no_other_job() {
     let ws = Workspace::new(&toml);
     let started = Utc::now();
     let server = serve(&ws, &db.url);
-    std::thread::sleep(Duration::from_secs(7));
+    // The seconds judged end 5 s in; the good jobs have run 2 s past them.
+    let past = started.trunc_subsecs(0) + TimeDelta::seconds(7);
+    eventually("the good jobs 7 s in", || ran_past(&db.url, "good_", past));
     assert_eq!(stop(server), 0);
     let mut second = started.trunc_subsecs(0) + TimeDelta::seconds(2);
     while second <= started + TimeDelta::seconds(5) {
@@ -264,18 +303,24 @@ fn quick_jobs_share_a_transaction_and_one_that_turns_bad_goes_back_to_its_own() 
     let server = serve(&ws, &db.url);
     let shared =
         "SELECT count(*) FROM (SELECT tx FROM burst_runs GROUP BY tx HAVING count(*) = 6) AS t";
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    while count(&db.url, shared) == 0 {
-        assert!(
-            std::time::Instant::now() < until,
-            "the six quick jobs never shared a transaction"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    assert!(
+        polled(POLL, Duration::from_secs(30), || count(&db.url, shared) > 0),
+        "the six quick jobs never shared a transaction"
+    );
     count(&db.url, "INSERT INTO turned VALUES (true)");
     let turned = Utc::now();
-    // Past the lease, so the periods of the broken group are recovered.
-    std::thread::sleep(Duration::from_secs(9));
+    // The good jobs fired past the seconds judged (to 5 s after the turn),
+    // and every period of theirs up to then has ended: those of the broken
+    // group recovered past its lease.
+    let end = turned.trunc_subsecs(0) + TimeDelta::seconds(5);
+    let unsettled = format!(
+        "SELECT count(*) FROM scheduler_claims WHERE job LIKE 'good_' AND state = 'running' \
+         AND substr(period_key, 7) <= '{}'",
+        label(end)
+    );
+    eventually("the good jobs' periods to the end settled", || {
+        ran_past(&db.url, "good_", end + TimeDelta::seconds(1)) && count(&db.url, &unsettled) == 0
+    });
     assert_eq!(stop(server), 0);
     let twice = count(
         &db.url,
@@ -325,7 +370,13 @@ fn a_job_that_breaks_its_transaction_every_other_run_soon_runs_alone_for_good() 
     toml.push_str(&good_jobs(3));
     let ws = Workspace::new(&toml);
     let server = serve(&ws, &db.url);
-    std::thread::sleep(Duration::from_secs(16));
+    // Fourteen seconds of the good jobs' fires.
+    eventually("fourteen seconds run", || {
+        count(
+            &db.url,
+            "SELECT count(DISTINCT substr(period_key, length(period_key) - 19)) FROM burst_runs",
+        ) >= 14
+    });
     assert_eq!(stop(server), 0);
     // Periods of the good jobs a broken shared transaction took down, and
     // that were recovered after the lease: a few transactions' worth (each
@@ -370,12 +421,14 @@ fn the_statements_of_a_group_plan_as_the_session_would_the_groups_own_generic() 
     }
     let ws = Workspace::new(&toml);
     let server = serve(&ws, &db.url);
-    let until = std::time::Instant::now() + Duration::from_secs(30);
     // Enough runs for the jobs to prove quick and share a transaction.
-    while count(&db.url, "SELECT count(*) FROM burst_runs") < 12 {
-        assert!(std::time::Instant::now() < until, "the jobs did not run");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    assert!(
+        polled(POLL, Duration::from_secs(30), || count(
+            &db.url,
+            "SELECT count(*) FROM burst_runs"
+        ) >= 12),
+        "the jobs did not run"
+    );
     assert_eq!(stop(server), 0);
     let other = count(
         &db.url,
@@ -407,13 +460,14 @@ fn templated_jobs_a_little_slow_share_few_transactions_from_their_first_fire() {
     }
     let ws = Workspace::new(&toml);
     let server = serve(&ws, &db.url);
-    let first_fire = "SELECT count(*) FROM burst_runs";
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    while count(&db.url, first_fire) == 0 {
-        assert!(std::time::Instant::now() < until, "nothing ran");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(4));
+    let fired =
+        "SELECT count(DISTINCT substr(period_key, length(period_key) - 19)) FROM burst_runs";
+    assert!(
+        polled(POLL, Duration::from_secs(30), || count(&db.url, fired) > 0),
+        "nothing ran"
+    );
+    // Five fires: the first and four more.
+    eventually("five fires", || count(&db.url, fired) >= 5);
     assert_eq!(stop(server), 0);
     // Per fire: how many of the 40 ran, and in how many transactions
     // (the first fire included). A transaction each would be 40; a
@@ -458,11 +512,13 @@ fn a_burst_whose_job_another_transaction_is_claiming_runs_its_periods_once_the_c
     }
     let ws = Workspace::new(&toml);
     let server = serve(&ws, &db.url);
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    while count(&db.url, "SELECT count(*) FROM burst_runs") == 0 {
-        assert!(std::time::Instant::now() < until, "nothing ran");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert!(
+        polled(POLL, Duration::from_secs(30), || count(
+            &db.url,
+            "SELECT count(*) FROM burst_runs"
+        ) > 0),
+        "nothing ran"
+    );
     // Job b's lock held for 3 s by another transaction, as another
     // replica's claim (or anything stuck) holds it: its fires meanwhile are
     // asked for again until they can be decided, and the jobs before and
@@ -486,7 +542,20 @@ fn a_burst_whose_job_another_transaction_is_claiming_runs_its_periods_once_the_c
     });
     let held = held_rx.recv().unwrap();
     let released = holder.join().unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // Every job has run each second judged (to 4 s after the lock), and
+    // fired a second past them; the assertions below say what is missing.
+    let end = held.trunc_subsecs(0) + TimeDelta::seconds(4);
+    let judged = format!(
+        "SELECT count(DISTINCT period_key) FROM burst_runs WHERE substr(period_key, 3) BETWEEN '{}' AND '{}'",
+        label(held.trunc_subsecs(0) + TimeDelta::seconds(1)),
+        label(end)
+    );
+    polled(POLL, BOUND, || {
+        ["a", "b", "c"]
+            .iter()
+            .all(|job| ran_past(&db.url, job, end + TimeDelta::seconds(1)))
+            && count(&db.url, &judged) == 3 * 4
+    });
     assert_eq!(stop(server), 0);
     let mut second = held.trunc_subsecs(0) + TimeDelta::seconds(1);
     while second <= held + TimeDelta::seconds(4) {
@@ -544,7 +613,16 @@ fn a_statement_that_ends_its_own_connection_fails_its_period_and_is_not_recovere
     toml.push_str(&good_jobs(3));
     let ws = Workspace::new(&toml);
     let server = serve(&ws, &db.url);
-    std::thread::sleep(Duration::from_secs(8));
+    // Three periods of evil claimed longer ago than a lease (3 s) and two
+    // scans: any of them left running would have been recovered by now.
+    eventually("three periods of evil past their lease", || {
+        migrated(&db.url)
+            && count(
+                &db.url,
+                "SELECT count(*) FROM scheduler_attempts WHERE period_key LIKE 'evil:%' \
+                 AND attempt = 1 AND started_at < now() - interval '5 seconds'",
+            ) >= 3
+    });
     assert_eq!(stop(server), 0);
     // Each period of evil failed at its first attempt (no retries are
     // configured): none was left running for a recovery after its lease.

@@ -592,7 +592,9 @@ fn a_sighup_that_makes_a_period_due_earlier_runs_it_once() {
     };
     let ws = Workspace::new(&toml("1h"));
     let mut serve = Replica(Some(crate::serve::serve(&ws, &db.url)));
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    crate::support::eventually("serve serving", std::time::Duration::from_secs(60), || {
+        crate::support::logged(&ws, "serving", 1)
+    });
     // A fire of `h` delayed six seconds or more, three seconds away or more.
     let out = ws.run(&["next", "h", "-n", "30"]);
     let now = chrono::Utc::now();
@@ -611,6 +613,7 @@ fn a_sighup_that_makes_a_period_due_earlier_runs_it_once() {
             (jitter >= 6 && nominal - now >= TimeDelta::seconds(3)).then_some(nominal)
         })
         .unwrap_or_else(|| panic!("no fire delayed 6 s in:\n{}", out.stdout()));
+    // Scenario time: the clock reaching instants of the schedule.
     let until = |t: chrono::DateTime<chrono::Utc>| {
         let wait = (t - chrono::Utc::now()).to_std().unwrap_or_default();
         std::thread::sleep(wait);

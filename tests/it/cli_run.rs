@@ -7,7 +7,9 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::support::{Said, TestDb, Workspace, alive, databases, eventually, lines, wait};
+use crate::support::{
+    Said, TestDb, Workspace, alive, count, databases, eventually, lease_over, lines, wait,
+};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -110,7 +112,9 @@ fn a_killed_runner_holds_its_period_until_the_lease_ends_then_attempt_2_takes_it
             held.stdout()
         );
 
-        std::thread::sleep(Duration::from_millis(2500));
+        eventually("the lease to run out", BOUND, || {
+            lease_over(&db.url, "billing:2026-07")
+        });
         let taken = run(&ws, &db, &["--period", "2026-07"]);
         assert_eq!(taken.code(), 0, "{}", taken.stderr());
         assert!(
@@ -139,7 +143,9 @@ fn a_frozen_runner_cannot_overwrite_the_takeover_and_its_job_is_stopped() {
         let job_pid: i32 = lines(&pid_file)[0].parse().unwrap();
         let frozen_pid = Pid::from_raw(frozen.id() as i32);
         kill(frozen_pid, Signal::SIGSTOP).unwrap();
-        std::thread::sleep(Duration::from_millis(2500));
+        eventually("the frozen runner's lease to run out", BOUND, || {
+            lease_over(&db.url, "billing:2026-07")
+        });
 
         let takeover = run(&ws, &db, &["--period", "2026-07"]);
         assert!(
@@ -159,7 +165,8 @@ fn a_frozen_runner_cannot_overwrite_the_takeover_and_its_job_is_stopped() {
             Duration::from_secs(5),
             || !alive(job_pid),
         );
-        std::thread::sleep(Duration::from_secs(6));
+        // Its shell writes late.txt itself: gone, it has written it or
+        // never will.
         assert!(
             lines(ws.path().join("late.txt")).is_empty(),
             "the stopped job finished anyway"
@@ -707,7 +714,13 @@ fn status_history_and_prune_report_what_the_database_holds() {
         (Some("failed"), Some(1))
     );
 
-    std::thread::sleep(Duration::from_millis(1100));
+    eventually("both claims older than `keep`", BOUND, || {
+        count(
+            url,
+            "SELECT count(*) FROM scheduler_claims \
+             WHERE finished_at + 1000 < CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        ) == 2
+    });
     let pruned = ws.run(&["--database-url", url, "prune"]);
     assert!(
         pruned
@@ -917,7 +930,9 @@ fn status_says_paused_lease_expired_and_retries_exhausted_in_words() {
     });
     kill(Pid::from_raw(runner.id() as i32), Signal::SIGKILL).unwrap();
     wait(runner, BOUND);
-    std::thread::sleep(Duration::from_millis(1500));
+    eventually("the lease to run out", BOUND, || {
+        lease_over(&db.url, "billing:2026-07")
+    });
     assert_eq!(
         ws.run(&["--database-url", &db.url, "pause", "billing"])
             .code(),
@@ -977,8 +992,15 @@ fn run_job_takes_due_retries_and_released_claims_older_than_catch_up() {
     let released = wait(long, BOUND);
     assert_ne!(released.code(), 0, "{}", released.stderr());
     let first_long = lines(ws.path().join("long.txt"))[0].clone();
-    // Past the catch-up window of both periods.
-    std::thread::sleep(Duration::from_secs(4));
+    // Past the catch-up window of both periods, and the retry due.
+    eventually("both periods older than catch_up", BOUND, || {
+        count(
+            url,
+            "SELECT count(*) FROM scheduler_claims \
+             WHERE max(scheduled_at, period_end) + 2000 < CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+             AND (state <> 'failed' OR retry_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER))",
+        ) == 2
+    });
     let flaky_key = keys(&failed)[0].clone();
     for (job, key) in [("flaky", flaky_key), ("long", format!("long:{first_long}"))] {
         let plan = ws.run(&["--database-url", url, "run", job, "--dry-run"]);
@@ -1148,7 +1170,13 @@ fn a_forced_run_waits_for_a_row_another_transaction_holds_and_runs_it() {
         assert_eq!(locked, 1);
         let before = lines(ws.path().join("runs.txt")).len();
         let forced = start(&ws, &db, args);
-        std::thread::sleep(Duration::from_secs(2));
+        eventually("the forced run to wait for the lock", BOUND, || {
+            count(
+                &db.url,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ) > 0
+        });
         runtime.block_on(holder.commit()).unwrap();
         let forced = wait(forced, BOUND);
         assert_eq!(forced.code(), 0, "{}", forced.stderr());

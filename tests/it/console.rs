@@ -216,8 +216,9 @@ fn pausing_a_job_in_the_console_stops_its_fires() {
     let after_pause = format!(
         "SELECT count(*) FROM scheduler_claims WHERE period_key LIKE 'tick:%' AND scheduled_at > {seen}"
     );
-    // Three fires' time with none claimed.
-    std::thread::sleep(Duration::from_secs(3));
+    // Three fires of the paused job, by the loop's next-fire gauge, with
+    // none claimed.
+    crate::support::fired_on(addr, "tick", 3);
     assert_eq!(count(&db.url, &after_pause), 0, "a paused job fired");
     let paused = count(&db.url, ticks);
     browser.click(".job[data-job=tick] button[data-action=resume]");

@@ -14,8 +14,8 @@ use std::time::Duration;
 use chrono::{Datelike, Utc};
 
 use crate::support::{
-    Said, TestDb, Workspace, databases, eventually, http_get, lines, listening_at, proxied,
-    serve_log, wait,
+    Said, TestDb, Workspace, databases, eventually, http_get, lines, listening_at, polled, proxied,
+    serve_log, wait, within,
 };
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -53,18 +53,17 @@ fn peak_rss(pid: u32) -> Option<u64> {
 /// Waits for `child` to end, sampling its peak memory; returns the exit
 /// code and the largest peak seen.
 fn wait_sampling(mut child: Child) -> (i32, u64) {
-    let start = std::time::Instant::now();
     let mut peak = 0;
-    loop {
+    let mut code = None;
+    let ended = polled(Duration::from_millis(10), BOUND * 3, || {
         if let Some(rss) = peak_rss(child.id()) {
             peak = peak.max(rss);
         }
-        if let Some(status) = child.try_wait().unwrap() {
-            return (status.code().unwrap_or(-1), peak);
-        }
-        assert!(start.elapsed() < BOUND * 3, "still running");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        code = child.try_wait().unwrap().map(|s| s.code().unwrap_or(-1));
+        code.is_some()
+    });
+    assert!(ended, "still running");
+    (code.unwrap_or(-1), peak)
 }
 
 const MEMORY_BOUND: u64 = 100 * 1024 * 1024;
@@ -273,8 +272,25 @@ fn a_manual_run_without_a_free_slot_exits_1_and_wait_waits_for_one() {
         );
         assert_eq!(lines(&runs), ["2026-07"], "{url}");
 
-        let waiting = start(&["--period", "2026-08", "--wait"]);
-        std::thread::sleep(Duration::from_millis(300));
+        let said = ws.path().join("waiting.log");
+        let waiting = ws
+            .command(&[
+                "--database-url",
+                url,
+                "run",
+                "billing",
+                "--period",
+                "2026-08",
+                "--wait",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&said).unwrap())
+            .spawn()
+            .unwrap();
+        eventually("the run to wait for a slot", BOUND, || {
+            std::fs::read_to_string(&said)
+                .is_ok_and(|l| l.contains("waiting for a free concurrency slot"))
+        });
         std::fs::write(ws.path().join("go"), "").unwrap();
         let first = wait(first, BOUND);
         assert_eq!(first.code(), 0, "{url}: {}", first.stderr());
@@ -809,11 +825,13 @@ fn slow_clients_that_never_send_a_head_keep_no_probe_out() {
         http_get(&addr, "/healthz").starts_with("HTTP/1.1 200")
     });
     let stop = AtomicBool::new(false);
+    let holding = AtomicUsize::new(0);
     let answers: Vec<String> = std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
                 // 50 slow clients each, every one reopened once closed.
                 let mut held: Vec<TcpStream> = Vec::new();
+                let mut counted = 0;
                 while !stop.load(Ordering::Relaxed) {
                     held.retain(|c| {
                         let mut byte = [0u8; 1];
@@ -830,14 +848,23 @@ fn slow_clients_that_never_send_a_head_keep_no_probe_out() {
                             Err(_) => break,
                         }
                     }
+                    if counted < held.len() {
+                        holding.fetch_add(held.len() - counted, Ordering::SeqCst);
+                        counted = held.len();
+                    }
+                    // Scenario time: the clients' pace at reopening.
                     std::thread::sleep(Duration::from_millis(50));
                 }
             });
         }
-        std::thread::sleep(Duration::from_secs(2));
+        // The 200 slow clients opened.
+        eventually("the slow clients", BOUND, || {
+            holding.load(Ordering::SeqCst) >= 200
+        });
         let answers = (0..12)
             .map(|_| {
                 let answer = http_get(&addr, "/healthz");
+                // Scenario time: a probe's pace, while the clients churn.
                 std::thread::sleep(Duration::from_millis(300));
                 answer
             })
@@ -890,15 +917,11 @@ fn while_the_database_is_away_healthz_stays_200_and_readyz_answers_503_naming_it
     proxy.cut();
     let mut last = String::new();
     let mut alive = Vec::new();
-    let start = std::time::Instant::now();
-    while start.elapsed() < BOUND {
+    within(BOUND, || {
         alive.push(http_get(&addr, "/healthz"));
         last = http_get(&addr, "/readyz");
-        if last.starts_with("HTTP/1.1 503") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        last.starts_with("HTTP/1.1 503")
+    });
     assert_says(&last, &["HTTP/1.1 503", "database"]);
     alive.push(http_get(&addr, "/healthz"));
     for answer in &alive {

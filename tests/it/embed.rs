@@ -155,11 +155,21 @@ fn a_code_job_runs_each_period_once_across_two_processes() {
                 .unwrap()
         };
         // The second starts once the first has made the file (two programs
-        // creating one SQLite file at once race to switch it to WAL).
+        // creating one SQLite file at once race to switch it to WAL): its
+        // write-ahead log is there, or its tables on PostgreSQL.
         let first = start();
-        std::thread::sleep(Duration::from_millis(500));
+        let made = || match db.url.strip_prefix("sqlite://") {
+            Some(file) => std::path::Path::new(&format!("{file}-wal")).exists(),
+            None => crate::support::migrated(&db.url),
+        };
+        crate::support::eventually("the first copy's database", Duration::from_secs(60), made);
         let copies = [first, start()];
-        std::thread::sleep(Duration::from_millis(5000));
+        // Four periods run by the copies.
+        crate::support::eventually("four periods", Duration::from_secs(60), || {
+            crate::support::migrated(&db.url)
+                && crate::support::count(&db.url, "SELECT count(DISTINCT period_key) FROM ticks")
+                    >= 4
+        });
         for copy in &copies {
             let pid = nix::unistd::Pid::from_raw(copy.id() as i32);
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();

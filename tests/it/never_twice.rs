@@ -10,10 +10,10 @@ use chrono::Utc;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::serve::{serve, signal, stop};
+use crate::serve::{serve, serve_listening, signal, stop};
 use crate::support::{
-    Said, TestDb, Workspace, alive, count, databases, eventually, http_get, lines, listening_at,
-    proxied, serve_log, wait,
+    Said, TestDb, Workspace, alive, count, databases, eventually, fired_on, http_get, lines,
+    listening_at, logged, more_lines, proxied, serve_log, ticker, wait, within,
 };
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -69,7 +69,8 @@ fn release_of_a_period_serve_runs_stops_the_old_job_and_never_runs_two_at_once()
         let ws = Workspace::new(
             &("[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
                 .to_owned()
-                + &overlap_job("long")),
+                + &overlap_job("long")
+                + &ticker("tick", "ticks.txt")),
         );
         let server = serve(&ws, &db.url);
         eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
@@ -91,7 +92,8 @@ fn release_of_a_period_serve_runs_stops_the_old_job_and_never_runs_two_at_once()
             at.elapsed()
         );
         eventually("the recovery", BOUND, || starts(&ws, "long").len() == 2);
-        std::thread::sleep(Duration::from_secs(4));
+        // No third start while the loop fires four more times.
+        more_lines(ws.path().join("ticks.txt"), 4);
         assert_eq!(
             starts(&ws, "long").len(),
             2,
@@ -112,15 +114,16 @@ fn a_database_cut_longer_than_the_lease_stops_the_job_and_the_period_runs_once_m
     let ws = Workspace::new(
         &("[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
             .to_owned()
-            + &overlap_job("long")),
+            + &overlap_job("long")
+            + &ticker("tick", "ticks.txt")),
     );
     let server = serve(&ws, &url);
     eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
     let (_, first) = starts(&ws, "long")[0];
     proxy.cut();
-    // The lease is 6 s; the runner stops its job 4 s after its last renewal.
-    std::thread::sleep(Duration::from_secs(10));
-    let stopped = !alive(first);
+    // The lease is 6 s; the runner stops its job 4 s after its last
+    // renewal: within 10 s of the cut.
+    let stopped = within(Duration::from_secs(10), || !alive(first));
     proxy.restore();
     assert!(
         stopped,
@@ -128,7 +131,8 @@ fn a_database_cut_longer_than_the_lease_stops_the_job_and_the_period_runs_once_m
         log(&ws)
     );
     eventually("the recovery", BOUND, || starts(&ws, "long").len() == 2);
-    std::thread::sleep(Duration::from_secs(3));
+    // No third start while the loop fires three more times.
+    more_lines(ws.path().join("ticks.txt"), 3);
     assert_eq!(starts(&ws, "long").len(), 2);
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
     assert_eq!(stop(server), 0);
@@ -165,7 +169,7 @@ fn a_fenced_job_whose_supervisor_is_frozen_is_dead_before_another_replica_takes_
     let old_alive = alive(first);
     let _ = kill(Pid::from_raw(supervisor), Signal::SIGCONT);
     proxy.restore();
-    std::thread::sleep(Duration::from_secs(1));
+    // An overlap is written before the takeover's start line.
     assert!(!old_alive, "the old job was alive at the takeover");
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
     assert_eq!(stop(other), 0);
@@ -192,8 +196,10 @@ fn a_job_lives_through_database_outages_shorter_than_its_lease() {
     let (_, first) = starts(&ws, "long")[0];
     for _ in 0..5 {
         proxy.cut();
+        // Scenario time: an outage of 1.5 s.
         std::thread::sleep(Duration::from_millis(1500));
         proxy.restore();
+        // Scenario time: the gap that moves the next outage's phase.
         std::thread::sleep(Duration::from_millis(2200));
     }
     let log = log(&ws);
@@ -221,7 +227,18 @@ fn long_sql_actions_never_let_another_process_take_a_live_shell_claim() {
     eventually("the shell job", BOUND, || {
         !lines(ws.path().join("runs.txt")).is_empty()
     });
-    std::thread::sleep(Duration::from_secs(10));
+    // Past the lease the shell claim holds now: unless renewed meanwhile,
+    // it has run out.
+    let lease_until = count(
+        &db.url,
+        "SELECT (extract(epoch FROM lease_until) * 1000)::bigint FROM scheduler_claims WHERE job = 'cmd'",
+    );
+    eventually("the shell claim's lease to be past", BOUND, || {
+        count(
+            &db.url,
+            &format!("SELECT (now() > to_timestamp({lease_until} / 1000.0))::int::bigint"),
+        ) == 1
+    });
     let other = ws.run(&[
         "--database-url",
         &db.url,
@@ -257,9 +274,11 @@ fn sighup_raising_and_lowering_max_running_then_sigterm_exits_in_the_grace_and_r
             .filter(|j| !starts(ws, j).is_empty())
             .count()
     };
-    let server = serve(&ws, &db.url);
+    let (server, addr) = serve_listening(&ws, &db.url, &[]);
     eventually("two jobs", BOUND, || running(&ws) == 2);
-    std::thread::sleep(Duration::from_secs(2));
+    // The loop fires the third job on every second: three of its fires
+    // start none of it.
+    fired_on(&addr, "c", 3);
     assert_eq!(running(&ws), 2, "max_running = 2 holds");
     std::fs::write(ws.path().join("jobs.toml"), jobs(8)).unwrap();
     signal(&server, Signal::SIGHUP);
@@ -268,7 +287,7 @@ fn sighup_raising_and_lowering_max_running_then_sigterm_exits_in_the_grace_and_r
     });
     std::fs::write(ws.path().join("jobs.toml"), jobs(1)).unwrap();
     signal(&server, Signal::SIGHUP);
-    std::thread::sleep(Duration::from_secs(1));
+    eventually("the second reload", BOUND, || logged(&ws, "reloaded", 2));
     signal(&server, Signal::SIGTERM);
     let out = wait(server, Duration::from_secs(30));
     assert_eq!(out.code(), 0, "{}", log(&ws));
@@ -292,19 +311,21 @@ fn sighup_shortening_the_lease_while_a_job_runs_starts_no_second_attempt() {
             "[scheduler]\nlease = \"{lease}\"\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n"
         )
     };
-    let ws = Workspace::new(&(settings("60s") + &overlap_job("early")));
+    let tick = ticker("tick", "ticks.txt");
+    let ws = Workspace::new(&(settings("60s") + &overlap_job("early") + &tick));
     let server = serve(&ws, &db.url);
     eventually("the first job", BOUND, || !starts(&ws, "early").is_empty());
     // The shorter lease applies to the running claim's renewals and to the
     // claim of a job added by the same reload.
     std::fs::write(
         ws.path().join("jobs.toml"),
-        settings("3s") + &overlap_job("early") + &overlap_job("late"),
+        settings("3s") + &overlap_job("early") + &overlap_job("late") + &tick,
     )
     .unwrap();
     signal(&server, Signal::SIGHUP);
     eventually("the added job", BOUND, || !starts(&ws, "late").is_empty());
-    std::thread::sleep(Duration::from_secs(9));
+    // Three of the short leases, counted in the loop's fires.
+    more_lines(ws.path().join("ticks.txt"), 9);
     let runs = lines(ws.path().join("runs.txt"));
     assert_eq!(starts(&ws, "early").len(), 1, "{runs:?}");
     assert_eq!(starts(&ws, "late").len(), 1, "{runs:?}");
@@ -357,12 +378,8 @@ fn assert_trees_die_with(runners: Vec<Child>, base: u32) {
         signal(&runner, Signal::SIGKILL);
         wait(runner, BOUND);
     }
-    let left = || all_sleeps(base);
-    let at = Instant::now();
-    while !left().is_empty() && at.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let survivors = left();
+    within(Duration::from_secs(10), || all_sleeps(base).is_empty());
+    let survivors = all_sleeps(base);
     for pid in &survivors {
         let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
     }
@@ -602,11 +619,20 @@ fn a_hand_run_interrupted_while_it_waits_behind_a_release_exits_1() {
     let today = today();
     let args = ["--database-url", &db.url, "run", "long", "--period", &today];
     let frozen = frozen_and_released(&ws, &args);
-    let waiting = start(&ws, &args);
-    std::thread::sleep(Duration::from_secs(2));
+    let waiting_log = ws.path().join("waiting.log");
+    let waiting = ws
+        .command(&args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&waiting_log).unwrap())
+        .spawn()
+        .unwrap();
+    let said = || std::fs::read_to_string(&waiting_log).unwrap_or_default();
+    eventually("the hand run to wait behind the release", BOUND, || {
+        said().contains("waiting for the run elsewhere")
+    });
     signal(&waiting, Signal::SIGTERM);
     let out = wait(waiting, BOUND);
-    assert_eq!(out.code(), 1, "{}{}", out.stdout(), out.stderr());
+    assert_eq!(out.code(), 1, "{}{}", out.stdout(), said());
     assert!(out.stdout().contains("interrupted"), "{}", out.stdout());
     assert_eq!(starts(&ws, "long").len(), 1);
     signal(&frozen, Signal::SIGKILL);
@@ -675,8 +701,8 @@ fn kill_9_of_a_jobs_supervisor_leaves_nothing_of_its_tree_running_beside_the_nex
         Duration::from_secs(10),
         || !alive(shell),
     );
+    // An overlap is written before the retry's start line.
     eventually("the retry", BOUND, || starts(&ws, "long").len() == 2);
-    std::thread::sleep(Duration::from_secs(1));
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
     assert_eq!(stop(server), 0);
 }
@@ -706,13 +732,21 @@ fn a_stopped_sql_action_on_postgres_is_cancelled_on_the_server() {
         &today(),
     ]);
     assert_eq!(released.code(), 0, "{}", released.stderr());
-    // The recovery starts a second statement only after the first is gone.
-    let until = Instant::now() + Duration::from_secs(6);
+    // The recovery starts a second statement only after the first is gone:
+    // watched until the recovery's statement runs.
+    let recovering = || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_attempts WHERE job = 'ss' AND attempt = 2",
+        ) == 1
+    };
     let mut most = 0;
-    while Instant::now() < until {
-        most = most.max(sleeping());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually("the recovery's statement", BOUND, || {
+        let now = sleeping();
+        most = most.max(now);
+        now == 1 && recovering()
+    });
+    most = most.max(sleeping());
     assert_eq!(
         most,
         1,
@@ -759,7 +793,9 @@ fn sigterm_while_the_database_path_is_stalled_exits_after_the_grace() {
     let server = serve(&ws, &url);
     eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
     proxy.stall();
-    std::thread::sleep(Duration::from_secs(1));
+    eventually("serve to wait on the stalled path", BOUND, || {
+        proxy.held() > 0
+    });
     signal(&server, Signal::SIGTERM);
     let out = wait(server, Duration::from_secs(45));
     assert_eq!(out.code(), 0, "{}", log(&ws));
@@ -799,14 +835,19 @@ fn a_sighup_while_serve_connects_does_not_end_it() {
             + &overlap_job("long")),
     );
     let mut server = serve(&ws, &url);
-    std::thread::sleep(Duration::from_secs(1));
+    eventually("serve to connect through the stalled path", BOUND, || {
+        proxy.held() > 0
+    });
     signal(&server, Signal::SIGHUP);
-    std::thread::sleep(Duration::from_millis(500));
+    proxy.restore();
+    // The SIGHUP is taken once serve runs: it reloads, or it ended.
+    eventually("the reload the SIGHUP asked for", BOUND, || {
+        logged(&ws, "reloaded", 1) || server.try_wait().unwrap().is_some()
+    });
     assert!(
         server.try_wait().unwrap().is_none(),
         "serve ended on a SIGHUP while it connected"
     );
-    proxy.restore();
     eventually("attempt 1", BOUND, || starts(&ws, "long").len() == 1);
     assert_eq!(stop(server), 0);
 }
@@ -823,23 +864,28 @@ fn a_sighup_while_serve_reads_its_jobs_does_not_end_it() {
         })
         .collect();
     let ws = Workspace::new(&jobs);
+    let size = std::fs::metadata(ws.path().join("jobs.toml"))
+        .unwrap()
+        .len();
     let mut server = serve(&ws, &db.url);
-    // The signal comes once the program's own code runs, while it reads
-    // jobs.toml (the C library mapped, then a moment for its start).
-    let maps = format!("/proc/{}/maps", server.id());
-    eventually("the program loaded", BOUND, || {
-        std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc"))
+    // The signal comes once the program has read jobs.toml, while it
+    // parses it: its read bytes are past the file's size.
+    let io = format!("/proc/{}/io", server.id());
+    eventually("jobs.toml read", BOUND, || {
+        std::fs::read_to_string(&io)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("rchar: ")?.parse::<u64>().ok())
+            .is_some_and(|read| read >= size)
     });
-    std::thread::sleep(Duration::from_millis(100));
     signal(&server, Signal::SIGHUP);
-    std::thread::sleep(Duration::from_millis(500));
+    eventually("serve ready, or ended", BOUND, || {
+        logged(&ws, "serving", 1) || server.try_wait().unwrap().is_some()
+    });
     assert!(
         server.try_wait().unwrap().is_none(),
         "serve ended on a SIGHUP while it read jobs.toml"
     );
-    eventually("serve ready", BOUND, || {
-        std::fs::read_to_string(ws.path().join("serve.log")).is_ok_and(|l| l.contains("serving"))
-    });
     assert_eq!(stop(server), 0);
 }
 
@@ -867,10 +913,18 @@ fn a_fire_that_comes_due_while_sighup_rereads_jobs_toml_still_runs() {
     for n in 1..=3 {
         signal(&server, Signal::SIGHUP);
         eventually("the reload", BOUND, || reloads() == n);
+        // Scenario time: the next reload starts at another phase of the
+        // second.
         std::thread::sleep(Duration::from_millis(700));
     }
     let last = Utc::now();
-    std::thread::sleep(Duration::from_secs(4));
+    // Four seconds of fires past the last reload.
+    let past = last + chrono::TimeDelta::seconds(4);
+    eventually("fires past the reloads", BOUND, || {
+        lines(&runs)
+            .iter()
+            .any(|l| l.parse::<chrono::DateTime<Utc>>().is_ok_and(|t| t >= past))
+    });
     assert_eq!(stop(server), 0);
     let mut seconds: Vec<chrono::DateTime<Utc>> = lines(&runs)
         .iter()
@@ -909,7 +963,11 @@ fn fires_of_a_job_removed_by_sighup_that_wait_for_a_slot_start_nothing() {
         std::fs::read_to_string(ws.path().join("serve.log")).is_ok_and(|l| l.contains("reloaded"))
     });
     let before = lines(&runs).len();
-    std::thread::sleep(Duration::from_secs(3));
+    // Six more runs through the one slot (3 s of them): the backlog's
+    // fires of removed jobs would have come first.
+    eventually("six runs since the reload", BOUND, || {
+        lines(&runs).len() >= before + 6
+    });
     assert_eq!(stop(server), 0);
     let after = lines(&runs);
     let removed: Vec<&String> = after[before..]
@@ -942,7 +1000,13 @@ fn run_job_retries_a_failed_period_whose_retry_is_due() {
     ]);
     assert_eq!(failed.code(), 1, "{}", failed.stdout());
     std::fs::remove_file(ws.path().join("fail")).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    eventually("the retry to be due", BOUND, || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'tick' AND state = 'failed' \
+             AND retry_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        ) == 1
+    });
     let again = ws.run(&["--database-url", &db.url, "run", "tick"]);
     assert_eq!(again.code(), 0, "{}{}", again.stdout(), again.stderr());
     assert!(
@@ -972,14 +1036,18 @@ fn serve_runs_on_when_nothing_reads_its_log() {
     let mut first = String::new();
     reader.read_line(&mut first).unwrap();
     drop(reader);
-    std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(stop(server), 0);
     let count = |outcome: &str| {
         count(
             &db.url,
             &format!("SELECT count(*) FROM scheduler_attempts WHERE outcome = '{outcome}'"),
         )
     };
+    // Runs, each of them logged, after the reader went away (at the first
+    // line, maybe before the store's tables were made).
+    eventually("four runs without a log reader", BOUND, || {
+        crate::support::migrated(&db.url) && count("succeeded") >= 4
+    });
+    assert_eq!(stop(server), 0);
     assert!(count("succeeded") >= 4, "{} succeeded", count("succeeded"));
     assert_eq!((count("lost"), count("running")), (0, 0));
 }
@@ -1011,6 +1079,7 @@ fn a_stalled_database_never_stops_the_serve_loop() {
     while Instant::now() < until {
         answers.push(http_get(&addr, "/healthz"));
         answers.push(http_get(&addr, "/readyz"));
+        // Scenario time: probes at a probe's pace through the 12 s stall.
         std::thread::sleep(Duration::from_millis(250));
     }
     proxy.restore();
@@ -1045,11 +1114,32 @@ fn a_lease_shortened_by_sighup_still_stops_a_frozen_runners_job_before_the_takeo
     signal(&first, Signal::SIGHUP);
     // A renewal with the short lease, then the runner freezes: its job's
     // supervisor must stop the job before that lease runs out.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Two of them: the first is passed on to the supervisor by the time
+    // the second is written.
+    let lease_until = || {
+        count(
+            &db.url,
+            "SELECT lease_until FROM scheduler_claims WHERE job = 'long' AND state = 'running'",
+        )
+    };
+    let now = || {
+        count(
+            &db.url,
+            "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        )
+    };
+    let mut short = 0;
+    eventually("a renewal with the short lease", BOUND, || {
+        short = lease_until();
+        short > 0 && short <= now() + 3000
+    });
+    eventually("a second renewal with the short lease", BOUND, || {
+        lease_until() > short
+    });
     signal(&first, Signal::SIGSTOP);
     let second = serve(&ws, &db.url);
+    // An overlap is written before the takeover's start line.
     eventually("the takeover", BOUND, || starts(&ws, "long").len() == 2);
-    std::thread::sleep(Duration::from_secs(1));
     assert!(!overlapped(&ws), "{:?}", lines(ws.path().join("runs.txt")));
     signal(&first, Signal::SIGKILL);
     wait(first, BOUND);

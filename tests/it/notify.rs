@@ -10,7 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::serve::stop;
-use crate::support::{Said, TestDb, Workspace, count, databases, eventually};
+use crate::support::{Said, TestDb, Workspace, count, databases, eventually, within};
+
+/// A SQLite condition on a row's `scheduled_at`: the deadline of 1 s after
+/// it has passed, by the database's clock.
+const PAST_DEADLINE: &str = "scheduled_at + 1000 < CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// One request the receiver got.
 #[derive(Debug, Clone)]
@@ -74,8 +78,8 @@ impl Receiver {
 }
 
 /// Reads one request from `stream`, notes it in `seen`, and answers with
-/// the next status of `script` (200 once it is spent; 0: no answer for a
-/// minute, a receiver that hangs).
+/// the next status of `script` (200 once it is spent; 0: no answer at all,
+/// a receiver that hangs until the sender gives up).
 fn answer(stream: std::net::TcpStream, seen: &Mutex<Vec<Got>>, script: &Mutex<VecDeque<u16>>) {
     let mut reader = BufReader::new(stream);
     let mut headers = HashMap::new();
@@ -100,7 +104,7 @@ fn answer(stream: std::net::TcpStream, seen: &Mutex<Vec<Got>>, script: &Mutex<Ve
     seen.lock().unwrap().push(Got { headers, body });
     let status = script.lock().unwrap().pop_front().unwrap_or(200);
     if status == 0 {
-        std::thread::sleep(Duration::from_secs(60));
+        let _ = reader.read_to_end(&mut Vec::new());
         return;
     }
     let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
@@ -131,12 +135,24 @@ fn late_is_told_once_per_missed_period_by_three_replicas_started_together() {
         // Seen, and its latest period run; then nothing runs for 4 s.
         let first = ws.run(&["--database-url", &db.url, "run", "tick"]);
         assert_eq!(first.code(), 0, "{}", first.stderr());
+        // Scenario time: the downtime whose periods go late.
         std::thread::sleep(Duration::from_secs(4));
         let replicas: Vec<Child> = (0..3).map(|_| serve(&ws, &db)).collect();
         eventually("three late periods told", Duration::from_secs(30), || {
             hook.events("late").len() >= 3
         });
-        std::thread::sleep(Duration::from_secs(2));
+        // A second told twice would come while the replicas run on: two
+        // more of their periods.
+        let ticked = || {
+            count(
+                &db.url,
+                "SELECT count(*) FROM scheduler_attempts WHERE job = 'tick' AND outcome = 'succeeded'",
+            )
+        };
+        let now = ticked();
+        eventually("two more runs", Duration::from_secs(60), || {
+            ticked() >= now + 2
+        });
         for replica in replicas {
             stop(replica);
         }
@@ -212,7 +228,18 @@ fn late_tells_the_last_failure_of_a_period_with_retries_left() {
     let db = TestDb::sqlite();
     let first = ws.run(&["--database-url", &db.url, "run", "flaky"]);
     assert_eq!(first.code(), 1, "{}", first.stderr());
-    std::thread::sleep(Duration::from_secs(3));
+    eventually(
+        "the failed period's deadline",
+        Duration::from_secs(60),
+        || {
+            count(
+                &db.url,
+                &format!(
+                    "SELECT count(*) FROM scheduler_claims WHERE job = 'flaky' AND {PAST_DEADLINE}"
+                ),
+            ) == 1
+        },
+    );
     let second = ws.run(&["--database-url", &db.url, "run", "flaky"]);
     assert_eq!(second.code(), 1, "{}", second.stderr());
     let late = hook.events("late");
@@ -242,6 +269,7 @@ fn run_alone_tells_late_and_recovered_of_a_period_it_caught_up_late() {
         ws.run(&["--database-url", &db.url, "run", "tick"]).code(),
         0
     );
+    // Scenario time: the downtime whose periods go late.
     std::thread::sleep(Duration::from_secs(3));
     let caught_up = ws.run(&["--database-url", &db.url, "run", "tick"]);
     assert_eq!(caught_up.code(), 0, "{}", caught_up.stderr());
@@ -387,7 +415,13 @@ fn a_delivery_whose_replica_is_killed_is_delivered_by_another_with_the_same_key(
         Duration::from_secs(30),
         || hook.got().len() >= 2,
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // Recorded delivered: nobody tries it again.
+    eventually("the delivery recorded", Duration::from_secs(30), || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_notifications WHERE state = 'delivered'",
+        ) == 1
+    });
     stop(other);
     let got = hook.got();
     assert_eq!(got.len(), 2, "{got:?}");
@@ -421,7 +455,8 @@ fn a_receiver_that_hangs_delays_no_fire_no_heartbeat_and_no_shutdown() {
         ws.run(&["--database-url", &db.url, "run", "tick"]).code(),
         0
     );
-    // Late periods to tell, to a receiver that never answers.
+    // Scenario time: the downtime whose periods go late, to be told to a
+    // receiver that never answers.
     std::thread::sleep(Duration::from_secs(3));
     let replica = serve(&ws, &db);
     eventually("a delivery under way", Duration::from_secs(20), || {
@@ -434,19 +469,12 @@ fn a_receiver_that_hangs_delays_no_fire_no_heartbeat_and_no_shutdown() {
             .count()
     };
     let before = ticks();
-    std::thread::sleep(Duration::from_secs(8));
+    within(Duration::from_secs(8), || ticks() >= before + 6);
     assert!(
         ticks() >= before + 6,
         "fires stalled: {} then {}",
         before,
         ticks()
-    );
-    let stopping = std::time::Instant::now();
-    assert_eq!(stop(replica), 0);
-    assert!(
-        stopping.elapsed() < Duration::from_secs(30),
-        "shutdown waited for the receiver past its send timeout: {:?}",
-        stopping.elapsed()
     );
     let long = |outcome: &str| {
         count(
@@ -454,6 +482,17 @@ fn a_receiver_that_hangs_delays_no_fire_no_heartbeat_and_no_shutdown() {
             &format!("SELECT count(*) FROM scheduler_attempts WHERE job = 'long' AND {outcome}"),
         )
     };
+    // Two long runs have had their heartbeats renewed through to the end.
+    within(Duration::from_secs(60), || {
+        long("outcome = 'succeeded'") >= 2
+    });
+    let stopping = std::time::Instant::now();
+    assert_eq!(stop(replica), 0);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(30),
+        "shutdown waited for the receiver past its send timeout: {:?}",
+        stopping.elapsed()
+    );
     assert!(long("outcome = 'succeeded'") >= 2, "no long run finished");
     assert_eq!(
         long("(attempt > 1 OR outcome = 'lost')"),
@@ -621,7 +660,18 @@ fn a_period_waiting_past_its_deadline_is_told_late_with_what_it_waits_for() {
         "{}",
         first.stdout()
     );
-    std::thread::sleep(Duration::from_secs(3));
+    eventually(
+        "the waiting period's deadline",
+        Duration::from_secs(60),
+        || {
+            count(
+                &db.url,
+                &format!(
+                    "SELECT count(*) FROM scheduler_waiting WHERE job = 'rollup' AND {PAST_DEADLINE}"
+                ),
+            ) == 1
+        },
+    );
     let second = ws.run(&["--database-url", &db.url, "run", "rollup"]);
     assert_eq!(second.code(), 0, "{}", second.stderr());
     let told = hook
@@ -689,7 +739,15 @@ fn a_notifier_taken_out_and_put_back_still_sends_what_it_owed() {
     // The one try times out with the run's budget: the row stays pending.
     assert_eq!(run("2025").code(), 1);
     assert_eq!(hanging.got().len(), 1);
-    std::thread::sleep(Duration::from_millis(1_500));
+    // Its next try due: a run now takes it up, or would give it up.
+    eventually("the pending try due", Duration::from_secs(60), || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_notifications WHERE notifier = 'oncall' \
+             AND ((state = 'pending' AND next_try_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
+             OR (state = 'sending' AND lease_until < CAST(unixepoch('subsec') * 1000 AS INTEGER)))",
+        ) == 1
+    });
     std::fs::write(
         ws.path().join("jobs.toml"),
         format!("{job}{}", notifier("other", other.url())),

@@ -10,7 +10,9 @@ use chrono::{DateTime, TimeDelta, Timelike, Utc};
 use serde_json::Value;
 
 use crate::serve::{serve, stop};
-use crate::support::{Said, TestDb, Workspace, databases, eventually, lines};
+use crate::support::{
+    Said, TestDb, Workspace, databases, eventually, lines, logged, more_lines, ticker,
+};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -28,6 +30,20 @@ fn ok(ws: &Workspace, db: &TestDb, args: &[&str]) -> String {
 
 fn runs(ws: &Workspace) -> Vec<String> {
     lines(ws.path().join("runs.txt"))
+}
+
+/// A job beside the one under test whose fires count `serve`'s progress
+/// (in ticks.txt).
+fn witness() -> String {
+    ticker("witness", "ticks.txt")
+}
+
+/// Waits until the `serve` logging to the workspace's serve.log (the
+/// `times`-th to) has claimed what it owed at its start, and has fired the
+/// witness three more times since.
+fn served_a_while(ws: &Workspace, times: usize) {
+    eventually("serve serving", BOUND, || logged(ws, "serving", times));
+    more_lines(ws.path().join("ticks.txt"), 3);
 }
 
 /// A daily `billing` job in UTC whose fire was `ago` before now (its
@@ -53,7 +69,7 @@ fn a_moved_job_runs_nothing_the_earlier_system_ran_once_it_is_adopted() {
     for db in databases() {
         // Fired ten minutes ago: within catch_up, so a first run takes it.
         let (toml, label) = daily_fired(TimeDelta::minutes(10), "24h");
-        let ws = Workspace::new(&toml);
+        let ws = Workspace::new(&(toml + &witness()));
         let key = format!("billing:{label}");
         ok(&ws, &db, &["migrate"]);
         let status = ok(&ws, &db, &["status", "billing"]);
@@ -83,7 +99,7 @@ fn a_moved_job_runs_nothing_the_earlier_system_ran_once_it_is_adopted() {
             out.stdout()
         );
         let replica = serve(&ws, &db.url);
-        std::thread::sleep(Duration::from_secs(3));
+        served_a_while(&ws, 1);
         assert_eq!(stop(replica), 0);
         assert_eq!(runs(&ws), Vec::<String>::new(), "{}", db.url);
         let range = ok(
@@ -112,7 +128,7 @@ fn a_moved_job_runs_nothing_the_earlier_system_ran_once_it_is_adopted() {
 fn a_job_first_seen_after_its_latest_fire_left_catch_up_runs_nothing_until_its_next() {
     for db in databases() {
         let (toml, label) = daily_fired(TimeDelta::minutes(10), "5m");
-        let ws = Workspace::new(&toml);
+        let ws = Workspace::new(&(toml + &witness()));
         ok(&ws, &db, &["migrate"]);
         let status = ok(&ws, &db, &["status", "billing"]);
         assert!(
@@ -129,7 +145,7 @@ fn a_job_first_seen_after_its_latest_fire_left_catch_up_runs_nothing_until_its_n
             out.stderr()
         );
         let replica = serve(&ws, &db.url);
-        std::thread::sleep(Duration::from_secs(3));
+        served_a_while(&ws, 1);
         assert_eq!(stop(replica), 0);
         assert_eq!(runs(&ws), Vec::<String>::new(), "{}", db.url);
         let range = ok(
@@ -151,13 +167,13 @@ fn a_job_first_seen_after_its_latest_fire_left_catch_up_runs_nothing_until_its_n
 fn serve_and_run_job_seeing_a_job_first_together_run_its_latest_fire_once() {
     for db in databases() {
         let (toml, label) = daily_fired(TimeDelta::minutes(10), "24h");
-        let ws = Workspace::new(&toml);
+        let ws = Workspace::new(&(toml + &witness()));
         ok(&ws, &db, &["migrate"]);
         let replica = serve(&ws, &db.url);
         let out = said(&ws, &db, &["run", "billing"]);
         assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
         eventually("the latest fire runs", BOUND, || !runs(&ws).is_empty());
-        std::thread::sleep(Duration::from_secs(2));
+        served_a_while(&ws, 1);
         assert_eq!(stop(replica), 0);
         let ran = runs(&ws);
         assert_eq!(ran.len(), 1, "{ran:?} {}", db.url);
@@ -396,8 +412,14 @@ fn every_view_says_the_same_of_every_period() {
         });
         let server = Server::start(&ws, &db.url);
         // What serve takes at start (each job's latest fire within
-        // catch_up, as owed) is done before the views are read.
-        std::thread::sleep(Duration::from_secs(3));
+        // catch_up, as owed, claimed before it is ready) is done before the
+        // views are read.
+        eventually("serve's start-up runs done", BOUND, || {
+            crate::support::count(
+                &db.url,
+                "SELECT count(*) FROM scheduler_claims WHERE state = 'running' AND period_key <> 'slow:2026-10'",
+            ) == 0
+        });
         let next_day = (chrono::NaiveDate::parse_from_str(&today, "%Y-%m-%d").expect("a day")
             + chrono::Days::new(1))
         .to_string();
@@ -455,9 +477,16 @@ fn every_view_says_the_same_of_every_period() {
                     "{}/#/job/{job}?from={from}&to={to}",
                     server.base()
                 ));
+                // The whole range, of this job: the page before this
+                // one shows a whole range too, until it is redrawn.
+                let ends = serde_json::json!([cli.first().map(|c| &c.0), cli.last().map(|c| &c.0)]);
                 browser.until("the whole range", || {
                     let summary = browser.text("#range");
-                    summary.contains(':') && !summary.contains("reading")
+                    summary.contains(':')
+                        && !summary.contains("reading")
+                        && browser.eval(
+                            "const c = [...document.querySelectorAll('#grid .cell')].map(c => c.dataset.period); return [c[0], c[c.length - 1]];",
+                        ) == ends
                 });
                 let grid = browser.eval(
                     "return [...document.querySelectorAll('#grid .cell')].map(c => [c.dataset.period, c.dataset.state, c.dataset.late === 'true']);",
@@ -637,14 +666,16 @@ fn a_reload_that_gives_a_day_back_never_runs_a_fire_from_before_first_sight() {
                  holidays = [{holidays}]\n\n\
                  [[job]]\nname = \"hol\"\nschedule = \"0 * * * *\"\nperiod = \"hour\"\ncalendar = \"c\"\n\
                  shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n"
-            )
+            ) + &witness()
         };
         let off = format!("\"{}\", \"{}\"", today - chrono::Days::new(1), today);
         let ws = Workspace::new(&days(&off));
         let replica = serve(&ws, &db.url);
         eventually("the first sighting", BOUND, || {
-            std::fs::read_to_string(ws.path().join("serve.log"))
-                .is_ok_and(|log| log.contains("first seen"))
+            std::fs::read_to_string(ws.path().join("serve.log")).is_ok_and(|log| {
+                log.lines()
+                    .any(|l| l.contains("first seen") && l.contains("hol"))
+            })
         });
         std::fs::write(ws.path().join("jobs.toml"), days("")).expect("jobs.toml");
         crate::serve::signal(&replica, nix::sys::signal::Signal::SIGHUP);
@@ -652,7 +683,8 @@ fn a_reload_that_gives_a_day_back_never_runs_a_fire_from_before_first_sight() {
             std::fs::read_to_string(ws.path().join("serve.log"))
                 .is_ok_and(|log| log.contains("reloaded"))
         });
-        std::thread::sleep(Duration::from_secs(3));
+        // Three more fires of the witness since the reload.
+        more_lines(ws.path().join("ticks.txt"), 3);
         assert_eq!(stop(replica), 0);
         assert_eq!(runs(&ws), Vec::<String>::new(), "{}", db.url);
         // The hour that fired before the sighting is nobody's, as `status`

@@ -99,7 +99,15 @@ fn prune_dry_run_counts_and_deletes_nothing_and_prune_says_when_there_is_nothing
         "2026-03",
     ]);
     assert_eq!(run.code(), 0, "{}", run.stderr());
-    std::thread::sleep(Duration::from_millis(1100));
+    eventually("the claims older than `keep`", BOUND, || {
+        crate::support::count(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_claims WHERE {}",
+                crate::support::past_sql(&db.url, "finished_at", 1000)
+            ),
+        ) == 3
+    });
     let dry = ws.run(&["--database-url", &db.url, "prune", "--dry-run"]);
     assert_eq!(dry.code(), 0, "{}", dry.stderr());
     assert!(
@@ -440,7 +448,16 @@ fn status_marks_paused_expired_exhausted_and_overdue_and_prints_a_range_grid() {
         });
         ok(&["release", "freed", "--period", "2026-07"]);
         crate::support::wait(freed, BOUND);
-        std::thread::sleep(Duration::from_secs(3));
+        // The stuck run's lease has run out, and a fire of tick has come
+        // since it was seen.
+        let tick_fired = format!(
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'tick' AND {}",
+            crate::support::past_sql(url, "scheduled_at", 1000)
+        );
+        eventually("stuck's lease over, and tick's next fire", BOUND, || {
+            crate::support::lease_over(url, "stuck:2026-07")
+                && crate::support::count(url, &tick_fired) == 1
+        });
         let text = ws.run(&["--database-url", url, "status"]);
         assert_eq!(text.code(), 0, "{}", text.stderr());
         let out = text.stdout();
@@ -786,6 +803,7 @@ fn a_period_past_its_deadline_that_never_ran_is_late_in_status_and_its_view() {
     let url = db.url.as_str();
     // Seen (and its latest period run) now; nothing runs after.
     assert_eq!(ws.run(&["--database-url", url, "run", "--all"]).code(), 0);
+    // Scenario time: the seconds whose periods go late while nothing runs.
     std::thread::sleep(Duration::from_millis(3500));
     let out = ws.run(&["--database-url", url, "status", "--json"]);
     assert_eq!(out.code(), 0, "{}", out.stderr());

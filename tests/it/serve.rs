@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::support::{Said, TestDb, Workspace, eventually, lines, wait};
+use crate::support::{Said, TestDb, Workspace, eventually, lines, logged, wait};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -87,6 +87,16 @@ fn seconds(lines: &[String]) -> Vec<DateTime<Utc>> {
         .collect()
 }
 
+/// Whether `file` holds a run of trigger `trigger` (a line ending so) whose
+/// second is `at` or later.
+fn runs_since(file: &std::path::Path, trigger: &str, at: DateTime<Utc>) -> bool {
+    let runs: Vec<String> = lines(file)
+        .into_iter()
+        .filter(|l| l.ends_with(trigger))
+        .collect();
+    seconds(&runs).into_iter().any(|t| t >= at)
+}
+
 /// Asserts each second ran once and none between the first and last is missing.
 fn assert_once_without_gaps(runs: &[DateTime<Utc>]) {
     let unique: BTreeSet<_> = runs.iter().collect();
@@ -105,7 +115,13 @@ fn replicas_run_every_second_once(db: &TestDb, count: usize) {
             + &every_second("tick", "shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"")),
     );
     let replicas: Vec<Child> = (0..count).map(|_| serve(&ws, &db.url)).collect();
-    std::thread::sleep(Duration::from_secs(8));
+    eventually("six seconds run", BOUND, || {
+        seconds(&lines(ws.path().join("runs.txt")))
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .len()
+            >= 6
+    });
     for replica in replicas {
         assert_eq!(stop(replica), 0);
     }
@@ -225,8 +241,11 @@ fn missed_seconds_after_downtime_are_caught_up_once_and_a_new_job_does_not_back_
             )),
     );
     let first = serve(&ws, &db.url);
-    std::thread::sleep(Duration::from_secs(3));
+    eventually("two runs", BOUND, || {
+        lines(ws.path().join("runs.txt")).len() >= 2
+    });
     assert_eq!(stop(first), 0);
+    // Scenario time: the downtime whose fires are missed.
     std::thread::sleep(Duration::from_secs(5));
     let restarted_at = Utc::now();
     let added = settings("")
@@ -240,7 +259,14 @@ fn missed_seconds_after_downtime_are_caught_up_once_and_a_new_job_does_not_back_
         );
     std::fs::write(ws.path().join("jobs.toml"), added).unwrap();
     let second = serve(&ws, &db.url);
-    std::thread::sleep(Duration::from_secs(3));
+    // The restart claims what was missed before it serves; then runs on
+    // time, the new job's among them.
+    let live = restarted_at + chrono::TimeDelta::seconds(1);
+    eventually("the restart's catch-up, then runs on time", BOUND, || {
+        logged(&ws, "serving", 2)
+            && runs_since(&ws.path().join("runs.txt"), " schedule", live)
+            && !lines(ws.path().join("fresh.txt")).is_empty()
+    });
     assert_eq!(stop(second), 0);
 
     let runs = lines(ws.path().join("runs.txt"));
@@ -271,11 +297,18 @@ fn missed_latest_runs_only_the_newest_missed_period() {
             )),
     );
     let first = serve(&ws, &db.url);
-    std::thread::sleep(Duration::from_secs(2));
+    eventually("two runs", BOUND, || {
+        lines(ws.path().join("runs.txt")).len() >= 2
+    });
     assert_eq!(stop(first), 0);
+    // Scenario time: the downtime whose fires are missed.
     std::thread::sleep(Duration::from_secs(5));
+    let restarted_at = Utc::now();
     let second = serve(&ws, &db.url);
-    std::thread::sleep(Duration::from_secs(2));
+    let live = restarted_at + chrono::TimeDelta::seconds(1);
+    eventually("the restart's catch-up, then a run on time", BOUND, || {
+        logged(&ws, "serving", 2) && runs_since(&ws.path().join("runs.txt"), " schedule", live)
+    });
     assert_eq!(stop(second), 0);
     let runs = lines(ws.path().join("runs.txt"));
     // The first start takes the latest fire as the job's first sighting
@@ -309,7 +342,13 @@ fn concurrency_1_holds_across_replicas_with_a_job_slower_than_its_schedule() {
         let job = "period = \"fire\"\nmissed = \"skip\"\nshell = \"echo start $(date +%s%N) >> spans.txt; sleep 1.5; echo end $(date +%s%N) >> spans.txt\"";
         let ws = Workspace::new(&(settings("") + &every_second("slow", job)));
         let replicas = [serve(&ws, &db.url), serve(&ws, &db.url)];
-        std::thread::sleep(Duration::from_secs(8));
+        eventually("four runs", BOUND, || {
+            lines(ws.path().join("spans.txt"))
+                .iter()
+                .filter(|l| l.starts_with("end"))
+                .count()
+                >= 4
+        });
         for replica in replicas {
             assert_eq!(stop(replica), 0);
         }
@@ -335,7 +374,9 @@ fn sighup_reloads_jobs_toml_and_a_bad_file_keeps_the_old_one() {
     });
     std::fs::write(ws.path().join("jobs.toml"), "[[job]]\nname = \"broken\"\n").unwrap();
     signal(&replica, Signal::SIGHUP);
-    std::thread::sleep(Duration::from_millis(500));
+    eventually("the bad file refused", BOUND, || {
+        logged(&ws, "keeping the running configuration", 1)
+    });
     let ticks = lines(ws.path().join("tick.txt")).len();
     eventually("ticks to go on under the old file", BOUND, || {
         lines(ws.path().join("tick.txt")).len() >= ticks + 2
@@ -367,7 +408,7 @@ fn pause_stops_a_job_on_every_replica_and_resume_restarts_it() {
     let ws = Workspace::new(
         &(settings("") + &every_second("tick", "shell = \"echo tick >> tick.txt\"")),
     );
-    let replica = serve(&ws, &db.url);
+    let (replica, addr) = serve_listening(&ws, &db.url, &[]);
     eventually("the first tick", BOUND, || {
         !lines(ws.path().join("tick.txt")).is_empty()
     });
@@ -375,9 +416,22 @@ fn pause_stops_a_job_on_every_replica_and_resume_restarts_it() {
         ws.run(&["--database-url", &db.url, "pause", "tick"]).code(),
         0
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // The loop has seen the pause, fired the job on once, and the runs it
+    // started before have ended.
+    let gauge = "scheduler_paused{job=\"tick\"}";
+    eventually("the pause seen by the loop", BOUND, || {
+        metric(&crate::support::http_get(&addr, "/metrics"), gauge) == Some(1.0)
+    });
+    crate::support::fired_on(&addr, "tick", 1);
+    eventually("the runs started before the pause to end", BOUND, || {
+        crate::support::count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'tick' AND state = 'running'",
+        ) == 0
+    });
     let paused = lines(ws.path().join("tick.txt")).len();
-    std::thread::sleep(Duration::from_secs(2));
+    // Two more fires of the paused job start nothing.
+    crate::support::fired_on(&addr, "tick", 2);
     assert_eq!(
         lines(ws.path().join("tick.txt")).len(),
         paused,
@@ -405,11 +459,20 @@ fn replicas_survive_a_database_outage_and_run_what_was_missed_once() {
             + &every_second("tick", "shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"")),
     );
     let mut replicas = [serve(&ws, &url), serve(&ws, &url)];
-    std::thread::sleep(Duration::from_secs(3));
+    eventually("three runs", BOUND, || {
+        lines(ws.path().join("runs.txt")).len() >= 3
+    });
     proxy.cut();
+    // Scenario time: the outage.
     std::thread::sleep(Duration::from_secs(4));
     proxy.restore();
-    std::thread::sleep(Duration::from_secs(8));
+    // What was missed is caught up while the loop runs on for 6 s.
+    let on = Utc::now() + chrono::TimeDelta::seconds(6);
+    eventually("runs 6 s past the outage", BOUND, || {
+        seconds(&lines(ws.path().join("runs.txt")))
+            .into_iter()
+            .any(|t| t >= on)
+    });
     for replica in &mut replicas {
         assert!(
             replica.try_wait().unwrap().is_none(),
@@ -454,7 +517,13 @@ fn a_job_that_finished_as_the_database_went_away_is_not_run_again() {
             .expect("start serve")
     };
     let replicas = [replica("a", &url_a), replica("b", &url_b)];
-    std::thread::sleep(Duration::from_secs(3));
+    let serving = |name: &str| {
+        std::fs::read_to_string(ws.path().join(format!("serve-{name}.log")))
+            .is_ok_and(|l| l.contains("serving"))
+    };
+    eventually("both replicas serving", BOUND, || {
+        serving("a") && serving("b")
+    });
     std::fs::write(ws.path().join("armed"), "").unwrap();
     let mut runner = String::new();
     eventually("a replica to run the armed fire", BOUND, || {
@@ -464,18 +533,35 @@ fn a_job_that_finished_as_the_database_went_away_is_not_run_again() {
     proxy_a.cut();
     proxy_b.cut();
     std::fs::write(ws.path().join("cut"), "").unwrap();
-    // Past the lease: the runner's claim expires while it cannot write.
-    std::thread::sleep(Duration::from_secs(8));
+    // Past the lease: the runner's claim expires while it cannot write (as
+    // the database itself says, asked past the cut proxies).
+    let running = |lease: &str| {
+        crate::support::count(
+            &db.url,
+            &format!("SELECT count(*) FROM scheduler_claims WHERE state = 'running'{lease}"),
+        )
+    };
+    eventually("the runner's lease to run out", BOUND, || {
+        running("") >= 1 && running(" AND lease_until >= now()") == 0
+    });
     let (first, last) = if runner.trim() == "a" {
         (&proxy_b, &proxy_a)
     } else {
         (&proxy_a, &proxy_b)
     };
     first.restore();
-    // The other replica scans every second meanwhile.
+    // Scenario time: the runner is back a moment after the other replica,
+    // which scans every second meanwhile.
     std::thread::sleep(Duration::from_millis(2_500));
     last.restore();
-    std::thread::sleep(Duration::from_secs(8));
+    // Every expired claim settled, and the loop 6 s on.
+    let on = Utc::now() + chrono::TimeDelta::seconds(6);
+    eventually("runs 6 s past the outage", BOUND, || {
+        running(" AND lease_until < now()") == 0
+            && seconds(&lines(ws.path().join("runs.txt")))
+                .into_iter()
+                .any(|t| t >= on)
+    });
     for replica in replicas {
         assert_eq!(stop(replica), 0);
     }
@@ -540,7 +626,10 @@ fn as_pid_1_it_reaps_orphans_and_still_waits_for_its_own_jobs() {
             .unwrap_or(0);
         pid_1 != 0
     });
-    std::thread::sleep(Duration::from_secs(5));
+    // Five runs: the orphans of the first four have ended by now.
+    eventually("five runs", BOUND, || {
+        lines(ws.path().join("runs.txt")).len() >= 5
+    });
     let zombies = zombies_of(pid_1);
     let runs = lines(ws.path().join("runs.txt"));
     // unshare itself ignores SIGTERM while it waits; the scheduler does not.
@@ -570,6 +659,7 @@ fn listen_serves_healthz_and_prometheus_metrics() {
         let out = ws.run(&all);
         assert_eq!(out.code(), 0, "{args:?}: {}", out.stderr());
     }
+    // Scenario time: fires of the paused job pass before serve starts.
     std::thread::sleep(Duration::from_secs(2));
     let (replica, addr) = serve_listening(&ws, &db.url, &[]);
     let get = |path: &str| -> String {
@@ -708,6 +798,7 @@ fn a_resumed_job_catches_up_the_fires_it_skipped_while_paused() {
         eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
         let paused_at = Utc::now();
         ok(&ws, &db, &["pause", "tick"]);
+        // Scenario time: the pause, whose fires are skipped.
         std::thread::sleep(Duration::from_secs(4));
         ok(&ws, &db, &["resume", "tick"]);
         let resumed_at = Utc::now();
@@ -737,10 +828,12 @@ fn fires_waiting_for_a_slot_when_a_job_is_paused_run_on_resume() {
     let replica = serve(&ws, &db.url);
     eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
     let started = Utc::now();
-    // Runs of 3 s, a fire every second: fires wait for the slot.
+    // Scenario time: runs of 3 s, a fire every second: fires pile up
+    // waiting for the slot.
     std::thread::sleep(Duration::from_secs(4));
     ok(&ws, &db, &["pause", "tick"]);
     std::fs::remove_file(ws.path().join("slow")).unwrap();
+    // Scenario time: the pause, whose fires are skipped.
     std::thread::sleep(Duration::from_secs(4));
     ok(&ws, &db, &["resume", "tick"]);
     let resumed_at = Utc::now();
@@ -785,6 +878,7 @@ fn a_job_paused_longer_than_catch_up_runs_the_fires_of_the_window_on_resume() {
     let replica = serve(&ws, &db.url);
     eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
     ok(&ws, &db, &["pause", "tick"]);
+    // Scenario time: a pause longer than the 5 s catch-up window.
     std::thread::sleep(Duration::from_secs(9));
     ok(&ws, &db, &["resume", "tick"]);
     let resumed_at = Utc::now();
@@ -809,6 +903,7 @@ fn a_hand_run_while_serve_is_down_does_not_hide_the_periods_before_it_from_the_r
     eventually("a first run", BOUND, || tick_claims(&db, "0", "9") > 0);
     assert_eq!(stop(replica), 0);
     let stopped_at = Utc::now();
+    // Scenario time: the downtime whose fires are missed.
     std::thread::sleep(Duration::from_secs(4));
     let recent = second(Utc::now() - chrono::TimeDelta::seconds(1));
     ok(&ws, &db, &["run", "tick", "--period", &recent]);

@@ -207,12 +207,103 @@ pub fn wait(mut child: std::process::Child, bound: std::time::Duration) -> Outpu
 }
 
 /// Polls `check` until it is true, failing after `bound`.
-pub fn eventually(what: &str, bound: std::time::Duration, mut check: impl FnMut() -> bool) {
+pub fn eventually(what: &str, bound: std::time::Duration, check: impl FnMut() -> bool) {
+    assert!(within(bound, check), "timed out waiting for {what}");
+}
+
+/// Polls `check` every 20 ms until it is true (`true`) or `bound` has
+/// passed (`false`), for a test that cleans up, or says more, before it
+/// fails.
+pub fn within(bound: std::time::Duration, check: impl FnMut() -> bool) -> bool {
+    polled(std::time::Duration::from_millis(20), bound, check)
+}
+
+/// [`within`], polling every `every`: for a check that costs the system
+/// under test (a query of a database a burst is writing to).
+pub fn polled(
+    every: std::time::Duration,
+    bound: std::time::Duration,
+    mut check: impl FnMut() -> bool,
+) -> bool {
     let start = std::time::Instant::now();
-    while !check() {
-        assert!(start.elapsed() < bound, "timed out waiting for {what}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    loop {
+        if check() {
+            return true;
+        }
+        if start.elapsed() >= bound {
+            return false;
+        }
+        std::thread::sleep(every);
     }
+}
+
+/// An every-second job, one run per fire, that appends its fire to `file`:
+/// a witness beside the jobs under test whose runs count the serve loop's
+/// own progress, so that "nothing more happened" is watched for so many
+/// fires rather than so many seconds.
+pub fn ticker(name: &str, file: &str) -> String {
+    format!(
+        "\n[[job]]\nname = \"{name}\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\n\
+         shell = 'echo $SCHEDULER_PERIOD >> {file}'\n"
+    )
+}
+
+/// Waits until `file` holds `more` lines beyond those it holds now (a
+/// [`ticker`]'s fires), failing after a generous bound.
+pub fn more_lines(file: impl AsRef<Path>, more: usize) {
+    let file = file.as_ref();
+    let now = lines(file).len();
+    eventually(
+        &format!("{more} more lines in {}", file.display()),
+        std::time::Duration::from_secs(60),
+        || lines(file).len() >= now + more,
+    );
+}
+
+/// Waits until the serve listening at `addr` has fired `job` (an
+/// every-second one) through `seconds` more seconds, as its next-fire gauge
+/// in `/metrics` says: the loop's own progress, seen in the job under test.
+pub fn fired_on(addr: &str, job: &str, seconds: u32) {
+    fired_on_each(&[addr], job, seconds);
+}
+
+/// [`fired_on`] for every serve listening at `addrs`: each replica's own
+/// loop has fired `job` through `seconds` more seconds.
+pub fn fired_on_each(addrs: &[&str], job: &str, seconds: u32) {
+    let series = format!("scheduler_next_fire_timestamp_seconds{{job=\"{job}\"}}");
+    let next = |addr: &str| crate::serve::metric(&http_get(addr, "/metrics"), &series);
+    let mut until = Vec::new();
+    for addr in addrs {
+        let mut from = None;
+        eventually(
+            &format!("{job}'s next-fire gauge at {addr}"),
+            std::time::Duration::from_secs(60),
+            || {
+                from = next(addr);
+                from.is_some()
+            },
+        );
+        until.push(from.unwrap_or_default() + f64::from(seconds));
+    }
+    eventually(
+        &format!("{seconds} more seconds of fires of {job} on each replica"),
+        std::time::Duration::from_secs(60),
+        || {
+            addrs
+                .iter()
+                .zip(&until)
+                .all(|(addr, until)| next(addr).is_some_and(|at| at >= *until))
+        },
+    );
+}
+
+/// Whether the workspace's `serve.log` holds `text` `times` times or more.
+pub fn logged(ws: &Workspace, text: &str, times: usize) -> bool {
+    std::fs::read_to_string(ws.path().join("serve.log"))
+        .unwrap_or_default()
+        .matches(text)
+        .count()
+        >= times
 }
 
 /// Whether a process with this pid still exists (and is not a zombie).
@@ -237,6 +328,7 @@ pub struct Proxy {
     pub port: u16,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     open: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
     _runtime: tokio::runtime::Runtime,
 }
@@ -256,20 +348,23 @@ impl Proxy {
         let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (cut2, open2, stalled2) = (cut.clone(), open.clone(), stalled.clone());
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (cut2, open2, stalled2, held2) =
+            (cut.clone(), open.clone(), stalled.clone(), held.clone());
         runtime.spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if cut2.load(Ordering::SeqCst) {
                     continue;
                 }
                 let stalled = stalled2.clone();
+                let held = held2.clone();
                 let task = tokio::spawn(async move {
                     if let Ok(server) = tokio::net::TcpStream::connect(upstream).await {
                         let (client_read, client_write) = client.into_split();
                         let (server_read, server_write) = server.into_split();
                         tokio::join!(
-                            relay(client_read, server_write, stalled.clone()),
-                            relay(server_read, client_write, stalled),
+                            relay(client_read, server_write, stalled.clone(), held.clone()),
+                            relay(server_read, client_write, stalled, held),
                         );
                     }
                 });
@@ -280,6 +375,7 @@ impl Proxy {
             port,
             cut,
             stalled,
+            held,
             open,
             _runtime: runtime,
         }
@@ -290,6 +386,12 @@ impl Proxy {
     pub fn stall(&self) {
         self.stalled
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many reads the proxy has held back while stalled: more than
+    /// none once a process waits on the stalled path.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Drops every open connection and refuses new ones.
@@ -315,11 +417,13 @@ impl Proxy {
     }
 }
 
-/// Copies bytes from `from` to `to`, holding them while `stalled`.
+/// Copies bytes from `from` to `to`, holding them while `stalled` (and
+/// counting each read it holds in `held`).
 async fn relay(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
@@ -328,6 +432,9 @@ async fn relay(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if stalled.load(std::sync::atomic::Ordering::SeqCst) {
+            held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         while stalled.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
@@ -537,9 +644,57 @@ pub fn count(url: &str, sql: &str) -> i64 {
                 .fetch_optional(&mut conn)
                 .await
                 .unwrap();
+            // Said goodbye to, so that a test polling with it leaves no
+            // backend behind it for the server to count.
+            let _ = conn.close().await;
             row.unwrap_or(0)
         }
     })
+}
+
+/// The database's clock in `url`'s SQL, in the unit of its time columns
+/// (milliseconds on SQLite, `timestamptz` on PostgreSQL): `lease_until <
+/// {now}` holds on both once a lease has run out.
+pub fn now_sql(url: &str) -> &'static str {
+    if url.starts_with("sqlite:") {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    } else {
+        "now()"
+    }
+}
+
+/// `url`'s SQL for "`column` (a time) plus `ms` milliseconds is past", by
+/// the database's clock.
+pub fn past_sql(url: &str, column: &str, ms: u32) -> String {
+    if url.starts_with("sqlite:") {
+        format!("{column} + {ms} < {}", now_sql(url))
+    } else {
+        format!("{column} + interval '{ms} milliseconds' < now()")
+    }
+}
+
+/// Whether the claim of `key` is running on a lease that has run out, by
+/// the database's clock.
+pub fn lease_over(url: &str, key: &str) -> bool {
+    count(
+        url,
+        &format!(
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = '{key}' \
+             AND state = 'running' AND lease_until < {}",
+            now_sql(url)
+        ),
+    ) == 1
+}
+
+/// Whether the scheduler's tables are in the test's database yet (a
+/// `serve` just started may not have made them).
+pub fn migrated(url: &str) -> bool {
+    let sql = if url.starts_with("sqlite:") {
+        "SELECT count(*) FROM sqlite_master WHERE name = 'scheduler_attempts'"
+    } else {
+        "SELECT count(*) FROM pg_tables WHERE tablename = 'scheduler_attempts' AND schemaname = current_schema()"
+    };
+    count(url, sql) == 1
 }
 
 /// The text of each row a one-column query of a SQLite database returns.
