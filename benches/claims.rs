@@ -271,7 +271,7 @@ async fn backfill_code(url: &str, scoped: bool) {
     let secs = started.elapsed().as_secs_f64();
     let done = runs
         .iter()
-        .filter(|run| run.outcome == scheduler::RunOutcome::Succeeded)
+        .filter(|run| run.outcome == scheduler::PeriodOutcome::Succeeded)
         .count();
     assert_eq!(done, 10_000);
     println!(

@@ -194,6 +194,7 @@ shown_as_word!(PeriodState);
 words! {
     /// What became of one period a run asked for: the word of its line in
     /// `run`, the API's `status` and the library's outcome.
+    #[non_exhaustive]
     pub enum PeriodOutcome {
         /// It ran and succeeded.
         Succeeded = "succeeded",

@@ -344,8 +344,13 @@ impl RunOptions {
 pub struct PeriodRun {
     /// `<job>:<label>`.
     pub period_key: String,
-    /// How it ended.
-    pub outcome: RunOutcome,
+    /// How it ended: `Succeeded`, `Failed`, `Skipped` (done already, or
+    /// running elsewhere: [`PeriodRun::detail`] says which), `Busy` (every
+    /// `concurrency` slot of the job was taken; [`RunOptions::wait`] waits
+    /// for one), `Waiting` (an upstream period it needs has not succeeded;
+    /// claimed once they all have), `Lost`, `Released`, `Fenced` (nothing
+    /// recorded), or `Interrupted` (a shutdown came while it waited).
+    pub outcome: PeriodOutcome,
     /// The attempt that ran, or that the period's record names.
     pub attempt: Option<i32>,
     /// Why the attempt ran, for a period that ran.
@@ -358,52 +363,11 @@ pub struct PeriodRun {
     pub duration: Option<Duration>,
 }
 
-/// The end of one period of a manual run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RunOutcome {
-    /// Ran and succeeded; recorded.
-    Succeeded,
-    /// Ran and failed; recorded.
-    Failed,
-    /// Not run, and not to be: done already, or running elsewhere
-    /// ([`PeriodRun::detail`] says which).
-    Skipped,
-    /// Not run: every `concurrency` slot of the job was taken
-    /// ([`RunOptions::wait`] waits for one). The period is not done.
-    Busy,
-    /// The claim was taken over; nothing recorded.
-    Lost,
-    /// Stopped by shutdown or `release`; nothing recorded.
-    Released,
-    /// The lease could not be renewed in time; nothing recorded.
-    Fenced,
-    /// Not run: an upstream period it needs (its job's `after`) has not
-    /// succeeded ([`PeriodRun::detail`] says which). Claimed once they all
-    /// have.
-    Waiting,
-}
-
 impl PeriodRun {
     fn of(line: &Line) -> PeriodRun {
-        let outcome = match line.status {
-            PeriodOutcome::Succeeded => RunOutcome::Succeeded,
-            PeriodOutcome::Failed => RunOutcome::Failed,
-            PeriodOutcome::Lost => RunOutcome::Lost,
-            PeriodOutcome::Released => RunOutcome::Released,
-            // An unrecorded outcome ends a manual run with its error; were
-            // it a line, it would read as a fence does: nothing recorded,
-            // the period recovered once its lease runs out.
-            PeriodOutcome::Fenced | PeriodOutcome::Error => RunOutcome::Fenced,
-            PeriodOutcome::Busy => RunOutcome::Busy,
-            PeriodOutcome::Waiting => RunOutcome::Waiting,
-            PeriodOutcome::Skipped | PeriodOutcome::Interrupted | PeriodOutcome::WouldClaim => {
-                RunOutcome::Skipped
-            }
-        };
         PeriodRun {
             period_key: line.key.clone(),
-            outcome,
+            outcome: line.status,
             attempt: line.attempt,
             trigger: line.trigger,
             error: line.error.clone(),

@@ -8,9 +8,9 @@ use tokio::sync::watch;
 use super::action::{ActionResult, Run, Stop};
 use super::heartbeat::{Loss, Watch};
 use super::plain;
+use super::report::{Report, Status};
 use super::{Engine, http, process};
 use crate::config::Action;
-use crate::error::Error;
 use crate::handler::Handler;
 use crate::store::Finish;
 
@@ -19,46 +19,18 @@ use crate::store::Finish;
 /// once its lease runs out).
 const RECORD_PATIENCE: Duration = Duration::from_secs(600);
 
-/// How a run ended, as far as the caller is concerned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ending {
-    /// The outcome was recorded.
-    Recorded {
-        /// Whether it succeeded.
-        succeeded: bool,
-        /// What went wrong.
-        error: Option<String>,
-        /// When a retry is due, if any.
-        retry_after: Option<Duration>,
-        /// The process exit code.
-        exit_code: Option<i32>,
-        /// The HTTP status.
-        http_status: Option<i32>,
-    },
-    /// The claim was taken over; nothing was recorded.
-    Lost,
-    /// `scheduler release` ended this attempt: the job was stopped, nothing
-    /// recorded, and the period is not done.
-    Released,
-    /// The lease could not be renewed in time (the database did not
-    /// answer): the job was stopped and nothing recorded; the period is
-    /// recovered once its lease has run out.
-    Fenced,
-    /// Stopped by shutdown; the claim was released for another runner.
-    Shutdown,
-}
-
 impl Engine {
     /// Runs the action of a won claim to its end, with heartbeats, and
     /// records the outcome under the claim's attempt. `stop_now` turning
     /// true (shutdown, once the grace is over) stops the job and releases
     /// the claim.
-    pub async fn execute(
+    pub(super) async fn execute(
         &self,
         run: &Run<'_>,
         watch: &Watch,
         stop_now: watch::Receiver<bool>,
-    ) -> Result<Ending, Error> {
+    ) -> Report {
+        let started = std::time::Instant::now();
         let stop = async {
             let mut stop_now = stop_now;
             tokio::select! {
@@ -107,20 +79,28 @@ impl Engine {
                 ActionResult::permanent("an sql action runs in a group".into())
             }
         };
-        match result {
+        let (status, codes) = match result {
             ActionResult::Stopped(why, output) => {
-                self.stopped(run, watch, why, output.as_deref()).await
+                (self.stopped(run, watch, why, output.as_deref()).await, None)
             }
             // A failure seen after the fence may be the fence's own doing
             // (the supervisor stops a job whose lease it cannot vouch for):
             // it is not the job's failure, and the period is recovered.
             ActionResult::Done(finish, _) if !finish.succeeded && watch.fenced() => {
-                Ok(Ending::Fenced)
+                (Status::Fenced, None)
             }
             ActionResult::Done(finish, retryable) => {
-                self.record(run, watch, finish, retryable).await
+                let codes = (finish.exit_code, finish.http_status);
+                let status = self.record(run, watch, finish, retryable).await;
+                // The codes of an end this attempt recorded, not of one
+                // whose write was fenced off.
+                let recorded = matches!(status, Status::Succeeded | Status::Failed { .. });
+                (status, recorded.then_some(codes))
             }
-        }
+        };
+        let mut report = Report::of(run.lease, status, started.elapsed());
+        (report.exit_code, report.http_status) = codes.unwrap_or_default();
+        report
     }
 
     /// After the job was stopped: a shutdown releases the claim; a takeover
@@ -133,24 +113,24 @@ impl Engine {
         watch: &Watch,
         why: Stop,
         output: Option<&str>,
-    ) -> Result<Ending, Error> {
+    ) -> Status {
         match why {
-            Stop::Shutdown => Ok(if self.store.release(run.lease, output).await? {
-                Ending::Shutdown
-            } else {
-                Ending::Lost
-            }),
-            Stop::Lost if watch.fenced() => Ok(Ending::Fenced),
+            Stop::Shutdown => match self.store.release(run.lease, output).await {
+                Ok(true) => Status::Shutdown,
+                Ok(false) => Status::Lost,
+                Err(e) => Status::Unrecorded(e),
+            },
+            Stop::Lost if watch.fenced() => Status::Fenced,
             Stop::Lost => match self.store.confirm_stopped(run.lease, output).await {
                 // Still this attempt, released: `scheduler release` did it.
-                Ok(true) => Ok(Ending::Released),
-                Ok(false) => Ok(Ending::Lost),
+                Ok(true) => Status::Released,
+                Ok(false) => Status::Lost,
                 Err(e) => {
                     tracing::warn!(
                         period_key = run.key.as_str(),
                         "cannot confirm that the released job stopped ({e}); the period can be claimed when its lease runs out"
                     );
-                    Ok(Ending::Lost)
+                    Status::Lost
                 }
             },
         }
@@ -162,7 +142,7 @@ impl Engine {
         watch: &Watch,
         finish: Finish,
         retryable: bool,
-    ) -> Result<Ending, Error> {
+    ) -> Status {
         let finish = run.finish(finish, retryable);
         // The lease is still renewed while the outcome is written; a claim
         // that the write itself settles is not a takeover.
@@ -189,19 +169,16 @@ impl Engine {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(every);
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Status::Unrecorded(e),
             }
         };
-        Ok(if recorded {
-            Ending::Recorded {
-                succeeded: finish.succeeded,
-                error: finish.error,
+        match (recorded, finish.succeeded) {
+            (false, _) => Status::Lost,
+            (true, true) => Status::Succeeded,
+            (true, false) => Status::Failed {
+                error: finish.error.unwrap_or_default(),
                 retry_after: finish.retry_after,
-                exit_code: finish.exit_code,
-                http_status: finish.http_status,
-            }
-        } else {
-            Ending::Lost
-        })
+            },
+        }
     }
 }

@@ -188,16 +188,16 @@ impl Engine {
                         },
                         GroupedEnd::Moved => Status::Lost,
                     };
-                    reports.push(Report::of(&won, status, took));
+                    reports.push(Report::of(&won.lease, status, took));
                 }
             }
             // Stopped: nothing of the group committed.
             Ok(Err(why)) => {
                 for (ask, won) in sql {
-                    let ending = self
+                    let status = self
                         .stopped(&run_of(&ask, &won), &won.watch, why, None)
                         .await;
-                    reports.push(Report::ran(&won.lease, ending, took));
+                    reports.push(Report::of(&won.lease, status, took));
                 }
             }
             // Which statement broke the transaction is not known, unless
@@ -209,7 +209,7 @@ impl Engine {
                     self.quick.note(&ask.job, false, own);
                     let error = ask.job.secrets.mask(&e.to_string());
                     let status = Status::Unrecorded(Error::Database(error));
-                    reports.push(Report::of(&won, status, took));
+                    reports.push(Report::of(&won.lease, status, took));
                 }
             }
         }

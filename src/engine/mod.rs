@@ -26,7 +26,6 @@ pub mod supervision;
 pub mod view;
 
 pub use action::{Run, Stop};
-pub use execute::Ending;
 pub use report::{Report, Status};
 
 use std::collections::HashSet;
@@ -622,7 +621,6 @@ impl Engine {
     /// Runs the action of a won `command`, `shell` or `http` period.
     async fn run_action(&self, ask: &Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
         self.log_won(ask, &won);
-        let started = std::time::Instant::now();
         let run = Run {
             job: &ask.job,
             period: &ask.due.period,
@@ -630,8 +628,7 @@ impl Engine {
             lease: &won.lease,
             scheduled_at: ask.due.fire,
         };
-        let ending = self.execute(&run, &won.watch, stop_now).await;
-        let report = Report::ran(&won.lease, ending, started.elapsed());
+        let report = self.execute(&run, &won.watch, stop_now).await;
         report.count();
         report
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Ask, Ending, Taken};
+use super::{Ask, Taken};
 use crate::error::Error;
 use crate::period::{PeriodKey, utc_text};
 use crate::state::PeriodOutcome;
@@ -61,49 +61,12 @@ pub enum Status {
 }
 
 impl Report {
-    /// The report of a run.
-    pub(super) fn ran(lease: &Lease, ending: Result<Ending, Error>, took: Duration) -> Report {
-        let (exit_code, http_status) = match &ending {
-            Ok(Ending::Recorded {
-                exit_code,
-                http_status,
-                ..
-            }) => (*exit_code, *http_status),
-            _ => (None, None),
-        };
-        let status = match ending {
-            Ok(Ending::Recorded {
-                succeeded: true, ..
-            }) => Status::Succeeded,
-            Ok(Ending::Recorded {
-                error, retry_after, ..
-            }) => Status::Failed {
-                error: error.unwrap_or_default(),
-                retry_after,
-            },
-            Ok(Ending::Lost) => Status::Lost,
-            Ok(Ending::Released) => Status::Released,
-            Ok(Ending::Fenced) => Status::Fenced,
-            Ok(Ending::Shutdown) => Status::Shutdown,
-            Err(e) => Status::Unrecorded(e),
-        };
+    /// The report of a won claim's end.
+    pub(super) fn of(lease: &Lease, status: Status, took: Duration) -> Report {
         Report {
             key: lease.key.clone(),
             trigger: lease.trigger,
             attempt: Some(lease.attempt),
-            status,
-            took,
-            exit_code,
-            http_status,
-        }
-    }
-
-    /// The report of a won claim's end.
-    pub(super) fn of(won: &super::Won, status: Status, took: Duration) -> Report {
-        Report {
-            key: won.lease.key.clone(),
-            trigger: won.lease.trigger,
-            attempt: Some(won.lease.attempt),
             status,
             took,
             exit_code: None,

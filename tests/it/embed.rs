@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use scheduler::{
-    CodeJob, Context, Failure, Handled, RunOptions, RunOutcome, Scheduler, Transaction, Unit,
+    CodeJob, Context, Failure, Handled, PeriodOutcome, RunOptions, Scheduler, Transaction, Unit,
 };
 
 use crate::support::{TestDb, Workspace};
@@ -325,7 +325,7 @@ async fn a_lost_claim_cancels_the_token_and_drops_a_handler_that_ignores_it() {
             .unwrap()
             .unwrap();
         assert_eq!(runs.len(), 1);
-        assert_eq!(runs[0].outcome, RunOutcome::Released, "{:?}", runs[0]);
+        assert_eq!(runs[0].outcome, PeriodOutcome::Released, "{:?}", runs[0]);
         stubborn.stopped().await;
         let recorded = number(
             &db.url,
@@ -376,7 +376,7 @@ async fn a_taken_over_claim_cancels_the_token_and_drops_the_handler() {
                 .run_period("taken", &label, RunOptions::default())
                 .await
                 .unwrap();
-            if runs[0].outcome == RunOutcome::Succeeded {
+            if runs[0].outcome == PeriodOutcome::Succeeded {
                 taken = Some(runs);
                 break;
             }
@@ -388,7 +388,7 @@ async fn a_taken_over_claim_cancels_the_token_and_drops_the_handler() {
             .expect("the first run ended")
             .unwrap()
             .unwrap();
-        assert_eq!(lost[0].outcome, RunOutcome::Lost, "{:?}", lost[0]);
+        assert_eq!(lost[0].outcome, PeriodOutcome::Lost, "{:?}", lost[0]);
         stubborn.stopped().await;
         let first_recorded = number(
             &db.url,
@@ -459,9 +459,9 @@ async fn a_transaction_scoped_handler_commits_its_write_with_the_success_and_not
             }
         };
         let good = run("good").await;
-        assert_eq!(good.outcome, RunOutcome::Succeeded, "{good:?}");
+        assert_eq!(good.outcome, PeriodOutcome::Succeeded, "{good:?}");
         let bad = run("bad").await;
-        assert_eq!(bad.outcome, RunOutcome::Failed, "{bad:?}");
+        assert_eq!(bad.outcome, PeriodOutcome::Failed, "{bad:?}");
         assert_eq!(bad.error.as_deref(), Some("no such customer"));
         let count = |sql: String| {
             let url = db.url.clone();
@@ -501,7 +501,7 @@ async fn a_transaction_scoped_handler_commits_its_write_with_the_success_and_not
             .await
             .expect("the stuck handler was stopped")
             .unwrap();
-        assert_ne!(stuck.outcome, RunOutcome::Succeeded, "{stuck:?}");
+        assert_ne!(stuck.outcome, PeriodOutcome::Succeeded, "{stuck:?}");
         assert_eq!(
             written("stuck").await,
             0,
@@ -605,7 +605,7 @@ async fn a_handler_that_commits_its_transaction_itself_is_recorded_failed_for_go
         .await
         .expect("the run ended")
         .unwrap();
-        assert_eq!(runs[0].outcome, RunOutcome::Failed, "{:?}", runs[0]);
+        assert_eq!(runs[0].outcome, PeriodOutcome::Failed, "{:?}", runs[0]);
         let error = runs[0].error.clone().unwrap_or_default();
         assert!(error.contains("ended its transaction itself"), "{error}");
         let failed_for_good = number(
@@ -672,7 +672,7 @@ async fn a_transaction_the_server_ends_under_a_handler_is_a_failure_under_the_re
     .await
     .expect("the run ended")
     .unwrap();
-    assert_eq!(runs[0].outcome, RunOutcome::Failed, "{:?}", runs[0]);
+    assert_eq!(runs[0].outcome, PeriodOutcome::Failed, "{:?}", runs[0]);
     let retried = number(
         &db.url,
         &format!(
@@ -701,7 +701,7 @@ async fn a_panicking_handler_is_a_failure_that_says_why() {
             .run_period("boom", &label, RunOptions::default())
             .await
             .unwrap();
-        assert_eq!(runs[0].outcome, RunOutcome::Failed);
+        assert_eq!(runs[0].outcome, PeriodOutcome::Failed);
         let error = runs[0].error.clone().unwrap_or_default();
         assert!(
             error.contains(&format!("no invoice for {label}")),
@@ -779,9 +779,9 @@ async fn a_manual_run_that_finds_every_slot_taken_says_busy_not_done() {
             .run_period("slow", &days(1), RunOptions::default())
             .await
             .unwrap();
-        assert_eq!(second[0].outcome, RunOutcome::Busy, "{:?}", second[0]);
+        assert_eq!(second[0].outcome, PeriodOutcome::Busy, "{:?}", second[0]);
         let first = first.await.unwrap().unwrap();
-        assert_eq!(first[0].outcome, RunOutcome::Succeeded);
+        assert_eq!(first[0].outcome, PeriodOutcome::Succeeded);
     }
 }
 
@@ -831,7 +831,7 @@ command = ["true"]
         .run_period("filed", &label, RunOptions::default())
         .await
         .unwrap();
-    assert_eq!(runs[0].outcome, RunOutcome::Succeeded, "{:?}", runs[0]);
+    assert_eq!(runs[0].outcome, PeriodOutcome::Succeeded, "{:?}", runs[0]);
     let midnight = chrono::NaiveDate::parse_from_str(&label, "%Y-%m-%d")
         .unwrap()
         .and_hms_opt(0, 0, 0)
@@ -922,7 +922,7 @@ async fn code_jobs_wait_for_file_jobs_and_file_jobs_for_code_jobs() {
         .run_period("report", "2026-10", asked.clone())
         .await
         .unwrap();
-    assert_eq!(waiting[0].outcome, RunOutcome::Waiting, "{waiting:?}");
+    assert_eq!(waiting[0].outcome, PeriodOutcome::Waiting, "{waiting:?}");
     assert!(
         waiting[0]
             .detail
@@ -933,7 +933,7 @@ async fn code_jobs_wait_for_file_jobs_and_file_jobs_for_code_jobs() {
         .run_period("publish", "2026-10", asked.clone())
         .await
         .unwrap();
-    assert_eq!(publish[0].outcome, RunOutcome::Waiting, "{publish:?}");
+    assert_eq!(publish[0].outcome, PeriodOutcome::Waiting, "{publish:?}");
     assert!(
         publish[0]
             .detail
@@ -944,14 +944,14 @@ async fn code_jobs_wait_for_file_jobs_and_file_jobs_for_code_jobs() {
         .run_period("publish", "2026-10", asked.with_upstream())
         .await
         .unwrap();
-    let outcomes: Vec<(&str, RunOutcome)> = all
+    let outcomes: Vec<(&str, PeriodOutcome)> = all
         .iter()
         .map(|r| (r.period_key.as_str(), r.outcome))
         .collect();
     assert_eq!(outcomes.len(), 33, "{outcomes:?}");
-    assert_eq!(outcomes[0], ("ingest:2026-10-01", RunOutcome::Succeeded));
-    assert_eq!(outcomes[31], ("report:2026-10", RunOutcome::Succeeded));
-    assert_eq!(outcomes[32], ("publish:2026-10", RunOutcome::Succeeded));
+    assert_eq!(outcomes[0], ("ingest:2026-10-01", PeriodOutcome::Succeeded));
+    assert_eq!(outcomes[31], ("report:2026-10", PeriodOutcome::Succeeded));
+    assert_eq!(outcomes[32], ("publish:2026-10", PeriodOutcome::Succeeded));
     let unknown = Scheduler::builder()
         .database_url(&db.url)
         .job(
@@ -990,7 +990,7 @@ async fn run_due_runs_each_period_once_as_a_stopped_clock_moves_on() {
             .unwrap();
         let ran = |runs: &[scheduler::PeriodRun]| -> Vec<String> {
             runs.iter()
-                .filter(|r| r.outcome == RunOutcome::Succeeded)
+                .filter(|r| r.outcome == PeriodOutcome::Succeeded)
                 .map(|r| r.period_key.clone())
                 .collect()
         };
