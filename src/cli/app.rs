@@ -6,6 +6,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::cli::check;
 use crate::cli::inspect;
+use crate::cli::plan::{Adopting, Plan};
 use crate::cli::run;
 use crate::cli::{After, Cli, Command};
 use crate::config::{Config, ConfigError};
@@ -13,6 +14,7 @@ use crate::driver::Service;
 use crate::engine::operate::Adoption;
 use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Unread, say};
+use crate::period::PeriodKey;
 use crate::store::{DatabaseUrl, Store};
 
 /// The database when nothing names one: `scheduler.db` next to jobs.toml.
@@ -33,41 +35,44 @@ pub async fn execute(cli: Cli) -> Result<Outcome, Error> {
         Command::Serve { .. } => Some(reload_signal()?),
         _ => None,
     };
-    let runs_actions = matches!(cli.command, Command::Run(_) | Command::Serve { .. });
     let (mut config, unset) = load(&cli)?;
     let now = Utc::now();
-    // Everything that needs no database is answered before one is opened.
-    if let Some(done) = without_database(&cli.command, &mut config, &unset, now)? {
-        return Ok(done);
+    // Everything that needs no database is checked, or answered, before
+    // one is opened.
+    let plan = Plan::of(cli.command, &mut config, &unset, now)?;
+    match &plan {
+        Plan::Check { strict } => return check_config(&config, &unset, *strict, now),
+        Plan::Next { job, count, after } => {
+            return next_fires(&config, job, *count, after.as_ref(), now);
+        }
+        _ => {}
     }
     // A port that is taken is a usage error found before any database is
     // created or migrated.
-    let listener = match &cli.command {
-        Command::Serve { listen: Some(addr) } => Some(crate::serve::server::bind(*addr).await?),
+    let listener = match &plan {
+        Plan::Serve { listen: Some(addr) } => Some(crate::serve::server::bind(*addr).await?),
         _ => None,
     };
     // SIGTERM and SIGINT are taken over before the database is opened: one
     // that comes while it connects must not end the process by the default
     // action.
-    let shutdown = if runs_actions {
+    let shutdown = if plan.runs_actions() {
         shutdown_signal()?
     } else {
         watch::channel(false).1
     };
-    let (store, applied) = open(
-        &cli.command,
-        cli.database_url.as_deref(),
-        &mut config,
-        runs_actions,
-    )
-    .await?;
-    match cli.command {
-        Command::Run(args) => run::command(&config, &store, &args, &owner_id(), shutdown).await,
-        Command::Serve { .. } => {
+    let (store, applied) = open(&plan, cli.database_url.as_deref(), &mut config).await?;
+    match plan {
+        Plan::Run { request, json } => {
+            run::command(&config, &store, &request, json, &owner_id(), shutdown).await
+        }
+        Plan::Serve { .. } => {
             let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
             serve(&cli.config, config, store, (reload, listener, shutdown)).await
         }
-        command => inspect_database(command, &config, &store, &applied, now).await,
+        plan => inspect_database(plan, &config, &store, &applied, now)
+            .await
+            .or_else(Unread::into_result),
     }
 }
 
@@ -75,128 +80,50 @@ pub async fn execute(cli: Cli) -> Result<Outcome, Error> {
 /// `migrate`, `status`, `history`, `release`, `adopt`, `pause`, `resume`,
 /// `prune`.
 async fn inspect_database(
-    command: Command,
+    plan: Plan,
     config: &Config,
     store: &Store,
     applied: &[String],
     now: chrono::DateTime<Utc>,
-) -> Result<Outcome, Error> {
-    match command {
-        Command::Migrate => migrated(applied),
-        Command::Status {
-            job: Some(job),
-            from: Some(from),
-            to: Some(to),
-            json,
-        } => inspect::range(config, store, &job, (&from, &to), json, now)
-            .await
-            .or_else(Unread::into_result),
-        Command::Status { job, json, .. } => {
-            inspect::status(config, store, job.as_deref(), json, now)
-                .await
-                .or_else(Unread::into_result)
+) -> Result<Outcome, Unread> {
+    match plan {
+        Plan::Migrate => migrated(applied),
+        Plan::Range { job, periods, json } => {
+            inspect::range(config.job(&job)?, store, &periods, json, now).await
         }
-        Command::History {
-            job,
-            period,
-            limit,
-            output,
-            json,
-        } => {
-            let shown = inspect::Shown {
-                limit,
-                output,
-                json,
+        Plan::Status { job, json } => {
+            inspect::status(config, store, job.as_deref(), json, now).await
+        }
+        Plan::History { job, key, shown } => {
+            let defined = config.find(&job).ok();
+            let key = key.as_ref().map(PeriodKey::as_str);
+            inspect::history(store, &config.full_name(&job), defined, key, shown).await
+        }
+        Plan::Release { job, period } => inspect::release(config.job(&job)?, store, &period).await,
+        Plan::Adopt { job, which } => {
+            let which = match &which {
+                Adopting::Through(through) => Adoption::Through(through),
+                Adopting::Range(from, to) => Adoption::Range(from, to),
             };
-            history(config, store, &job, period.as_deref(), shown).await
+            inspect::adopt(config.job(&job)?, store, which, now).await
         }
-        Command::Release { job, period } => inspect::release(config, store, &job, &period)
-            .await
-            .or_else(Unread::into_result),
-        Command::Adopt {
-            job,
-            through,
-            from,
-            to,
-        } => adopt(config, store, &job, (&through, &from, &to), now).await,
-        Command::Pause { job } => inspect::pause(store, &config.full_name(&job), true)
-            .await
-            .or_else(Unread::into_result),
-        Command::Resume { job } => inspect::pause(store, &config.full_name(&job), false)
-            .await
-            .or_else(Unread::into_result),
-        Command::Prune { dry_run } => inspect::prune(config, store, dry_run)
-            .await
-            .or_else(Unread::into_result),
-        Command::Run(_)
-        | Command::Serve { .. }
-        | Command::Check { .. }
-        | Command::Next { .. }
-        | Command::Completions { .. }
-        | Command::Man
-        | Command::Health { .. } => Ok(Outcome::Done),
+        Plan::Pause { job, paused } => inspect::pause(store, &config.full_name(&job), paused).await,
+        Plan::Prune { dry_run } => inspect::prune(config, store, dry_run).await,
+        Plan::Run { .. } | Plan::Serve { .. } | Plan::Check { .. } | Plan::Next { .. } => {
+            Ok(Outcome::Done)
+        }
     }
 }
 
 /// `migrate`: the migrations it applied, or that there was none.
-fn migrated(applied: &[String]) -> Result<Outcome, Error> {
-    let said = if applied.is_empty() {
-        say(format_args!("up to date: no migration to apply"))
-    } else {
-        applied
-            .iter()
-            .try_for_each(|m| say(format_args!("applied {m}")))
-    };
-    match said {
-        Ok(()) => Ok(Outcome::Done),
-        Err(stop) => stop.into_result(),
+fn migrated(applied: &[String]) -> Result<Outcome, Unread> {
+    if applied.is_empty() {
+        say(format_args!("up to date: no migration to apply"))?;
     }
-}
-
-/// `history JOB [--period LABEL]`.
-async fn history(
-    config: &Config,
-    store: &Store,
-    job: &str,
-    period: Option<&str>,
-    shown: inspect::Shown,
-) -> Result<Outcome, Error> {
-    let key = match period {
-        Some(label) => Some(inspect::period_key_of(config.job(job)?, label)?),
-        None => None,
-    };
-    let defined = config.find(job).ok();
-    inspect::history(
-        store,
-        &config.full_name(job),
-        defined,
-        key.as_deref(),
-        shown,
-    )
-    .await
-    .or_else(Unread::into_result)
-}
-
-/// `adopt JOB`, given `--through`, `--from` and `--to`.
-async fn adopt(
-    config: &Config,
-    store: &Store,
-    job: &str,
-    given: (&Option<String>, &Option<String>, &Option<String>),
-    now: chrono::DateTime<Utc>,
-) -> Result<Outcome, Error> {
-    let which = match given {
-        (Some(through), _, _) => Adoption::Through(through),
-        (None, Some(from), Some(to)) => Adoption::Range(from, to),
-        _ => {
-            return Err(Error::Usage(
-                "adopt: give --through LABEL, or --from and --to".into(),
-            ));
-        }
-    };
-    inspect::adopt(config, store, job, which, now)
-        .await
-        .or_else(Unread::into_result)
+    for m in applied {
+        say(format_args!("applied {m}"))?;
+    }
+    Ok(Outcome::Done)
 }
 
 /// The configuration `cli`'s command needs, and the `${VAR}`s it left
@@ -208,69 +135,6 @@ fn load(cli: &Cli) -> Result<(Config, Vec<ConfigError>), Error> {
         Command::Serve { .. } => (Config::load(&cli.config)?, Vec::new()),
         _ => Config::load_lenient(&cli.config)?,
     })
-}
-
-/// Answers `command` if it needs no database (`check`, `next`), and checks
-/// what the others were given against the configuration before one is
-/// opened.
-fn without_database(
-    command: &Command,
-    config: &mut Config,
-    unset: &[ConfigError],
-    now: chrono::DateTime<Utc>,
-) -> Result<Option<Outcome>, Error> {
-    match command {
-        Command::Check { strict } => return check_config(config, unset, *strict, now).map(Some),
-        Command::Next { job, count, after } => {
-            return next_fires(config, job, *count, after.as_ref(), now).map(Some);
-        }
-        Command::Run(args) => {
-            // Only the jobs it runs need every `${VAR}` of theirs.
-            match &args.job {
-                Some(name) => config.complete(&config.job(name)?.name, unset)?,
-                None => {
-                    for job in &config.jobs {
-                        config.complete(&job.name, unset)?;
-                    }
-                }
-            }
-            run::check_args(config, args, now)?;
-        }
-        Command::Release { job, period } => {
-            inspect::period_key_of(config.job(job)?, period)?;
-        }
-        Command::History {
-            job,
-            period: Some(period),
-            ..
-        } => {
-            inspect::period_key_of(config.job(job)?, period)?;
-        }
-        Command::History { job, .. }
-        | Command::Pause { job }
-        | Command::Resume { job }
-        | Command::Adopt { job, .. } => {
-            config.job(job)?;
-        }
-        Command::Status {
-            job: Some(job),
-            from,
-            to,
-            ..
-        } => {
-            let job = config.job(job)?;
-            if let (Some(from), Some(to)) = (from, to) {
-                crate::engine::manual::periods_between(
-                    job,
-                    (from, to),
-                    inspect::RANGE_LIMIT,
-                    crate::engine::manual::Names::FLAGS,
-                )?;
-            }
-        }
-        _ => {}
-    }
-    Ok(None)
 }
 
 /// `check [--strict]`: the configuration checked, each `${VAR}` it left
@@ -323,18 +187,16 @@ fn next_fires(
 /// Opens (creating it for `run`, `serve` and `migrate`) and migrates the
 /// database; the migrations it applied.
 async fn open(
-    command: &Command,
+    plan: &Plan,
     flag: Option<&str>,
     config: &mut Config,
-    runs_actions: bool,
 ) -> Result<(Store, Vec<String>), Error> {
+    let runs_actions = plan.runs_actions();
     let url = database_url(flag, config)?;
     if let Some(flag) = flag {
         config.mask_also(&crate::config::address::url_passwords(flag));
     }
-    // `adopt` is the step before a job's first run when it moves from
-    // another scheduler: it may be the first thing to touch the database.
-    let creates = runs_actions || matches!(command, Command::Migrate | Command::Adopt { .. });
+    let creates = plan.creates();
     if matches!(url, DatabaseUrl::Sqlite { .. }) && runs_actions {
         config.check_for_sqlite()?;
     }

@@ -9,7 +9,7 @@ use crate::engine::operate;
 use crate::engine::overview::{self, JobOverview};
 use crate::engine::view::{self, PeriodView};
 use crate::error::{Error, Outcome, Unread, say};
-use crate::period::{PeriodKey, utc_text};
+use crate::period::{Period, utc_text};
 use crate::store::{Claim, ClaimRow, ClaimState, PeriodState, Released, Store};
 
 /// How many recent periods `status` shows per job.
@@ -269,20 +269,12 @@ pub const RANGE_LIMIT: usize = 100_000;
 /// range, in the words of the one rule (docs/commands.md), `late` beside any
 /// owed period past its deadline.
 pub async fn range(
-    config: &Config,
+    job: &Job,
     store: &Store,
-    job: &str,
-    (from, to): (&str, &str),
+    periods: &[Period],
     as_json: bool,
     now: DateTime<Utc>,
 ) -> Result<Outcome, Unread> {
-    let job = config.job(job)?;
-    let periods = crate::engine::manual::periods_between(
-        job,
-        (from, to),
-        RANGE_LIMIT,
-        crate::engine::manual::Names::FLAGS,
-    )?;
     for chunk in periods.chunks(view::VIEWS_PER_READ) {
         for view in view::periods(store, job, chunk, now).await? {
             if as_json {
@@ -366,6 +358,7 @@ fn describe(row: &ClaimRow) -> String {
 }
 
 /// How `history` shows attempts.
+#[derive(Debug)]
 pub struct Shown {
     /// How many, newest first.
     pub limit: u32,
@@ -564,18 +557,9 @@ async fn notifications(
 }
 
 /// `scheduler release JOB --period LABEL`.
-pub async fn release(
-    config: &Config,
-    store: &Store,
-    job: &str,
-    label: &str,
-) -> Result<Outcome, Unread> {
-    let job = config.job(job)?;
-    let period = job
-        .period
-        .parse_label(&job.schedule, label)
-        .map_err(|e| Error::Usage(format!("--period: {e}")))?;
-    match operate::release(store, job, &period).await? {
+pub async fn release(job: &Job, store: &Store, period: &Period) -> Result<Outcome, Unread> {
+    let label = &period.label;
+    match operate::release(store, job, period).await? {
         (key, Some(Released { owner, lease_until })) => say(format_args!(
             "{key}: released (was running on {owner}); its runner stops the job at its next heartbeat and the period can be claimed then, or at {} at the latest if that runner cannot be reached",
             lease_until.map_or_else(|| "once".to_owned(), utc_text)
@@ -596,13 +580,11 @@ pub async fn release(
 /// period recorded; a period with a claim refuses them all (exit 2), each
 /// named with where it stands.
 pub async fn adopt(
-    config: &Config,
+    job: &Job,
     store: &Store,
-    job: &str,
     which: operate::Adoption<'_>,
     now: DateTime<Utc>,
 ) -> Result<Outcome, Unread> {
-    let job = config.job(job)?;
     let by = format!("cli:{}", crate::cli::run::user());
     match operate::adopt(store, job, which, &by, now, operate::AdoptNames::FLAGS).await? {
         operate::Adopted::Recorded(keys) => {
@@ -629,15 +611,6 @@ pub async fn adopt(
             ))))
         }
     }
-}
-
-/// The period key `--period LABEL` names for `job`.
-pub fn period_key_of(job: &Job, label: &str) -> Result<String, Error> {
-    let period = job
-        .period
-        .parse_label(&job.schedule, label)
-        .map_err(|e| Error::Usage(format!("--period: {e}")))?;
-    Ok(PeriodKey::new(&job.name, &period.label).to_string())
 }
 
 /// `scheduler pause JOB` / `scheduler resume JOB`.

@@ -5,6 +5,7 @@ pub mod app;
 pub mod check;
 pub mod inspect;
 pub mod man;
+pub mod plan;
 pub mod run;
 
 use std::net::SocketAddr;

@@ -3,7 +3,6 @@
 //! [`Request`] for the engine; this file draws the progress bar and prints
 //! each period's line.
 
-use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use tokio::sync::watch;
@@ -44,32 +43,30 @@ pub(crate) fn user() -> String {
         .map_or_else(|| nix::unistd::getuid().to_string(), |u| u.name)
 }
 
-/// Checks the flags of `run` before the database is opened.
-pub fn check_args(config: &Config, args: &RunArgs, now: DateTime<Utc>) -> Result<(), Error> {
-    manual::check(config, &request(args), now)
-}
-
 /// Runs `scheduler run` to the end.
 pub async fn command(
     config: &Config,
     store: &Store,
-    args: &RunArgs,
+    request: &Request,
+    json: bool,
     owner: &str,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Outcome, Error> {
     let engine = Engine::new(store.clone(), config.settings.lease, owner.to_owned())?;
     let mut printer = Printer {
         bar: ProgressBar::hidden(),
-        json: args.json,
+        json,
     };
     let shutdown_seen = shutdown.clone();
-    let result = manual::drive(config, &engine, &request(args), shutdown, &mut printer).await;
+    let result = manual::drive(config, &engine, request, shutdown, &mut printer).await;
     if let Ok(mut shown) = BAR.lock() {
         *shown = None;
     }
     printer.bar.finish_and_clear();
-    if !args.dry_run && !*shutdown_seen.borrow() {
-        engine.notify_after_run(config, args.job.as_deref()).await;
+    if !request.dry_run && !*shutdown_seen.borrow() {
+        engine
+            .notify_after_run(config, request.job.as_deref())
+            .await;
     }
     result
 }

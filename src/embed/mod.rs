@@ -190,7 +190,7 @@ impl Scheduler {
             wait: options.wait,
             dry_run: false,
             with_upstream: options.with_upstream,
-            names: Names::JSON,
+            names: Names::CODE,
             by: options.by.unwrap_or_else(|| "library".into()),
         };
         manual::check(&self.config, &request, self.engine.now())?;

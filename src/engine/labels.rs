@@ -29,6 +29,10 @@ pub struct Names {
     pub with_upstream: &'static str,
     /// Running only failed periods.
     pub only_failed: &'static str,
+    /// What runs one period again by hand.
+    pub rerun: &'static str,
+    /// What runs a period later that waits for its upstream.
+    pub later: &'static str,
 }
 
 impl Names {
@@ -42,17 +46,15 @@ impl Names {
         wait: "--wait",
         with_upstream: "--with-upstream",
         only_failed: "--only-failed",
+        rerun: "`run --period`",
+        later: "serve's scan, or the next `run` of the job",
     };
     /// A period label in an HTTP API path.
     pub const PATH: Names = Names {
         period: "label",
         from: "label",
         to: "label",
-        early: "early",
-        force: "force",
-        wait: "wait",
-        with_upstream: "with_upstream",
-        only_failed: "only_failed",
+        ..Names::JSON
     };
     /// The HTTP API's JSON fields.
     pub const JSON: Names = Names {
@@ -64,6 +66,21 @@ impl Names {
         wait: "wait",
         with_upstream: "with_upstream",
         only_failed: "only_failed",
+        rerun: "a run with `period`",
+        later: "serve's scan",
+    };
+    /// The library's calls and their options.
+    pub const CODE: Names = Names {
+        period: "label",
+        from: "from",
+        to: "to",
+        early: "RunOptions::early",
+        force: "RunOptions::force",
+        wait: "RunOptions::wait",
+        with_upstream: "RunOptions::with_upstream",
+        only_failed: "only_failed",
+        rerun: "`run_period`",
+        later: "the scan of `start`, or the next `run_due`",
     };
 }
 
@@ -180,7 +197,8 @@ pub fn period_of_label(job: &Job, label: &str, flag: &str) -> Result<Period, Err
     Ok(period)
 }
 
-pub(super) fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
+/// The period `label` names for `job`, or a usage error in `flag`'s words.
+pub fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
     job.period.parse_label(&job.schedule, label).map_err(|e| {
         Error::Usage(format!(
             "{flag}: {e} (job `{}` has {} periods)",

@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::serve::{serve, serve_listening, signal, stop};
 use crate::support::{
     Said, TestDb, Workspace, count, databases, eventually, fired_on_each, lines, ticker, wait,
+    within,
 };
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -381,13 +382,22 @@ fn a_backfill_with_its_upstream_runs_the_days_then_the_months_each_once() {
     let db = TestDb::postgres_blocking().unwrap_or_else(TestDb::sqlite);
     let ws = Workspace::new(&crate::api::with_api(&daily_and_monthly_jobs("")));
     let server = crate::api::Server::start(&ws, &db.url);
-    let body = json!({ "period": "2026-08", "with_upstream": true });
+    // `wait`: `serve` runs the latest day of `ingest` when it first sees
+    // it, and while that run holds the job's one concurrency slot a day of
+    // the backfill would be `busy` (and the month left waiting).
+    let body = json!({ "period": "2026-08", "with_upstream": true, "wait": true });
     let (status, _, _, answer) =
         crate::api::answer(server.post(crate::api::CI, "/v1/jobs/report/runs", "aug", &body));
     assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{answer}");
-    eventually("the month runs", BOUND, || {
-        runs(&ws).iter().any(|l| l.starts_with("report"))
+    let month_ran = within(BOUND, || {
+        runs(&ws).iter().any(|l| l.starts_with("report 2026-08"))
     });
+    assert!(
+        month_ran,
+        "the month did not run: {:?}\n{}",
+        runs(&ws),
+        std::fs::read_to_string(ws.path().join("serve.log")).unwrap_or_default()
+    );
     // August's 31 days, then its month (`serve` may also have run a job's
     // latest fire when it first saw it).
     let ran: Vec<String> = runs(&ws)

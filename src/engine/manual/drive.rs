@@ -667,8 +667,8 @@ impl Backfill<'_> {
                 &ask.key(),
                 PeriodOutcome::Busy,
                 format!(
-                    "not run: all {} concurrency slot(s) of `{}` are taken by running periods; --wait waits for one",
-                    ask.job.concurrency, ask.job.name
+                    "not run: all {} concurrency slot(s) of `{}` are taken by running periods; {} waits for one",
+                    ask.job.concurrency, ask.job.name, self.request.names.wait
                 ),
                 None,
             );
@@ -680,9 +680,9 @@ impl Backfill<'_> {
             // Noted as waiting, it is claimed once they have: said, so that
             // its later run is no surprise.
             let detail = format!(
-                "{}; it runs once they have succeeded (serve's scan, or the next `run {}`)",
+                "{}; it runs once they have succeeded ({})",
                 report.detail(),
-                ask.job.name
+                self.request.names.later
             );
             return Line::new(&report.key, report.outcome(), detail, None);
         }

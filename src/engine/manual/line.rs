@@ -117,8 +117,10 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
             retry_at: None,
             failures,
         } if !manual => {
-            let detail =
-                format!("{failures} time(s), no retries left; `run --period` runs it again");
+            let detail = format!(
+                "{failures} time(s), no retries left; {} runs it again",
+                request.names.rerun
+            );
             return Some(failed_line(key, row, detail));
         }
         _ => return None,
@@ -153,7 +155,7 @@ fn dry_run_line(key: &str, row: Option<&ClaimRow>, request: &Request) -> Line {
                 PeriodOutcome::WouldClaim,
                 match row.as_claim() {
                     Claim::Succeeded { .. } => {
-                        "already succeeded; --force runs it again".to_owned()
+                        format!("already succeeded; {} runs it again", request.names.force)
                     }
                     Claim::Failed { .. } => format!("retry of attempt {}", row.attempt),
                     Claim::Held { owner, .. } => format!("after waiting for {owner}"),

@@ -19,7 +19,7 @@ pub use line::Line;
 pub use request::{Request, Selection, check};
 // The periods a front end names by label, which a request names too.
 pub use crate::engine::labels::{
-    Names, page_between, period_of_label, periods_between, periods_up_to,
+    Names, page_between, parse_label, period_of_label, periods_between, periods_up_to,
 };
 
 /// Where a manual run's lines go.
