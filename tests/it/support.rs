@@ -38,13 +38,25 @@ impl Workspace {
     }
 
     /// The binary, in this dir, with a clean scheduler environment.
+    /// The scheduler with `args`, run in the workspace. It is killed when
+    /// the thread that started it ends: a test that fails leaves no
+    /// `serve` of its own running on, holding database connections.
     pub fn command(&self, args: &[&str]) -> Command {
+        use std::os::unix::process::CommandExt;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_scheduler"));
         cmd.args(args)
             .current_dir(self.dir.path())
             .env_remove("DATABASE_URL")
             .env_remove("SCHEDULER_CONFIG")
             .env_remove("SCHEDULER_LOG");
+        // SAFETY: `prctl` is async-signal-safe, and the closure touches no
+        // memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
         cmd
     }
 
