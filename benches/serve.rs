@@ -12,25 +12,31 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `scheduler` in `dir`, its log written to `dir/scheduler.log`: a pipe
+/// nobody reads until the end would stop it at its first 64 KiB (10,000
+/// jobs' first sightings are logged).
 fn scheduler(dir: &std::path::Path, url: &str, args: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join("scheduler.log")).unwrap();
     Command::new(env!("CARGO_BIN_EXE_scheduler"))
         .args(["--log-format", "json", "--database-url", url])
         .args(args)
         .current_dir(dir)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(log)
         .spawn()
         .unwrap()
 }
 
-fn stop(child: Child) -> Vec<serde_json::Value> {
+/// Stops `child` and reads the JSON lines of its log in `dir`.
+fn stop(mut child: Child, dir: &std::path::Path) -> Vec<serde_json::Value> {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let out = child.wait_with_output().unwrap();
-    BufReader::new(&out.stderr[..])
+    child.wait().unwrap();
+    let log = std::fs::File::open(dir.join("scheduler.log")).unwrap();
+    BufReader::new(log)
         .lines()
         .map_while(Result::ok)
         .filter_map(|l| serde_json::from_str(&l).ok())
@@ -112,8 +118,8 @@ fn fire_lateness(databases: &[(&str, String)]) {
     std::thread::sleep(Duration::from_secs(1));
     let bare = bare_loop(Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(1));
-    for ((name, _), serve) in databases.iter().zip(serves) {
-        let logs = stop(serve);
+    for (((name, _), serve), dir) in databases.iter().zip(serves).zip(&dirs) {
+        let logs = stop(serve, dir.path());
         say(
             name,
             "claim start after the fire",
@@ -211,7 +217,7 @@ fn ten_thousand_idle_jobs(url: &str, deadlines: bool) {
         metric(19191, "scheduler_wakeups_total");
     }
     let scrape_ms = (cpu_ticks(pid) - before) as f64 * 10.0 / SCRAPES as f64;
-    stop(serve);
+    stop(serve, dir.path());
     println!(
         "10,000 idle jobs{}: listening after {:.0} ms; RSS {:.1} MiB; CPU {:.2} s per idle minute (over {IDLE_MINUTES}); {:.0} timer wake-ups per minute; a /metrics scrape {scrape_ms:.0} ms CPU",
         if deadlines {
