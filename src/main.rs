@@ -115,11 +115,18 @@ fn init_logging(cli: &Cli) {
     } else {
         ""
     };
-    let filter = EnvFilter::try_from_env("SCHEDULER_LOG")
-        // sqlx's own warnings quote connection parameters (a key's
-        // passphrase among them) and whole statements: the scheduler says
-        // what failed itself.
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},sqlx=error{engine}")));
+    // `-v` and `-vv` raise the scheduler's own lines (and its jobs'
+    // output); other crates stay at `info`: their debug and trace lines
+    // quote hosts, headers and parameters the scheduler masks in its own.
+    // sqlx's own warnings quote connection parameters (a key's passphrase
+    // among them) and whole statements: the scheduler says what failed
+    // itself. `SCHEDULER_LOG` sets any filter, unmasked, on purpose.
+    let others = if cli.quiet { "warn" } else { "info" };
+    let filter = EnvFilter::try_from_env("SCHEDULER_LOG").unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{others},scheduler={level},job={level},sqlx=error{engine}"
+        ))
+    });
     // Colour only for a person at a terminal: log files, pipes and
     // container logs get plain text.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())

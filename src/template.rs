@@ -229,8 +229,19 @@ impl Secrets {
             .collect();
         values.sort();
         values.dedup();
+        // A value of several lines (a PEM key, a JSON credential) is also
+        // looked for line by line: a job's output is logged a line at a
+        // time, so no log line ever holds the whole value.
+        let lines: Vec<String> = values
+            .iter()
+            .filter(|v| v.contains('\n'))
+            .flat_map(|v| v.lines().map(str::trim))
+            .filter(|line| line.chars().count() >= Secrets::SHORTEST)
+            .map(str::to_owned)
+            .collect();
         let mut forms: Vec<String> = values
             .iter()
+            .chain(&lines)
             .flat_map(|v| {
                 let name = (0..=63.min(v.len()))
                     .rev()

@@ -6,12 +6,11 @@ use tokio::sync::{mpsc, watch};
 
 use crate::cli::check;
 use crate::cli::inspect;
-use crate::cli::plan::{Adopting, Plan};
+use crate::cli::plan::Plan;
 use crate::cli::run;
 use crate::cli::{After, Cli, Command};
 use crate::config::{Config, ConfigError};
 use crate::driver::Service;
-use crate::engine::operate::Adoption;
 use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Unread, say};
 use crate::period::PeriodKey;
@@ -101,11 +100,7 @@ async fn inspect_database(
         }
         Plan::Release { job, period } => inspect::release(config.job(&job)?, store, &period).await,
         Plan::Adopt { job, which } => {
-            let which = match &which {
-                Adopting::Through(through) => Adoption::Through(through),
-                Adopting::Range(from, to) => Adoption::Range(from, to),
-            };
-            inspect::adopt(config.job(&job)?, store, which, now).await
+            inspect::adopt(config.job(&job)?, store, which.borrowed(), now).await
         }
         Plan::Pause { job, paused } => inspect::pause(store, &config.full_name(&job), paused).await,
         Plan::Prune { dry_run } => inspect::prune(config, store, dry_run).await,

@@ -10,6 +10,7 @@ use crate::cli::inspect::{RANGE_LIMIT, Shown};
 use crate::cli::{After, Command, RunArgs, run};
 use crate::config::{Config, ConfigError};
 use crate::engine::manual::{self, Names, Request};
+use crate::engine::operate::{self, AdoptNames, Adoption};
 use crate::error::Error;
 use crate::period::{Period, PeriodKey};
 
@@ -33,7 +34,7 @@ pub enum Plan {
     /// `run`: the engine's request, checked.
     Run {
         /// The request.
-        request: Request,
+        request: Box<Request>,
         /// One JSON object per line.
         json: bool,
     },
@@ -109,6 +110,14 @@ pub enum Adopting {
 impl Adopting {
     /// What `adopt` needs to be given.
     const ASKED: &str = "adopt: give --through LABEL, or --from and --to";
+
+    /// The adoption it names.
+    pub fn borrowed(&self) -> Adoption<'_> {
+        match self {
+            Adopting::Through(through) => Adoption::Through(through),
+            Adopting::Range(from, to) => Adoption::Range(from, to),
+        }
+    }
 }
 
 impl Plan {
@@ -160,12 +169,17 @@ impl Plan {
                 from,
                 to,
             } => {
-                config.job(&job)?;
                 let which = match (through, from, to) {
                     (Some(through), _, _) => Adopting::Through(through),
                     (None, Some(from), Some(to)) => Adopting::Range(from, to),
                     _ => return Err(Error::Usage(Adopting::ASKED.into())),
                 };
+                operate::check_adoption(
+                    config.job(&job)?,
+                    which.borrowed(),
+                    now,
+                    AdoptNames::FLAGS,
+                )?;
                 Plan::Adopt { job, which }
             }
             Command::Pause { job } => Plan::Pause {
@@ -203,7 +217,7 @@ impl Plan {
         let request = run::request(args);
         manual::check(config, &request, now)?;
         Ok(Plan::Run {
-            request,
+            request: Box::new(request),
             json: args.json,
         })
     }

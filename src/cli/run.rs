@@ -166,6 +166,7 @@ fn print_line(line: &Line, as_json: bool) -> Result<(), Unread> {
             "status": line.status,
             "attempt": line.attempt,
             "trigger": line.trigger,
+            "asked": line.asked,
             "exit_code": line.exit_code,
             "http_status": line.http_status,
             "error": line.error,

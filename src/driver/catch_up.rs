@@ -24,13 +24,16 @@ impl Service {
         let last_fires = store.last_fires(&names).await?;
         let now = self.clock.now();
         let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
-        self.owed.clear();
+        let sighted = self
+            .jobs
+            .iter()
+            .filter_map(|job| Some((&**job, records.get(&job.name)?)));
+        self.owed = crate::engine::due::owed_from_all(&store, sighted).await;
         for job in self.jobs.clone() {
-            let Some(record) = records.get(&job.name) else {
+            let (Some(record), Some(&owed)) = (records.get(&job.name), self.owed.get(&job.name))
+            else {
                 continue;
             };
-            let owed = crate::engine::due::owed_from(&store, &job, record).await;
-            self.owed.insert(job.name.clone(), owed);
             if record.new {
                 crate::engine::due::log_first_sighting(&job, owed);
             }

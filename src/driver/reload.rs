@@ -113,13 +113,16 @@ impl Service {
         let store = self.engine.store().clone();
         match store.see_jobs(&names).await {
             Ok(records) => {
-                self.owed.clear();
+                let sighted = jobs
+                    .iter()
+                    .filter_map(|job| Some((&**job, records.get(&job.name)?)));
+                self.owed = crate::engine::due::owed_from_all(&store, sighted).await;
                 for job in jobs {
-                    let Some(record) = records.get(&job.name) else {
+                    let (Some(record), Some(&owed)) =
+                        (records.get(&job.name), self.owed.get(&job.name))
+                    else {
                         continue;
                     };
-                    let owed = crate::engine::due::owed_from(&store, job, record).await;
-                    self.owed.insert(job.name.clone(), owed);
                     if record.new {
                         crate::engine::due::log_first_sighting(job, owed);
                         if !record.paused {

@@ -58,14 +58,31 @@ pub async fn owed_from(
     job: &Job,
     record: &crate::store::JobRecord,
 ) -> DateTime<Utc> {
-    if let Some(owed) = record.owed_from {
-        return owed;
+    let owed = owed_from_all(store, [(job, record)]).await;
+    owed[&job.name]
+}
+
+/// [`owed_from`] for each of `sighted`, the ones not recorded yet
+/// recorded in one write.
+pub async fn owed_from_all<'a>(
+    store: &Store,
+    sighted: impl IntoIterator<Item = (&'a Job, &'a crate::store::JobRecord)>,
+) -> HashMap<String, DateTime<Utc>> {
+    let mut owed = HashMap::new();
+    let mut unrecorded = Vec::new();
+    for (job, record) in sighted {
+        let from = record
+            .owed_from
+            .unwrap_or_else(|| job.owed_since(record.first_seen));
+        if record.owed_from.is_none() {
+            unrecorded.push((job.name.clone(), from));
+        }
+        owed.insert(job.name.clone(), from);
     }
-    let owed = job.owed_since(record.first_seen);
-    if let Err(e) = store.note_owed(&job.name, owed).await {
+    if let Err(e) = store.note_owed(&unrecorded).await {
         tracing::warn!(
-            job = job.name,
-            "cannot record from when the job owes its fires yet: {e}"
+            jobs = unrecorded.len(),
+            "cannot record from when the jobs first seen owe their fires yet: {e}"
         );
     }
     owed
@@ -172,18 +189,27 @@ pub fn standing(
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    // A period of several fires (an hour of `*/15` fires) is owed, and
+    // within the window, if any of its fires due by now is: its first
+    // fire may lie before the sighting while a later one, which `serve`
+    // and `run JOB` take, does not.
+    let fired_since = |from: DateTime<Utc>| {
+        fire.is_some_and(|f| f >= from) || fires_since(job, period, from, now)
+    };
     let state = match (row, fire) {
         (None, Some(f)) if f > now => PeriodState::NotDue,
         (None, _) if sighting.noted && upstream.waiting() => PeriodState::Waiting,
         (None, _) if sighting.noted => PeriodState::Ready,
-        (None, Some(f)) if f < owed => PeriodState::BeforeFirstSeen,
+        (None, Some(_)) if !fired_since(owed) => PeriodState::BeforeFirstSeen,
         (None, _) if upstream.waiting() => PeriodState::Waiting,
-        (None, Some(f)) if f < window => PeriodState::Missed,
+        (None, Some(_)) if !fired_since(window) => PeriodState::Missed,
         // `missed = "latest"` or `"skip"`: an older fire nothing ran at is
         // passed over for good; only the latest is taken.
         (None, Some(f))
             if job.missed != Missed::All
-                && job.timing().latest(now).is_some_and(|latest| latest.at > f) =>
+                && job.timing().latest(now).is_some_and(|latest| {
+                    latest.at > f && job.timing().period_of(&latest).label != period.label
+                }) =>
         {
             PeriodState::Missed
         }
@@ -198,13 +224,28 @@ pub fn standing(
     // else it is (never claimed, running, failed, waiting); one from
     // before the job was first seen never is, even run by hand.
     let late = state.can_be_late()
-        && fire.is_some_and(|f| f >= owed)
+        && fired_since(owed)
         && job
             .deadline
             .and_then(|d| TimeDelta::from_std(d).ok())
             .zip(fire)
             .is_some_and(|(d, fire)| fire + d <= now);
     Standing { state, fire, late }
+}
+
+/// Whether a fire of `period` at or after `from` is due by `now`. Its
+/// fires are consecutive, so the first fire at or after `from` is one of
+/// them if any is.
+pub(crate) fn fires_since(
+    job: &Job,
+    period: &Period,
+    from: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> bool {
+    let timing = job.timing();
+    timing
+        .next(from - TimeDelta::nanoseconds(1))
+        .is_some_and(|next| next.at <= now && timing.period_of(&next).label == period.label)
 }
 
 /// `serve`'s overdue gauge, counted each minute from what the count before

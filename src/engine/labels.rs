@@ -33,6 +33,8 @@ pub struct Names {
     pub rerun: &'static str,
     /// What runs a period later that waits for its upstream.
     pub later: &'static str,
+    /// What to do when every concurrency slot of the job is taken.
+    pub busy: &'static str,
 }
 
 impl Names {
@@ -47,7 +49,8 @@ impl Names {
         with_upstream: "--with-upstream",
         only_failed: "--only-failed",
         rerun: "`run --period`",
-        later: "serve's scan, or the next `run` of the job",
+        later: "serve's scan, or the next `run` of the job; --with-upstream runs them first",
+        busy: "--wait waits for one",
     };
     /// A period label in an HTTP API path.
     pub const PATH: Names = Names {
@@ -67,7 +70,8 @@ impl Names {
         with_upstream: "with_upstream",
         only_failed: "only_failed",
         rerun: "a run with `period`",
-        later: "serve's scan",
+        later: "serve's scan; `with_upstream` runs them first",
+        busy: "ask again once one is free",
     };
     /// The library's calls and their options.
     pub const CODE: Names = Names {
@@ -80,7 +84,8 @@ impl Names {
         with_upstream: "RunOptions::with_upstream",
         only_failed: "only_failed",
         rerun: "`run_period`",
-        later: "the scan of `start`, or the next `run_due`",
+        later: "the scan of `start`, or the next `run_due`; `RunOptions::with_upstream` runs them first",
+        busy: "`RunOptions::wait` waits for one",
     };
 }
 

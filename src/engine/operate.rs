@@ -88,7 +88,59 @@ pub async fn adopt(
     now: chrono::DateTime<chrono::Utc>,
     given: AdoptNames,
 ) -> Result<Adopted, Error> {
-    let (last_name, names) = match which {
+    check_adoption(job, which, now, given)?;
+    let (last_name, names) = adopt_names(which, given);
+    let (from, to) = match which {
+        Adoption::Range(from, to) => (from.to_owned(), to),
+        Adoption::Through(to) => {
+            let last = period_of_label(job, to, last_name)?;
+            let first = first_owed(store, job, last, now).await?;
+            (first.label, to)
+        }
+    };
+    let asked = adopted_periods(job, (&from, to), now, last_name, names)?;
+    let taken = store.adopt(&job.name, &asked, by).await?;
+    if !taken.is_empty() {
+        let rows = store.rows(&taken).await?;
+        let mut rows: Vec<_> = rows.into_values().collect();
+        rows.sort_by(|a, b| a.period_key.cmp(&b.period_key));
+        return Ok(Adopted::Claimed(rows));
+    }
+    Ok(Adopted::Recorded(
+        asked
+            .iter()
+            .map(|(period, _)| PeriodKey::new(&job.name, &period.label))
+            .collect(),
+    ))
+}
+
+/// Refuses, before any database is asked, what `which` names wrongly (a
+/// usage error in the words `given`): a label that is no period of `job`,
+/// a period not yet due, a range of more than [`ADOPT_LIMIT`] periods.
+/// [`adopt`] asks it first.
+pub fn check_adoption(
+    job: &Job,
+    which: Adoption<'_>,
+    now: chrono::DateTime<chrono::Utc>,
+    given: AdoptNames,
+) -> Result<(), Error> {
+    let (last_name, names) = adopt_names(which, given);
+    match which {
+        Adoption::Range(from, to) => {
+            adopted_periods(job, (from, to), now, last_name, names)?;
+        }
+        Adoption::Through(to) => {
+            let last = period_of_label(job, to, last_name)?;
+            refuse_not_due(job, &last, now, last_name)?;
+        }
+    }
+    Ok(())
+}
+
+/// The names of an adoption's fields, as the labels' messages use them:
+/// the last label's, and the range's.
+fn adopt_names(which: Adoption<'_>, given: AdoptNames) -> (&'static str, Names) {
+    match which {
         Adoption::Through(_) => (
             given.through,
             Names {
@@ -104,44 +156,33 @@ pub async fn adopt(
                 ..Names::FLAGS
             },
         ),
-    };
-    let (from, to) = match which {
-        Adoption::Range(from, to) => {
-            period_of_label(job, from, names.from)?;
-            (from.to_owned(), to)
-        }
-        Adoption::Through(to) => {
-            let last = period_of_label(job, to, last_name)?;
-            let first = first_owed(store, job, last, now).await?;
-            (first.label, to)
-        }
-    };
+    }
+}
+
+/// The periods `from..=to` of `job` with their fires, each due by `now`.
+fn adopted_periods(
+    job: &Job,
+    (from, to): (&str, &str),
+    now: chrono::DateTime<chrono::Utc>,
+    last_name: &str,
+    names: Names,
+) -> Result<Vec<(Period, chrono::DateTime<chrono::Utc>)>, Error> {
+    period_of_label(job, from, names.from)?;
     let last = period_of_label(job, to, last_name)?;
     refuse_not_due(job, &last, now, last_name)?;
-    let (periods, more) = page_between(job, (&from, to), ADOPT_LIMIT, names)?;
+    let (periods, more) = page_between(job, (from, to), ADOPT_LIMIT, names)?;
     if more.is_some() {
         return Err(Error::Usage(format!(
             "{last_name}: the range holds more than {ADOPT_LIMIT} periods; adopt it in parts"
         )));
     }
-    let mut asked = Vec::with_capacity(periods.len());
-    for period in periods {
-        let fire = refuse_not_due(job, &period, now, last_name)?;
-        asked.push((period, fire));
-    }
-    let taken = store.adopt(&job.name, &asked, by).await?;
-    if !taken.is_empty() {
-        let rows = store.rows(&taken).await?;
-        let mut rows: Vec<_> = rows.into_values().collect();
-        rows.sort_by(|a, b| a.period_key.cmp(&b.period_key));
-        return Ok(Adopted::Claimed(rows));
-    }
-    Ok(Adopted::Recorded(
-        asked
-            .iter()
-            .map(|(period, _)| PeriodKey::new(&job.name, &period.label))
-            .collect(),
-    ))
+    periods
+        .into_iter()
+        .map(|period| {
+            let fire = refuse_not_due(job, &period, now, last_name)?;
+            Ok((period, fire))
+        })
+        .collect()
 }
 
 /// The first period `adopt --through` records, through `last`: the

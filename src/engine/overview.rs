@@ -176,12 +176,15 @@ async fn classify(
         .map(|(i, periods)| (all[*i].job, periods.as_slice()))
         .collect();
     let views = view::of_jobs(store, &pairs, now).await?;
-    for ((i, _), views) in asked.iter().zip(views) {
+    for ((i, periods), views) in asked.iter().zip(views) {
         let overview = &mut all[*i];
         let window = window_start(overview.job, now);
-        for v in views {
+        for (v, period) in views.into_iter().zip(periods) {
             let key = v.key.to_string();
-            let in_window = v.fire.is_some_and(|f| f >= window);
+            // Any of its fires due by now within the window: a period of
+            // several fires is judged by its latest, as the runs take it.
+            let in_window = v.fire.is_some_and(|f| f >= window)
+                || super::due::fires_since(overview.job, period, window, now);
             match v.state {
                 PeriodState::Waiting => {
                     overview.waiting.push((key.clone(), v.upstream.to_string()))

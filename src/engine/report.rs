@@ -124,7 +124,7 @@ impl Report {
             Status::Lost => {
                 "the claim was taken over; this attempt was stopped and its outcome discarded".into()
             }
-            Status::Released => "stopped by `scheduler release`; nothing recorded and the period is not done: the next scan takes it over as a recovery, or a run of the period by hand runs it".into(),
+            Status::Released => "stopped by a release (`scheduler release`, or its call in the API or the library); nothing recorded and the period is not done: the next scan takes it over as a recovery, or a run of the period by hand runs it".into(),
             Status::Fenced => "the lease could not be renewed in time (the database did not answer, or this process was stopped); the job, if still running, was stopped before the lease ran out, and its outcome was not recorded: the next run or serve recovers the period (and runs it again if it had ended)".into(),
             Status::Shutdown => "interrupted by shutdown; the claim was released".into(),
             Status::Unrecorded(e) => format!(

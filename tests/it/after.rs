@@ -382,10 +382,17 @@ fn a_backfill_with_its_upstream_runs_the_days_then_the_months_each_once() {
     let db = TestDb::postgres_blocking().unwrap_or_else(TestDb::sqlite);
     let ws = Workspace::new(&crate::api::with_api(&daily_and_monthly_jobs("")));
     let server = crate::api::Server::start(&ws, &db.url);
-    // `wait`: `serve` runs the latest day of `ingest` when it first sees
-    // it, and while that run holds the job's one concurrency slot a day of
-    // the backfill would be `busy` (and the month left waiting).
-    let body = json!({ "period": "2026-08", "with_upstream": true, "wait": true });
+    // `serve` runs the latest day of `ingest` when it first sees it; while
+    // that run holds the job's one concurrency slot a day of the backfill
+    // would be `busy` (and the month left waiting), so the backfill is
+    // asked for once that run has ended.
+    eventually("serve's first run of ingest ended", BOUND, || {
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'ingest' AND state = 'succeeded'",
+        ) == 1
+    });
+    let body = json!({ "period": "2026-08", "with_upstream": true });
     let (status, _, _, answer) =
         crate::api::answer(server.post(crate::api::CI, "/v1/jobs/report/runs", "aug", &body));
     assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{answer}");

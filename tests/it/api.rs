@@ -444,10 +444,14 @@ fn an_in_progress_key_left_by_a_killed_replica_is_taken_over_after_its_bound() {
             .json(&json!({"period": "2026-07"}))
             .send()
     });
-    eventually("the request under way", BOUND, || {
+    // Killed once the request has started its run (its key is taken
+    // first, then its run recorded and its period claimed): a kill
+    // between the two leaves a request that started nothing, which the
+    // next replica carries out afresh.
+    eventually("the request's run under way", BOUND, || {
         count(
             &db.url,
-            "SELECT count(*) FROM scheduler_idempotency WHERE state = 'running'",
+            "SELECT count(*) FROM scheduler_claims WHERE period_key = 'billing:2026-07' AND state = 'running'",
         ) == 1
     });
     server.kill();

@@ -645,7 +645,7 @@ fn release_stops_the_running_job_and_frees_the_period_once_its_runner_confirms()
     let out = wait(stuck, BOUND);
     assert!(
         out.stdout()
-            .contains("released: stopped by `scheduler release`"),
+            .contains("released: stopped by a release (`scheduler release`"),
         "{}",
         out.stdout()
     );

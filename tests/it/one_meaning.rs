@@ -163,6 +163,43 @@ fn a_job_first_seen_after_its_latest_fire_left_catch_up_runs_nothing_until_its_n
 /// `serve` and `run JOB` started together on a fresh database, across the
 /// job's first sighting: its latest fire within catch_up runs once, by
 /// one of them, never by both.
+/// A period of several fires (a year of every-minute fires) whose first
+/// fire came long before the job was first seen, and its latest fire just
+/// now: `status`, its range and `run --dry-run` say a first run takes it,
+/// and it does (the views read the period's first fire and called it
+/// `before first seen`, while the run took it by its latest).
+#[test]
+fn a_period_of_many_fires_is_owed_by_its_latest_fire_in_every_view() {
+    for db in databases() {
+        let ws = Workspace::new(
+            "[[job]]\nname = \"rollup\"\nschedule = \"* * * * *\"\nperiod = \"year\"\n\
+             shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n",
+        );
+        // The latest fire is this minute's, whose year is now's.
+        let year = Utc::now().format("%Y").to_string();
+        let key = format!("rollup:{year}");
+        ok(&ws, &db, &["migrate"]);
+        let status = ok(&ws, &db, &["status", "rollup"]);
+        assert!(
+            status.contains(&format!(
+                "not seen yet: a first `serve` or `run rollup` now takes {key}"
+            )),
+            "{status}"
+        );
+        let range = ok(
+            &ws,
+            &db,
+            &["status", "rollup", "--from", &year, "--to", &year, "--json"],
+        );
+        let view: Value = serde_json::from_str(range.trim()).expect("one period");
+        assert_eq!(view["state"], "due", "{view}");
+        let dry = ok(&ws, &db, &["run", "rollup", "--dry-run"]);
+        assert!(dry.contains(&format!("{key}  would claim")), "{dry}");
+        ok(&ws, &db, &["run", "rollup"]);
+        assert_eq!(runs(&ws), [key], "{}", db.url);
+    }
+}
+
 #[test]
 fn serve_and_run_job_seeing_a_job_first_together_run_its_latest_fire_once() {
     for db in databases() {
@@ -360,6 +397,45 @@ fn adopt_refuses_claimed_and_future_periods_and_labels_that_are_no_period() {
 /// `GET /v1/jobs`, the overdue gauge and `run --dry-run` agree, over a
 /// fixture with succeeded, failed, adopted, running, waiting, due (and
 /// late), before first seen and not due periods.
+/// An `adopt` that names no period of the job, a reversed range or a
+/// period not due is refused before any database is created or touched.
+#[test]
+fn a_refused_adopt_creates_no_database() {
+    let (toml, _) = daily_fired(TimeDelta::minutes(10), "24h");
+    let ws = Workspace::new(&toml);
+    let next_year = (Utc::now() + TimeDelta::days(366))
+        .format("%Y-%m-%d")
+        .to_string();
+    for args in [
+        &["adopt", "billing", "--through", "garbage"][..],
+        &[
+            "adopt",
+            "billing",
+            "--from",
+            "garbage",
+            "--to",
+            "2026-07-01",
+        ],
+        &[
+            "adopt",
+            "billing",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-07-01",
+        ],
+        &["adopt", "billing", "--through", &next_year],
+    ] {
+        let out = ws.run(args);
+        assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr());
+        assert!(
+            !ws.path().join("scheduler.db").exists(),
+            "{args:?} created the database: {}",
+            out.stderr()
+        );
+    }
+}
+
 #[test]
 fn every_view_says_the_same_of_every_period() {
     use crate::api::{READER, Server, with_api};

@@ -139,6 +139,59 @@ fn a_job_with_an_inherit_list_gets_only_those_variables() {
     assert_eq!(names, ["OWN", "PATH"], "{env}");
 }
 
+/// A secret of several lines (a PEM key) that its job prints: each of its
+/// lines is masked in the log, which carries the output a line at a time,
+/// as in the kept output.
+#[test]
+fn a_secret_of_several_lines_is_masked_line_by_line_in_the_log() {
+    let db = TestDb::sqlite();
+    let key =
+        "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----";
+    let ws = with_secrets(&job(
+        "pem",
+        "command = [\"sh\", \"-c\", \"printf 'key=%s\\\\n' \\\"$1\\\"; exit 1\", \"x\", \"${PEM_KEY}\"]",
+    ));
+    let out = ws
+        .command(&["run", "pem", "--period", "2026-10"])
+        .env("DATABASE_URL", &db.url)
+        .env("CI_TOKEN", API_TOKEN)
+        .env("HTTP_SECRET", HTTP_SECRET)
+        .env("PEM_KEY", key)
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let said = out.stdout() + &out.stderr();
+    assert!(
+        said.contains("key=***"),
+        "the job's output is not in the log: {said}"
+    );
+    for line in key.lines() {
+        assert!(!said.contains(line), "{line} is in the log: {said}");
+    }
+}
+
+/// At `-vv` the HTTP client's own trace lines (which quote the host it
+/// connects to) stay out of the log: only the scheduler's lines, masked,
+/// are raised.
+#[test]
+fn the_most_verbose_log_quotes_no_secret_of_an_http_action() {
+    let db = TestDb::sqlite();
+    let ws = with_secrets(&job(
+        "secret-host",
+        "http = { url = \"http://${SECRET_HOST}.invalid/x\" }",
+    ));
+    let out = ws
+        .command(&["-vv", "run", "secret-host", "--period", "2026-10"])
+        .env("DATABASE_URL", &db.url)
+        .env("SECRET_HOST", "hostsecretlower987")
+        .output()
+        .unwrap();
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let said = (out.stdout() + &out.stderr()).to_ascii_lowercase();
+    assert!(said.contains(" debug "), "not verbose: {said}");
+    assert!(!said.contains("hostsecretlower987"), "{said}");
+}
+
 #[test]
 fn an_inherit_list_on_an_http_job_or_with_a_bad_name_is_refused() {
     for (rest, expected) in [

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{TimeZone, Utc};
 use scheduler::engine::heartbeat::{Heartbeats, Loss};
 use scheduler::period::Period;
 use scheduler::store::{
@@ -345,6 +345,32 @@ async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
         "{:?}",
         fresh.first_seen
     );
+}
+
+async fn the_instants_jobs_owe_from_are_recorded_at_once_and_never_moved(store: Store) {
+    let names: Vec<String> = (0..500).map(|i| format!("job-{i}")).collect();
+    store.see_jobs(&names).await.unwrap();
+    let at = |minute: u32| {
+        chrono::Utc
+            .with_ymd_and_hms(2026, 12, 1, 0, minute, 0)
+            .unwrap()
+    };
+    store.note_owed(&[(names[0].clone(), at(1))]).await.unwrap();
+    // One write for them all; the one recorded already keeps its instant.
+    let owed: Vec<(String, chrono::DateTime<chrono::Utc>)> =
+        names.iter().map(|name| (name.clone(), at(2))).collect();
+    store.note_owed(&owed).await.unwrap();
+    store.note_owed(&[]).await.unwrap();
+    let seen = store.first_seen(&names).await.unwrap();
+    assert_eq!(seen.len(), 500);
+    assert_eq!(seen["job-0"].owed_from, Some(at(1)));
+    assert!(
+        names[1..]
+            .iter()
+            .all(|name| seen[name].owed_from == Some(at(2)))
+    );
+    let records = store.see_jobs(&names[..2]).await.unwrap();
+    assert_eq!(records["job-1"].owed_from, Some(at(2)));
 }
 
 async fn reclaimable_lists_expired_released_and_due_retries_only(store: Store) {
@@ -1518,6 +1544,7 @@ conformance!(
     an_sql_action_commits_with_the_outcome_or_not_at_all,
     rows_reads_many_keys_in_one_call,
     a_job_is_first_seen_once_and_pause_is_shared,
+    the_instants_jobs_owe_from_are_recorded_at_once_and_never_moved,
     prune_deletes_only_old_finished_claims,
     reclaimable_lists_expired_released_and_due_retries_only,
     prune_never_deletes_a_period_fired_inside_the_catch_up_window,

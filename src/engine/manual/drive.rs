@@ -667,8 +667,8 @@ impl Backfill<'_> {
                 &ask.key(),
                 PeriodOutcome::Busy,
                 format!(
-                    "not run: all {} concurrency slot(s) of `{}` are taken by running periods; {} waits for one",
-                    ask.job.concurrency, ask.job.name, self.request.names.wait
+                    "not run: all {} concurrency slot(s) of `{}` are taken by running periods; {}",
+                    ask.job.concurrency, ask.job.name, self.request.names.busy
                 ),
                 None,
             );

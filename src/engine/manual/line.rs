@@ -107,11 +107,10 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
         Claim::Failed {
             retry_at: Some(at), ..
         } if !manual => {
-            return Some(failed_line(
-                key,
-                row,
-                format!("retry at {} (not due yet)", utc_text(at)),
-            ));
+            return Some(Line {
+                retry_at: Some(utc_text(at)),
+                ..failed_line(key, row, format!("retry at {} (not due yet)", utc_text(at)))
+            });
         }
         Claim::Failed {
             retry_at: None,

@@ -63,14 +63,17 @@ impl PgStore {
 
     pub(in crate::store) async fn note_owed(
         &self,
-        job: &str,
-        owed_from: DateTime<Utc>,
+        owed: &[(String, DateTime<Utc>)],
     ) -> Result<(), sqlx::Error> {
+        let (jobs, at): (Vec<&str>, Vec<DateTime<Utc>>) =
+            owed.iter().map(|(job, at)| (job.as_str(), *at)).unzip();
         sqlx::query(
-            "UPDATE scheduler_jobs SET owed_from = $2 WHERE name = $1 AND owed_from IS NULL",
+            "UPDATE scheduler_jobs SET owed_from = owed.at
+               FROM unnest($1::text[], $2::timestamptz[]) AS owed (name, at)
+              WHERE scheduler_jobs.name = owed.name AND scheduler_jobs.owed_from IS NULL",
         )
-        .bind(job)
-        .bind(owed_from)
+        .bind(jobs)
+        .bind(at)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -72,15 +72,21 @@ impl SqliteStore {
 
     pub(in crate::store) async fn note_owed(
         &self,
-        job: &str,
-        owed_from: DateTime<Utc>,
+        owed: &[(String, DateTime<Utc>)],
     ) -> Result<(), sqlx::Error> {
+        let pairs: Vec<(&str, i64)> = owed
+            .iter()
+            .map(|(job, at)| (job.as_str(), ms(*at)))
+            .collect();
+        let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
         let mut tx = self.begin().await?;
         sqlx::query(
-            "UPDATE scheduler_jobs SET owed_from = ?2 WHERE name = ?1 AND owed_from IS NULL",
+            "UPDATE scheduler_jobs SET owed_from = json_extract(owed.value, '$[1]')
+               FROM json_each(?1) AS owed
+              WHERE scheduler_jobs.name = json_extract(owed.value, '$[0]')
+                AND scheduler_jobs.owed_from IS NULL",
         )
-        .bind(job)
-        .bind(ms(owed_from))
+        .bind(pairs)
         .execute(&mut *tx)
         .await?;
         tx.commit().await
