@@ -254,6 +254,7 @@ impl CodeJob {
             },
             catch_up: settings.catch_up,
             definition: Fingerprint::default(),
+            when: Fingerprint::default(),
             secrets: Default::default(),
         };
         job.derive();

@@ -182,6 +182,16 @@ impl Action {
 pub struct Fingerprint([u8; 12]);
 
 impl Fingerprint {
+    /// The first six bytes of the SHA-256 of `text`, as twelve hex digits.
+    fn of(text: &str) -> Fingerprint {
+        use sha2::Digest;
+        let hash = sha2::Sha256::digest(text.as_bytes());
+        let mut digits = [0; 12];
+        // Six bytes make exactly twelve hex digits.
+        let _ = hex::encode_to_slice(&hash[..6], &mut digits);
+        Fingerprint(digits)
+    }
+
     /// The digits.
     pub fn as_str(&self) -> &str {
         std::str::from_utf8(&self.0).unwrap_or_default()
@@ -233,6 +243,11 @@ pub struct Job {
     /// recorded on every attempt, so `history` shows where it changed. A
     /// hash, never the values themselves.
     pub definition: Fingerprint,
+    /// A fingerprint of when it fires (schedule, zone, daylight-saving
+    /// rule, period rule, active dates, calendars, jitter), recorded with
+    /// its sighting: a change of it is a new sighting of its fires
+    /// ([`Job::owed_after_change`]).
+    pub when: Fingerprint,
     /// The values `${NAME}` put into its action, masked in every message
     /// about it.
     pub secrets: Secrets,
@@ -261,35 +276,97 @@ impl Job {
             .map_or(first_seen, |at| at.min(first_seen))
     }
 
-    /// From when the job owes its fires: as its first sighting recorded it
-    /// (`recorded`), else worked out from when it was first seen
-    /// ([`Job::owed_since`]), else, never seen, as a first sighting now
-    /// would have it.
-    pub fn owed_from(
+    /// From when the job owes its fires once a change of its timing is
+    /// seen at `at`, having owed them from `before`, with `newest` the
+    /// newest fire a scheduler claimed for it (docs/commands.md, "One
+    /// period, one meaning"). The new timing is seen as a new job is
+    /// ([`Job::owed_since`]): its latest fire within `catch_up` of the
+    /// change and what follows; never a fire at or before the newest one
+    /// claimed (the job ran then: a fire the new schedule would have made
+    /// before it never happened), nor one before `before`. A job with
+    /// periods longer than a fire keeps owing the period after the newest
+    /// one claimed, wherever the change moved its fire (a monthly job moved
+    /// from the 28th to the 1st on the 15th still owes this month).
+    pub fn owed_after_change(
         &self,
-        first_seen: Option<DateTime<Utc>>,
-        recorded: Option<DateTime<Utc>>,
-        now: DateTime<Utc>,
+        before: DateTime<Utc>,
+        newest: Option<DateTime<Utc>>,
+        at: DateTime<Utc>,
     ) -> DateTime<Utc> {
-        recorded.unwrap_or_else(|| self.owed_since(first_seen.unwrap_or(now)))
+        let fresh = self.owed_since(at);
+        let carried = match self.period.unit {
+            crate::period::Unit::Fire => None,
+            _ => self.first_fire_of_a_period_after(newest, before),
+        };
+        let mut owed = before.max(carried.map_or(fresh, |c| c.min(fresh)));
+        if let Some(newest) = newest {
+            owed = owed.max(newest + TimeDelta::nanoseconds(1));
+        }
+        owed
+    }
+
+    /// The fire of the first period after the one `newest` falls in (of
+    /// the first period from `before` on, with no fire claimed), if a fire
+    /// covers one within a thousand periods.
+    fn first_fire_of_a_period_after(
+        &self,
+        newest: Option<DateTime<Utc>>,
+        before: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let timing = self.timing();
+        let Some(newest) = newest else {
+            return timing
+                .next(before - TimeDelta::nanoseconds(1))
+                .map(|f| f.at);
+        };
+        let fire = crate::fires::Fire {
+            nominal: newest,
+            at: newest,
+        };
+        let mut period = timing.period_of(&fire);
+        for _ in 0..1000 {
+            period = self.period.following(&self.schedule, &period);
+            if let Some(at) = timing.of(&period) {
+                return Some(at);
+            }
+        }
+        None
     }
 
     /// Computes [`Job::definition`] from the rest.
     fn fingerprint(&self) -> Fingerprint {
-        use sha2::Digest;
-        let mut text = format!(
-            "{}\n{}\n{:?}\n{}",
+        let text = format!(
+            "{}\n{}\n{:?}\n{}{}",
             self.schedule.source(),
             self.schedule.zone().name(),
             self.period,
-            self.action.exact()
+            self.action.exact(),
+            self.fire_rules_text()
         );
-        // Which fires exist and when they run: only where set, so a job
-        // without them keeps the fingerprint it had.
+        Fingerprint::of(&text)
+    }
+
+    /// Computes [`Job::when`] from the rest.
+    fn when_fingerprint(&self) -> Fingerprint {
+        let text = format!(
+            "{}\n{}\n{:?}\n{:?}{}",
+            self.schedule.source(),
+            self.schedule.zone().name(),
+            self.schedule.dst(),
+            self.period,
+            self.fire_rules_text()
+        );
+        Fingerprint::of(&text)
+    }
+
+    /// Which fires exist and when they run, as fingerprints read them:
+    /// only where set, so a job without them keeps the fingerprint it had.
+    fn fire_rules_text(&self) -> String {
         let calendar = |c: &crate::calendar::Calendar| {
             let holidays: Vec<String> = c.holidays().map(|d| d.to_string()).collect();
             format!("{} {:?} {}", c.name, c.weekdays(), holidays.join(","))
         };
+        let mut text = String::new();
         if let Some(days) = self.schedule.days() {
             let working = days.working.as_deref().map(calendar);
             text += &format!("\n{:?} {:?} {working:?}", days.from, days.until);
@@ -300,17 +377,14 @@ impl Job {
         if let Some(jitter) = self.fires.jitter {
             text += &format!("\njitter {}", jitter.as_secs());
         }
-        let hash = sha2::Sha256::digest(text.as_bytes());
-        let mut digits = [0; 12];
-        // Six bytes make exactly twelve hex digits.
-        let _ = hex::encode_to_slice(&hash[..6], &mut digits);
-        Fingerprint(digits)
+        text
     }
 
-    /// Fills in what is derived from the rest: [`Job::definition`] and
-    /// [`Job::secrets`].
+    /// Fills in what is derived from the rest: [`Job::definition`],
+    /// [`Job::when`] and [`Job::secrets`].
     pub(crate) fn derive(&mut self) {
         self.definition = self.fingerprint();
+        self.when = self.when_fingerprint();
         self.secrets = self.action.secrets();
     }
 }

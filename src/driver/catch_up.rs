@@ -28,7 +28,7 @@ impl Service {
             .jobs
             .iter()
             .filter_map(|job| Some((&**job, records.get(&job.name)?)));
-        self.owed = crate::engine::due::owed_from_all(&store, sighted).await;
+        self.owed = crate::engine::owed::owed_from_all(&store, sighted, now).await;
         for job in self.jobs.clone() {
             let (Some(record), Some(&owed)) = (records.get(&job.name), self.owed.get(&job.name))
             else {

@@ -62,6 +62,10 @@ enum Event {
     /// A run of this job ended here (`true`: it succeeded); its slot is
     /// free.
     Done(String, bool),
+    /// A period of this job was answered without a run here and without
+    /// waiting (it runs elsewhere, or ran): the next of its periods
+    /// waiting here is asked for.
+    Answered(String),
     /// A run (or an `sql` group) ended; its `max_running` slot is free.
     Free,
     /// A job was paused (`true`) or resumed through this engine (the API,
@@ -128,9 +132,10 @@ pub struct Service {
     regate: bool,
     /// Turns true when shutdown's grace is over: running jobs stop.
     stop_now: watch::Sender<bool>,
-    /// Periods waiting for a job's concurrency slot or for the database,
-    /// oldest fire first.
-    waiting: BTreeMap<(DateTime<Utc>, String), (String, Due)>,
+    /// Periods waiting for a concurrency slot of their job or for the
+    /// database: by job, oldest fire first. A job's new fires queue behind
+    /// them, never overtaking.
+    waiting: HashMap<String, BTreeMap<(DateTime<Utc>, String), Due>>,
     /// Fires that found all of this process's `max_running` slots taken,
     /// in fire order; each freed slot takes the next.
     backlog: VecDeque<(Arc<Job>, Due)>,
@@ -204,7 +209,7 @@ impl Service {
             paused: HashMap::new(),
             owed: HashMap::new(),
             engine,
-            waiting: BTreeMap::new(),
+            waiting: HashMap::new(),
             backlog: VecDeque::new(),
             pending: Vec::new(),
             events,
@@ -390,19 +395,41 @@ impl Service {
     }
 
     /// A wake-up: every fire due by now joins what waits for the next
-    /// flush, as far as [`Service::admits`] it.
+    /// flush, as far as [`Service::admits`] it. A fire of a job with
+    /// periods waiting for a slot queues behind them, and the oldest of
+    /// them is asked for in its place: a newer period never takes the slot
+    /// an older one waits for (two replicas' every-second fires starved a
+    /// period that found the slot taken, until the scan found it free).
     fn fire(&mut self) {
         let now = self.clock.now();
         let mut pending = std::mem::take(&mut self.pending);
         let dispatched = pending.len();
         self.timer.pop_due(&self.jobs, now, &mut pending);
+        let mut behind = Vec::new();
         let mut at = 0;
         pending.retain(|(job, due)| {
             at += 1;
-            at <= dispatched || self.admits(job, due, now)
+            if at <= dispatched {
+                return true;
+            }
+            if !self.admits(job, due, now) {
+                return false;
+            }
+            if self.waiting.contains_key(&job.name) {
+                behind.push((job.name.clone(), due.clone()));
+                return false;
+            }
+            true
         });
         self.pending = pending;
         self.fired_until = now;
+        let mut asked = HashSet::new();
+        for (name, due) in behind {
+            self.wait(name.clone(), due);
+            if asked.insert(name.clone()) {
+                self.release_waiting(&name, 1);
+            }
+        }
     }
 
     fn job(&self, name: &str) -> Option<Arc<Job>> {
@@ -433,6 +460,7 @@ impl Service {
                 }
                 self.release_waiting(&name, 1);
             }
+            Event::Answered(name) => self.release_waiting(&name, 1),
             Event::Free => self.slot_freed(),
             Event::Paused(name, paused) => {
                 let mut now_paused: HashSet<String> = self.paused.keys().cloned().collect();

@@ -70,16 +70,34 @@ impl Service {
         self.notify.send_replace(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
         let first_sighted = self.see_jobs_again(&jobs).await;
+        let retimed = self.retimed(&jobs);
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
         self.replace_jobs(jobs);
         let now = self.clock.now();
-        for job in first_sighted {
+        // A job seen for the first time, or whose timing changed, takes what
+        // it owes from its sighting on, as `run JOB` and every view have it
+        // (docs/commands.md, "One period, one meaning").
+        for job in first_sighted.into_iter().chain(retimed) {
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
         }
         self.publish_next_fires();
         self.apply_settings(config.settings);
+    }
+
+    /// The jobs of `jobs` that the loop had under another timing, not
+    /// paused: their fires from the change on are owed.
+    fn retimed(&self, jobs: &[Arc<Job>]) -> Vec<Arc<Job>> {
+        jobs.iter()
+            .filter(|job| {
+                self.by_name
+                    .find(&self.jobs, &job.name)
+                    .is_some_and(|i| self.jobs[i].when != job.when)
+                    && !self.paused.contains_key(&job.name)
+            })
+            .cloned()
+            .collect()
     }
 
     /// jobs.toml as it is now, checked as at a start; `None`, logged with
@@ -116,7 +134,8 @@ impl Service {
                 let sighted = jobs
                     .iter()
                     .filter_map(|job| Some((&**job, records.get(&job.name)?)));
-                self.owed = crate::engine::due::owed_from_all(&store, sighted).await;
+                self.owed =
+                    crate::engine::owed::owed_from_all(&store, sighted, self.clock.now()).await;
                 for job in jobs {
                     let (Some(record), Some(&owed)) =
                         (records.get(&job.name), self.owed.get(&job.name))

@@ -114,7 +114,7 @@ impl Service {
             }
             Err(e) => tracing::warn!("scan: cannot read paused jobs: {e}"),
         }
-        let waiting: HashSet<String> = self.waiting.values().map(|(job, _)| job.clone()).collect();
+        let waiting: Vec<String> = self.waiting.keys().cloned().collect();
         for name in waiting {
             let slots = self.job(&name).map_or(1, |job| job.concurrency as usize);
             self.release_waiting(&name, slots);

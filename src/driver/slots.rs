@@ -14,7 +14,6 @@ use super::{Event, Service};
 use crate::config::Job;
 use crate::engine::due::Due;
 use crate::engine::{Ask, CLAIM_BATCH, Engine, Queue, Report, SQL_GROUP, Status, Taken};
-use crate::period::PeriodKey;
 use crate::store::{Claim, Trigger};
 
 /// How long a claim kept undecided by another claim of the same jobs waits
@@ -24,12 +23,11 @@ use crate::store::{Claim, Trigger};
 const CONTENDED_AGAIN: Duration = Duration::from_millis(100);
 
 impl Service {
+    /// Queues `due` of job `job` to wait for a concurrency slot (or the
+    /// database), in fire order behind the job's other waiting periods.
     pub(super) fn wait(&mut self, job: String, due: Due) {
-        let key = (
-            due.fire,
-            PeriodKey::new(&job, &due.period.label).to_string(),
-        );
-        self.waiting.insert(key, (job, due));
+        let key = (due.fire, due.period.label.clone());
+        self.waiting.entry(job).or_default().insert(key, due);
     }
 
     /// Dispatches the `n` oldest waiting periods of job `name`.
@@ -39,22 +37,17 @@ impl Service {
         let now = self.clock.now();
         let mut released = 0;
         while released < n {
-            let Some(key) = self
-                .waiting
-                .iter()
-                .find(|(_, (job, _))| job == name)
-                .map(|(key, _)| key.clone())
-            else {
+            let Some(queue) = self.waiting.get_mut(name) else {
                 return;
             };
-            let Some((name, due)) = self.waiting.remove(&key) else {
+            let oldest = queue.pop_first();
+            if queue.is_empty() {
+                self.waiting.remove(name);
+            }
+            let Some((_, due)) = oldest else {
                 return;
             };
-            debug_assert!(
-                !self.waiting.contains_key(&key),
-                "a period released to run still waits"
-            );
-            let Some(job) = self.job(&name) else {
+            let Some(job) = self.job(name) else {
                 continue;
             };
             if !self.too_old(&job, &due, now) {
@@ -240,12 +233,18 @@ impl Service {
     pub(super) fn oldest_queued_fire(&self, name: &str) -> Option<DateTime<Utc>> {
         let queued = self.pending.iter().chain(&self.backlog);
         let queued = queued.map(|(job, due)| (job.name.as_str(), due));
-        let waiting = self.waiting.values().map(|(job, due)| (job.as_str(), due));
-        queued
-            .chain(waiting)
+        let queued = queued
             .filter(|(job, _)| *job == name)
             .map(|(_, due)| due.fire)
-            .min()
+            .min();
+        let waiting = self
+            .waiting
+            .get(name)
+            .and_then(|queue| queue.first_key_value());
+        match (queued, waiting.map(|((fire, _), _)| *fire)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -345,14 +344,21 @@ impl Batch {
     fn not_won(&self, ask: Ask, taken: Taken) {
         let report = Report::not_run(&ask, taken);
         report.log();
-        if let Status::NotWon(Claim::Busy) = report.status {
-            let trigger = match ask.due.trigger {
-                Trigger::Recovery => Trigger::Recovery,
-                _ => Trigger::CatchUp,
-            };
-            let due = Due { trigger, ..ask.due };
-            let _ = self.events.send(Event::Again(ask.job.name.clone(), due));
-        }
+        let name = ask.job.name.clone();
+        let event = match report.status {
+            Status::NotWon(Claim::Busy) => {
+                let trigger = match ask.due.trigger {
+                    Trigger::Recovery => Trigger::Recovery,
+                    _ => Trigger::CatchUp,
+                };
+                Event::Again(name, Due { trigger, ..ask.due })
+            }
+            // Waiting for its upstream periods, or running here already:
+            // it holds the job's turn.
+            Status::Waiting(_) | Status::RunningHere => return,
+            _ => Event::Answered(name),
+        };
+        let _ = self.events.send(event);
     }
 }
 

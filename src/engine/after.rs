@@ -213,17 +213,16 @@ pub async fn look(
     jobs.sort_unstable();
     jobs.dedup();
     // From when each of them owes its fires (docs/commands.md).
-    let first_seen = match jobs.is_empty() {
-        true => HashMap::new(),
-        false => store.first_seen(&jobs).await?,
-    };
+    let mut previous: Vec<&Job> = Vec::new();
+    for (job, _) in asked {
+        if jobs.contains(&job.name) && !previous.iter().any(|p| p.name == job.name) {
+            previous.push(job);
+        }
+    }
+    let owing = super::owed::owing(store, previous, now).await?;
     let owed: HashMap<String, DateTime<Utc>> = asked
         .iter()
-        .filter_map(|(job, _)| {
-            let seen = first_seen.get(&job.name)?;
-            let owed = job.owed_from(Some(seen.first_seen), seen.owed_from, now);
-            Some((job.name.clone(), owed))
-        })
+        .filter_map(|(job, _)| Some((job.name.clone(), owing.owed_from(&job.name)?)))
         .collect();
     // A previous period from before the first sighting that is noted
     // waiting will run (a first `run` takes the latest due period): it is

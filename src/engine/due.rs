@@ -47,47 +47,6 @@ pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
     }
 }
 
-/// From when `job` owes its fires, as its sighting `record` has it; a
-/// sighting that has not recorded it yet (the first one, or a row from
-/// before it was recorded) records it now, worked out from when the job
-/// was first seen under the job as it is defined now, so that no later
-/// change of its calendar, dates or jitter moves it. A failure to record
-/// it is logged: the next sighting records it.
-pub async fn owed_from(
-    store: &Store,
-    job: &Job,
-    record: &crate::store::JobRecord,
-) -> DateTime<Utc> {
-    let owed = owed_from_all(store, [(job, record)]).await;
-    owed[&job.name]
-}
-
-/// [`owed_from`] for each of `sighted`, the ones not recorded yet
-/// recorded in one write.
-pub async fn owed_from_all<'a>(
-    store: &Store,
-    sighted: impl IntoIterator<Item = (&'a Job, &'a crate::store::JobRecord)>,
-) -> HashMap<String, DateTime<Utc>> {
-    let mut owed = HashMap::new();
-    let mut unrecorded = Vec::new();
-    for (job, record) in sighted {
-        let from = record
-            .owed_from
-            .unwrap_or_else(|| job.owed_since(record.first_seen));
-        if record.owed_from.is_none() {
-            unrecorded.push((job.name.clone(), from));
-        }
-        owed.insert(job.name.clone(), from);
-    }
-    if let Err(e) = store.note_owed(&unrecorded).await {
-        tracing::warn!(
-            jobs = unrecorded.len(),
-            "cannot record from when the jobs first seen owe their fires yet: {e}"
-        );
-    }
-    owed
-}
-
 /// The periods due for `job` at `now`, oldest first.
 ///
 /// Older periods are those whose fires lie in `[since, latest fire)`, kept
@@ -159,10 +118,8 @@ pub struct Standing {
 /// [`standing`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sighting {
-    /// When a `serve` or `run JOB` first saw the job; `None`: never (a
-    /// first one now would see it).
-    pub first_seen: Option<DateTime<Utc>>,
-    /// From when it owes its fires, as its first sighting recorded it.
+    /// From when the job owes its fires ([`super::owed::owing`]); `None`: never seen (a
+    /// first sighting now would see it).
     pub owed_from: Option<DateTime<Utc>>,
     /// A gate noted the period waiting for its upstream periods (a
     /// backfill asked for it, or a scan found it): it runs once they are
@@ -184,7 +141,7 @@ pub fn standing(
     now: DateTime<Utc>,
 ) -> Standing {
     let fire = job.timing().of(period);
-    let owed = job.owed_from(sighting.first_seen, sighting.owed_from, now);
+    let owed = sighting.owed_from.unwrap_or_else(|| job.owed_since(now));
     let window = TimeDelta::from_std(job.catch_up)
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
@@ -335,9 +292,8 @@ impl OverdueCount {
         now: DateTime<Utc>,
     ) -> Result<HashMap<String, usize>, Error> {
         let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
-        let first_seen = store.first_seen(&names).await?;
-        self.jobs.retain(|name, _| first_seen.contains_key(name));
+        let owing = super::owed::owing(store, jobs.iter().map(|job| &**job), now).await?;
+        self.jobs.retain(|name, _| owing.owed_from(name).is_some());
         if self.listed.is_none_or(|at| now - at >= RECOUNT_EVERY) {
             self.jobs.clear();
             self.listed = Some(now);
@@ -347,10 +303,10 @@ impl OverdueCount {
         // of a minute (60 of an every-second job) are never all held.
         let mut asked: Vec<(String, OpenFire, String)> = Vec::new();
         for job in jobs {
-            let Some(seen) = first_seen.get(&job.name) else {
+            let Some(owed) = owing.owed_from(&job.name) else {
                 continue;
             };
-            let since = window.max(job.owed_from(Some(seen.first_seen), seen.owed_from, now));
+            let since = window.max(owed);
             let open = self.jobs.entry(job.name.clone()).or_insert_with(|| Open {
                 job: job.clone(),
                 upto: since,
@@ -501,18 +457,19 @@ async fn were_late_in(
     store: &Store,
     jobs: &[Span<'_>],
 ) -> Result<HashMap<String, Vec<(String, DateTime<Utc>)>>, Error> {
-    let names: Vec<String> = jobs.iter().map(|(j, _, _)| j.name.clone()).collect();
-    let first_seen = store.first_seen(&names).await?;
+    let until = jobs.iter().map(|(_, _, until)| *until).max();
+    let until = until.unwrap_or_default();
+    let owing = super::owed::owing(store, jobs.iter().map(|(job, _, _)| *job), until).await?;
     let mut open: HashMap<String, Vec<(String, DateTime<Utc>)>> = HashMap::new();
     // Looked up a statement's worth at a time: only the open ones are
     // kept, however long the window.
     let mut asked: Vec<Asked> = Vec::new();
     for (job, from, until) in jobs {
         // Never seen: it owes nothing yet.
-        let Some(seen) = first_seen.get(&job.name) else {
+        let Some(owed) = owing.owed_from(&job.name) else {
             continue;
         };
-        let since = (*from).max(job.owed_from(Some(seen.first_seen), seen.owed_from, *until));
+        let since = (*from).max(owed);
         if *until < since {
             continue;
         }

@@ -18,6 +18,7 @@ pub mod notify;
 pub mod operate;
 mod outcomes;
 pub mod overview;
+pub mod owed;
 mod plain;
 mod process;
 mod report;

@@ -195,18 +195,12 @@ async fn first_owed(
 ) -> Result<Period, Error> {
     // From the first fire the job owes (docs/commands.md): what a first
     // run would take, for a job not seen yet.
-    let seen = store.first_seen(std::slice::from_ref(&job.name)).await?;
-    let seen = seen.get(&job.name);
+    let owing = super::owed::owing(store, [job], now).await?;
     let window = chrono::TimeDelta::from_std(job.catch_up)
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
         .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-    let owed = job.owed_from(
-        seen.map(|s| s.first_seen),
-        seen.and_then(|s| s.owed_from),
-        now,
-    );
-    let owed = window.max(owed.min(now));
+    let owed = window.max(owing.owed_at(job, now).min(now));
     Ok(job
         .timing()
         .next(owed - chrono::TimeDelta::nanoseconds(1))

@@ -91,8 +91,7 @@ pub async fn of_jobs<'a>(
     now: DateTime<Utc>,
 ) -> Result<Vec<JobOverview<'a>>, Error> {
     let paused = store.paused_jobs().await?;
-    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
-    let first_seen = store.first_seen(&names).await?;
+    let owing = super::owed::owing(store, jobs.iter().copied(), now).await?;
     let mut all = Vec::with_capacity(jobs.len());
     for job in jobs.iter().copied() {
         let paused = paused.contains(&job.name);
@@ -100,7 +99,7 @@ pub async fn of_jobs<'a>(
         all.push(JobOverview {
             job,
             paused,
-            first_seen: first_seen.get(&job.name).map(|s| s.first_seen),
+            first_seen: owing.first_seen(&job.name),
             next: (!paused).then(|| next(job, now)).flatten(),
             stale: stale(store, job, &rows, now).await?,
             recent: rows,
@@ -115,12 +114,7 @@ pub async fn of_jobs<'a>(
     // every-minute job's periods is never all held.
     let mut batch: Vec<(usize, Period)> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        let seen = first_seen.get(&job.name);
-        let from = job.owed_from(
-            seen.map(|s| s.first_seen),
-            seen.and_then(|s| s.owed_from),
-            now,
-        );
+        let from = owing.owed_at(job, now);
         let mut labels = std::collections::HashSet::new();
         for due in owed(job, from, now) {
             labels.insert(due.period.label.clone());

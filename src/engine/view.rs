@@ -114,8 +114,7 @@ pub async fn of_jobs(
         rows.extend(store.rows(chunk).await?);
     }
     let upstream = super::after::look(store, &pairs, now).await?;
-    let names: Vec<String> = asked.iter().map(|(job, _)| job.name.clone()).collect();
-    let first_seen = store.first_seen(&names).await?;
+    let owing = super::owed::owing(store, asked.iter().map(|(job, _)| *job), now).await?;
     // The periods a gate noted waiting (a backfill, a scan): they run once
     // ready, whenever they fired.
     let mut noted = std::collections::HashSet::new();
@@ -142,10 +141,8 @@ pub async fn of_jobs(
             .zip(upstream)
             .map(|(((job, period), key), upstream)| {
                 let row = rows.remove(key.as_str());
-                let seen = first_seen.get(&job.name);
                 let sighting = super::due::Sighting {
-                    first_seen: seen.map(|s| s.first_seen),
-                    owed_from: seen.and_then(|s| s.owed_from),
+                    owed_from: owing.owed_from(&job.name),
                     noted: noted.contains(key.as_str()),
                 };
                 let standing =

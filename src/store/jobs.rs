@@ -9,13 +9,17 @@ use super::Store;
 use crate::error::Error;
 
 /// A job as the database has seen it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct JobRecord {
     /// When a `run` or `serve` first saw it.
     pub first_seen: DateTime<Utc>,
     /// From when it owes its fires, as its first sighting fixed it
     /// ([`Store::note_owed`]); `None` where no sighting recorded it yet.
     pub owed_from: Option<DateTime<Utc>>,
+    /// When it fires, as the sighting that recorded `owed_from` saw it
+    /// ([`crate::config::Job::when`]); `None` on rows from before it was
+    /// recorded.
+    pub timing: Option<String>,
     /// Seen for the first time by the call that returned this.
     pub new: bool,
     /// Paused for every replica.
@@ -23,12 +27,25 @@ pub struct JobRecord {
 }
 
 /// A job's first sighting as the database holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sighted {
     /// When a `run` or `serve` first saw it.
     pub first_seen: DateTime<Utc>,
     /// From when it owes its fires, where its first sighting recorded it.
     pub owed_from: Option<DateTime<Utc>>,
+    /// When it fires, as the sighting that recorded `owed_from` saw it.
+    pub timing: Option<String>,
+}
+
+impl JobRecord {
+    /// The sighting as [`Store::first_seen`] reads it.
+    pub fn sighted(&self) -> Sighted {
+        Sighted {
+            first_seen: self.first_seen,
+            owed_from: self.owed_from,
+            timing: self.timing.clone(),
+        }
+    }
 }
 
 impl Store {
@@ -45,12 +62,16 @@ impl Store {
         bounded!(self.first_seen(jobs))
     }
 
-    /// Records, for each job of `owed` seen for the first time, from when
-    /// it owes its fires, unless a sighting recorded it already: fixed
-    /// there, so that a later change of the job's calendar, dates or jitter
-    /// never makes a fire from before the sighting owed. One statement for
-    /// them all (10,000 jobs first seen are one write, not 10,000).
-    pub async fn note_owed(&self, owed: &[(String, DateTime<Utc>)]) -> Result<(), Error> {
+    /// Records, for each job of `owed`, from when it owes its fires and
+    /// the fingerprint of its timing they follow from: for a job seen for
+    /// the first time, or whose timing changed since the last record (a
+    /// row with no fingerprint yet, written before it was recorded, only
+    /// gains it). A row already holding that fingerprint is left as it is:
+    /// fixed there, so that a later change of the job's calendar, dates or
+    /// jitter never makes a fire from before the sighting owed. One
+    /// statement for them all (10,000 jobs first seen are one write, not
+    /// 10,000).
+    pub async fn note_owed(&self, owed: &[(String, DateTime<Utc>, String)]) -> Result<(), Error> {
         if owed.is_empty() {
             return Ok(());
         }

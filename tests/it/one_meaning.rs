@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Timelike, Utc};
+use chrono::{DateTime, SubsecRound, TimeDelta, Timelike, Utc};
 use serde_json::Value;
 
 use crate::serve::{serve, stop};
@@ -812,5 +812,82 @@ fn an_upstream_run_leaves_a_paused_downstream_job_alone() {
         );
         let status = ok(&ws, &db, &["status", "report"]);
         assert!(status.contains("ready (1):\n  report:2026-11"), "{status}");
+    }
+}
+
+/// A schedule changed under a running `serve` (every three seconds, then
+/// every five, and SIGHUP): the new schedule's instants from before the
+/// change never fired, so no mode runs them and every view calls them
+/// `before first seen`; `serve`, `run JOB` and `status` agree on where the
+/// job owes from (adversarial review: `status` listed them and `run JOB`
+/// ran them while `serve` did not).
+#[test]
+fn a_changed_schedule_owes_nothing_the_new_one_would_have_fired_before_the_change() {
+    for db in databases() {
+        let every = |seconds: u32| {
+            format!(
+                "[scheduler]\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n\
+                 [[job]]\nname = \"every\"\nschedule = \"*/{seconds} * * * * *\"\nmissed = \"all\"\n\
+                 shell = \"echo $SCHEDULER_PERIOD >> runs.txt\"\n"
+            ) + &witness()
+        };
+        let ws = Workspace::new(&every(3));
+        let replica = serve(&ws, &db.url);
+        served_a_while(&ws, 1);
+        // Long enough for instants of every five seconds that the old
+        // schedule never fired (:05, :10, :20, …).
+        more_lines(ws.path().join("ticks.txt"), 12);
+        std::fs::write(ws.path().join("jobs.toml"), every(5)).expect("jobs.toml");
+        let changed = Utc::now();
+        crate::serve::signal(&replica, nix::sys::signal::Signal::SIGHUP);
+        eventually("the reload", BOUND, || logged(&ws, "reloaded", 1));
+        more_lines(ws.path().join("ticks.txt"), 3);
+        assert_eq!(stop(replica), 0);
+        let ran_by_serve = runs(&ws);
+        // The new schedule's labels: instants of a multiple of 5 s. Those
+        // before its latest fire at the change never fired: each ran under
+        // the old schedule (a multiple of 15 s) or is nobody's.
+        let on_five = |t: DateTime<Utc>| {
+            let t = t.trunc_subsecs(0);
+            t - TimeDelta::seconds(i64::from(t.second() % 5))
+        };
+        let owed = on_five(changed);
+        let label = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let (from, to) = (
+            label(owed - TimeDelta::seconds(30)),
+            label(on_five(Utc::now())),
+        );
+        let range = ok(
+            &ws,
+            &db,
+            &["status", "every", "--from", &from, "--to", &to, "--json"],
+        );
+        let first_run: DateTime<Utc> = ran_by_serve[0].parse().expect("a fire's instant");
+        let mut never_fired = 0;
+        for line in range.lines() {
+            let view: Value = serde_json::from_str(line).expect("a period");
+            let label = view["period"].as_str().expect("a label").to_owned();
+            let fire: DateTime<Utc> = label.parse().expect("a fire's instant");
+            if fire >= owed {
+                continue;
+            }
+            let ran = ran_by_serve.contains(&label);
+            if !ran && fire > first_run {
+                never_fired += 1;
+            }
+            let state = view["state"].as_str().unwrap_or_default();
+            match ran {
+                true => assert_eq!(state, "succeeded", "{label}: {view}"),
+                false => assert_eq!(state, "before first seen", "{label}: {view} ({})", db.url),
+            }
+        }
+        assert!(never_fired >= 1, "{range}");
+        // `run JOB` takes none of them either.
+        let dry = ok(&ws, &db, &["run", "every", "--dry-run"]);
+        ok(&ws, &db, &["run", "every"]);
+        for label in runs(&ws).iter().skip(ran_by_serve.len()) {
+            let fire: DateTime<Utc> = label.parse().expect("a fire's instant");
+            assert!(fire >= owed, "run every ran {label}, before {owed}\n{dry}");
+        }
     }
 }

@@ -323,7 +323,7 @@ async fn rows_reads_many_keys_in_one_call(store: Store) {
 
 async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
     let names = ["billing".to_owned(), "report".to_owned()];
-    let first = store.see_jobs(&names[..1]).await.unwrap()["billing"];
+    let first = store.see_jobs(&names[..1]).await.unwrap()["billing"].clone();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let both = store.see_jobs(&names).await.unwrap();
     assert_eq!(both["billing"].first_seen, first.first_seen);
@@ -337,7 +337,7 @@ async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
     store.set_paused("fresh", true).await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let before = chrono::Utc::now();
-    let fresh = store.see_jobs(&["fresh".to_owned()]).await.unwrap()["fresh"];
+    let fresh = store.see_jobs(&["fresh".to_owned()]).await.unwrap()["fresh"].clone();
     assert!(fresh.paused);
     assert!(
         fresh.first_seen >= before - chrono::TimeDelta::milliseconds(5)
@@ -347,7 +347,9 @@ async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
     );
 }
 
-async fn the_instants_jobs_owe_from_are_recorded_at_once_and_never_moved(store: Store) {
+async fn the_instants_jobs_owe_from_are_recorded_at_once_and_move_only_with_their_timing(
+    store: Store,
+) {
     let names: Vec<String> = (0..500).map(|i| format!("job-{i}")).collect();
     store.see_jobs(&names).await.unwrap();
     let at = |minute: u32| {
@@ -355,15 +357,17 @@ async fn the_instants_jobs_owe_from_are_recorded_at_once_and_never_moved(store: 
             .with_ymd_and_hms(2026, 12, 1, 0, minute, 0)
             .unwrap()
     };
-    store.note_owed(&[(names[0].clone(), at(1))]).await.unwrap();
-    // One write for them all; the one recorded already keeps its instant.
-    let owed: Vec<(String, chrono::DateTime<chrono::Utc>)> =
-        names.iter().map(|name| (name.clone(), at(2))).collect();
+    let owes = |name: &String, minute, timing: &str| (name.clone(), at(minute), timing.to_owned());
+    store.note_owed(&[owes(&names[0], 1, "a")]).await.unwrap();
+    // One write for them all; the one recorded already under the same
+    // timing keeps its instant.
+    let owed: Vec<_> = names.iter().map(|name| owes(name, 2, "a")).collect();
     store.note_owed(&owed).await.unwrap();
     store.note_owed(&[]).await.unwrap();
     let seen = store.first_seen(&names).await.unwrap();
     assert_eq!(seen.len(), 500);
     assert_eq!(seen["job-0"].owed_from, Some(at(1)));
+    assert_eq!(seen["job-0"].timing.as_deref(), Some("a"));
     assert!(
         names[1..]
             .iter()
@@ -371,6 +375,12 @@ async fn the_instants_jobs_owe_from_are_recorded_at_once_and_never_moved(store: 
     );
     let records = store.see_jobs(&names[..2]).await.unwrap();
     assert_eq!(records["job-1"].owed_from, Some(at(2)));
+    assert_eq!(records["job-1"].timing.as_deref(), Some("a"));
+    // Another timing moves it.
+    store.note_owed(&[owes(&names[1], 5, "b")]).await.unwrap();
+    let seen = store.first_seen(&names[..2]).await.unwrap();
+    assert_eq!(seen["job-1"].owed_from, Some(at(5)));
+    assert_eq!(seen["job-1"].timing.as_deref(), Some("b"));
 }
 
 async fn reclaimable_lists_expired_released_and_due_retries_only(store: Store) {
@@ -1544,7 +1554,7 @@ conformance!(
     an_sql_action_commits_with_the_outcome_or_not_at_all,
     rows_reads_many_keys_in_one_call,
     a_job_is_first_seen_once_and_pause_is_shared,
-    the_instants_jobs_owe_from_are_recorded_at_once_and_never_moved,
+    the_instants_jobs_owe_from_are_recorded_at_once_and_move_only_with_their_timing,
     prune_deletes_only_old_finished_claims,
     reclaimable_lists_expired_released_and_due_retries_only,
     prune_never_deletes_a_period_fired_inside_the_catch_up_window,

@@ -91,6 +91,7 @@ impl RawJob {
             after: after.unwrap_or_default(),
             catch_up: settings.catch_up,
             definition: Fingerprint::default(),
+            when: Fingerprint::default(),
             secrets: Default::default(),
         })
     }

@@ -328,8 +328,7 @@ fn the_one_rule_decides_every_state_the_same_way() {
             .parse_label(&job.schedule, label)
             .expect("a label");
         let sighting = Sighting {
-            first_seen: seen.map(at),
-            owed_from: None,
+            owed_from: seen.map(|seen| job.owed_since(at(seen))),
             noted,
         };
         let got = standing(job, &period, row.as_ref(), sighting, upstream, at(now));
@@ -354,8 +353,7 @@ fn a_shifted_or_moved_fire_is_owed_from_where_it_runs() {
             .parse_label(&job.schedule, label)
             .expect("a label");
         let sighting = Sighting {
-            first_seen: Some(at(seen)),
-            owed_from: None,
+            owed_from: Some(job.owed_since(at(seen))),
             noted: false,
         };
         standing(job, &period, None, sighting, &none, at(now)).state
@@ -521,4 +519,59 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
     assert_eq!(seen[2].get("ok"), None, "{seen:?}");
     assert!(seen[2].get("bad").copied().unwrap_or(0) >= 3, "{seen:?}");
     assert_eq!(seen[3].get("latest"), Some(&1), "{seen:?}");
+}
+
+/// A change of timing is a new sighting of the job's fires: the new
+/// schedule's latest fire within `catch_up` of the change, never one at or
+/// before the newest fire claimed; a job of longer periods still owes the
+/// period after the newest one claimed, wherever its fire moved.
+#[test]
+fn a_changed_timing_owes_from_the_change_and_keeps_the_period_not_yet_run() {
+    let first_seen = at("2026-01-01T00:00:00Z");
+    // Every three seconds, then every five, changed at 14:00:11 after the
+    // fire of 14:00:09: 14:00:05 never fired, 14:00:10 is the new
+    // schedule's latest fire at the change.
+    let five =
+        &jobs("[[job]]\nname = \"f\"\nschedule = \"*/5 * * * * *\"\ncommand = [\"true\"]\n")[0];
+    let owed = five.owed_after_change(
+        first_seen,
+        Some(at("2026-07-01T14:00:09Z")),
+        at("2026-07-01T14:00:11Z"),
+    );
+    assert_eq!(owed, at("2026-07-01T14:00:10Z"));
+    // Hourly at :00, then at :30, changed at 14:10: 13:30 never fired and
+    // the job ran at 14:00; nothing before 14:00 is owed.
+    let half = &jobs("[[job]]\nname = \"h\"\nschedule = \"30 * * * *\"\ncommand = [\"true\"]\n")[0];
+    let newest = at("2026-07-01T14:00:00Z");
+    let owed = half.owed_after_change(first_seen, Some(newest), at("2026-07-01T14:10:00Z"));
+    assert!(
+        owed > newest && owed <= at("2026-07-01T14:30:00Z"),
+        "{owed}"
+    );
+    // Monthly on the 28th, moved to the 1st on 15 July, more than
+    // `catch_up` after 1 July: June ran, so July is still owed.
+    let monthly = &jobs(
+        "[[job]]\nname = \"m\"\nschedule = \"0 6 1 * *\"\nperiod = \"month\"\ncommand = [\"true\"]\n",
+    )[0];
+    let owed = monthly.owed_after_change(
+        first_seen,
+        Some(at("2026-06-28T06:00:00Z")),
+        at("2026-07-15T12:00:00Z"),
+    );
+    assert_eq!(owed, at("2026-07-01T06:00:00Z"));
+    // A daily job moved from 06:00 to 07:00, seen by the 07:00 cron
+    // container: today's period is owed, yesterday's ran.
+    let daily = &jobs(
+        "[[job]]\nname = \"d\"\nschedule = \"0 7 * * *\"\nperiod = \"day\"\ncommand = [\"true\"]\n",
+    )[0];
+    let owed = daily.owed_after_change(
+        first_seen,
+        Some(at("2026-07-14T06:00:00Z")),
+        at("2026-07-15T07:00:05Z"),
+    );
+    assert_eq!(owed, at("2026-07-15T07:00:00Z"));
+    // Never before the first sighting.
+    let owed =
+        daily.owed_after_change(at("2026-07-15T07:00:03Z"), None, at("2026-07-15T07:00:05Z"));
+    assert_eq!(owed, at("2026-07-15T07:00:03Z"));
 }

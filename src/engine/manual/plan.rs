@@ -80,7 +80,12 @@ impl Periods {
 /// Why `run JOB` finds nothing of `job` to run now, and when its next
 /// fire is: for a job first seen now whose latest fire is older than
 /// `catch_up`, that fire and how to run it all the same.
-fn nothing_due(job: &Job, seen: &crate::store::JobRecord, now: DateTime<Utc>) -> String {
+fn nothing_due(
+    job: &Job,
+    seen: &crate::store::JobRecord,
+    owed: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> String {
     let timing = job.timing();
     let key_of =
         |fire: &crate::fires::Fire| PeriodKey::new(&job.name, &timing.period_of(fire).label);
@@ -88,9 +93,7 @@ fn nothing_due(job: &Job, seen: &crate::store::JobRecord, now: DateTime<Utc>) ->
         Some(fire) => format!("its next fire is {} ({})", utc_text(fire.at), key_of(&fire)),
         None => "it has no fire to come (past its last active date)".to_owned(),
     };
-    let passed = timing.latest(now).filter(|fire| {
-        seen.new && fire.at < job.owed_from(Some(seen.first_seen), seen.owed_from, now)
-    });
+    let passed = timing.latest(now).filter(|fire| seen.new && fire.at < owed);
     match passed {
         Some(fire) => {
             let key = key_of(&fire);
@@ -122,8 +125,9 @@ async fn sighting(
     let seen = store.first_seen(name).await?.remove(&job.name);
     let paused = store.paused_jobs().await?.contains(&job.name);
     Ok(Some(crate::store::JobRecord {
-        first_seen: seen.map_or(now, |s| s.first_seen),
-        owed_from: seen.and_then(|s| s.owed_from),
+        first_seen: seen.as_ref().map_or(now, |s| s.first_seen),
+        owed_from: seen.as_ref().and_then(|s| s.owed_from),
+        timing: seen.as_ref().and_then(|s| s.timing.clone()),
         paused,
         new: seen.is_none(),
     }))
@@ -215,8 +219,10 @@ async fn due_periods(
     // monthly fire does not run that month on its own). A dry run
     // records nothing.
     let owed = match request.dry_run {
-        true => job.owed_from(Some(seen.first_seen), seen.owed_from, now),
-        false => due::owed_from(store, job, &seen).await,
+        true => crate::engine::owed::owing(store, [job], now)
+            .await?
+            .owed_at(job, now),
+        false => crate::engine::owed::owed_from(store, job, &seen, now).await,
     };
     let since = window.max(owed);
     let mut listed = due(job, now, since, true);
@@ -227,7 +233,7 @@ async fn due_periods(
     // A first sighting says what it owes: with nothing to run,
     // through the line saying so.
     if listed.is_empty() {
-        sink.nothing_due(&job.name, &nothing_due(job, &seen, now));
+        sink.nothing_due(&job.name, &nothing_due(job, &seen, owed, now));
     } else if seen.new && !request.dry_run {
         due::log_first_sighting(job, owed);
     }

@@ -18,7 +18,7 @@ impl PgStore {
              SELECT name, now() FROM unnest($1::text[]) AS name
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = LEAST(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, owed_from, paused, first_seen = now() AS new",
+             RETURNING name, first_seen, owed_from, timing, paused, first_seen = now() AS new",
         )
         .bind(jobs)
         .fetch_all(&self.pool)
@@ -28,6 +28,7 @@ impl PgStore {
                 let record = JobRecord {
                     first_seen: row.try_get("first_seen")?,
                     owed_from: row.try_get("owed_from")?,
+                    timing: row.try_get("timing")?,
                     paused: row.try_get("paused")?,
                     new: row.try_get("new")?,
                 };
@@ -40,8 +41,9 @@ impl PgStore {
         &self,
         jobs: &[String],
     ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
-        let rows: Vec<(String, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
-            "SELECT name, first_seen, owed_from FROM scheduler_jobs
+        type Row = (String, DateTime<Utc>, Option<DateTime<Utc>>, Option<String>);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT name, first_seen, owed_from, timing FROM scheduler_jobs
               WHERE name = ANY($1) AND first_seen < '9999-12-31T00:00:00Z'",
         )
         .bind(jobs)
@@ -49,31 +51,39 @@ impl PgStore {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(name, first_seen, owed_from)| {
-                (
-                    name,
-                    Sighted {
-                        first_seen,
-                        owed_from,
-                    },
-                )
+            .map(|(name, first_seen, owed_from, timing)| {
+                let seen = Sighted {
+                    first_seen,
+                    owed_from,
+                    timing,
+                };
+                (name, seen)
             })
             .collect())
     }
 
     pub(in crate::store) async fn note_owed(
         &self,
-        owed: &[(String, DateTime<Utc>)],
+        owed: &[(String, DateTime<Utc>, String)],
     ) -> Result<(), sqlx::Error> {
-        let (jobs, at): (Vec<&str>, Vec<DateTime<Utc>>) =
-            owed.iter().map(|(job, at)| (job.as_str(), *at)).unzip();
+        let jobs: Vec<&str> = owed.iter().map(|(job, _, _)| job.as_str()).collect();
+        let at: Vec<DateTime<Utc>> = owed.iter().map(|(_, at, _)| *at).collect();
+        let timing: Vec<&str> = owed.iter().map(|(_, _, timing)| timing.as_str()).collect();
         sqlx::query(
-            "UPDATE scheduler_jobs SET owed_from = owed.at
-               FROM unnest($1::text[], $2::timestamptz[]) AS owed (name, at)
-              WHERE scheduler_jobs.name = owed.name AND scheduler_jobs.owed_from IS NULL",
+            // A row from before timings were recorded keeps its owed_from.
+            "UPDATE scheduler_jobs
+                SET owed_from = CASE WHEN scheduler_jobs.timing IS NULL
+                                      AND scheduler_jobs.owed_from IS NOT NULL
+                                     THEN scheduler_jobs.owed_from ELSE owed.at END,
+                    timing = owed.timing
+               FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS owed (name, at, timing)
+              WHERE scheduler_jobs.name = owed.name
+                AND (scheduler_jobs.owed_from IS NULL
+                     OR scheduler_jobs.timing IS DISTINCT FROM owed.timing)",
         )
         .bind(jobs)
         .bind(at)
+        .bind(timing)
         .execute(&self.pool)
         .await?;
         Ok(())

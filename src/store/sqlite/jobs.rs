@@ -25,7 +25,7 @@ impl SqliteStore {
              SELECT value, ?2 FROM json_each(?1) WHERE true
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = min(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, owed_from, paused",
+             RETURNING name, first_seen, owed_from, timing, paused",
         )
         .bind(names)
         .bind(now)
@@ -38,6 +38,7 @@ impl SqliteStore {
                 let record = JobRecord {
                     first_seen: time(first_seen),
                     owed_from: opt_time(row, "owed_from")?,
+                    timing: row.try_get("timing")?,
                     paused: row.try_get("paused")?,
                     new: first_seen == now,
                 };
@@ -51,8 +52,8 @@ impl SqliteStore {
         jobs: &[String],
     ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
         let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
-        let rows: Vec<(String, i64, Option<i64>)> = sqlx::query_as(&format!(
-            "SELECT name, first_seen, owed_from FROM scheduler_jobs
+        let rows: Vec<(String, i64, Option<i64>, Option<String>)> = sqlx::query_as(&format!(
+            "SELECT name, first_seen, owed_from, timing FROM scheduler_jobs
               WHERE name IN (SELECT value FROM json_each(?1)) AND first_seen < {NOT_SEEN}"
         ))
         .bind(names)
@@ -60,10 +61,11 @@ impl SqliteStore {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(name, at, owed)| {
+            .map(|(name, at, owed, timing)| {
                 let seen = Sighted {
                     first_seen: time(at),
                     owed_from: owed.map(time),
+                    timing,
                 };
                 (name, seen)
             })
@@ -72,21 +74,28 @@ impl SqliteStore {
 
     pub(in crate::store) async fn note_owed(
         &self,
-        owed: &[(String, DateTime<Utc>)],
+        owed: &[(String, DateTime<Utc>, String)],
     ) -> Result<(), sqlx::Error> {
-        let pairs: Vec<(&str, i64)> = owed
+        let rows: Vec<(&str, i64, &str)> = owed
             .iter()
-            .map(|(job, at)| (job.as_str(), ms(*at)))
+            .map(|(job, at, timing)| (job.as_str(), ms(*at), timing.as_str()))
             .collect();
-        let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into());
+        let rows = serde_json::to_string(&rows).unwrap_or_else(|_| "[]".into());
         let mut tx = self.begin().await?;
         sqlx::query(
-            "UPDATE scheduler_jobs SET owed_from = json_extract(owed.value, '$[1]')
+            // A row from before timings were recorded keeps its owed_from.
+            "UPDATE scheduler_jobs
+                SET owed_from = CASE WHEN scheduler_jobs.timing IS NULL
+                                      AND scheduler_jobs.owed_from IS NOT NULL
+                                     THEN scheduler_jobs.owed_from
+                                     ELSE json_extract(owed.value, '$[1]') END,
+                    timing = json_extract(owed.value, '$[2]')
                FROM json_each(?1) AS owed
               WHERE scheduler_jobs.name = json_extract(owed.value, '$[0]')
-                AND scheduler_jobs.owed_from IS NULL",
+                AND (scheduler_jobs.owed_from IS NULL
+                     OR scheduler_jobs.timing IS NOT json_extract(owed.value, '$[2]'))",
         )
-        .bind(pairs)
+        .bind(rows)
         .execute(&mut *tx)
         .await?;
         tx.commit().await
