@@ -286,7 +286,7 @@ pub async fn range(
                     format!("fires at {}", time(view.fire))
                 }
                 (None, _) if view.state == PeriodState::BeforeFirstSeen => format!(
-                    "fired at {}, before the job was first seen: runs only by hand (or `adopt` it)",
+                    "fired at {}, before the job owes its fires (its first sighting, or the last change of when it fires): runs only by hand (or `adopt` it)",
                     time(view.fire)
                 ),
                 (None, _) if view.state == PeriodState::Missed => format!(

@@ -276,59 +276,67 @@ impl Job {
             .map_or(first_seen, |at| at.min(first_seen))
     }
 
-    /// From when the job owes its fires once a change of its timing is
-    /// seen at `at`, having owed them from `before`, with `newest` the
+    /// The start of the first period the job owes when it owes its fires
+    /// from `owed_from`: that of its first fire at or after it.
+    pub fn owed_period(&self, owed_from: DateTime<Utc>) -> DateTime<Utc> {
+        let timing = self.timing();
+        timing
+            .next(owed_from - TimeDelta::nanoseconds(1))
+            .map_or(owed_from, |fire| timing.period_of(&fire).start)
+    }
+
+    /// From when the job owes its fires once its timing changed, having
+    /// owed them from `before` and its periods from the one starting at
+    /// `before_period` (`None`: as `before` has it), with `newest` the
     /// newest fire a scheduler claimed for it (docs/commands.md, "One
-    /// period, one meaning"). The new timing is seen as a new job is
-    /// ([`Job::owed_since`]): its latest fire within `catch_up` of the
-    /// change and what follows; never a fire at or before the newest one
-    /// claimed (the job ran then: a fire the new schedule would have made
-    /// before it never happened), nor one before `before`. A job with
-    /// periods longer than a fire keeps owing the period after the newest
-    /// one claimed, wherever the change moved its fire (a monthly job moved
-    /// from the 28th to the 1st on the 15th still owes this month).
+    /// period, one meaning"): the new timing's fires after the newest one
+    /// claimed, never one before `before` — as if the new timing had been
+    /// in force since the job last ran. A fire the new schedule would have
+    /// made at or before the newest claimed never happened, and a fire both
+    /// timings make that was owed and not run stays owed. A job of periods
+    /// longer than a fire also keeps owing the periods it owed and has not
+    /// run — from the one after the newest claimed, and not before
+    /// `before_period` — wherever the change moved their fires: a monthly
+    /// job moved from the 20th to the 1st on the 6th still owes the month
+    /// its 20th would have run.
     pub fn owed_after_change(
         &self,
         before: DateTime<Utc>,
+        before_period: Option<DateTime<Utc>>,
         newest: Option<DateTime<Utc>>,
-        at: DateTime<Utc>,
     ) -> DateTime<Utc> {
-        let fresh = self.owed_since(at);
-        let carried = match self.period.unit {
-            crate::period::Unit::Fire => None,
-            _ => self.first_fire_of_a_period_after(newest, before),
-        };
-        let mut owed = before.max(carried.map_or(fresh, |c| c.min(fresh)));
-        if let Some(newest) = newest {
-            owed = owed.max(newest + TimeDelta::nanoseconds(1));
+        // A millisecond, not a nanosecond: the instant is stored, and
+        // SQLite keeps milliseconds.
+        let after_newest = newest.map(|n| n + TimeDelta::milliseconds(1));
+        let owed = after_newest.map_or(before, |after| after.max(before));
+        if self.period.unit == crate::period::Unit::Fire {
+            return owed;
         }
-        owed
+        let mut from = before_period.unwrap_or_else(|| self.owed_period(before));
+        if let Some(newest) = newest {
+            let timing = self.timing();
+            let ran = timing.period_of(&crate::fires::Fire {
+                nominal: newest,
+                at: newest,
+            });
+            from = from.max(self.period.following(&self.schedule, &ran).start);
+        }
+        self.fire_of_first_period_from(from)
+            .map_or(owed, |carried| carried.min(owed))
     }
 
-    /// The fire of the first period after the one `newest` falls in (of
-    /// the first period from `before` on, with no fire claimed), if a fire
-    /// covers one within a thousand periods.
-    fn first_fire_of_a_period_after(
-        &self,
-        newest: Option<DateTime<Utc>>,
-        before: DateTime<Utc>,
-    ) -> Option<DateTime<Utc>> {
+    /// The fire of the first period starting at or after `start` that a
+    /// fire covers, looked for over a thousand periods.
+    fn fire_of_first_period_from(&self, start: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let timing = self.timing();
-        let Some(newest) = newest else {
-            return timing
-                .next(before - TimeDelta::nanoseconds(1))
-                .map(|f| f.at);
-        };
-        let fire = crate::fires::Fire {
-            nominal: newest,
-            at: newest,
-        };
-        let mut period = timing.period_of(&fire);
+        let mut period = self.period.period_of(&self.schedule, start);
         for _ in 0..1000 {
-            period = self.period.following(&self.schedule, &period);
-            if let Some(at) = timing.of(&period) {
-                return Some(at);
+            if period.start >= start
+                && let Some(fire) = timing.of(&period)
+            {
+                return Some(fire);
             }
+            period = self.period.following(&self.schedule, &period);
         }
         None
     }

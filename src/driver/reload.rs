@@ -69,8 +69,12 @@ impl Service {
         }
         self.notify.send_replace(Arc::new(config.clone()));
         let jobs = shared(config.jobs);
-        let first_sighted = self.see_jobs_again(&jobs).await;
-        let retimed = self.retimed(&jobs);
+        // Without the database's answer a retimed job goes on as the
+        // timer has it; the next sighting records the change.
+        let (first_sighted, retimed) = match self.see_jobs_again(&jobs).await {
+            Some(first_sighted) => (first_sighted, self.retimed(&jobs)),
+            None => (Vec::new(), Vec::new()),
+        };
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
@@ -78,7 +82,14 @@ impl Service {
         let now = self.clock.now();
         // A job seen for the first time, or whose timing changed, takes what
         // it owes from its sighting on, as `run JOB` and every view have it
-        // (docs/commands.md, "One period, one meaning").
+        // (docs/commands.md, "One period, one meaning"). The periods a
+        // retimed job had waiting here were the old timing's: what it still
+        // owes is taken afresh, and a claimed one (a recovery, a retry, one
+        // woken by its upstream) comes back with the next scan.
+        for job in &retimed {
+            self.waiting.remove(&job.name);
+            self.backlog.retain(|(queued, _)| queued.name != job.name);
+        }
         for job in first_sighted.into_iter().chain(retimed) {
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
         }
@@ -122,8 +133,8 @@ impl Service {
 
     /// Shows the database the reloaded `jobs` and takes up from when each
     /// owes its fires; the jobs seen for the first time (not paused), which
-    /// are to catch up.
-    async fn see_jobs_again(&mut self, jobs: &[Arc<Job>]) -> Vec<Arc<Job>> {
+    /// are to catch up. `None` if the database did not answer.
+    async fn see_jobs_again(&mut self, jobs: &[Arc<Job>]) -> Option<Vec<Arc<Job>>> {
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         // A job this reload shows the database for the first time owes its
         // latest fire within catch_up, as at a start (docs/commands.md).
@@ -150,9 +161,12 @@ impl Service {
                     }
                 }
             }
-            Err(e) => tracing::warn!("reload: cannot record new jobs yet: {e}"),
+            Err(e) => {
+                tracing::warn!("reload: cannot record new jobs yet: {e}");
+                return None;
+            }
         }
-        first_sighted
+        Some(first_sighted)
     }
 
     /// Puts the reloaded settings in force, and logs what was reloaded.

@@ -31,6 +31,18 @@ impl Engine {
         stop_now: watch::Receiver<bool>,
     ) -> Report {
         let started = std::time::Instant::now();
+        // A claim answered later than its lease can be vouched for (the
+        // database held the statement: a lock, an overload) may already be
+        // another runner's to take: nothing starts, and the period is
+        // recovered once its lease runs out.
+        if watch.fenced() {
+            tracing::warn!(
+                period_key = run.key.as_str(),
+                attempt = run.lease.attempt,
+                "the claim was answered too late to vouch for its lease; the job is not started, and the period is recovered once the lease runs out"
+            );
+            return Report::of(run.lease, Status::Fenced, started.elapsed());
+        }
         let stop = async {
             let mut stop_now = stop_now;
             tokio::select! {

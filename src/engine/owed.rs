@@ -9,14 +9,14 @@ use chrono::{DateTime, Utc};
 
 use crate::config::Job;
 use crate::error::Error;
-use crate::store::{Sighted, Store};
+use crate::store::{Owes, Sighted, Store};
 
 /// From when `job` owes its fires at `now`, as the database holds its
 /// sighting (`seen`): as the sighting recorded it, else worked out from
 /// when it was first seen ([`Job::owed_since`]), else, never seen, as a
 /// first sighting now would have it. A sighting recorded under another
 /// timing (the schedule, period, calendar, dates or jitter changed since)
-/// is read as that change seen now ([`Job::owed_after_change`]); `newest`
+/// is read by the rule of a change ([`Job::owed_after_change`]); `newest`
 /// is the newest fire a scheduler claimed for the job, which only that
 /// case reads.
 pub fn owed_from_sighting(
@@ -32,7 +32,7 @@ pub fn owed_from_sighting(
         return job.owed_since(seen.first_seen);
     };
     match timing_changed(job, seen) {
-        true => job.owed_after_change(recorded, newest, now),
+        true => job.owed_after_change(recorded, seen.owed_period, newest),
         false => recorded,
     }
 }
@@ -64,9 +64,9 @@ pub async fn owed_from(
 /// From when each of `sighted` owes its fires at `now` ([`owed_from_sighting`]),
 /// what a sighting is to record recorded in one write: the first one's
 /// owed instant, worked out under the job as it is defined now, so that no
-/// later change of its calendar, dates or jitter moves it; and a change of
-/// its timing, seen now ([`Job::owed_after_change`]). A failure to record
-/// is logged: the next sighting records it.
+/// later edit of anything else moves it; and a change of its timing
+/// ([`Job::owed_after_change`]). A failure to record is logged: the next
+/// sighting records it.
 pub async fn owed_from_all<'a>(
     store: &Store,
     sighted: impl IntoIterator<Item = (&'a Job, &'a crate::store::JobRecord)>,
@@ -111,12 +111,17 @@ pub async fn owed_from_all<'a>(
                         target: "scheduler::sighting",
                         job = job.name,
                         owes_from = crate::period::utc_text(from),
-                        "its schedule, period, calendar, dates or jitter changed: it owes its fires as they are timed now from {}; a fire the new timing would have made before that runs only by hand",
+                        "its schedule, period, calendar, dates or jitter changed: it owes its fires as they are timed now from {} (after the newest fire claimed for it); a fire the new timing would have made before that runs only by hand",
                         crate::period::utc_text(from)
                     );
                 }
                 if seen.owed_from.is_none() || seen.timing.as_deref() != Some(job.when.as_str()) {
-                    unrecorded.push((job.name.clone(), from, job.when.to_string()));
+                    unrecorded.push(Owes {
+                        job: job.name.clone(),
+                        from,
+                        period: job.owed_period(from),
+                        timing: job.when.to_string(),
+                    });
                 }
                 from
             }
@@ -134,7 +139,7 @@ pub async fn owed_from_all<'a>(
 
 /// From when each of `jobs` a `serve` or `run JOB` has seen owes its fires
 /// at `now`, and when it was first seen: what every view reads, writing
-/// nothing (a change of timing not recorded yet is read as seen now).
+/// nothing (a change of timing not recorded yet is read by the same rule).
 pub async fn owing<'a>(
     store: &Store,
     jobs: impl IntoIterator<Item = &'a Job>,

@@ -20,6 +20,8 @@ pub struct JobRecord {
     /// ([`crate::config::Job::when`]); `None` on rows from before it was
     /// recorded.
     pub timing: Option<String>,
+    /// The start of the first period it owes, recorded with `timing`.
+    pub owed_period: Option<DateTime<Utc>>,
     /// Seen for the first time by the call that returned this.
     pub new: bool,
     /// Paused for every replica.
@@ -35,6 +37,23 @@ pub struct Sighted {
     pub owed_from: Option<DateTime<Utc>>,
     /// When it fires, as the sighting that recorded `owed_from` saw it.
     pub timing: Option<String>,
+    /// The start of the first period it owes, recorded with `timing`.
+    pub owed_period: Option<DateTime<Utc>>,
+}
+
+/// What a sighting records of a job: from when it owes its fires, the
+/// start of the first period it owes, and the fingerprint of the timing
+/// both follow from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owes {
+    /// The job.
+    pub job: String,
+    /// From when it owes its fires.
+    pub from: DateTime<Utc>,
+    /// The start of the first period it owes.
+    pub period: DateTime<Utc>,
+    /// [`crate::config::Job::when`].
+    pub timing: String,
 }
 
 impl JobRecord {
@@ -44,6 +63,7 @@ impl JobRecord {
             first_seen: self.first_seen,
             owed_from: self.owed_from,
             timing: self.timing.clone(),
+            owed_period: self.owed_period,
         }
     }
 }
@@ -62,16 +82,13 @@ impl Store {
         bounded!(self.first_seen(jobs))
     }
 
-    /// Records, for each job of `owed`, from when it owes its fires and
-    /// the fingerprint of its timing they follow from: for a job seen for
-    /// the first time, or whose timing changed since the last record (a
-    /// row with no fingerprint yet, written before it was recorded, only
-    /// gains it). A row already holding that fingerprint is left as it is:
-    /// fixed there, so that a later change of the job's calendar, dates or
-    /// jitter never makes a fire from before the sighting owed. One
-    /// statement for them all (10,000 jobs first seen are one write, not
-    /// 10,000).
-    pub async fn note_owed(&self, owed: &[(String, DateTime<Utc>, String)]) -> Result<(), Error> {
+    /// Records what each sighting of `owed` says a job owes: for a job
+    /// seen for the first time, or whose timing changed since the last
+    /// record (a row from before timings were recorded gains them). A row
+    /// already holding that timing is left as it is: fixed there, so that a
+    /// later edit of anything else never moves it. One statement for them
+    /// all (10,000 jobs first seen are one write, not 10,000).
+    pub async fn note_owed(&self, owed: &[Owes]) -> Result<(), Error> {
         if owed.is_empty() {
             return Ok(());
         }

@@ -74,7 +74,7 @@ pub use claims::{
 };
 pub use group::{GROUP_BUDGET, GroupedEnd, GroupedSql, Param, SqlLimits, Work};
 pub use history::Attempt;
-pub use jobs::{JobRecord, Sighted};
+pub use jobs::{JobRecord, Owes, Sighted};
 pub use notify::{Delivery, FailedForGood, NewNotification, Notification, Tried};
 pub use waiting::Waiting;
 

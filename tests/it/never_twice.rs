@@ -1247,3 +1247,64 @@ fn a_stopped_zygote_is_replaced_and_jobs_go_on_starting() {
     assert_eq!(stop(server), 0);
     let _ = kill(Pid::from_raw(zygote), Signal::SIGKILL);
 }
+
+/// A claim the database answered later than its lease can be vouched for
+/// (an exclusive lock held 5 s against a 3 s lease) does not start the job:
+/// the period is recovered once the lease runs out, and runs once
+/// (adversarial review: the job started, was fenced a few milliseconds
+/// later, and ran again as a recovery).
+#[test]
+fn a_claim_answered_after_its_lease_could_be_vouched_for_starts_nothing() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"3s\"\n\n[[job]]\nname = \"late\"\nschedule = \"0 0 1 * *\"\nperiod = \"month\"\n\
+         shell = \"echo $SCHEDULER_PERIOD_KEY $SCHEDULER_ATTEMPT >> runs.txt\"\n",
+    );
+    let migrate = ws.run(&["--database-url", &db.url, "migrate"]);
+    assert_eq!(migrate.code(), 0, "{}", migrate.stderr());
+    let file = db.url.trim_start_matches("sqlite://").to_owned();
+    let locked = ws.path().join("locked");
+    let script = format!(
+        "(printf 'BEGIN EXCLUSIVE;\\n.shell touch {}\\n'; sleep 5; printf 'COMMIT;\\n') | sqlite3 {file}",
+        locked.display()
+    );
+    let locker = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("sqlite3");
+    eventually("the lock", BOUND, || locked.exists());
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "run",
+        "late",
+        "--period",
+        "2026-07",
+    ]);
+    let _ = wait(locker, BOUND);
+    assert!(
+        lines(ws.path().join("runs.txt")).is_empty(),
+        "the job started on a claim past its fence:\n{}{}",
+        out.stdout(),
+        out.stderr()
+    );
+    assert!(
+        out.stdout().contains("fenced"),
+        "{}{}",
+        out.stdout(),
+        out.stderr()
+    );
+    // Once the lease ran out, the period runs, once.
+    eventually("the recovery", BOUND, || {
+        let again = ws.run(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "late",
+            "--period",
+            "2026-07",
+        ]);
+        again.stdout().contains("succeeded")
+    });
+    assert_eq!(lines(ws.path().join("runs.txt")), ["late:2026-07 2"]);
+}

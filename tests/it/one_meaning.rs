@@ -891,3 +891,166 @@ fn a_changed_schedule_owes_nothing_the_new_one_would_have_fired_before_the_chang
         }
     }
 }
+
+/// A day job moved to an earlier fire, already past, still owes the day
+/// its old fire would have run: every view says `due` and `run JOB` runs
+/// it (new-user review: it was `before first seen`, and never ran).
+#[test]
+fn a_day_job_moved_to_an_earlier_fire_still_owes_the_day_not_yet_run() {
+    for db in databases() {
+        // A zone where it is about noon, so both fires fall on one day.
+        let now = Utc::now();
+        let ahead = 12 - i64::from(now.hour());
+        let zone = match ahead {
+            0 => "UTC".to_owned(),
+            h if h > 0 => format!("Etc/GMT-{h}"),
+            h => format!("Etc/GMT+{}", -h),
+        };
+        let local = now + TimeDelta::hours(ahead);
+        let daily = |at: DateTime<Utc>| {
+            format!(
+                "[scheduler]\ncatch_up = \"1h\"\n\n[[job]]\nname = \"daily\"\nschedule = \"{} {} * * *\"\n\
+                 timezone = \"{zone}\"\nperiod = \"day\"\n\
+                 shell = \"echo $SCHEDULER_PERIOD_KEY >> runs.txt\"\n",
+                at.minute(),
+                at.hour()
+            )
+        };
+        let ws = Workspace::new(&daily(local + TimeDelta::minutes(50)));
+        let first = said(&ws, &db, &["run", "daily"]);
+        assert_eq!(first.code(), 0, "{}", first.stderr());
+        assert!(first.stderr().contains("nothing due"), "{}", first.stderr());
+        let today = local.format("%Y-%m-%d").to_string();
+        std::fs::write(
+            ws.path().join("jobs.toml"),
+            daily(local - TimeDelta::minutes(10)),
+        )
+        .expect("jobs.toml");
+        let range = ok(
+            &ws,
+            &db,
+            &[
+                "status", "daily", "--from", &today, "--to", &today, "--json",
+            ],
+        );
+        let view: Value = serde_json::from_str(range.trim()).expect("one period");
+        assert_eq!(view["state"], "due", "{view} ({})", db.url);
+        let dry = ok(&ws, &db, &["run", "daily", "--dry-run"]);
+        assert!(dry.contains(&format!("daily:{today}")), "{dry}");
+        ok(&ws, &db, &["run", "daily"]);
+        assert_eq!(runs(&ws), [format!("daily:{today}")], "{}", db.url);
+    }
+}
+
+/// Periods `serve` had waiting for a slot when a reload changed the job's
+/// schedule are the old schedule's: they are dropped, not run after the
+/// change (new-user review: `serve` ran them while every view had left
+/// them behind).
+#[test]
+fn a_reload_that_changes_the_schedule_drops_the_old_periods_waiting_for_a_slot() {
+    let db = TestDb::sqlite();
+    let slow = |schedule: &str| {
+        format!(
+            "[scheduler]\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n\
+             [[job]]\nname = \"slow\"\nschedule = \"{schedule}\"\nmissed = \"all\"\n\
+             shell = \"echo $SCHEDULER_PERIOD >> runs.txt; sleep 3\"\n"
+        ) + &witness()
+    };
+    let ws = Workspace::new(&slow("* * * * * *"));
+    let replica = serve(&ws, &db.url);
+    // A few of its periods wait for the one running.
+    eventually("periods waiting for the slot", BOUND, || {
+        logged(&ws, "no concurrency slot", 3)
+    });
+    std::fs::write(ws.path().join("jobs.toml"), slow("*/20 * * * * *")).expect("jobs.toml");
+    crate::serve::signal(&replica, nix::sys::signal::Signal::SIGHUP);
+    eventually("the reload", BOUND, || logged(&ws, "reloaded", 1));
+    let at_reload = runs(&ws).len();
+    more_lines(ws.path().join("ticks.txt"), 8);
+    assert_eq!(stop(replica), 0);
+    // After the one that may have been starting at the reload, every run
+    // is of the new schedule.
+    let after: Vec<String> = runs(&ws).into_iter().skip(at_reload + 1).collect();
+    for label in &after {
+        let fire: DateTime<Utc> = label.parse().expect("a fire's instant");
+        assert_eq!(
+            fire.second() % 20,
+            0,
+            "an old period ran after the reload: {after:?}"
+        );
+    }
+}
+
+/// A change of the period rule does not run the fire that ran under the
+/// old one again under its new key (adversarial review: the recorded owed
+/// instant lost its nanosecond in storage and took the newest fire in).
+#[test]
+fn a_change_of_period_does_not_run_the_fire_that_ran_again_under_a_new_key() {
+    for db in databases() {
+        let every_minute = |period: &str| {
+            format!(
+                "[scheduler]\ncatch_up = \"1h\"\n\n[[job]]\nname = \"f\"\nschedule = \"* * * * *\"\n\
+                 period = \"{period}\"\nshell = \"echo $SCHEDULER_PERIOD >> runs.txt\"\n"
+            )
+        };
+        let ws = Workspace::new(&every_minute("fire"));
+        ok(&ws, &db, &["run", "f"]);
+        std::fs::write(ws.path().join("jobs.toml"), every_minute("minute")).expect("jobs.toml");
+        for _ in 0..2 {
+            let out = said(&ws, &db, &["run", "f"]);
+            assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        }
+        // A fire's label is its minute's and then `:00Z`: no minute twice.
+        let ran = runs(&ws);
+        let mut minutes: Vec<&str> = ran.iter().map(|l| &l[..16]).collect();
+        minutes.dedup();
+        assert_eq!(
+            minutes.len(),
+            ran.len(),
+            "a fire ran twice: {ran:?} ({})",
+            db.url
+        );
+    }
+}
+
+/// A change that moves no fire (an `active_until` years ahead) keeps every
+/// fire owed and not run: with `missed = "all"` each runs (adversarial
+/// review: only the latest ran, the others turned `before first seen`).
+#[test]
+fn a_change_that_moves_no_fire_keeps_the_fires_owed_and_not_run() {
+    for db in databases() {
+        let every_second = |extra: &str| {
+            format!(
+                "[scheduler]\ncatch_up = \"1h\"\n\n[[job]]\nname = \"s\"\nschedule = \"* * * * * *\"\n\
+                 missed = \"all\"\n{extra}shell = \"echo $SCHEDULER_PERIOD >> runs.txt\"\n"
+            )
+        };
+        let ws = Workspace::new(&every_second(""));
+        ok(&ws, &db, &["run", "s"]);
+        // Fires pass with nothing running.
+        let mut owed = Vec::new();
+        eventually("three fires owed", BOUND, || {
+            let dry = ok(&ws, &db, &["run", "s", "--dry-run"]);
+            owed = dry
+                .lines()
+                .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("s:")))
+                .map(|key| key.trim_start_matches("s:").to_owned())
+                .collect();
+            owed.len() >= 3
+        });
+        std::fs::write(
+            ws.path().join("jobs.toml"),
+            every_second("active_until = \"2030-01-01\"\n"),
+        )
+        .expect("jobs.toml");
+        ok(&ws, &db, &["run", "s"]);
+        let ran = runs(&ws);
+        for label in &owed {
+            assert!(
+                ran.contains(label),
+                "{label} owed before the change, not run: {ran:?} ({})",
+                db.url
+            );
+        }
+    }
+}

@@ -357,7 +357,12 @@ async fn the_instants_jobs_owe_from_are_recorded_at_once_and_move_only_with_thei
             .with_ymd_and_hms(2026, 12, 1, 0, minute, 0)
             .unwrap()
     };
-    let owes = |name: &String, minute, timing: &str| (name.clone(), at(minute), timing.to_owned());
+    let owes = |name: &String, minute, timing: &str| scheduler::store::Owes {
+        job: name.clone(),
+        from: at(minute),
+        period: at(minute),
+        timing: timing.to_owned(),
+    };
     store.note_owed(&[owes(&names[0], 1, "a")]).await.unwrap();
     // One write for them all; the one recorded already under the same
     // timing keeps its instant.

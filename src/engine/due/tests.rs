@@ -521,57 +521,54 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
     assert_eq!(seen[3].get("latest"), Some(&1), "{seen:?}");
 }
 
-/// A change of timing is a new sighting of the job's fires: the new
-/// schedule's latest fire within `catch_up` of the change, never one at or
-/// before the newest fire claimed; a job of longer periods still owes the
-/// period after the newest one claimed, wherever its fire moved.
+/// A change of timing owes the new timing's fires after the newest one
+/// claimed, never one before the first sighting; a job of longer periods
+/// still owes the periods it owed and has not run, wherever their fires
+/// moved.
 #[test]
-fn a_changed_timing_owes_from_the_change_and_keeps_the_period_not_yet_run() {
+fn a_changed_timing_owes_after_the_newest_claimed_and_keeps_the_periods_not_yet_run() {
     let first_seen = at("2026-01-01T00:00:00Z");
-    // Every three seconds, then every five, changed at 14:00:11 after the
-    // fire of 14:00:09: 14:00:05 never fired, 14:00:10 is the new
-    // schedule's latest fire at the change.
-    let five =
-        &jobs("[[job]]\nname = \"f\"\nschedule = \"*/5 * * * * *\"\ncommand = [\"true\"]\n")[0];
-    let owed = five.owed_after_change(
-        first_seen,
-        Some(at("2026-07-01T14:00:09Z")),
-        at("2026-07-01T14:00:11Z"),
-    );
-    assert_eq!(owed, at("2026-07-01T14:00:10Z"));
-    // Hourly at :00, then at :30, changed at 14:10: 13:30 never fired and
-    // the job ran at 14:00; nothing before 14:00 is owed.
-    let half = &jobs("[[job]]\nname = \"h\"\nschedule = \"30 * * * *\"\ncommand = [\"true\"]\n")[0];
-    let newest = at("2026-07-01T14:00:00Z");
-    let owed = half.owed_after_change(first_seen, Some(newest), at("2026-07-01T14:10:00Z"));
+    let job = |text: &str| jobs(&format!("[[job]]\n{text}\ncommand = [\"true\"]\n")).remove(0);
+    let milli = TimeDelta::milliseconds(1);
+    // Every three seconds, then every five, after the fire of 14:00:09:
+    // 14:00:05 never fired; 14:00:10 is owed.
+    let five = job("name = \"f\"\nschedule = \"*/5 * * * * *\"");
+    let newest = at("2026-07-01T14:00:09Z");
+    let owed = five.owed_after_change(first_seen, None, Some(newest));
+    assert_eq!(owed, newest + milli);
+    // Never before the first sighting.
+    let seen = at("2026-07-01T14:00:11Z");
+    assert_eq!(five.owed_after_change(seen, None, Some(newest)), seen);
+    // Monthly on the 28th, moved to the 1st on 15 July: June ran, so July
+    // is still owed, at its new fire.
+    let monthly = job("name = \"m\"\nschedule = \"0 6 1 * *\"\nperiod = \"month\"");
+    let newest = at("2026-06-28T06:00:00Z");
+    let owed = monthly.owed_after_change(first_seen, None, Some(newest));
     assert!(
-        owed > newest && owed <= at("2026-07-01T14:30:00Z"),
+        owed > newest && owed <= at("2026-07-01T06:00:00Z"),
         "{owed}"
     );
-    // Monthly on the 28th, moved to the 1st on 15 July, more than
-    // `catch_up` after 1 July: June ran, so July is still owed.
-    let monthly = &jobs(
-        "[[job]]\nname = \"m\"\nschedule = \"0 6 1 * *\"\nperiod = \"month\"\ncommand = [\"true\"]\n",
-    )[0];
-    let owed = monthly.owed_after_change(
-        first_seen,
-        Some(at("2026-06-28T06:00:00Z")),
-        at("2026-07-15T12:00:00Z"),
-    );
-    assert_eq!(owed, at("2026-07-01T06:00:00Z"));
-    // A daily job moved from 06:00 to 07:00, seen by the 07:00 cron
-    // container: today's period is owed, yesterday's ran.
-    let daily = &jobs(
-        "[[job]]\nname = \"d\"\nschedule = \"0 7 * * *\"\nperiod = \"day\"\ncommand = [\"true\"]\n",
-    )[0];
-    let owed = daily.owed_after_change(
-        first_seen,
-        Some(at("2026-07-14T06:00:00Z")),
-        at("2026-07-15T07:00:05Z"),
-    );
+    // First seen at 07:00:03 under an 08:00 fire, nothing run yet: the
+    // day is owed, at its new fire, though that is before the sighting.
+    let daily = job("name = \"d\"\nschedule = \"0 7 * * *\"\nperiod = \"day\"");
+    let seen = at("2026-07-15T07:00:03Z");
+    let today = Some(at("2026-07-15T00:00:00Z"));
+    let owed = daily.owed_after_change(seen, today, None);
     assert_eq!(owed, at("2026-07-15T07:00:00Z"));
-    // Never before the first sighting.
-    let owed =
-        daily.owed_after_change(at("2026-07-15T07:00:03Z"), None, at("2026-07-15T07:00:05Z"));
-    assert_eq!(owed, at("2026-07-15T07:00:03Z"));
+    // First seen at 09:00 under an 08:00 fire, owing from tomorrow's day:
+    // today is not owed after the move either.
+    let seen = at("2026-07-15T09:00:00Z");
+    let tomorrow = Some(at("2026-07-16T00:00:00Z"));
+    assert_eq!(daily.owed_after_change(seen, tomorrow, None), seen);
+    // A monthly job covering the month before, first seen on 6 December
+    // under a fire on the 20th (November owed), moved to the 1st: November
+    // is still owed, at its new fire.
+    let covering =
+        job("name = \"b\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"");
+    let seen = at("2026-12-06T04:00:00Z");
+    let november = Some(at("2026-11-01T00:00:00Z"));
+    let owed = covering.owed_after_change(seen, november, None);
+    assert_eq!(owed, at("2026-12-01T02:00:00Z"));
+    // The period recorded with it: November's.
+    assert_eq!(covering.owed_period(owed), at("2026-11-01T00:00:00Z"));
 }

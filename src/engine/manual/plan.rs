@@ -128,6 +128,7 @@ async fn sighting(
         first_seen: seen.as_ref().map_or(now, |s| s.first_seen),
         owed_from: seen.as_ref().and_then(|s| s.owed_from),
         timing: seen.as_ref().and_then(|s| s.timing.clone()),
+        owed_period: seen.as_ref().and_then(|s| s.owed_period),
         paused,
         new: seen.is_none(),
     }))

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::PgStore;
-use crate::store::{JobRecord, Sighted};
+use crate::store::{JobRecord, Owes, Sighted};
 
 impl PgStore {
     pub(in crate::store) async fn see_jobs(
@@ -18,7 +18,7 @@ impl PgStore {
              SELECT name, now() FROM unnest($1::text[]) AS name
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = LEAST(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, owed_from, timing, paused, first_seen = now() AS new",
+             RETURNING name, first_seen, owed_from, timing, owed_period, paused, first_seen = now() AS new",
         )
         .bind(jobs)
         .fetch_all(&self.pool)
@@ -29,6 +29,7 @@ impl PgStore {
                     first_seen: row.try_get("first_seen")?,
                     owed_from: row.try_get("owed_from")?,
                     timing: row.try_get("timing")?,
+                    owed_period: row.try_get("owed_period")?,
                     paused: row.try_get("paused")?,
                     new: row.try_get("new")?,
                 };
@@ -41,48 +42,43 @@ impl PgStore {
         &self,
         jobs: &[String],
     ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
-        type Row = (String, DateTime<Utc>, Option<DateTime<Utc>>, Option<String>);
-        let rows: Vec<Row> = sqlx::query_as(
-            "SELECT name, first_seen, owed_from, timing FROM scheduler_jobs
+        let rows = sqlx::query(
+            "SELECT name, first_seen, owed_from, timing, owed_period FROM scheduler_jobs
               WHERE name = ANY($1) AND first_seen < '9999-12-31T00:00:00Z'",
         )
         .bind(jobs)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, first_seen, owed_from, timing)| {
+        rows.iter()
+            .map(|row| {
                 let seen = Sighted {
-                    first_seen,
-                    owed_from,
-                    timing,
+                    first_seen: row.try_get("first_seen")?,
+                    owed_from: row.try_get("owed_from")?,
+                    timing: row.try_get("timing")?,
+                    owed_period: row.try_get("owed_period")?,
                 };
-                (name, seen)
+                Ok((row.try_get("name")?, seen))
             })
-            .collect())
+            .collect()
     }
 
-    pub(in crate::store) async fn note_owed(
-        &self,
-        owed: &[(String, DateTime<Utc>, String)],
-    ) -> Result<(), sqlx::Error> {
-        let jobs: Vec<&str> = owed.iter().map(|(job, _, _)| job.as_str()).collect();
-        let at: Vec<DateTime<Utc>> = owed.iter().map(|(_, at, _)| *at).collect();
-        let timing: Vec<&str> = owed.iter().map(|(_, _, timing)| timing.as_str()).collect();
+    pub(in crate::store) async fn note_owed(&self, owed: &[Owes]) -> Result<(), sqlx::Error> {
+        let jobs: Vec<&str> = owed.iter().map(|o| o.job.as_str()).collect();
+        let from: Vec<DateTime<Utc>> = owed.iter().map(|o| o.from).collect();
+        let period: Vec<DateTime<Utc>> = owed.iter().map(|o| o.period).collect();
+        let timing: Vec<&str> = owed.iter().map(|o| o.timing.as_str()).collect();
         sqlx::query(
-            // A row from before timings were recorded keeps its owed_from.
             "UPDATE scheduler_jobs
-                SET owed_from = CASE WHEN scheduler_jobs.timing IS NULL
-                                      AND scheduler_jobs.owed_from IS NOT NULL
-                                     THEN scheduler_jobs.owed_from ELSE owed.at END,
-                    timing = owed.timing
-               FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS owed (name, at, timing)
+                SET owed_from = owed.at, owed_period = owed.period, timing = owed.timing
+               FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[])
+                    AS owed (name, at, period, timing)
               WHERE scheduler_jobs.name = owed.name
                 AND (scheduler_jobs.owed_from IS NULL
                      OR scheduler_jobs.timing IS DISTINCT FROM owed.timing)",
         )
         .bind(jobs)
-        .bind(at)
+        .bind(from)
+        .bind(period)
         .bind(timing)
         .execute(&self.pool)
         .await?;

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::{NOT_SEEN, NOW, SqliteStore, ms, opt_time, time};
-use crate::store::{JobRecord, Sighted};
+use crate::store::{JobRecord, Owes, Sighted};
 
 impl SqliteStore {
     pub(in crate::store) async fn see_jobs(
@@ -25,7 +25,7 @@ impl SqliteStore {
              SELECT value, ?2 FROM json_each(?1) WHERE true
              ON CONFLICT (name) DO UPDATE
                  SET first_seen = min(scheduler_jobs.first_seen, excluded.first_seen)
-             RETURNING name, first_seen, owed_from, timing, paused",
+             RETURNING name, first_seen, owed_from, timing, owed_period, paused",
         )
         .bind(names)
         .bind(now)
@@ -39,6 +39,7 @@ impl SqliteStore {
                     first_seen: time(first_seen),
                     owed_from: opt_time(row, "owed_from")?,
                     timing: row.try_get("timing")?,
+                    owed_period: opt_time(row, "owed_period")?,
                     paused: row.try_get("paused")?,
                     new: first_seen == now,
                 };
@@ -52,48 +53,42 @@ impl SqliteStore {
         jobs: &[String],
     ) -> Result<HashMap<String, Sighted>, sqlx::Error> {
         let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
-        let rows: Vec<(String, i64, Option<i64>, Option<String>)> = sqlx::query_as(&format!(
-            "SELECT name, first_seen, owed_from, timing FROM scheduler_jobs
+        let rows = sqlx::query(&format!(
+            "SELECT name, first_seen, owed_from, timing, owed_period FROM scheduler_jobs
               WHERE name IN (SELECT value FROM json_each(?1)) AND first_seen < {NOT_SEEN}"
         ))
         .bind(names)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, at, owed, timing)| {
+        rows.iter()
+            .map(|row| {
                 let seen = Sighted {
-                    first_seen: time(at),
-                    owed_from: owed.map(time),
-                    timing,
+                    first_seen: time(row.try_get("first_seen")?),
+                    owed_from: opt_time(row, "owed_from")?,
+                    timing: row.try_get("timing")?,
+                    owed_period: opt_time(row, "owed_period")?,
                 };
-                (name, seen)
+                Ok((row.try_get("name")?, seen))
             })
-            .collect())
+            .collect()
     }
 
-    pub(in crate::store) async fn note_owed(
-        &self,
-        owed: &[(String, DateTime<Utc>, String)],
-    ) -> Result<(), sqlx::Error> {
-        let rows: Vec<(&str, i64, &str)> = owed
+    pub(in crate::store) async fn note_owed(&self, owed: &[Owes]) -> Result<(), sqlx::Error> {
+        let rows: Vec<(&str, i64, i64, &str)> = owed
             .iter()
-            .map(|(job, at, timing)| (job.as_str(), ms(*at), timing.as_str()))
+            .map(|o| (o.job.as_str(), ms(o.from), ms(o.period), o.timing.as_str()))
             .collect();
         let rows = serde_json::to_string(&rows).unwrap_or_else(|_| "[]".into());
         let mut tx = self.begin().await?;
         sqlx::query(
-            // A row from before timings were recorded keeps its owed_from.
             "UPDATE scheduler_jobs
-                SET owed_from = CASE WHEN scheduler_jobs.timing IS NULL
-                                      AND scheduler_jobs.owed_from IS NOT NULL
-                                     THEN scheduler_jobs.owed_from
-                                     ELSE json_extract(owed.value, '$[1]') END,
-                    timing = json_extract(owed.value, '$[2]')
+                SET owed_from = json_extract(owed.value, '$[1]'),
+                    owed_period = json_extract(owed.value, '$[2]'),
+                    timing = json_extract(owed.value, '$[3]')
                FROM json_each(?1) AS owed
               WHERE scheduler_jobs.name = json_extract(owed.value, '$[0]')
                 AND (scheduler_jobs.owed_from IS NULL
-                     OR scheduler_jobs.timing IS NOT json_extract(owed.value, '$[2]'))",
+                     OR scheduler_jobs.timing IS NOT json_extract(owed.value, '$[3]'))",
         )
         .bind(rows)
         .execute(&mut *tx)
