@@ -440,12 +440,22 @@ impl Service {
     fn handle(&mut self, event: Event) {
         match event {
             Event::Scanned(scanned) => self.scanned(*scanned),
-            Event::Again(name, due) => self.wait(name, due),
+            // An answer that comes after a reload changed the job's timing
+            // may be of a period the job no longer has: it goes.
+            Event::Again(name, due) => {
+                if self
+                    .job(&name)
+                    .is_some_and(|job| slots::still_timed(&job, &due))
+                {
+                    self.wait(name, due);
+                }
+            }
             Event::Contended(asks) => {
                 for (name, due) in asks {
                     if let Some(job) = self.job(&name)
                         && !*self.shutdown.borrow()
                         && !self.paused.contains_key(&name)
+                        && slots::still_timed(&job, &due)
                     {
                         self.pending.push((job, due));
                     }

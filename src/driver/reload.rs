@@ -313,3 +313,62 @@ mod tests {
         assert_eq!(fired(&mut service), ["k:2027-01-04T16:20:00Z"]);
     }
 }
+
+#[cfg(test)]
+mod answers_after_a_reload {
+    use std::time::Duration;
+
+    use chrono::TimeZone;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::clock::StoppedClock;
+    use crate::driver::Event;
+    use crate::engine::Engine;
+    use crate::engine::due::Due;
+    use crate::store::{Store, Trigger};
+
+    /// A claim asked for under the old schedule and answered `busy` (or
+    /// held up by the database) after a reload changed the schedule is of
+    /// a period the job no longer has: it is not asked for again, while a
+    /// recovery is (adversarial review: the old schedule's fires ran beside
+    /// the new one's after a reload made during a database lock).
+    #[tokio::test]
+    async fn an_answer_of_the_old_schedule_after_a_reload_is_not_asked_for_again() {
+        let text = |schedule: &str| {
+            format!("[[job]]\nname = \"h\"\nschedule = \"{schedule}\"\ncommand = [\"true\"]\n")
+        };
+        let path = std::path::Path::new("jobs.toml");
+        let config = Config::parse(path, &text("*/2 * * * * *"), &|_| None).expect("a job");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let now = Utc.with_ymd_and_hms(2027, 1, 4, 10, 0, 1).unwrap();
+        let clock = Arc::new(StoppedClock::at(now));
+        let (_down, shutdown) = watch::channel(false);
+        let mut service = Service::on(path.into(), config, engine, shutdown).with_clock(clock);
+        let old = |fire: DateTime<Utc>, trigger| Due {
+            period: service.jobs[0].timing().period_of(&crate::fires::Fire {
+                nominal: fire,
+                at: fire,
+            }),
+            fire,
+            trigger,
+        };
+        let even = old(now - TimeDelta::seconds(1), Trigger::CatchUp);
+        let recovery = old(now - TimeDelta::seconds(3), Trigger::Recovery);
+        // Odd seconds from now on.
+        let reloaded = Config::parse(path, &text("1-59/2 * * * * *"), &|_| None).expect("a job");
+        service.replace_jobs(shared(reloaded.jobs));
+        service.handle(Event::Again("h".into(), even));
+        service.handle(Event::Again("h".into(), recovery.clone()));
+        let waiting: Vec<&Due> = service
+            .waiting
+            .get("h")
+            .into_iter()
+            .flat_map(|q| q.values())
+            .collect();
+        assert_eq!(waiting, [&recovery]);
+    }
+}

@@ -248,6 +248,25 @@ impl Service {
     }
 }
 
+/// Whether `due` is still a period of `job` as it is timed now. A fire
+/// asked for under a timing a reload has since changed (its claim answered
+/// after the reload: busy, or held up by the database) is not, and is not
+/// asked for again; a period claimed before (a recovery, a retry, one its
+/// upstream periods woke) is finished whatever its timing.
+pub(super) fn still_timed(job: &Job, due: &Due) -> bool {
+    if matches!(
+        due.trigger,
+        Trigger::Recovery | Trigger::Retry | Trigger::Upstream
+    ) {
+        return true;
+    }
+    let timing = job.timing();
+    timing
+        .between(due.fire - TimeDelta::nanoseconds(1), due.fire)
+        .iter()
+        .any(|fire| timing.period_of(fire).label == due.period.label)
+}
+
 /// One wake-up's periods: claimed together, then run, each unit (one
 /// period, or an `sql` group) on its own `max_running` slot.
 struct Batch {

@@ -59,7 +59,39 @@ impl Engine {
                 _ = stop_now.wait_for(|now| *now) => Stop::Shutdown,
             }
         };
-        let result = match &run.job.action {
+        let result = self.act(run, watch, stop).await;
+        let (status, codes) = match result {
+            ActionResult::Stopped(why, output) => {
+                (self.stopped(run, watch, why, output.as_deref()).await, None)
+            }
+            // A failure seen after the fence may be the fence's own doing
+            // (the supervisor stops a job whose lease it cannot vouch for):
+            // it is not the job's failure, and the period is recovered.
+            ActionResult::Done(finish, _) if !finish.succeeded && watch.fenced() => {
+                (Status::Fenced, None)
+            }
+            ActionResult::Done(finish, retryable) => {
+                let codes = (finish.exit_code, finish.http_status);
+                let status = self.record(run, watch, finish, retryable).await;
+                // The codes of an end this attempt recorded, not of one
+                // whose write was fenced off.
+                let recorded = matches!(status, Status::Succeeded | Status::Failed { .. });
+                (status, recorded.then_some(codes))
+            }
+        };
+        let mut report = Report::of(run.lease, status, started.elapsed());
+        (report.exit_code, report.http_status) = codes.unwrap_or_default();
+        report
+    }
+
+    /// Runs the action of `run` until it ends or `stop` resolves.
+    async fn act(
+        &self,
+        run: &Run<'_>,
+        watch: &Watch,
+        stop: impl std::future::Future<Output = Stop>,
+    ) -> ActionResult {
+        match &run.job.action {
             Action::Process(action) => {
                 let spawn = process::Spawn {
                     supervisor: &self.supervisor,
@@ -90,29 +122,7 @@ impl Engine {
             Action::Sql { .. } | Action::Code(Handler::Transaction(_)) => {
                 ActionResult::permanent("an sql action runs in a group".into())
             }
-        };
-        let (status, codes) = match result {
-            ActionResult::Stopped(why, output) => {
-                (self.stopped(run, watch, why, output.as_deref()).await, None)
-            }
-            // A failure seen after the fence may be the fence's own doing
-            // (the supervisor stops a job whose lease it cannot vouch for):
-            // it is not the job's failure, and the period is recovered.
-            ActionResult::Done(finish, _) if !finish.succeeded && watch.fenced() => {
-                (Status::Fenced, None)
-            }
-            ActionResult::Done(finish, retryable) => {
-                let codes = (finish.exit_code, finish.http_status);
-                let status = self.record(run, watch, finish, retryable).await;
-                // The codes of an end this attempt recorded, not of one
-                // whose write was fenced off.
-                let recorded = matches!(status, Status::Succeeded | Status::Failed { .. });
-                (status, recorded.then_some(codes))
-            }
-        };
-        let mut report = Report::of(run.lease, status, started.elapsed());
-        (report.exit_code, report.http_status) = codes.unwrap_or_default();
-        report
+        }
     }
 
     /// After the job was stopped: a shutdown releases the claim; a takeover
