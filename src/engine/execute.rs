@@ -31,16 +31,7 @@ impl Engine {
         stop_now: watch::Receiver<bool>,
     ) -> Report {
         let started = std::time::Instant::now();
-        // A claim answered later than its lease can be vouched for (the
-        // database held the statement: a lock, an overload) may already be
-        // another runner's to take: nothing starts, and the period is
-        // recovered once its lease runs out.
-        if watch.fenced() {
-            tracing::warn!(
-                period_key = run.key.as_str(),
-                attempt = run.lease.attempt,
-                "the claim was answered too late to vouch for its lease; the job is not started, and the period is recovered once the lease runs out"
-            );
+        if !self.vouched_for(run, watch).await {
             return Report::of(run.lease, Status::Fenced, started.elapsed());
         }
         let stop = async {
@@ -82,6 +73,28 @@ impl Engine {
         let mut report = Report::of(run.lease, status, started.elapsed());
         (report.exit_code, report.http_status) = codes.unwrap_or_default();
         report
+    }
+
+    /// Whether the lease of `run` can be vouched for as its job starts. A
+    /// claim answered later than that (the database held the statement: a
+    /// lock, an overload) is renewed first, at once; if the renewal does
+    /// not get through in time either, the period may already be another
+    /// runner's to take: nothing starts, and it is recovered once its
+    /// lease runs out.
+    async fn vouched_for(&self, run: &Run<'_>, watch: &Watch) -> bool {
+        if !watch.fenced() {
+            return true;
+        }
+        self.heartbeats.renew_now().await;
+        if !watch.fenced() {
+            return true;
+        }
+        tracing::warn!(
+            period_key = run.key.as_str(),
+            attempt = run.lease.attempt,
+            "the claim was answered too late to vouch for its lease, and renewing it did not get through in time; the job is not started, and the period is recovered once the lease runs out"
+        );
+        false
     }
 
     /// Runs the action of `run` until it ends or `stop` resolves.
