@@ -98,7 +98,7 @@ impl Service {
     }
 
     /// The jobs of `jobs` that the loop had under another timing, not
-    /// paused: their fires from the change on are owed.
+    /// paused: what they owe after the change is taken afresh.
     fn retimed(&self, jobs: &[Arc<Job>]) -> Vec<Arc<Job>> {
         jobs.iter()
             .filter(|job| {
@@ -205,8 +205,10 @@ mod tests {
 
     use super::*;
     use crate::clock::StoppedClock;
+    use crate::driver::Event;
     use crate::engine::Engine;
-    use crate::store::Store;
+    use crate::engine::due::Due;
+    use crate::store::{Store, Trigger};
 
     /// A reload that makes a period due earlier than it was, at an instant
     /// already past, still fires it (the review found it lost: the timer
@@ -312,21 +314,6 @@ mod tests {
         service.fire();
         assert_eq!(fired(&mut service), ["k:2027-01-04T16:20:00Z"]);
     }
-}
-
-#[cfg(test)]
-mod answers_after_a_reload {
-    use std::time::Duration;
-
-    use chrono::TimeZone;
-    use tokio::sync::watch;
-
-    use super::*;
-    use crate::clock::StoppedClock;
-    use crate::driver::Event;
-    use crate::engine::Engine;
-    use crate::engine::due::Due;
-    use crate::store::{Store, Trigger};
 
     /// A claim asked for under the old schedule and answered `busy` (or
     /// held up by the database) after a reload changed the schedule is of
