@@ -223,7 +223,8 @@ impl Store {
     /// Writes what run `id` did so far, keeping it alive for `alive_for`
     /// more. With `ended_ttl`, that is all of it: the run is done, and it
     /// and its Idempotency-Key are kept `ended_ttl` from now (a key's TTL
-    /// counts from its run's end).
+    /// counts from its run's end). The key is kept first, so that whoever
+    /// reads the run `done` finds its key already kept.
     pub async fn update_run(
         &self,
         id: &str,
@@ -232,7 +233,16 @@ impl Store {
         alive_for: Duration,
     ) -> Result<(), Error> {
         on_pool!(self, |pool, now| {
-            let run = sqlx::query(&format!(
+            if let Some(ttl) = ended_ttl {
+                sqlx::query(&format!(
+                    "UPDATE scheduler_idempotency SET expires_at = {now} + $2 WHERE run_id = $1"
+                ))
+                .bind(id)
+                .bind(ms(ttl))
+                .execute(pool)
+                .await?;
+            }
+            sqlx::query(&format!(
                 "UPDATE scheduler_api_runs
                     SET body = $2, state = $3, alive_until = {now} + $4,
                         expires_at = CASE WHEN $5 >= 0 THEN {now} + $5 ELSE expires_at END
@@ -248,18 +258,8 @@ impl Store {
             .bind(ms(alive_for))
             .bind(ended_ttl.map_or(-1, ms))
             .execute(pool)
-            .await;
-            match (run, ended_ttl) {
-                (Ok(_), Some(ttl)) => sqlx::query(&format!(
-                    "UPDATE scheduler_idempotency SET expires_at = {now} + $2 WHERE run_id = $1"
-                ))
-                .bind(id)
-                .bind(ms(ttl))
-                .execute(pool)
-                .await
-                .map(|_| ()),
-                (run, _) => run.map(|_| ()),
-            }
+            .await
+            .map(|_| ())
         })
     }
 
