@@ -62,6 +62,7 @@ mod claims;
 mod group;
 mod history;
 mod jobs;
+mod migrate;
 mod notify;
 mod outage;
 mod postgres;
@@ -165,10 +166,9 @@ impl Store {
     }
 
     /// Applies pending migrations, returning which (`0004 api`);
-    /// refuses a database migrated by a newer version. `_sqlx_migrations`
-    /// may also hold an application's own migrations (the library's
-    /// database is the application's): versions past
-    /// [`SCHEDULER_VERSIONS`] are theirs and left alone.
+    /// refuses a database migrated by a newer version. They are kept in
+    /// `scheduler_migrations` ([`migrate`]), so an application's own sqlx
+    /// migrations in the same database are left to it.
     pub async fn migrate(&self) -> Result<Vec<String>, Error> {
         // Another process migrating holds the migration lock meanwhile; a
         // lock never given back (a connection that kept it) is no hang.
@@ -177,7 +177,7 @@ impl Store {
             tokio::time::timeout(MIGRATION_BOUND, async { dispatch!(self.migrate()) }).await
         else {
             return Err(Error::Database(format!(
-                "cannot migrate the database: not done within {}s (another process holds sqlx's migration lock?)",
+                "cannot migrate the database: not done within {}s (another process holds the lock of the scheduler's migrations?)",
                 MIGRATION_BOUND.as_secs()
             )));
         };
@@ -186,7 +186,7 @@ impl Store {
                 "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"
             )),
             sqlx::migrate::MigrateError::VersionMismatch(version) => Error::Database(format!(
-                "migration {version} in _sqlx_migrations is not this scheduler's: another program's sqlx migrations with small version numbers share the table (give them sqlx's default timestamp versions), or the scheduler's own were edited"
+                "migration {version} in scheduler_migrations differs from this scheduler's own: the database was migrated by a build whose migrations were edited"
             )),
             other => Error::Database(format!("cannot migrate the database: {other}")),
         })
@@ -221,36 +221,6 @@ impl Store {
         self.outage().note(&result);
         result
     }
-}
-
-/// The highest migration version a newer scheduler could have: anything
-/// above it in `_sqlx_migrations` is another program's.
-pub const SCHEDULER_VERSIONS: i64 = 9_999;
-
-/// Refuses a shared `_sqlx_migrations` that holds a newer scheduler's
-/// migration (reported as missing); the application's own versions above
-/// [`SCHEDULER_VERSIONS`] are left to it.
-fn refuse_newer(
-    migrator: &sqlx::migrate::Migrator,
-    applied: &[i64],
-) -> Result<(), sqlx::migrate::MigrateError> {
-    let ours = migrator.iter().map(|m| m.version).max().unwrap_or(0);
-    match applied
-        .iter()
-        .find(|v| **v > ours && **v <= SCHEDULER_VERSIONS)
-    {
-        Some(newer) => Err(sqlx::migrate::MigrateError::VersionMissing(*newer)),
-        None => Ok(()),
-    }
-}
-
-/// The migrations of `migrator` not among `before` (applied versions).
-fn applied_since(migrator: &sqlx::migrate::Migrator, before: &[i64]) -> Vec<String> {
-    migrator
-        .iter()
-        .filter(|m| !before.contains(&m.version))
-        .map(|m| format!("{:04} {}", m.version, m.description))
-        .collect()
 }
 
 fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {

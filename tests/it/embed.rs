@@ -22,7 +22,7 @@ async fn backends() -> Vec<TestDb> {
 }
 
 /// One number from the test's database.
-async fn number(url: &str, sql: &str) -> i64 {
+pub(crate) async fn number(url: &str, sql: &str) -> i64 {
     use sqlx::Connection;
     if url.starts_with("sqlite:") {
         let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
@@ -712,48 +712,6 @@ async fn a_panicking_handler_is_a_failure_that_says_why() {
             error.contains(&format!("no invoice for {label}")),
             "{error}"
         );
-    }
-}
-
-#[test]
-fn the_command_line_works_on_a_database_that_also_holds_the_applications_migrations() {
-    for db in crate::support::databases() {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async {
-            let calls = Calls::default();
-            Scheduler::builder()
-                .database_url(&db.url)
-                .job(calls.job("tick", "* * * * * *"))
-                .build()
-                .await
-                .unwrap();
-        });
-        drop(runtime);
-        let blob = if db.url.starts_with("postgres") {
-            "'\\x00'::bytea"
-        } else {
-            "x'00'"
-        };
-        crate::support::count(
-            &db.url,
-            &format!(
-                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (20240101000000, 'the application''s', true, {blob}, 0)"
-            ),
-        );
-        let ws = Workspace::new(
-            "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
-        );
-        for args in [&["status"][..], &["migrate"], &["history", "tick"]] {
-            let mut all = vec!["--database-url", db.url.as_str()];
-            all.extend_from_slice(args);
-            let out = ws.run(&all);
-            assert_eq!(
-                out.status.code(),
-                Some(0),
-                "{args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
     }
 }
 

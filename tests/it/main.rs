@@ -17,6 +17,7 @@ mod edges;
 mod embed;
 mod labels;
 mod layout;
+mod library;
 mod never_twice;
 mod notify;
 mod once_at_the_edges;

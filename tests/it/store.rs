@@ -1581,7 +1581,7 @@ async fn a_database_migrated_by_a_newer_version_is_refused() {
     drop(store);
     use sqlx::Connection;
     let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-    sqlx::query("INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (9000, 'future', 1, x'00', 0)")
+    sqlx::query("INSERT INTO scheduler_migrations (version, description, checksum, applied_at) VALUES (9000, 'future', x'00', 0)")
         .execute(&mut conn)
         .await
         .unwrap();

@@ -19,12 +19,9 @@ mod group;
 mod history;
 mod jobs;
 
-/// The scheduler's migrations, beside whatever else `_sqlx_migrations`
-/// holds (see [`super::SCHEDULER_VERSIONS`]).
+/// The scheduler's migrations, which [`super::migrate`] applies.
 fn migrator() -> sqlx::migrate::Migrator {
-    let mut migrator = sqlx::migrate!("migrations/postgres");
-    migrator.set_ignore_missing(true);
-    migrator
+    sqlx::migrate!("migrations/postgres")
 }
 
 /// `text` as PostgreSQL's `text` can hold it: a NUL byte (a job that
@@ -153,18 +150,20 @@ impl PgStore {
             .await
     }
 
-    /// Applies what is pending; the migrations it applied. The versions
-    /// of `_sqlx_migrations` past the scheduler's range are another
-    /// program's, and left alone.
+    /// Applies what is pending; the migrations it applied.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        let migrator = &migrator();
-        let before: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await
-                .unwrap_or_default();
-        super::refuse_newer(migrator, &before)?;
-        migrator.run(&self.pool).await?;
-        Ok(super::applied_since(migrator, &before))
+        let dialect = super::migrate::Dialect {
+            // One key for the scheduler's migrations in this database;
+            // sqlx's own lock (the application's migrations) is another.
+            lock: Some("SELECT pg_advisory_xact_lock(7296351420113578001)"),
+            table: "CREATE TABLE IF NOT EXISTS scheduler_migrations (
+                        version BIGINT PRIMARY KEY,
+                        description TEXT NOT NULL,
+                        checksum BYTEA NOT NULL,
+                        applied_at BIGINT NOT NULL)",
+            has_sqlx_table: "SELECT to_regclass('_sqlx_migrations') IS NOT NULL",
+        };
+        let tx = self.pool.begin().await?;
+        super::migrate::migrate_in!(tx, &migrator(), dialect, super::PG_NOW)
     }
 }

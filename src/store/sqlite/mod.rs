@@ -23,12 +23,14 @@ mod group;
 mod history;
 mod jobs;
 
-/// The scheduler's migrations, beside whatever else `_sqlx_migrations`
-/// holds (see [`super::SCHEDULER_VERSIONS`]).
+/// The scheduler's migrations, which [`super::migrate`] applies.
 fn migrator() -> sqlx::migrate::Migrator {
-    let mut migrator = sqlx::migrate!("migrations/sqlite");
-    migrator.set_ignore_missing(true);
-    migrator
+    sqlx::migrate!("migrations/sqlite")
+}
+
+/// Whether `e` is SQLite saying another connection holds the lock.
+fn locked(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(e) if e.message().contains("locked"))
 }
 
 /// SQLite's clock in milliseconds.
@@ -101,7 +103,7 @@ impl SqliteStore {
                 .connect_with(options.clone())
                 .await;
             match pool {
-                Err(sqlx::Error::Database(e)) if tries < 20 && e.message().contains("locked") => {
+                Err(e) if tries < 20 && locked(&e) => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(25 * tries)).await;
                 }
@@ -122,35 +124,39 @@ impl SqliteStore {
         .await
     }
 
-    /// Applies what is pending; the migrations it applied. The versions
-    /// of `_sqlx_migrations` past the scheduler's range are another
-    /// program's, and left alone.
+    /// Applies what is pending; the migrations it applied.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-        let migrator = &migrator();
-        let before: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await
-                .unwrap_or_default();
-        super::refuse_newer(migrator, &before)?;
-        // Processes starting together on a new file race to migrate (SQLite
-        // has no migration lock); the loser finds the work done on a later
-        // try. The waits are random, so two racers fall out of step.
+        // Processes starting together on a new file race to begin (a
+        // pool of the application's may wait less than ours); the loser
+        // finds the work done on a later try. The waits are random, so two
+        // racers fall out of step.
         let mut tries = 0;
         loop {
-            match migrator.run(&self.pool).await {
-                Err(e)
-                    if tries < 30
-                        && !matches!(e, sqlx::migrate::MigrateError::VersionMissing(_)) =>
-                {
+            match self.migrate_once().await {
+                Err(sqlx::migrate::MigrateError::Execute(e)) if tries < 30 && locked(&e) => {
                     tries += 1;
                     let jitter = getrandom::u32().unwrap_or(0) % 100;
                     tokio::time::sleep(Duration::from_millis(20 + u64::from(jitter))).await;
                 }
-                Ok(()) => return Ok(super::applied_since(migrator, &before)),
-                Err(e) => return Err(e),
+                done => return done,
             }
         }
+    }
+
+    async fn migrate_once(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+        let dialect = super::migrate::Dialect {
+            // `BEGIN IMMEDIATE` makes every other migrating process wait.
+            lock: None,
+            table: "CREATE TABLE IF NOT EXISTS scheduler_migrations (
+                        version INTEGER PRIMARY KEY,
+                        description TEXT NOT NULL,
+                        checksum BLOB NOT NULL,
+                        applied_at INTEGER NOT NULL)",
+            has_sqlx_table: "SELECT count(*) > 0 FROM sqlite_master
+                              WHERE type = 'table' AND name = '_sqlx_migrations'",
+        };
+        let tx = self.begin().await?;
+        super::migrate::migrate_in!(tx, &migrator(), dialect, NOW)
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {

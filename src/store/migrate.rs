@@ -1,0 +1,156 @@
+//! The scheduler's migrations, kept in a table of its own,
+//! `scheduler_migrations`, so that an application's sqlx migrations (in
+//! `_sqlx_migrations`, numbered as it likes) share the database whichever
+//! side migrates first.
+//!
+//! sqlx embeds the files (`migrations/{sqlite,postgres}`) and their
+//! checksums; applying them is here, because sqlx's migrator keeps its
+//! table's name to itself. All pending migrations go in one transaction
+//! that other migrating processes wait for: PostgreSQL's advisory lock,
+//! SQLite's `BEGIN IMMEDIATE`. A database migrated by an earlier release
+//! (the scheduler's rows in `_sqlx_migrations`) moves over in that same
+//! transaction.
+
+use sqlx::migrate::{MigrateError, Migrator};
+
+/// The SQL that differs between the backends in [`migrate_in`].
+pub(super) struct Dialect {
+    /// Waits for any other process migrating, if `BEGIN` does not.
+    pub lock: Option<&'static str>,
+    /// Creates `scheduler_migrations` if it is missing.
+    pub table: &'static str,
+    /// Whether `_sqlx_migrations` is here, where an earlier release kept
+    /// the scheduler's migrations.
+    pub has_sqlx_table: &'static str,
+}
+
+/// Where the scheduler's migrations stand: what the database holds, as
+/// `(version, checksum)`, against what this scheduler has.
+pub(super) struct Ledger<'a> {
+    pub migrator: &'a Migrator,
+    pub applied: Vec<(i64, Vec<u8>)>,
+}
+
+impl Ledger<'_> {
+    /// Refuses a database a newer scheduler migrated (a version this one
+    /// does not know) or whose migration differs from this one's.
+    pub fn check(&self) -> Result<(), MigrateError> {
+        for (version, checksum) in &self.applied {
+            match self.migrator.iter().find(|m| m.version == *version) {
+                None => return Err(MigrateError::VersionMissing(*version)),
+                Some(ours) if *ours.checksum != **checksum => {
+                    return Err(MigrateError::VersionMismatch(*version));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// This scheduler's migrations the database does not hold, oldest
+    /// first.
+    pub fn pending(&self) -> impl Iterator<Item = &sqlx::migrate::Migration> {
+        self.migrator
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .filter(|m| !self.applied.iter().any(|(v, _)| *v == m.version))
+    }
+
+    /// The rows of `_sqlx_migrations` that are this scheduler's (its
+    /// version and checksum): an earlier release's, to move over. Any other
+    /// row is the application's, and stays.
+    pub fn ours<'r>(&self, rows: &'r [(i64, Vec<u8>)]) -> Vec<&'r (i64, Vec<u8>)> {
+        rows.iter()
+            .filter(|(version, checksum)| {
+                self.migrator
+                    .iter()
+                    .any(|m| m.version == *version && *m.checksum == **checksum)
+            })
+            .collect()
+    }
+}
+
+/// `version description`, as `scheduler migrate` lists what it applied.
+pub(super) fn named(migration: &sqlx::migrate::Migration) -> String {
+    format!("{:04} {}", migration.version, migration.description)
+}
+
+/// Applies the pending migrations of `$migrator` in transaction `$tx`
+/// (begun by the caller) with the backend's `$dialect` and clock `$now`,
+/// and commits; what it applied, named.
+macro_rules! migrate_in {
+    ($tx:expr, $migrator:expr, $dialect:expr, $now:expr) => {{
+        use $crate::store::migrate::{Ledger, named};
+        let mut tx = $tx;
+        let dialect = $dialect;
+        if let Some(lock) = dialect.lock {
+            sqlx::query(lock).execute(&mut *tx).await?;
+        }
+        sqlx::raw_sql(dialect.table).execute(&mut *tx).await?;
+        let applied: Vec<(i64, Vec<u8>)> =
+            sqlx::query_as("SELECT version, checksum FROM scheduler_migrations")
+                .fetch_all(&mut *tx)
+                .await?;
+        let mut ledger = Ledger {
+            migrator: $migrator,
+            applied,
+        };
+        let has_sqlx_table: bool = sqlx::query_scalar(dialect.has_sqlx_table)
+            .fetch_one(&mut *tx)
+            .await?;
+        if has_sqlx_table {
+            let rows: Vec<(i64, Vec<u8>)> =
+                sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success")
+                    .fetch_all(&mut *tx)
+                    .await?;
+            for (version, checksum) in ledger.ours(&rows) {
+                let description = ledger
+                    .migrator
+                    .iter()
+                    .find(|m| m.version == *version)
+                    .map(|m| m.description.to_string())
+                    .unwrap_or_default();
+                sqlx::query(&format!(
+                    "INSERT INTO scheduler_migrations (version, description, checksum, applied_at)
+                     VALUES ($1, $2, $3, {}) ON CONFLICT (version) DO NOTHING",
+                    $now
+                ))
+                .bind(version)
+                .bind(description)
+                .bind(checksum)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
+                    .bind(version)
+                    .execute(&mut *tx)
+                    .await?;
+                if !ledger.applied.iter().any(|(v, _)| v == version) {
+                    ledger.applied.push((*version, checksum.clone()));
+                }
+            }
+        }
+        ledger.check()?;
+        let mut done = Vec::new();
+        for migration in ledger.pending() {
+            sqlx::raw_sql(&migration.sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| sqlx::migrate::MigrateError::ExecuteMigration(e, migration.version))?;
+            sqlx::query(&format!(
+                "INSERT INTO scheduler_migrations (version, description, checksum, applied_at)
+                 VALUES ($1, $2, $3, {})",
+                $now
+            ))
+            .bind(migration.version)
+            .bind(migration.description.as_ref())
+            .bind(migration.checksum.as_ref())
+            .execute(&mut *tx)
+            .await?;
+            done.push(named(migration));
+        }
+        tx.commit().await?;
+        Ok::<Vec<String>, sqlx::migrate::MigrateError>(done)
+    }};
+}
+
+pub(super) use migrate_in;

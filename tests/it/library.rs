@@ -1,0 +1,219 @@
+//! The library as a Rust service meets it (issue 42): its migrations beside
+//! the application's, its errors, its backfills, its read side.
+
+use std::path::Path;
+
+use scheduler::{CodeJob, Context, PeriodOutcome, RunOptions, Scheduler, Unit};
+
+use crate::support::{TestDb, Workspace};
+
+/// SQLite, and PostgreSQL where a server answers.
+async fn backends() -> Vec<TestDb> {
+    let mut dbs = vec![TestDb::sqlite()];
+    dbs.extend(TestDb::postgres().await);
+    dbs
+}
+
+/// The application's own sqlx migrations, numbered as a new project
+/// numbers them: `0001_users.sql`.
+fn application_migrations(dir: &Path) -> &Path {
+    std::fs::write(
+        dir.join("0001_users.sql"),
+        "CREATE TABLE users (id BIGINT PRIMARY KEY, name TEXT NOT NULL);\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// Runs the sqlx migrations in `dir` on `url`, as an application's
+/// `sqlx::migrate!` would; sqlx's own error if it refuses.
+async fn sqlx_migrate(url: &str, dir: &Path, ignore_missing: bool) -> Result<(), String> {
+    let mut migrator = sqlx::migrate::Migrator::new(dir).await.unwrap();
+    migrator.set_ignore_missing(ignore_missing);
+    let done = if url.starts_with("sqlite:") {
+        let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+        let pool = sqlx::SqlitePool::connect_with(options.create_if_missing(true))
+            .await
+            .unwrap();
+        migrator.run(&pool).await
+    } else {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        migrator.run(&pool).await
+    };
+    done.map_err(|e| format!("{e:?}"))
+}
+
+/// Runs `sql` on the test's database.
+async fn execute(url: &str, sql: &str) {
+    use sqlx::Connection;
+    if url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+    }
+}
+
+/// A scheduler of one daily job on `url`, built (and so migrated).
+async fn daily(url: &str) -> Result<Scheduler, scheduler::Error> {
+    Scheduler::builder()
+        .database_url(url)
+        .job(
+            CodeJob::new("rollup", "0 4 * * *")
+                .period(Unit::Day)
+                .handler(|_cx: Context| async { Ok(()) }),
+        )
+        .build()
+        .await
+}
+
+/// Runs `rollup`'s period 2026-11-01; how it ended.
+async fn rollup(scheduler: &Scheduler) -> PeriodOutcome {
+    scheduler
+        .run_period("rollup", "2026-11-01", RunOptions::default())
+        .await
+        .unwrap()[0]
+        .outcome
+}
+
+/// Issue 42, item 5: an application whose migrations start at
+/// `0001_users.sql` migrates first, then the scheduler, then the
+/// application again (its next start): neither refuses the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_numbering_its_migrations_from_0001_migrates_before_and_after_the_scheduler()
+{
+    for db in backends().await {
+        let dir = tempfile::tempdir().unwrap();
+        let app = application_migrations(dir.path());
+        sqlx_migrate(&db.url, app, false).await.unwrap();
+        let scheduler = daily(&db.url).await.unwrap();
+        assert_eq!(rollup(&scheduler).await, PeriodOutcome::Succeeded);
+        sqlx_migrate(&db.url, app, false).await.unwrap();
+        let scheduler = daily(&db.url).await.unwrap();
+        assert_eq!(
+            rollup(&scheduler).await,
+            PeriodOutcome::Skipped,
+            "{}",
+            db.url
+        );
+    }
+}
+
+/// Issue 42, item 5: the scheduler migrates a fresh database first; the
+/// application's `0001_users.sql` then runs with sqlx's default checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_migrating_first_leaves_sqlx_migrations_to_the_application() {
+    for db in backends().await {
+        let dir = tempfile::tempdir().unwrap();
+        let app = application_migrations(dir.path());
+        daily(&db.url).await.unwrap();
+        sqlx_migrate(&db.url, app, false).await.unwrap();
+        daily(&db.url).await.unwrap();
+        sqlx_migrate(&db.url, app, false).await.unwrap();
+    }
+}
+
+/// The database as the release before this one left it: the scheduler's
+/// migrations recorded in `_sqlx_migrations` (sqlx's own table and
+/// checksums, which sqlx's migrator then accepts as applied), none in
+/// `scheduler_migrations`.
+async fn as_the_release_before_left_it(url: &str) {
+    let backend = if url.starts_with("sqlite:") {
+        "sqlite"
+    } else {
+        "postgres"
+    };
+    let ours = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(backend);
+    let none = tempfile::tempdir().unwrap();
+    sqlx_migrate(url, none.path(), true).await.unwrap();
+    execute(url, "DROP TABLE scheduler_migrations").await;
+    let migrator = sqlx::migrate::Migrator::new(ours.as_path()).await.unwrap();
+    for m in migrator.iter() {
+        let checksum: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
+        let blob = if backend == "sqlite" {
+            format!("x'{checksum}'")
+        } else {
+            format!("'\\x{checksum}'::bytea")
+        };
+        execute(
+            url,
+            &format!(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES ({}, '{}', true, {blob}, 0)",
+                m.version, m.description
+            ),
+        )
+        .await;
+    }
+    sqlx_migrate(url, &ours, true).await.unwrap();
+}
+
+/// Issue 42, item 5: a database the release before this one migrated
+/// (its rows in `_sqlx_migrations`) moves over without losing a claim,
+/// after which the application's `0001_users.sql` runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_of_the_release_before_moves_over_with_its_claims_and_takes_the_applications_0001()
+ {
+    for db in backends().await {
+        let scheduler = daily(&db.url).await.unwrap();
+        assert_eq!(rollup(&scheduler).await, PeriodOutcome::Succeeded);
+        as_the_release_before_left_it(&db.url).await;
+        let dir = tempfile::tempdir().unwrap();
+        let app = application_migrations(dir.path());
+        let refused = sqlx_migrate(&db.url, app, false).await.unwrap_err();
+        // As it was: sqlx refuses the scheduler's versions as unknown to the
+        // application (or its own 0001 as edited).
+        assert!(refused.starts_with("Version"), "{refused}");
+        let scheduler = daily(&db.url).await.unwrap();
+        assert_eq!(
+            rollup(&scheduler).await,
+            PeriodOutcome::Skipped,
+            "{}",
+            db.url
+        );
+        sqlx_migrate(&db.url, app, false).await.unwrap();
+        let ws = Workspace::new(
+            "[[job]]\nname = \"rollup\"\nschedule = \"0 4 * * *\"\nperiod = \"day\"\ncommand = [\"false\"]\n",
+        );
+        for args in [&["status"][..], &["migrate"], &["history", "rollup"]] {
+            let mut all = vec!["--database-url", db.url.as_str()];
+            all.extend_from_slice(args);
+            let out = ws.run(&all);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// Issue 42, item 5: schedulers migrating one fresh database together
+/// take turns; each migration is applied and recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedulers_migrating_a_fresh_database_together_apply_each_migration_once() {
+    for db in backends().await {
+        let builds = (0..4).map(|_| daily(&db.url));
+        for built in futures_util::future::join_all(builds).await {
+            built.unwrap();
+        }
+        let backend = if db.url.starts_with("sqlite:") {
+            "sqlite"
+        } else {
+            "postgres"
+        };
+        let files = std::fs::read_dir(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("migrations")
+                .join(backend),
+        )
+        .unwrap()
+        .count();
+        let recorded =
+            crate::embed::number(&db.url, "SELECT count(*) FROM scheduler_migrations").await;
+        assert_eq!(usize::try_from(recorded).unwrap(), files, "{}", db.url);
+    }
+}
