@@ -1,4 +1,8 @@
-//! The error kinds a command can end in, and the exit code of each.
+//! Why a command or a library call could not do its work, one variant per
+//! thing a caller acts on; each front end words its own fields (a flag, a
+//! JSON field, an option) in the message.
+
+use chrono::{DateTime, Utc};
 
 use crate::config::ConfigError;
 
@@ -6,10 +10,47 @@ use crate::config::ConfigError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A mistake in `jobs.toml`.
+    /// A refused configuration: a mistake in `jobs.toml` or in a job or
+    /// setting given in code, with its place.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A bad flag or argument, named in the message.
+    /// No job of that name (an HTTP service's 404).
+    #[error("{message}")]
+    UnknownJob {
+        /// The name asked for.
+        job: String,
+        /// What the scheduler has instead.
+        message: String,
+    },
+    /// A label that is no period of the job, or a range that holds none:
+    /// not a label of its period rule, a period a spring-forward skips, or
+    /// one its schedule, calendar or active dates leave out.
+    #[error("{field}: {message}")]
+    NoSuchPeriod {
+        /// The field that named it, in the front end's words.
+        field: &'static str,
+        /// The job.
+        job: String,
+        /// The label given.
+        label: String,
+        /// Why it is none.
+        message: String,
+    },
+    /// A period that may not run yet: it has not started, or its fire is
+    /// still ahead (run early, it would turn that scheduled run into a
+    /// no-op; the `early` option runs it anyway).
+    #[error("{field}: {message}")]
+    NotDue {
+        /// The field that named it, in the front end's words.
+        field: &'static str,
+        /// Its period key.
+        period_key: String,
+        /// When it may run: its start, or its fire.
+        due_at: DateTime<Utc>,
+        /// Why not yet.
+        message: String,
+    },
+    /// A bad argument or combination of them, its field named first.
     #[error("{0}")]
     Usage(String),
     /// The database failed or could not be reached; any URL in it is masked.
@@ -18,17 +59,6 @@ pub enum Error {
     /// Some other part of the environment failed.
     #[error("{0:#}")]
     Environment(anyhow::Error),
-}
-
-impl Error {
-    /// The process exit code: 2 for usage and configuration, 3 for the
-    /// database and the environment.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Config(_) | Error::Usage(_) => 2,
-            Error::Database(_) | Error::Environment(_) => 3,
-        }
-    }
 }
 
 /// How a command that did its work ended.

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
+            ExitCode::from(scheduler::cli::exit_code(&e))
         }
     };
     // Every job has ended and every claim is settled by now; what is left

@@ -15,6 +15,17 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use chrono_tz::Tz;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The exit code of a command that failed: 2 for what the user asked for
+/// (a flag, a label, a job, the configuration), 3 for the database and the
+/// environment.
+pub fn exit_code(e: &crate::error::Error) -> u8 {
+    use crate::error::Error;
+    match e {
+        Error::Database(_) | Error::Environment(_) => 3,
+        _ => 2,
+    }
+}
+
 /// A period-keyed cron scheduler: every period runs once, never twice, never
 /// zero times.
 #[derive(Debug, Parser)]

@@ -84,6 +84,9 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 }
 
 /// A loaded `jobs.toml`.
+/// The [`Config::path`] of jobs given in code, with no file.
+pub const IN_CODE: &str = "(code)";
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where it was read from.
@@ -335,7 +338,6 @@ impl Config {
         }
     }
 
-    /// The job called `name`, or an error that suggests the nearest name.
     /// The name the database knows `name` by: with the namespace's
     /// prefix, unless it has one.
     pub fn full_name<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
@@ -355,9 +357,14 @@ impl Config {
                     let names: Vec<_> = self.jobs.iter().map(|j| self.short_name(j)).collect();
                     format!("; its jobs are: {}", names.join(", "))
                 });
+            let source = if self.path == Path::new(IN_CODE) {
+                String::new()
+            } else {
+                format!(" in {}", self.path.display())
+            };
             ConfigError {
                 place: "JOB".into(),
-                message: format!("no job named `{name}` in {}{hint}", self.path.display()),
+                message: format!("no job named `{name}`{source}{hint}"),
             }
         })
     }

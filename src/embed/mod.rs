@@ -179,7 +179,7 @@ impl Scheduler {
         options: RunOptions,
     ) -> Result<Vec<PeriodRun>, Error> {
         if let Some(job) = job {
-            self.config.job(job)?;
+            self.job(job)?;
         }
         let request = manual::Request {
             job: job.map(str::to_owned),
@@ -214,16 +214,21 @@ impl Scheduler {
 }
 
 impl Scheduler {
+    /// The job called `name`, or [`Error::UnknownJob`].
+    fn job(&self, name: &str) -> Result<&crate::config::Job, Error> {
+        self.config.job(name).map_err(|e| Error::UnknownJob {
+            job: name.to_owned(),
+            message: e.message,
+        })
+    }
+
     /// Ends the running attempt of `job`'s period `label`, as `scheduler
     /// release` does: its runner stops it at its next heartbeat and records
     /// nothing; the period is claimable once the runner confirms or its
     /// lease runs out. `false` if nothing was running.
     pub async fn release(&self, job: &str, label: &str) -> Result<bool, Error> {
-        let job = self.config.job(job)?;
-        let period = job
-            .period
-            .parse_label(&job.schedule, label)
-            .map_err(|e| Error::Usage(format!("label: {e}")))?;
+        let job = self.job(job)?;
+        let period = crate::engine::labels::parse_label(job, label, Names::CODE.period)?;
         let (_, released) = operate::release(self.engine.store(), job, &period).await?;
         Ok(released.is_some())
     }
@@ -239,7 +244,7 @@ impl Scheduler {
         job: &str,
         which: operate::Adoption<'_>,
     ) -> Result<operate::Adopted, Error> {
-        let job = self.config.job(job)?;
+        let job = self.job(job)?;
         let by = format!("library:{}", self.engine.owner());
         let names = operate::AdoptNames::JSON;
         operate::adopt(
@@ -256,7 +261,7 @@ impl Scheduler {
     /// Pauses `job` (`true`) or resumes it, for every replica, as `scheduler
     /// pause` and `resume` do.
     pub async fn pause(&self, job: &str, paused: bool) -> Result<(), Error> {
-        let job = self.config.job(job)?;
+        let job = self.job(job)?;
         self.engine.pause(&job.name, paused).await
     }
 
@@ -286,8 +291,13 @@ impl Handle {
     }
 }
 
-/// How a manual run goes.
-#[derive(Debug, Clone, Default)]
+/// How a manual run goes. By default it waits for what stands in its way
+/// (a period running elsewhere, a `concurrency` slot taken by another run
+/// or by the scheduler's own retries), so every period asked for ends run
+/// (or interrupted); `.wait(false)` answers such a period at once instead,
+/// as `scheduler run` without `--wait` does, [`PeriodOutcome::Busy`] or
+/// [`PeriodOutcome::Skipped`] (running elsewhere).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 #[must_use]
 pub struct RunOptions {
@@ -297,13 +307,27 @@ pub struct RunOptions {
     pub only_failed: bool,
     /// Also run a period whose fire is still ahead.
     pub early: bool,
-    /// Wait for a period held elsewhere, or for a concurrency slot.
+    /// Wait for a period held elsewhere, or for a concurrency slot
+    /// (`true` unless set otherwise).
     pub wait: bool,
     /// First run the upstream periods (`after`) the asked periods need
     /// that have not succeeded, in dependency order.
     pub with_upstream: bool,
     /// Who asks, as `history` shows it (`library` if unset).
     pub by: Option<Arc<str>>,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions {
+            force: false,
+            only_failed: false,
+            early: false,
+            wait: true,
+            with_upstream: false,
+            by: None,
+        }
+    }
 }
 
 impl RunOptions {
@@ -313,15 +337,23 @@ impl RunOptions {
         self
     }
 
+    /// Run only the periods whose latest attempt failed; pass over the
+    /// rest (never claimed, succeeded, running).
+    pub fn only_failed(mut self) -> RunOptions {
+        self.only_failed = true;
+        self
+    }
+
     /// Run a period before its fire.
     pub fn early(mut self) -> RunOptions {
         self.early = true;
         self
     }
 
-    /// Wait for periods held elsewhere.
-    pub fn wait(mut self) -> RunOptions {
-        self.wait = true;
+    /// Whether to wait for periods held elsewhere and for a free
+    /// `concurrency` slot (the default), or answer them at once.
+    pub fn wait(mut self, wait: bool) -> RunOptions {
+        self.wait = wait;
         self
     }
 
@@ -346,9 +378,9 @@ pub struct PeriodRun {
     pub period_key: String,
     /// How it ended: `Succeeded`, `Failed`, `Skipped` (done already, or
     /// running elsewhere: [`PeriodRun::detail`] says which), `Busy` (every
-    /// `concurrency` slot of the job was taken; [`RunOptions::wait`] waits
-    /// for one), `Waiting` (an upstream period it needs has not succeeded;
-    /// claimed once they all have), `Lost`, `Released`, `Fenced` (nothing
+    /// `concurrency` slot of the job was taken, with `.wait(false)`),
+    /// `Waiting` (an upstream period it needs has not succeeded; claimed
+    /// once they all have), `Lost`, `Released`, `Fenced` (nothing
     /// recorded), or `Interrupted` (a shutdown came while it waited).
     pub outcome: PeriodOutcome,
     /// The attempt that ran, or that the period's record names.
@@ -574,7 +606,7 @@ impl Builder {
                 let mut settings = Settings::defaults();
                 adjust(&mut settings);
                 Config {
-                    path: PathBuf::from("(code)"),
+                    path: PathBuf::from(crate::config::IN_CODE),
                     settings,
                     api: None,
                     jobs: Vec::new(),

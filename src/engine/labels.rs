@@ -80,12 +80,12 @@ impl Names {
         to: "to",
         early: "RunOptions::early",
         force: "RunOptions::force",
-        wait: "RunOptions::wait",
+        wait: "RunOptions::wait(true)",
         with_upstream: "RunOptions::with_upstream",
-        only_failed: "only_failed",
+        only_failed: "RunOptions::only_failed",
         rerun: "`run_period`",
         later: "the scan of `start`, or the next `run_due`; `RunOptions::with_upstream` runs them first",
-        busy: "`RunOptions::wait` waits for one",
+        busy: "`RunOptions::wait(true)` (the default) waits for one",
     };
 }
 
@@ -173,21 +173,27 @@ pub(super) fn bounds(
         let skipped = first.label.clone();
         first = job.period.following(&job.schedule, &first);
         if is_empty(&first) || (first.start >= last.start && is_empty(&last)) {
-            return Err(Error::Usage(format!(
-                "{}: the range holds no period: a spring-forward skips {skipped} in {}",
-                names.from,
-                job.schedule.zone().name()
-            )));
+            return Err(Error::NoSuchPeriod {
+                field: names.from,
+                job: job.name.clone(),
+                message: format!(
+                    "the range holds no period: a spring-forward skips {skipped} in {}",
+                    job.schedule.zone().name()
+                ),
+                label: skipped,
+            });
         }
     }
     // A last label a spring-forward makes empty comes before a first one
     // that starts at its instant or later.
     let reversed = is_empty(&last) && first.label != last.label && first.start >= last.start;
     if last.start < first.start || reversed {
-        return Err(Error::Usage(format!(
-            "{}: {} comes before {} {}",
-            names.to, last.label, names.from, first.label
-        )));
+        return Err(Error::NoSuchPeriod {
+            field: names.to,
+            job: job.name.clone(),
+            message: format!("{} comes before {} {}", last.label, names.from, first.label),
+            label: last.label,
+        });
     }
     Ok((first, last))
 }
@@ -196,29 +202,41 @@ pub(super) fn bounds(
 /// it is no period of the job: not a label of its period rule, a period a
 /// spring-forward skips, or one no fire covers (a day off its calendar
 /// skips, a date outside its active dates).
-pub fn period_of_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
+pub fn period_of_label(job: &Job, label: &str, flag: &'static str) -> Result<Period, Error> {
     let period = parse_label(job, label, flag)?;
     refuse_fireless(job, &period, flag)?;
     Ok(period)
 }
 
 /// The period `label` names for `job`, or a usage error in `flag`'s words.
-pub fn parse_label(job: &Job, label: &str, flag: &str) -> Result<Period, Error> {
-    job.period.parse_label(&job.schedule, label).map_err(|e| {
-        Error::Usage(format!(
-            "{flag}: {e} (job `{}` has {} periods)",
-            job.name, job.period.unit
-        ))
-    })
+pub fn parse_label(job: &Job, label: &str, flag: &'static str) -> Result<Period, Error> {
+    job.period
+        .parse_label(&job.schedule, label)
+        .map_err(|e| Error::NoSuchPeriod {
+            field: flag,
+            job: job.name.clone(),
+            label: label.to_owned(),
+            message: format!("{e} (job `{}` has {} periods)", job.name, job.period.unit),
+        })
 }
 
-pub(super) fn refuse_future(period: &Period, now: DateTime<Utc>, flag: &str) -> Result<(), Error> {
+pub(super) fn refuse_future(
+    job: &Job,
+    period: &Period,
+    now: DateTime<Utc>,
+    flag: &'static str,
+) -> Result<(), Error> {
     if period.start > now {
-        return Err(Error::Usage(format!(
-            "{flag}: period {} starts at {}, after now; only a period that has started can be run",
-            period.label,
-            utc_text(period.start)
-        )));
+        return Err(Error::NotDue {
+            field: flag,
+            period_key: PeriodKey::new(&job.name, &period.label).to_string(),
+            due_at: period.start,
+            message: format!(
+                "period {} starts at {}, after now; only a period that has started can be run",
+                period.label,
+                utc_text(period.start)
+            ),
+        });
     }
     Ok(())
 }
@@ -226,20 +244,24 @@ pub(super) fn refuse_future(period: &Period, now: DateTime<Utc>, flag: &str) -> 
 /// A period no fire covers (a day the schedule, its calendar or its
 /// active dates leave out) is no period of the job: there is nothing to
 /// run, and a run of it would be one no schedule ever asks for.
-pub(super) fn refuse_fireless(job: &Job, period: &Period, flag: &str) -> Result<(), Error> {
+pub(super) fn refuse_fireless(job: &Job, period: &Period, flag: &'static str) -> Result<(), Error> {
     if job.period.fire_for(&job.schedule, period).is_some() {
         return Ok(());
     }
-    Err(Error::Usage(format!(
-        "{flag}: no fire of job `{}` covers {}: it is not a period of the job ({} it out; see `scheduler next {}`)",
-        job.name,
-        period.label,
-        match job.schedule.days() {
-            Some(_) => "its schedule, calendar or active dates leave",
-            None => "its schedule leaves",
-        },
-        job.name
-    )))
+    Err(Error::NoSuchPeriod {
+        field: flag,
+        job: job.name.clone(),
+        label: period.label.clone(),
+        message: format!(
+            "no fire of job `{}` covers {}: it is not a period of the job ({} it out; its next fires say which periods it has)",
+            job.name,
+            period.label,
+            match job.schedule.days() {
+                Some(_) => "its schedule, calendar or active dates leave",
+                None => "its schedule leaves",
+            },
+        ),
+    })
 }
 
 /// A period whose fire is still ahead would, run now, turn its scheduled
@@ -248,14 +270,21 @@ pub(super) fn refuse_not_due(
     job: &Job,
     period: &Period,
     now: DateTime<Utc>,
-    (field, early): (&str, &str),
+    (field, early): (&'static str, &str),
 ) -> Result<(), Error> {
     match job.timing().of(period) {
-        Some(fire) if fire > now => Err(Error::Usage(format!(
-            "{field}: {} is not due yet: its fire is at {}; run now, it would turn that scheduled run into a no-op; pass {early} to run it anyway",
-            PeriodKey::new(&job.name, &period.label),
-            utc_text(fire),
-        ))),
+        Some(fire) if fire > now => {
+            let period_key = PeriodKey::new(&job.name, &period.label).to_string();
+            Err(Error::NotDue {
+                field,
+                message: format!(
+                    "{period_key} is not due yet: its fire is at {}; run now, it would turn that scheduled run into a no-op; pass {early} to run it anyway",
+                    utc_text(fire),
+                ),
+                period_key,
+                due_at: fire,
+            })
+        }
         _ => Ok(()),
     }
 }

@@ -164,7 +164,7 @@ fn adopted_periods(
     job: &Job,
     (from, to): (&str, &str),
     now: chrono::DateTime<chrono::Utc>,
-    last_name: &str,
+    last_name: &'static str,
     names: Names,
 ) -> Result<Vec<(Period, chrono::DateTime<chrono::Utc>)>, Error> {
     period_of_label(job, from, names.from)?;
@@ -215,15 +215,20 @@ fn refuse_not_due(
     job: &Job,
     period: &Period,
     now: chrono::DateTime<chrono::Utc>,
-    field: &str,
+    field: &'static str,
 ) -> Result<chrono::DateTime<chrono::Utc>, Error> {
     let fire = job.timing().of(period);
     fire.filter(|fire| *fire <= now).ok_or_else(|| {
-        Error::Usage(format!(
-            "{field}: {} is not due yet (its fire is {}): only a period an earlier system has run can be adopted",
-            PeriodKey::new(&job.name, &period.label),
-            fire.map_or_else(|| "never".to_owned(), crate::period::utc_text)
-        ))
+        let period_key = PeriodKey::new(&job.name, &period.label).to_string();
+        Error::NotDue {
+            field,
+            message: format!(
+                "{period_key} is not due yet (its fire is {}): only a period an earlier system has run can be adopted",
+                fire.map_or_else(|| "never".to_owned(), crate::period::utc_text)
+            ),
+            period_key,
+            due_at: fire.unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
+        }
     })
 }
 

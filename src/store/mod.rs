@@ -119,7 +119,7 @@ impl Store {
     pub async fn connect(url: &str) -> Result<Store, Error> {
         let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;
         let url = DatabaseUrl::parse(url, &cwd)
-            .map_err(|e| Error::Usage(format!("--database-url: {e}")))?;
+            .map_err(|e| Error::Usage(format!("database URL: {e}")))?;
         Store::open(&url, true).await
     }
 

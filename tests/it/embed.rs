@@ -739,7 +739,7 @@ async fn a_manual_run_that_finds_every_slot_taken_says_busy_not_done() {
         let first = in_background(&scheduler, "slow", &days(2));
         tokio::time::sleep(Duration::from_millis(500)).await;
         let second = scheduler
-            .run_period("slow", &days(1), RunOptions::default())
+            .run_period("slow", &days(1), RunOptions::default().wait(false))
             .await
             .unwrap();
         assert_eq!(second[0].outcome, PeriodOutcome::Busy, "{:?}", second[0]);

@@ -217,3 +217,180 @@ async fn schedulers_migrating_a_fresh_database_together_apply_each_migration_onc
         assert_eq!(usize::try_from(recorded).unwrap(), files, "{}", db.url);
     }
 }
+
+/// Issue 42, item 3: a backfill of 10,000 days of a `concurrency = 1`
+/// job, while the started scheduler's own retries of the days that failed
+/// compete for its one slot: every day ends run, succeeded or failed;
+/// none is left `Busy` (before, the first retry to take the slot left the
+/// rest of the range undone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_of_10000_days_runs_every_day_while_its_jobs_retries_compete_for_the_slot() {
+    use scheduler::{Failure, Retry};
+    let db = TestDb::sqlite();
+    // Every 50th day fails once, and is retried by the loop a second on.
+    let job = CodeJob::new("rollup", "0 4 * * *")
+        .period(Unit::Day)
+        .concurrency(1)
+        .retry(Retry::attempts(2).backoff(std::time::Duration::from_secs(1)))
+        .handler(|cx: Context| async move {
+            let day = cx.start().timestamp() / 86_400;
+            if day % 50 == 0 && cx.attempt() == 1 {
+                return Err(Failure::retry("the first try of every 50th day fails"));
+            }
+            Ok(())
+        });
+    let scheduler = Scheduler::builder()
+        .database_url(&db.url)
+        .scan_interval(std::time::Duration::from_millis(100))
+        .job(job)
+        .build()
+        .await
+        .unwrap();
+    let handle = scheduler.start(std::future::pending());
+    let today = chrono::Utc::now().date_naive();
+    let from = (today - chrono::Days::new(10_000)).to_string();
+    let to = (today - chrono::Days::new(1)).to_string();
+    let runs = scheduler
+        .run_range("rollup", &from, &to, RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 10_000);
+    let mut by_outcome = std::collections::BTreeMap::new();
+    for run in &runs {
+        *by_outcome.entry(format!("{:?}", run.outcome)).or_insert(0) += 1;
+    }
+    let failed = by_outcome.get("Failed").copied().unwrap_or(0);
+    assert_eq!(
+        by_outcome.get("Succeeded").copied().unwrap_or(0) + failed,
+        10_000,
+        "{by_outcome:?}"
+    );
+    assert!(failed >= 10_000 / 50 - 1, "{by_outcome:?}");
+    handle.shutdown();
+    handle.stopped().await.unwrap();
+}
+
+/// Issue 42, item 2: each refusal of a library call is its own variant,
+/// worded without the command line's flags, so a service maps it to 404,
+/// 400 or 409 without reading prose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_library_call_is_refused_with_a_typed_error_in_the_librarys_words() {
+    use scheduler::Error;
+    let db = TestDb::sqlite();
+    let scheduler = daily(&db.url).await.unwrap();
+    let unknown = rollup_of(&scheduler, "rollups", "2026-11-01").await;
+    assert!(
+        matches!(&unknown, Error::UnknownJob { job, .. } if job == "rollups"),
+        "{unknown:?}"
+    );
+    assert!(
+        unknown.to_string().contains("did you mean `rollup`"),
+        "{unknown}"
+    );
+    let no_period = rollup_of(&scheduler, "rollup", "2026-11").await;
+    assert!(
+        matches!(&no_period, Error::NoSuchPeriod { field: "label", label, .. } if label == "2026-11"),
+        "{no_period:?}"
+    );
+    let tomorrow = (chrono::Utc::now().date_naive() + chrono::Days::new(1)).to_string();
+    let not_due = rollup_of(&scheduler, "rollup", &tomorrow).await;
+    assert!(
+        matches!(&not_due, Error::NotDue { period_key, .. } if *period_key == format!("rollup:{tomorrow}")),
+        "{not_due:?}"
+    );
+    let both = scheduler
+        .run_period(
+            "rollup",
+            "2026-11-01",
+            RunOptions::default().force().only_failed(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(both, Error::Usage(_)), "{both:?}");
+    for refused in [&unknown, &no_period, &not_due, &both] {
+        let words = refused.to_string();
+        assert!(
+            !words.contains("--") && !words.contains("JOB") && !words.contains("scheduler run"),
+            "a flag in a library error: {words}"
+        );
+    }
+    let released = scheduler.release("rollup", "2026-13-01").await.unwrap_err();
+    assert!(
+        matches!(released, Error::NoSuchPeriod { .. }),
+        "{released:?}"
+    );
+}
+
+/// `run_period` of `job`'s `label`, which must be refused.
+async fn rollup_of(scheduler: &Scheduler, job: &str, label: &str) -> scheduler::Error {
+    scheduler
+        .run_period(job, label, RunOptions::default())
+        .await
+        .expect_err("refused")
+}
+
+/// What a test's tracing subscriber wrote.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Issue 42, item 1: a failed run asked for through the library
+/// (`run_period`, `run_range`) is logged at WARN, as a scheduled one is.
+#[test]
+fn a_failed_run_asked_for_through_the_library_is_logged_as_a_scheduled_one_is() {
+    use scheduler::Failure;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = TestDb::sqlite();
+    runtime.block_on(async {
+        let scheduler = Scheduler::builder()
+            .database_url(&db.url)
+            .job(
+                CodeJob::new("invoice", "0 4 * * *")
+                    .period(Unit::Day)
+                    .handler(|_cx: Context| async { Err(Failure::permanent("no rates")) }),
+            )
+            .build()
+            .await
+            .unwrap();
+        let one = scheduler
+            .run_period("invoice", "2026-11-01", RunOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(one[0].outcome, PeriodOutcome::Failed);
+        let range = scheduler
+            .run_range("invoice", "2026-11-02", "2026-11-03", RunOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(range.len(), 2);
+    });
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    for day in ["2026-11-01", "2026-11-02", "2026-11-03"] {
+        assert!(
+            log.lines().any(|line| line.contains(" WARN ")
+                && line.contains("failed")
+                && line.contains(&format!("invoice:{day}"))
+                && line.contains("no rates")),
+            "no warning of invoice:{day}:\n{log}"
+        );
+    }
+}

@@ -1592,5 +1592,5 @@ async fn a_database_migrated_by_a_newer_version_is_refused() {
             .contains("migrated by a newer version of scheduler"),
         "{err}"
     );
-    assert_eq!(err.exit_code(), 3);
+    assert_eq!(scheduler::cli::exit_code(&err), 3);
 }

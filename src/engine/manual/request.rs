@@ -122,14 +122,18 @@ pub(super) fn manual_range(
         Selection::Period(label) => {
             let period = parse_label(job, label, n.period)?;
             if is_empty(&period) {
-                return Err(Error::Usage(format!(
-                    "{}: period {} does not exist in {}: a spring-forward skips it",
-                    n.period,
-                    period.label,
-                    job.schedule.zone().name()
-                )));
+                return Err(Error::NoSuchPeriod {
+                    field: n.period,
+                    job: job.name.clone(),
+                    message: format!(
+                        "period {} does not exist in {}: a spring-forward skips it",
+                        period.label,
+                        job.schedule.zone().name()
+                    ),
+                    label: period.label,
+                });
             }
-            refuse_future(&period, now, n.period)?;
+            refuse_future(job, &period, now, n.period)?;
             refuse_fireless(job, &period, n.period)?;
             if !request.early {
                 refuse_not_due(job, &period, now, (n.period, n.early))?;
@@ -138,7 +142,7 @@ pub(super) fn manual_range(
         }
         Selection::Range(from, to) => {
             let (first, last) = bounds(job, (from, to), n)?;
-            refuse_future(&last, now, n.to)?;
+            refuse_future(job, &last, now, n.to)?;
             if !request.early {
                 refuse_not_due(job, &last, now, (n.to, n.early))?;
             }

@@ -109,7 +109,11 @@ impl Reply {
                 let field = message.split_once(':').map_or("", |(f, _)| f);
                 Reply::bad(field, message.clone())
             }
+            Error::NoSuchPeriod { field, .. } | Error::NotDue { field, .. } => {
+                Reply::bad(field, e.to_string())
+            }
             Error::Config(e) => Reply::error(StatusCode::BAD_REQUEST, e.to_string()),
+            Error::UnknownJob { message, .. } => Reply::error(StatusCode::NOT_FOUND, message),
             Error::Database(message) => {
                 tracing::warn!(error = %message, "API request failed on the database");
                 Reply::error(
