@@ -8,7 +8,8 @@
 //!   request as far as that service is concerned.
 //!
 //! `POST /billing/{month}/rerun` reruns one month by hand (`force`), and
-//! answers how it went.
+//! answers with what ran: the month's `PeriodRun`, or a typed error mapped
+//! to its status (404 unknown job, 400 no such month, 409 not due yet).
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test SYNC_URL=https://example.com/hours \
@@ -23,7 +24,8 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use scheduler::{
-    CodeJob, Context, Covers, Failure, Handled, Retry, RunOptions, Scheduler, Transaction, Unit,
+    CodeJob, Context, Covers, Failure, Handled, PeriodOutcome, Retry, RunOptions, Scheduler,
+    Transaction, Unit,
 };
 
 /// Bills the period's month: its invoice commits with the period's success.
@@ -60,6 +62,10 @@ async fn sync(cx: Context, client: reqwest::Client, url: Arc<str>) -> Handled {
     }
 }
 
+/// Reruns one month and answers with what actually ran: 200 when it
+/// succeeded, 502 when it failed (the body says why), or the error's own
+/// status. The call waits for the month if it is running elsewhere, and
+/// for the job's one slot.
 async fn rerun(
     State(scheduler): State<Scheduler>,
     Path(month): Path<String>,
@@ -67,22 +73,26 @@ async fn rerun(
     let options = RunOptions::default().force().by("http");
     match scheduler.run_period("billing", &month, options).await {
         Ok(runs) => {
-            let runs: Vec<_> = runs
-                .iter()
-                .map(|run| {
-                    serde_json::json!({
-                        "period_key": run.period_key,
-                        "outcome": format!("{:?}", run.outcome),
-                        "detail": run.detail,
-                    })
-                })
-                .collect();
-            (StatusCode::OK, Json(serde_json::json!({ "runs": runs })))
+            let succeeded = runs.iter().all(|r| r.outcome == PeriodOutcome::Succeeded);
+            let status = if succeeded {
+                StatusCode::OK
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            (status, Json(serde_json::json!({ "runs": runs })))
         }
-        Err(e) => (
-            StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({ "error": e.to_string() })),
-        ),
+        Err(e) => {
+            let status = match &e {
+                scheduler::Error::UnknownJob { .. } => StatusCode::NOT_FOUND,
+                scheduler::Error::NoSuchPeriod { .. } | scheduler::Error::Usage(_) => {
+                    StatusCode::BAD_REQUEST
+                }
+                scheduler::Error::NotDue { .. } => StatusCode::CONFLICT,
+                scheduler::Error::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (status, Json(serde_json::json!({ "error": e.to_string() })))
+        }
     }
 }
 

@@ -61,6 +61,11 @@ pub mod store;
 pub mod suggest;
 pub mod template;
 
+/// The versions of the crates whose types the API takes and gives, so a
+/// service names the same `PgPool`, `Tz` and `DateTime`.
+pub use {chrono, chrono_tz, sqlx};
+
+pub use config::ConfigError;
 pub use config::after::OnRerun;
 pub use config::code::CodeJob;
 pub use config::{Missed, Retry};

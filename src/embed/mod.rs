@@ -274,6 +274,36 @@ impl Scheduler {
     }
 }
 
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let jobs: Vec<&str> = self.config.jobs.iter().map(|j| j.name.as_str()).collect();
+        f.debug_struct("Scheduler")
+            .field("owner", &self.engine.owner())
+            .field("jobs", &jobs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let jobs: Vec<&str> = self.jobs.iter().map(CodeJob::name).collect();
+        f.debug_struct("Builder")
+            .field("config_file", &self.config_file)
+            .field("jobs", &jobs)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("stopping", &*self.stop.borrow())
+            .field("stopped", &self.task.is_finished())
+            .finish()
+    }
+}
+
 impl Handle {
     /// Starts the shutdown now, as the `shutdown` future would. Manual
     /// runs (`run_period`, …) under way are not stopped by it: they end
@@ -370,8 +400,10 @@ impl RunOptions {
     }
 }
 
-/// How one period of a manual run ended.
-#[derive(Debug, Clone)]
+/// How one period of a manual run ended. Serialized as `scheduler run
+/// --json` prints a line (`duration_ms` for `duration`); shown as `scheduler
+/// run` prints it (`billing:2026-07  succeeded: attempt 1, …`).
+#[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
 pub struct PeriodRun {
     /// `<job>:<label>`.
@@ -382,6 +414,7 @@ pub struct PeriodRun {
     /// `Waiting` (an upstream period it needs has not succeeded; claimed
     /// once they all have), `Lost`, `Released`, `Fenced` (nothing
     /// recorded), or `Interrupted` (a shutdown came while it waited).
+    #[serde(rename = "status")]
     pub outcome: PeriodOutcome,
     /// The attempt that ran, or that the period's record names.
     pub attempt: Option<i32>,
@@ -392,7 +425,22 @@ pub struct PeriodRun {
     /// What happened, in the words `scheduler run` prints.
     pub detail: String,
     /// How long it ran.
+    #[serde(rename = "duration_ms", serialize_with = "as_millis")]
     pub duration: Option<Duration>,
+}
+
+/// A duration in whole milliseconds.
+fn as_millis<S: serde::Serializer>(d: &Option<Duration>, to: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => to.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        None => to.serialize_none(),
+    }
+}
+
+impl std::fmt::Display for PeriodRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}  {}: {}", self.period_key, self.outcome, self.detail)
+    }
 }
 
 impl PeriodRun {

@@ -773,8 +773,7 @@ command = ["true"]
         .supervisor(env!("CARGO_BIN_EXE_scheduler-supervise"))
         .build()
         .await
-        .err()
-        .expect("keep shorter than catch_up is refused");
+        .expect_err("keep shorter than catch_up is refused");
     assert!(
         refused.to_string().contains("shorter than catch_up"),
         "{refused}"

@@ -394,3 +394,48 @@ fn a_failed_run_asked_for_through_the_library_is_logged_as_a_scheduled_one_is() 
         );
     }
 }
+
+/// Issue 42, item 7: the types a service handles are `Debug`; a period's
+/// run serializes as `scheduler run --json` prints it and shows as `run`
+/// prints it; the pool and zone types come from the scheduler's own
+/// `sqlx` and `chrono_tz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_services_handles_are_debug_and_a_runs_result_serializes_and_shows() {
+    let db = TestDb::sqlite();
+    let options: scheduler::sqlx::sqlite::SqliteConnectOptions = db.url.parse().unwrap();
+    let pool = scheduler::sqlx::SqlitePool::connect_with(options.create_if_missing(true))
+        .await
+        .unwrap();
+    let builder = Scheduler::builder()
+        .sqlite_pool(pool)
+        .timezone(scheduler::chrono_tz::Europe::Berlin)
+        .job(
+            CodeJob::new("rollup", "0 4 * * *")
+                .period(Unit::Day)
+                .handler(|_cx: Context| async { Ok(()) }),
+        );
+    assert!(format!("{builder:?}").contains("rollup"), "{builder:?}");
+    let scheduler = builder.build().await.unwrap();
+    assert!(format!("{scheduler:?}").contains("rollup"), "{scheduler:?}");
+    let handle = scheduler.start(std::future::pending());
+    assert!(
+        format!("{handle:?}").contains("stopping: false"),
+        "{handle:?}"
+    );
+    let runs = scheduler
+        .run_period("rollup", "2026-11-01", RunOptions::default())
+        .await
+        .unwrap();
+    let json = serde_json::to_value(&runs[0]).unwrap();
+    assert_eq!(json["period_key"], "rollup:2026-11-01");
+    assert_eq!(json["status"], "succeeded");
+    assert_eq!(json["trigger"], "manual");
+    assert!(json["duration_ms"].is_u64(), "{json}");
+    let shown = runs[0].to_string();
+    assert!(
+        shown.starts_with("rollup:2026-11-01  succeeded: attempt 1, trigger manual"),
+        "{shown}"
+    );
+    handle.shutdown();
+    handle.stopped().await.unwrap();
+}
