@@ -29,6 +29,10 @@
 //! no reaping of orphans ([`Builder::reap_orphans`]). Metrics go to the
 //! `metrics` recorder the application installed, if any.
 
+mod read;
+
+pub use read::PERIODS_LIMIT;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -439,3 +439,78 @@ async fn a_services_handles_are_debug_and_a_runs_result_serializes_and_shows() {
     handle.shutdown();
     handle.stopped().await.unwrap();
 }
+
+/// Issue 42, item 7: the library reads where its jobs and periods stand
+/// through the one view: `periods` says of each period what `scheduler
+/// status JOB --from --to` says, `status` lists a failed period as the
+/// command does, and `history` lists the attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_librarys_read_side_says_what_status_and_history_say() {
+    use scheduler::{Failure, PeriodState};
+    let db = TestDb::sqlite();
+    let scheduler = Scheduler::builder()
+        .database_url(&db.url)
+        .job(
+            CodeJob::new("rollup", "0 4 * * *")
+                .period(Unit::Day)
+                .handler(|cx: Context| async move {
+                    if cx.label() == "2026-11-02" {
+                        return Err(Failure::permanent("no rates"));
+                    }
+                    Ok(())
+                }),
+        )
+        .build()
+        .await
+        .unwrap();
+    scheduler
+        .run_range("rollup", "2026-11-01", "2026-11-02", RunOptions::default())
+        .await
+        .unwrap();
+    let views = scheduler
+        .periods("rollup", "2026-10-31", "2026-11-03")
+        .await
+        .unwrap();
+    let states: Vec<PeriodState> = views.iter().map(|v| v.state).collect();
+    assert_eq!(
+        &states[1..3],
+        [PeriodState::Succeeded, PeriodState::Failed],
+        "{views:?}"
+    );
+    let ws = Workspace::new(
+        "[[job]]\nname = \"rollup\"\nschedule = \"0 4 * * *\"\nperiod = \"day\"\ncommand = [\"false\"]\n",
+    );
+    let out = ws.run(&[
+        "--database-url",
+        &db.url,
+        "status",
+        "rollup",
+        "--from",
+        "2026-10-31",
+        "--to",
+        "2026-11-03",
+        "--json",
+    ]);
+    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["state"].to_string())
+        .collect();
+    let shown: Vec<String> = states.iter().map(|s| format!("\"{s}\"")).collect();
+    assert_eq!(said, shown);
+    let status = scheduler.status(Some("rollup")).await.unwrap();
+    let failed: Vec<&str> = status[0].failed().map(|row| row.period_key.as_str()).collect();
+    assert_eq!(failed, ["rollup:2026-11-02"]);
+    let history = scheduler.history("rollup", None, 10).await.unwrap();
+    assert_eq!(history.len(), 2);
+    assert_eq!(history[0].period_key, "rollup:2026-11-02");
+    assert_eq!(history[0].error.as_deref(), Some("no rates"));
+    let one = scheduler
+        .history("rollup", Some("2026-11-01"), 10)
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    let unknown = scheduler
+        .periods("rollups", "2026-11-01", "2026-11-02")
+        .await;
+    assert!(matches!(unknown, Err(scheduler::Error::UnknownJob { .. })));
+}
