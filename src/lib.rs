@@ -1,64 +1,85 @@
-//! A period-keyed cron scheduler.
+//! Period-keyed cron jobs inside a Rust service: every run of a job covers
+//! a *period* (`billing:2026-07`) that is claimed in the database before any
+//! work starts, so overlapping fires, restarts, reruns, replicas and
+//! double-started containers collapse into one execution per period. Crashed
+//! runs are taken over when their lease runs out; a late writer is fenced
+//! off by its attempt number.
 //!
-//! Every run of a job covers a *period* (`billing:2026-07`) that is claimed in
-//! the database before any work starts, so overlapping fires, restarts,
-//! reruns, replicas and double-started containers collapse into one execution
-//! per period.
+//! ```no_run
+//! use scheduler::{CodeJob, Scheduler, Unit};
 //!
-//! The map of the crate:
-//! - [`config`]: `jobs.toml` → validated [`config::Job`]s, errors with file:line:column;
-//!   [`config::DatabaseUrl`], where the database is, its password never shown.
-//! - [`schedule`]: cron + zone + DST rule → fire instants (pure);
-//!   [`calendar`]: working days and active dates, which fires exist.
-//! - [`fires`]: a job's fires as they run: moved off days off, jittered (pure).
-//! - [`clock`]: the wall clock as the driver's loop reads it, stopped in tests.
-//! - [`period`]: fire instant → period label, start and end; labels given by hand;
-//!   [`period::PeriodKey`], the one way a key is made (pure).
-//! - [`handler`]: the vocabulary of code jobs (async Rust functions): what a
-//!   handler is given ([`handler::Context`], [`handler::Transaction`]) and
-//!   answers ([`handler::Failure`]).
-//! - [`state`]: the typed words of a period's life ([`state::ClaimState`],
-//!   [`state::Trigger`]); text is made from them only where it is printed.
-//! - [`template`]: `${VAR}` and `{placeholder}` strings; [`suggest`]: "did you mean …?".
-//! - [`store`]: claims (one key or a batch), leases and attempts on SQLite or
-//!   PostgreSQL; all SQL lives here, the claimable rule once per backend.
-//! - [`engine`]: the one claim → run → record path every front end drives:
-//!   which periods are due ([`engine::due`]), claims in batches, each action run
-//!   with heartbeats and self-fencing ([`engine::heartbeat`]) under its own
-//!   supervisor (forked by the process's one zygote: [`engine::supervision`]),
-//!   `sql` actions committed in groups, outcomes reported as values; the
-//!   one view of a period ([`engine::view`]) and the operator's actions
-//!   ([`engine::operate`]) every front end shows and uses.
-//! - [`driver`]: the scheduling loop every long-running front end drives
-//!   ([`driver::Service`]): the timer, the `max_running` slots, the scan
-//!   beside the timer, catch-up, reload and the gauges; each loop's
-//!   [`driver::health::Health`], which the probes report.
-//! - [`serve`]: the HTTP side of `scheduler serve`, beside the driver's loop
-//!   ([`serve::listen`]); [`serve::server`]: `/healthz`, `/readyz` and
-//!   `/metrics`; [`serve::api`]: the HTTP API under `/v1/`.
-//! - [`cli`]: the command line; [`cli::app`] runs a parsed command, [`cli::run`]
-//!   is `scheduler run`, [`cli::check`] `check` and `next`, [`cli::inspect`]
-//!   `status`, `history`, `release`, `pause`, `prune`.
-//! - [`error`]: error kinds and exit codes.
+//! #[tokio::main]
+//! async fn main() -> Result<(), scheduler::Error> {
+//!     let scheduler = Scheduler::builder()
+//!         .database_url("sqlite://app.db")
+//!         .job(CodeJob::new("report", "0 * * * *").period(Unit::Hour).handler(|cx| async move {
+//!             println!("the report of {}", cx.label()); // 2026-07-15T14
+//!             Ok(())
+//!         }))
+//!         .build()
+//!         .await?;
+//!     let handle = scheduler.start(async { let _ = tokio::signal::ctrl_c().await; });
+//!     handle.stopped().await
+//! }
+//! ```
+//!
+//! What a service uses:
+//! - [`Scheduler::builder`] → [`Builder`]: the database (a URL, or the
+//!   service's own [`sqlx`] pool), [`CodeJob`]s and settings; `build()`
+//!   checks them and migrates the scheduler's own tables (recorded in
+//!   `scheduler_migrations`, beside the service's sqlx migrations).
+//! - [`Scheduler::start`] serves every schedule until shutdown
+//!   ([`Handle`]); [`Scheduler::run_period`], [`Scheduler::run_range`] and
+//!   [`Scheduler::run_due`] run periods by hand ([`RunOptions`],
+//!   [`PeriodRun`]); [`Scheduler::release`], [`Scheduler::adopt`],
+//!   [`Scheduler::pause`] and [`Scheduler::prune`] are the operator's
+//!   commands.
+//! - [`Scheduler::status`], [`Scheduler::periods`] and
+//!   [`Scheduler::history`] read where jobs and periods stand
+//!   ([`JobOverview`], [`PeriodView`], [`Attempt`]).
+//! - A handler gets a [`Context`] (and, transaction-scoped, a
+//!   [`Transaction`]) and answers [`Handled`]: `Ok(())` or a [`Failure`].
+//! - [`Error`]: one variant per thing a caller acts on.
+//! - [`clock`]: a stopped clock for a service's own tests.
+//!
+//! The crate is also the `scheduler` command line (the `cli` feature, on
+//! by default). The modules not shown here are its parts: public for the
+//! binary, the tests and the benchmarks, not part of the library's API.
 
+#[doc(hidden)]
 pub mod calendar;
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod cli;
 pub mod clock;
+#[doc(hidden)]
 pub mod config;
+#[doc(hidden)]
 pub mod driver;
+#[doc(hidden)]
 pub mod embed;
+#[doc(hidden)]
 pub mod engine;
+#[doc(hidden)]
 pub mod error;
+#[doc(hidden)]
 pub mod fires;
+#[doc(hidden)]
 pub mod handler;
+#[doc(hidden)]
 pub mod period;
+#[doc(hidden)]
 pub mod schedule;
 #[cfg(feature = "server")]
+#[doc(hidden)]
 pub mod serve;
+#[doc(hidden)]
 pub mod state;
+#[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
 pub mod suggest;
+#[doc(hidden)]
 pub mod template;
 
 /// The versions of the crates whose types the API takes and gives, so a

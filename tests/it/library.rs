@@ -498,7 +498,10 @@ async fn the_librarys_read_side_says_what_status_and_history_say() {
     let shown: Vec<String> = states.iter().map(|s| format!("\"{s}\"")).collect();
     assert_eq!(said, shown);
     let status = scheduler.status(Some("rollup")).await.unwrap();
-    let failed: Vec<&str> = status[0].failed().map(|row| row.period_key.as_str()).collect();
+    let failed: Vec<&str> = status[0]
+        .failed()
+        .map(|row| row.period_key.as_str())
+        .collect();
     assert_eq!(failed, ["rollup:2026-11-02"]);
     let history = scheduler.history("rollup", None, 10).await.unwrap();
     assert_eq!(history.len(), 2);
@@ -513,4 +516,48 @@ async fn the_librarys_read_side_says_what_status_and_history_say() {
         .periods("rollups", "2026-11-01", "2026-11-02")
         .await;
     assert!(matches!(unknown, Err(scheduler::Error::UnknownJob { .. })));
+}
+
+/// Issue 42, item 4: the crate's documented surface is the library's:
+/// every module but `clock` is the binary's parts, hidden from its pages,
+/// and what a service names is re-exported at the root.
+#[test]
+fn the_documented_surface_is_the_librarys_and_the_engine_stays_out_of_it() {
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let lines: Vec<&str> = lib.lines().collect();
+    let mut shown = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(module) = line
+            .strip_prefix("pub mod ")
+            .and_then(|m| m.strip_suffix(';'))
+        else {
+            continue;
+        };
+        let attributes = lines[..i].iter().rev().take_while(|l| l.starts_with("#["));
+        if !attributes.into_iter().any(|a| *a == "#[doc(hidden)]") {
+            shown.push(module);
+        }
+    }
+    assert_eq!(shown, ["clock"]);
+    for named in [
+        "Scheduler",
+        "Builder",
+        "CodeJob",
+        "RunOptions",
+        "PeriodRun",
+        "Error",
+        "ConfigError",
+        "JobOverview",
+        "PeriodView",
+        "Attempt",
+        "{chrono, chrono_tz, sqlx}",
+    ] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("pub use ") && l.contains(named)),
+            "{named} is not re-exported"
+        );
+    }
 }
