@@ -208,8 +208,13 @@ words! {
         Fenced = "fenced",
         /// It ran, but its outcome could not be written.
         Error = "error",
-        /// Not run: done, running elsewhere, or not due for a retry.
+        /// Not run: done already (succeeded or adopted), passed over (not
+        /// failed, asked for only failed ones), or a failed period whose
+        /// retry is not due.
         Skipped = "skipped",
+        /// Not run here: a live claim holds it, elsewhere or in this
+        /// process; how that run ends is not known here.
+        Held = "held",
         /// Not run: every concurrency slot of its job was taken.
         Busy = "busy",
         /// Not run: a shutdown came while it waited.
@@ -218,6 +223,18 @@ words! {
         Waiting = "waiting",
         /// `--dry-run`: it would be claimed.
         WouldClaim = "would claim",
+    }
+}
+
+impl PeriodOutcome {
+    /// The word `scheduler run` prints and the HTTP API lists: `skipped`
+    /// for a held period too, as they always said (the API's line adds
+    /// `"held": true`).
+    pub fn printed(self) -> &'static str {
+        match self {
+            PeriodOutcome::Held => PeriodOutcome::Skipped.as_str(),
+            other => other.as_str(),
+        }
     }
 }
 

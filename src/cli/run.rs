@@ -163,7 +163,7 @@ fn print_line(line: &Line, as_json: bool) -> Result<(), Unread> {
             "period_key": line.key,
             "job": job,
             "period": period,
-            "status": line.status,
+            "status": line.status.printed(),
             "attempt": line.attempt,
             "trigger": line.trigger,
             "asked": line.asked,
@@ -180,7 +180,9 @@ fn print_line(line: &Line, as_json: bool) -> Result<(), Unread> {
     } else {
         say(format_args!(
             "{}  {}: {}",
-            line.key, line.status, line.detail
+            line.key,
+            line.status.printed(),
+            line.detail
         ))
     }
 }

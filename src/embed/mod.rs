@@ -330,7 +330,7 @@ impl Handle {
 /// or by the scheduler's own retries), so every period asked for ends run
 /// (or interrupted); `.wait(false)` answers such a period at once instead,
 /// as `scheduler run` without `--wait` does, [`PeriodOutcome::Busy`] or
-/// [`PeriodOutcome::Skipped`] (running elsewhere).
+/// [`PeriodOutcome::Held`] (running elsewhere).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 #[must_use]
@@ -405,15 +405,16 @@ impl RunOptions {
 }
 
 /// How one period of a manual run ended. Serialized as `scheduler run
-/// --json` prints a line (`duration_ms` for `duration`); shown as `scheduler
-/// run` prints it (`billing:2026-07  succeeded: attempt 1, …`).
+/// --json` prints a line (`duration_ms` for `duration`; `status` is `held`
+/// for a period running elsewhere, which `run` calls `skipped`); shown as
+/// `scheduler run` prints it (`billing:2026-07  succeeded: attempt 1, …`).
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
 pub struct PeriodRun {
     /// `<job>:<label>`.
     pub period_key: String,
-    /// How it ended: `Succeeded`, `Failed`, `Skipped` (done already, or
-    /// running elsewhere: [`PeriodRun::detail`] says which), `Busy` (every
+    /// How it ended: `Succeeded`, `Failed`, `Skipped` (done already),
+    /// `Held` (running elsewhere, with `.wait(false)`), `Busy` (every
     /// `concurrency` slot of the job was taken, with `.wait(false)`),
     /// `Waiting` (an upstream period it needs has not succeeded; claimed
     /// once they all have), `Lost`, `Released`, `Fenced` (nothing

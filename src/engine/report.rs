@@ -102,7 +102,10 @@ impl Report {
             Status::Released | Status::Shutdown => PeriodOutcome::Released,
             Status::Fenced => PeriodOutcome::Fenced,
             Status::Unrecorded(_) => PeriodOutcome::Error,
-            Status::RunningHere | Status::NotWon(_) => PeriodOutcome::Skipped,
+            Status::RunningHere | Status::NotWon(Claim::Held { .. } | Claim::Expired { .. }) => {
+                PeriodOutcome::Held
+            }
+            Status::NotWon(_) => PeriodOutcome::Skipped,
             Status::Waiting(_) => PeriodOutcome::Waiting,
         }
     }

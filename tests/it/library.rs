@@ -694,3 +694,73 @@ fn two_embedded_replicas_one_killed_mid_handler_run_every_period_once() {
         assert!(rows >= 4, "too few periods ran: {rows}");
     }
 }
+
+/// Issue 42, item 7: `Skipped` was both "done already" and "running
+/// elsewhere"; a period a live claim holds is `Held` now, one done
+/// already `Skipped`. `.wait(false)` answers the held one at once; by
+/// default the call waits for it and says how it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_period_running_elsewhere_is_held_and_a_done_one_skipped() {
+    let db = TestDb::sqlite();
+    let scheduler =
+        Scheduler::builder()
+            .database_url(&db.url)
+            .job(CodeJob::new("slow", "0 4 * * *").period(Unit::Day).handler(
+                |_cx: Context| async {
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                    Ok(())
+                },
+            ))
+            .build()
+            .await
+            .unwrap();
+    let running = {
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            scheduler
+                .run_period("slow", "2026-11-01", RunOptions::default())
+                .await
+        })
+    };
+    // Once the first call's claim is in, as the read side shows it.
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let views = scheduler
+            .periods("slow", "2026-11-01", "2026-11-01")
+            .await
+            .unwrap();
+        if views[0].state == scheduler::PeriodState::Running {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < bound,
+            "never running: {views:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let held = scheduler
+        .run_period("slow", "2026-11-01", RunOptions::default().wait(false))
+        .await
+        .unwrap();
+    assert_eq!(held[0].outcome, PeriodOutcome::Held, "{:?}", held[0]);
+    assert!(held[0].to_string().contains("held: "), "{}", held[0]);
+    let waited = scheduler
+        .run_period("slow", "2026-11-01", RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        waited[0].outcome,
+        PeriodOutcome::Succeeded,
+        "{:?}",
+        waited[0]
+    );
+    assert_eq!(
+        running.await.unwrap().unwrap()[0].outcome,
+        PeriodOutcome::Succeeded
+    );
+    let done = scheduler
+        .run_period("slow", "2026-11-01", RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(done[0].outcome, PeriodOutcome::Skipped, "{:?}", done[0]);
+}

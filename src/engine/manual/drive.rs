@@ -391,7 +391,9 @@ impl Backfill<'_> {
                 Taken::Not(Claim::Expired { owner, until }) => {
                     left.expired.push((ask, owner, until));
                 }
-                Taken::Not(Claim::Held { .. } | Claim::Busy) if self.request.wait => {
+                Taken::Not(Claim::Held { .. } | Claim::Busy) | Taken::RunningHere
+                    if self.request.wait =>
+                {
                     left.lines.push((ask, None));
                 }
                 Taken::Not(Claim::Busy) if any_won => left.again.push(ask),
@@ -490,7 +492,7 @@ impl Backfill<'_> {
             .iter()
             .filter(|(_, line)| {
                 line.as_ref()
-                    .is_some_and(|l| l.status == PeriodOutcome::Skipped)
+                    .is_some_and(|l| l.status == PeriodOutcome::Held)
             })
             .map(|(ask, _)| ask.key().to_string())
             .collect();
@@ -505,7 +507,7 @@ impl Backfill<'_> {
             if released
                 && line
                     .as_ref()
-                    .is_some_and(|l| l.status == PeriodOutcome::Skipped)
+                    .is_some_and(|l| l.status == PeriodOutcome::Held)
             {
                 *line = None;
             }
@@ -549,8 +551,13 @@ impl Backfill<'_> {
                         }
                     }
                 }
+                // Running in this process (its loop, or another call of
+                // the library's): waited for as a run elsewhere is.
+                Some(Taken::RunningHere) | None => match self.wait_elsewhere(&key).await? {
+                    Some(done) => return Ok(done),
+                    None => continue,
+                },
                 Some(not) => return Ok(self.not_run_line(ask, not)),
-                None => return Ok(self.not_run_line(ask, Taken::RunningHere)),
             };
             self.sink.claimed(won.lease.key.as_str(), won.lease.attempt);
             let report = self
@@ -673,7 +680,6 @@ impl Backfill<'_> {
                 None,
             );
         }
-        let held = matches!(taken, Taken::Not(Claim::Held { .. }));
         let waiting = matches!(taken, Taken::Waiting(_));
         let report = Report::not_run(ask, taken);
         if waiting && ask.mode.manual {
@@ -687,7 +693,7 @@ impl Backfill<'_> {
             return Line::new(&report.key, report.outcome(), detail, None);
         }
         Line {
-            held,
+            held: report.outcome() == PeriodOutcome::Held,
             ..Line::new(&report.key, report.outcome(), report.detail(), None)
         }
     }

@@ -18,7 +18,9 @@ use crate::store::{ADOPTED_ATTEMPT, Claim, ClaimRow, ClaimState, Trigger};
 pub struct Line {
     /// The period key.
     pub key: String,
-    /// What became of it.
+    /// What became of it, in the word `run` prints
+    /// ([`PeriodOutcome::printed`]).
+    #[serde(serialize_with = "printed")]
     pub status: PeriodOutcome,
     /// The rest, in words.
     pub detail: String,
@@ -44,6 +46,11 @@ pub struct Line {
     /// not known here.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+}
+
+/// A line's outcome as `run` prints it.
+fn printed<S: serde::Serializer>(outcome: &PeriodOutcome, to: S) -> Result<S::Ok, S::Error> {
+    to.serialize_str(outcome.printed())
 }
 
 /// The line of a period passed over without a claim, if it is: not
@@ -97,6 +104,7 @@ fn skip_line(key: &str, row: &ClaimRow, request: &Request) -> Option<Line> {
             if !(request.wait || manual && row.state == ClaimState::Released) =>
         {
             return Some(Line {
+                status: PeriodOutcome::Held,
                 attempt: Some(row.attempt),
                 held: true,
                 ..Line::bare(key, format!("running on {owner} until {}", utc_text(until)))
@@ -225,6 +233,7 @@ impl Line {
             _ => (None, None),
         };
         Ok(Line {
+            held: report.outcome() == PeriodOutcome::Held,
             trigger: Some(report.trigger),
             exit_code: report.exit_code,
             http_status: report.http_status,

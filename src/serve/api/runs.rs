@@ -68,10 +68,12 @@ impl Progress {
             return Some("interrupted");
         }
         let fine = self.error.is_none()
-            && self
-                .lines
-                .iter()
-                .all(|l| matches!(l.status, PeriodOutcome::Succeeded | PeriodOutcome::Skipped));
+            && self.lines.iter().all(|l| {
+                matches!(
+                    l.status,
+                    PeriodOutcome::Succeeded | PeriodOutcome::Skipped | PeriodOutcome::Held
+                )
+            });
         if self.all_busy() {
             return Some("busy");
         }
@@ -93,10 +95,12 @@ impl Progress {
     pub(super) fn all_busy(&self) -> bool {
         self.claimed.is_empty()
             && self.lines.iter().any(|l| l.status == PeriodOutcome::Busy)
-            && self
-                .lines
-                .iter()
-                .all(|l| matches!(l.status, PeriodOutcome::Busy | PeriodOutcome::Skipped))
+            && self.lines.iter().all(|l| {
+                matches!(
+                    l.status,
+                    PeriodOutcome::Busy | PeriodOutcome::Skipped | PeriodOutcome::Held
+                )
+            })
     }
 }
 
@@ -285,9 +289,12 @@ impl Api {
                 // period skipped (done or running elsewhere): the rest may
                 // all find no slot, and then nothing ran here.
                 let started = !p.claimed.is_empty()
-                    || p.lines
-                        .iter()
-                        .any(|l| !matches!(l.status, PeriodOutcome::Busy | PeriodOutcome::Skipped));
+                    || p.lines.iter().any(|l| {
+                        !matches!(
+                            l.status,
+                            PeriodOutcome::Busy | PeriodOutcome::Skipped | PeriodOutcome::Held
+                        )
+                    });
                 (p.done, started)
             };
             if done || (wait.is_zero() && anything) {
