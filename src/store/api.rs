@@ -21,12 +21,11 @@ pub enum KeyClaim {
 }
 
 /// A stored Idempotency-Key.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct KeyRecord {
     /// The hash of the first request's method, path and body.
     pub request: String,
     /// Being answered, or answered.
-    #[sqlx(try_from = "String")]
     pub state: KeyState,
     /// The stored answer.
     pub status: Option<i32>,
@@ -44,7 +43,7 @@ pub struct KeyRecord {
 }
 
 /// A run asked for over the API, as stored.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct ApiRun {
     /// Its id.
     pub id: String,
@@ -55,7 +54,6 @@ pub struct ApiRun {
     /// The replica running it.
     pub owner: String,
     /// Running or done.
-    #[sqlx(try_from = "String")]
     pub state: ApiRunState,
     /// What each period did, as JSON.
     pub body: String,
@@ -63,11 +61,31 @@ pub struct ApiRun {
     pub alive: i32,
     /// When it was asked for (milliseconds since the epoch); read only by
     /// [`Store::api_runs`], 0 elsewhere.
-    #[sqlx(default)]
     pub created_at: i64,
 }
 
 use super::ms;
+
+from_row!(KeyRecord {
+    request,
+    state: word,
+    status,
+    body,
+    location,
+    run_id,
+    stale,
+    run_going,
+});
+from_row!(ApiRun {
+    id,
+    job,
+    requested_by,
+    owner,
+    state: word,
+    body,
+    alive,
+    created_at: default,
+});
 
 impl Store {
     /// Claims the Idempotency-Key `scope` for a request hashed `request`,

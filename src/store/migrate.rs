@@ -3,15 +3,68 @@
 //! `_sqlx_migrations`, numbered as it likes) share the database whichever
 //! side migrates first.
 //!
-//! sqlx embeds the files (`migrations/{sqlite,postgres}`) and their
-//! checksums; applying them is here, because sqlx's migrator keeps its
-//! table's name to itself. All pending migrations go in one transaction
+//! The build lists the files (`migrations/{sqlite,postgres}`, see
+//! `build.rs`) and the crate embeds them; each one's checksum is SHA-384 of
+//! its text, as sqlx records it. Applying them is here rather than sqlx's
+//! migrator's, which keeps its table's name to itself and, embedded by
+//! `sqlx::migrate!`, would compile sqlx's drivers (and SQLite's C source) a
+//! second time, for the macro, in every application's release build. All
+//! pending migrations go in one transaction
 //! that other migrating processes wait for: PostgreSQL's advisory lock,
 //! SQLite's `BEGIN IMMEDIATE`. A database migrated by an earlier release
 //! (the scheduler's rows in `_sqlx_migrations`) moves over in that same
 //! transaction.
 
-use sqlx::migrate::{MigrateError, Migrator};
+use sha2::{Digest, Sha384};
+
+/// One migration the crate embeds.
+pub(super) struct Migration {
+    /// The number its file name starts with.
+    pub version: i64,
+    /// The rest of its file name, in words (`claims in batches`).
+    pub description: String,
+    /// Its statements.
+    pub sql: &'static str,
+    /// SHA-384 of `sql`, as sqlx recorded it for the release before.
+    pub checksum: Vec<u8>,
+}
+
+/// The migrations of a build's list (`(version, file name, text)`, in
+/// version order).
+pub(super) fn embedded(list: &[(i64, &str, &'static str)]) -> Vec<Migration> {
+    list.iter()
+        .map(|(version, file, sql)| Migration {
+            version: *version,
+            description: file
+                .trim_end_matches(".sql")
+                .split_once('_')
+                .map_or("", |(_, rest)| rest)
+                .replace('_', " "),
+            sql,
+            checksum: Sha384::digest(sql.as_bytes()).to_vec(),
+        })
+        .collect()
+}
+
+/// Why migrating stopped.
+#[derive(Debug)]
+pub(super) enum MigrateError {
+    /// The database holds a migration this scheduler does not know: a
+    /// newer scheduler migrated it.
+    VersionMissing(i64),
+    /// A migration the database holds differs from this scheduler's own.
+    VersionMismatch(i64),
+    /// A migration's statements failed.
+    ExecuteMigration(sqlx::Error, i64),
+    /// The database failed around them.
+    Execute(sqlx::Error),
+}
+
+impl From<sqlx::Error> for MigrateError {
+    fn from(e: sqlx::Error) -> MigrateError {
+        MigrateError::Execute(e)
+    }
+}
 
 /// The SQL that differs between the backends in [`migrate_in`].
 pub(super) struct Dialect {
@@ -27,7 +80,7 @@ pub(super) struct Dialect {
 /// Where the scheduler's migrations stand: what the database holds, as
 /// `(version, checksum)`, against what this scheduler has.
 pub(super) struct Ledger<'a> {
-    pub migrator: &'a Migrator,
+    pub migrator: &'a [Migration],
     pub applied: Vec<(i64, Vec<u8>)>,
 }
 
@@ -38,7 +91,7 @@ impl Ledger<'_> {
         for (version, checksum) in &self.applied {
             match self.migrator.iter().find(|m| m.version == *version) {
                 None => return Err(MigrateError::VersionMissing(*version)),
-                Some(ours) if *ours.checksum != **checksum => {
+                Some(ours) if ours.checksum != *checksum => {
                     return Err(MigrateError::VersionMismatch(*version));
                 }
                 Some(_) => {}
@@ -49,10 +102,9 @@ impl Ledger<'_> {
 
     /// This scheduler's migrations the database does not hold, oldest
     /// first.
-    pub fn pending(&self) -> impl Iterator<Item = &sqlx::migrate::Migration> {
+    pub fn pending(&self) -> impl Iterator<Item = &Migration> {
         self.migrator
             .iter()
-            .filter(|m| !m.migration_type.is_down_migration())
             .filter(|m| !self.applied.iter().any(|(v, _)| *v == m.version))
     }
 
@@ -64,14 +116,14 @@ impl Ledger<'_> {
             .filter(|(version, checksum)| {
                 self.migrator
                     .iter()
-                    .any(|m| m.version == *version && *m.checksum == **checksum)
+                    .any(|m| m.version == *version && m.checksum == *checksum)
             })
             .collect()
     }
 }
 
 /// `version description`, as `scheduler migrate` lists what it applied.
-pub(super) fn named(migration: &sqlx::migrate::Migration) -> String {
+pub(super) fn named(migration: &Migration) -> String {
     format!("{:04} {}", migration.version, migration.description)
 }
 
@@ -108,7 +160,7 @@ macro_rules! migrate_in {
                     .migrator
                     .iter()
                     .find(|m| m.version == *version)
-                    .map(|m| m.description.to_string())
+                    .map(|m| m.description.clone())
                     .unwrap_or_default();
                 sqlx::query(&format!(
                     "INSERT INTO scheduler_migrations (version, description, checksum, applied_at)
@@ -132,24 +184,26 @@ macro_rules! migrate_in {
         ledger.check()?;
         let mut done = Vec::new();
         for migration in ledger.pending() {
-            sqlx::raw_sql(&migration.sql)
+            sqlx::raw_sql(migration.sql)
                 .execute(&mut *tx)
                 .await
-                .map_err(|e| sqlx::migrate::MigrateError::ExecuteMigration(e, migration.version))?;
+                .map_err(|e| {
+                    $crate::store::migrate::MigrateError::ExecuteMigration(e, migration.version)
+                })?;
             sqlx::query(&format!(
                 "INSERT INTO scheduler_migrations (version, description, checksum, applied_at)
                  VALUES ($1, $2, $3, {})",
                 $now
             ))
             .bind(migration.version)
-            .bind(migration.description.as_ref())
-            .bind(migration.checksum.as_ref())
+            .bind(&migration.description)
+            .bind(&migration.checksum)
             .execute(&mut *tx)
             .await?;
             done.push(named(migration));
         }
         tx.commit().await?;
-        Ok::<Vec<String>, sqlx::migrate::MigrateError>(done)
+        Ok::<Vec<String>, $crate::store::migrate::MigrateError>(done)
     }};
 }
 

@@ -57,6 +57,43 @@ macro_rules! bounded {
     };
 }
 
+/// Reads a row of either backend into the struct `$ty`, each field from
+/// the column of its name: what sqlx's `FromRow` derive writes, without
+/// its proc macro (which compiles sqlx's drivers, SQLite's C source among
+/// them, a second time in every release build). A field `: word` is a
+/// stored word read back (its `TryFrom<String>`); `: default`, a column
+/// some statements leave out.
+macro_rules! from_row {
+    ($ty:ident { $($field:ident $(: $how:ident)?),* $(,)? }) => {
+        from_row!(@impl sqlx::sqlite::SqliteRow, $ty { $($field $(: $how)?),* });
+        from_row!(@impl sqlx::postgres::PgRow, $ty { $($field $(: $how)?),* });
+    };
+    (@impl $row:ty, $ty:ident { $($field:ident $(: $how:ident)?),* }) => {
+        impl<'r> sqlx::FromRow<'r, $row> for $ty {
+            fn from_row(row: &'r $row) -> Result<Self, sqlx::Error> {
+                use sqlx::Row;
+                Ok($ty { $($field: from_row!(@get row, $field $(, $how)?),)* })
+            }
+        }
+    };
+    (@get $row:ident, $field:ident) => {
+        $row.try_get(stringify!($field))?
+    };
+    (@get $row:ident, $field:ident, word) => {{
+        let word: String = $row.try_get(stringify!($field))?;
+        word.try_into().map_err(|e: String| sqlx::Error::ColumnDecode {
+            index: stringify!($field).into(),
+            source: e.into(),
+        })?
+    }};
+    (@get $row:ident, $field:ident, default) => {
+        match $row.try_get(stringify!($field)) {
+            Err(sqlx::Error::ColumnNotFound(_)) => Default::default(),
+            other => other?,
+        }
+    };
+}
+
 mod api;
 mod claims;
 mod group;
@@ -182,13 +219,18 @@ impl Store {
             )));
         };
         result.map_err(|e| match e {
-            sqlx::migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
+            migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
                 "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"
             )),
-            sqlx::migrate::MigrateError::VersionMismatch(version) => Error::Database(format!(
+            migrate::MigrateError::VersionMismatch(version) => Error::Database(format!(
                 "migration {version} in scheduler_migrations differs from this scheduler's own: the database was migrated by a build whose migrations were edited"
             )),
-            other => Error::Database(format!("cannot migrate the database: {other}")),
+            migrate::MigrateError::ExecuteMigration(e, version) => Error::Database(format!(
+                "cannot migrate the database: migration {version} failed: {e}"
+            )),
+            migrate::MigrateError::Execute(e) => {
+                Error::Database(format!("cannot migrate the database: {e}"))
+            }
         })
     }
 

@@ -29,7 +29,7 @@ pub struct NewNotification {
 }
 
 /// A notification taken for delivery.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Delivery {
     /// The notifier's name.
     pub notifier: String,
@@ -46,7 +46,7 @@ pub struct Delivery {
 }
 
 /// A notification as `history` and the API show it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Notification {
     /// The notifier's name.
     pub notifier: String,
@@ -55,7 +55,6 @@ pub struct Notification {
     /// The event.
     pub event: String,
     /// Pending, sending, delivered or given up.
-    #[sqlx(try_from = "String")]
     pub state: DeliveryState,
     /// Tries so far.
     pub tries: i32,
@@ -71,6 +70,34 @@ pub struct Notification {
     #[serde(serialize_with = "maybe_instant")]
     pub finished_at: Option<i64>,
 }
+
+from_row!(Delivery {
+    notifier,
+    period_key,
+    event,
+    payload,
+    tries,
+    created_at,
+});
+from_row!(Notification {
+    notifier,
+    period_key,
+    event,
+    state: word,
+    tries,
+    status,
+    error,
+    created_at,
+    finished_at,
+});
+from_row!(FailedForGood {
+    job,
+    period_key,
+    period,
+    attempt,
+    failures,
+    error,
+});
 
 fn instant<S: serde::Serializer>(ms: &i64, serializer: S) -> Result<S::Ok, S::Error> {
     let at = DateTime::from_timestamp_millis(*ms).unwrap_or_default();
@@ -322,7 +349,7 @@ impl Store {
 }
 
 /// A period failed for good, as a `failed` notification tells it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct FailedForGood {
     /// The job.
     pub job: String,

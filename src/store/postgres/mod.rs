@@ -20,8 +20,11 @@ mod history;
 mod jobs;
 
 /// The scheduler's migrations, which [`super::migrate`] applies.
-fn migrator() -> sqlx::migrate::Migrator {
-    sqlx::migrate!("migrations/postgres")
+fn migrations() -> Vec<super::migrate::Migration> {
+    super::migrate::embedded(include!(concat!(
+        env!("OUT_DIR"),
+        "/postgres_migrations.rs"
+    )))
 }
 
 /// `text` as PostgreSQL's `text` can hold it: a NUL byte (a job that
@@ -151,7 +154,7 @@ impl PgStore {
     }
 
     /// Applies what is pending; the migrations it applied.
-    pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+    pub(super) async fn migrate(&self) -> Result<Vec<String>, super::migrate::MigrateError> {
         let dialect = super::migrate::Dialect {
             // One key for the scheduler's migrations in this database;
             // sqlx's own lock (the application's migrations) is another.
@@ -164,6 +167,6 @@ impl PgStore {
             has_sqlx_table: "SELECT to_regclass('_sqlx_migrations') IS NOT NULL",
         };
         let tx = self.pool.begin().await?;
-        super::migrate::migrate_in!(tx, &migrator(), dialect, super::PG_NOW)
+        super::migrate::migrate_in!(tx, &migrations(), dialect, super::PG_NOW)
     }
 }

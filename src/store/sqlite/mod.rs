@@ -24,8 +24,8 @@ mod history;
 mod jobs;
 
 /// The scheduler's migrations, which [`super::migrate`] applies.
-fn migrator() -> sqlx::migrate::Migrator {
-    sqlx::migrate!("migrations/sqlite")
+fn migrations() -> Vec<super::migrate::Migration> {
+    super::migrate::embedded(include!(concat!(env!("OUT_DIR"), "/sqlite_migrations.rs")))
 }
 
 /// Whether `e` is SQLite saying another connection holds the lock.
@@ -125,7 +125,7 @@ impl SqliteStore {
     }
 
     /// Applies what is pending; the migrations it applied.
-    pub(super) async fn migrate(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+    pub(super) async fn migrate(&self) -> Result<Vec<String>, super::migrate::MigrateError> {
         // Processes starting together on a new file race to begin (a
         // pool of the application's may wait less than ours); the loser
         // finds the work done on a later try. The waits are random, so two
@@ -133,7 +133,7 @@ impl SqliteStore {
         let mut tries = 0;
         loop {
             match self.migrate_once().await {
-                Err(sqlx::migrate::MigrateError::Execute(e)) if tries < 30 && locked(&e) => {
+                Err(super::migrate::MigrateError::Execute(e)) if tries < 30 && locked(&e) => {
                     tries += 1;
                     let jitter = getrandom::u32().unwrap_or(0) % 100;
                     tokio::time::sleep(Duration::from_millis(20 + u64::from(jitter))).await;
@@ -143,7 +143,7 @@ impl SqliteStore {
         }
     }
 
-    async fn migrate_once(&self) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+    async fn migrate_once(&self) -> Result<Vec<String>, super::migrate::MigrateError> {
         let dialect = super::migrate::Dialect {
             // `BEGIN IMMEDIATE` makes every other migrating process wait.
             lock: None,
@@ -156,7 +156,7 @@ impl SqliteStore {
                               WHERE type = 'table' AND name = '_sqlx_migrations'",
         };
         let tx = self.begin().await?;
-        super::migrate::migrate_in!(tx, &migrator(), dialect, NOW)
+        super::migrate::migrate_in!(tx, &migrations(), dialect, NOW)
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
