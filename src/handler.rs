@@ -186,29 +186,40 @@ impl Context {
 pub struct Transaction<'t>(Conn<'t>);
 
 enum Conn<'t> {
+    #[cfg(feature = "postgres")]
     Postgres(&'t mut sqlx::PgConnection),
+    #[cfg(feature = "sqlite")]
     Sqlite(&'t mut sqlx::SqliteConnection),
 }
 
 impl<'t> Transaction<'t> {
+    #[cfg(feature = "postgres")]
     pub(crate) fn postgres_of(conn: &'t mut sqlx::PgConnection) -> Transaction<'t> {
         Transaction(Conn::Postgres(conn))
     }
 
+    #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite_of(conn: &'t mut sqlx::SqliteConnection) -> Transaction<'t> {
         Transaction(Conn::Sqlite(conn))
     }
 
     /// Whether the database is PostgreSQL (else SQLite).
     pub fn is_postgres(&self) -> bool {
-        matches!(self.0, Conn::Postgres(_))
+        match self.0 {
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(_) => true,
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(_) => false,
+        }
     }
 
     /// The transaction's connection on PostgreSQL; a permanent failure on
     /// SQLite.
+    #[cfg(feature = "postgres")]
     pub fn postgres(&mut self) -> Result<&mut sqlx::PgConnection, Failure> {
         match &mut self.0 {
             Conn::Postgres(conn) => Ok(conn),
+            #[cfg(feature = "sqlite")]
             Conn::Sqlite(_) => Err(Failure::permanent(
                 "this handler writes to PostgreSQL, but the scheduler runs on SQLite",
             )),
@@ -217,9 +228,11 @@ impl<'t> Transaction<'t> {
 
     /// The transaction's connection on SQLite; a permanent failure on
     /// PostgreSQL.
+    #[cfg(feature = "sqlite")]
     pub fn sqlite(&mut self) -> Result<&mut sqlx::SqliteConnection, Failure> {
         match &mut self.0 {
             Conn::Sqlite(conn) => Ok(conn),
+            #[cfg(feature = "postgres")]
             Conn::Postgres(_) => Err(Failure::permanent(
                 "this handler writes to SQLite, but the scheduler runs on PostgreSQL",
             )),

@@ -46,6 +46,11 @@
 //! by default). The modules not shown here are its parts: public for the
 //! binary, the tests and the benchmarks, not part of the library's API.
 
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!(
+    "scheduler needs a database: turn on its `postgres` feature, its `sqlite` one, or both"
+);
+
 #[doc(hidden)]
 pub mod calendar;
 #[cfg(feature = "cli")]

@@ -130,7 +130,11 @@ impl DatabaseUrl {
         };
         let url = DatabaseUrl::Sqlite { path, params };
         // The driver's reading of the parameters (`mode`, `cache`, …),
-        // before anything creates the file.
+        // before anything creates the file; a build without the driver
+        // says so when it opens it.
+        #[cfg(not(feature = "sqlite"))]
+        return Ok(url);
+        #[cfg(feature = "sqlite")]
         match url
             .driver_url()
             .parse::<sqlx::sqlite::SqliteConnectOptions>()
@@ -178,7 +182,11 @@ impl DatabaseUrl {
                     ));
                 }
                 // The driver's own reading of its parameters (sslmode, …)
-                // is a configuration matter, found before connecting.
+                // is a configuration matter, found before connecting; a
+                // build without the driver says so when it opens it.
+                #[cfg(not(feature = "postgres"))]
+                return Ok(DatabaseUrl::Postgres(url.to_owned()));
+                #[cfg(feature = "postgres")]
                 match url.parse::<sqlx::postgres::PgConnectOptions>() {
                     Ok(_) => Ok(DatabaseUrl::Postgres(url.to_owned())),
                     Err(e) => {

@@ -114,7 +114,7 @@ impl Service {
     /// jobs.toml as it is now, checked as at a start; `None`, logged with
     /// its secrets masked, if it is not valid.
     fn read_again(&self) -> Option<Config> {
-        let sqlite = matches!(self.engine.store(), crate::store::Store::Sqlite(_));
+        let sqlite = !self.engine.store().is_postgres();
         let loaded = Config::load(&self.path).and_then(|config| {
             if sqlite {
                 config.check_for_sqlite()?;

@@ -54,7 +54,9 @@ use crate::store::{DatabaseUrl, Store, Trigger};
 /// Where the scheduler's tables are.
 enum Database {
     Url(String),
+    #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
+    #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
 }
 
@@ -483,6 +485,7 @@ impl Builder {
     /// The application's PostgreSQL pool. Transaction-scoped handlers and
     /// heartbeats take connections from it: size it for `max_running`
     /// and a few more.
+    #[cfg(feature = "postgres")]
     pub fn postgres_pool(mut self, pool: sqlx::PgPool) -> Builder {
         self.database = Some(Database::Postgres(pool));
         self
@@ -490,6 +493,7 @@ impl Builder {
 
     /// The application's SQLite pool (WAL and `synchronous = FULL`
     /// recommended: an acknowledged claim then survives a power cut).
+    #[cfg(feature = "sqlite")]
     pub fn sqlite_pool(mut self, pool: sqlx::SqlitePool) -> Builder {
         self.database = Some(Database::Sqlite(pool));
         self
@@ -611,7 +615,7 @@ impl Builder {
         config.link_after()?;
         let launcher = launcher(&config, self.supervisor)?;
         let store = open(self.database, &config).await?;
-        if matches!(store, Store::Sqlite(_)) {
+        if !store.is_postgres() {
             config.check_for_sqlite()?;
         }
         store.migrate().await?;
@@ -696,7 +700,9 @@ impl Builder {
 /// a pool, a URL, or the configuration file's `database_url`.
 async fn open(database: Option<Database>, config: &Config) -> Result<Store, Error> {
     Ok(match database {
+        #[cfg(feature = "postgres")]
         Some(Database::Postgres(pool)) => Store::from_postgres_pool(pool),
+        #[cfg(feature = "sqlite")]
         Some(Database::Sqlite(pool)) => Store::from_sqlite_pool(pool),
         Some(Database::Url(url)) => {
             let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;

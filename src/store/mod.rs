@@ -6,6 +6,7 @@
 //! expiry is measured on the database's clock.
 
 /// PostgreSQL's clock, in milliseconds since the epoch.
+#[cfg(feature = "postgres")]
 pub(crate) const PG_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// Runs `$body` with `$pool` bound to the backend's pool and `$now` to its
@@ -14,10 +15,12 @@ macro_rules! on_pool {
     ($store:expr, |$pool:ident, $now:ident| $body:expr) => {{
         let work = async {
             match $store {
+                #[cfg(feature = "sqlite")]
                 Store::Sqlite(s) => {
                     let ($pool, $now) = (&s.pool, $crate::store::sqlite::NOW);
                     $body
                 }
+                #[cfg(feature = "postgres")]
                 Store::Postgres(s) => {
                     let ($pool, $now) = (&s.pool, $crate::store::PG_NOW);
                     $body
@@ -38,7 +41,9 @@ macro_rules! on_pool {
 macro_rules! dispatch {
     ($self:ident . $method:ident ( $($arg:expr),* )) => {
         match $self {
+            #[cfg(feature = "sqlite")]
             $crate::store::Store::Sqlite(s) => s.$method($($arg),*).await,
+            #[cfg(feature = "postgres")]
             $crate::store::Store::Postgres(s) => s.$method($($arg),*).await,
         }
     };
@@ -65,7 +70,9 @@ macro_rules! bounded {
 /// some statements leave out.
 macro_rules! from_row {
     ($ty:ident { $($field:ident $(: $how:ident)?),* $(,)? }) => {
+        #[cfg(feature = "sqlite")]
         from_row!(@impl sqlx::sqlite::SqliteRow, $ty { $($field $(: $how)?),* });
+        #[cfg(feature = "postgres")]
         from_row!(@impl sqlx::postgres::PgRow, $ty { $($field $(: $how)?),* });
     };
     (@impl $row:ty, $ty:ident { $($field:ident $(: $how:ident)?),* }) => {
@@ -102,7 +109,9 @@ mod jobs;
 mod migrate;
 mod notify;
 mod outage;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod waiting;
 
@@ -125,6 +134,7 @@ fn ms(d: Duration) -> i64 {
 use std::time::Duration;
 
 pub use crate::config::DatabaseUrl;
+#[cfg(feature = "postgres")]
 use crate::config::address::{mask_password_in, mask_url};
 use crate::error::Error;
 pub use crate::state::{
@@ -135,8 +145,10 @@ pub use crate::state::{
 #[derive(Debug, Clone)]
 pub enum Store {
     /// An embedded SQLite file.
+    #[cfg(feature = "sqlite")]
     Sqlite(sqlite::SqliteStore),
     /// A PostgreSQL server.
+    #[cfg(feature = "postgres")]
     Postgres(postgres::PgStore),
 }
 
@@ -165,8 +177,11 @@ impl Store {
     /// reported, so a command run from the wrong directory does not read an
     /// empty new database as "never ran".
     pub async fn open(url: &DatabaseUrl, create: bool) -> Result<Store, Error> {
+        #[cfg(not(feature = "sqlite"))]
+        let _ = create;
         let driver_url = url.driver_url();
         let store = match url {
+            #[cfg(feature = "sqlite")]
             DatabaseUrl::Sqlite { path, .. } => {
                 prepare_sqlite_file(path, create)?;
                 Store::Sqlite(
@@ -175,11 +190,14 @@ impl Store {
                         .map_err(|e| sqlite_error(path, e))?,
                 )
             }
+            #[cfg(feature = "postgres")]
             DatabaseUrl::Postgres(_) => Store::Postgres(
                 postgres::PgStore::connect(&driver_url)
                     .await
                     .map_err(|e| db_error(&driver_url, "connect to", e))?,
             ),
+            #[allow(unreachable_patterns)]
+            other => return Err(not_built(other)),
         };
         Ok(store)
     }
@@ -188,6 +206,7 @@ impl Store {
     /// and its `sql` and transaction-scoped jobs use the pool's
     /// connections as they are (each of the scheduler's statements is still
     /// bounded by [`STATEMENT_BOUND`]).
+    #[cfg(feature = "postgres")]
     pub fn from_postgres_pool(pool: sqlx::PgPool) -> Store {
         Store::Postgres(postgres::PgStore::from_pool(pool))
     }
@@ -195,6 +214,7 @@ impl Store {
     /// The scheduler on an application's SQLite pool, whose options are
     /// the application's (WAL and `synchronous = FULL` keep an
     /// acknowledged claim through a power cut).
+    #[cfg(feature = "sqlite")]
     pub fn from_sqlite_pool(pool: sqlx::SqlitePool) -> Store {
         Store::Sqlite(sqlite::SqliteStore {
             pool,
@@ -249,10 +269,22 @@ impl Store {
         self.outage().holding(lease)
     }
 
+    /// Whether this is PostgreSQL.
+    pub fn is_postgres(&self) -> bool {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(_) => false,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => true,
+        }
+    }
+
     /// What this process saw of its database lately ([`outage`]).
     fn outage(&self) -> &outage::Outage {
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => &s.outage,
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => &s.outage,
         }
     }
@@ -265,6 +297,7 @@ impl Store {
     }
 }
 
+#[cfg(feature = "postgres")]
 fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {
     let hint = match &e {
         sqlx::Error::Database(db) if db.code().as_deref() == Some("3D000") => {
@@ -284,6 +317,19 @@ fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {
 
 /// Checks that a SQLite file can be opened, or creates it with mode 0600
 /// when `create`; says which path and why when neither works.
+/// A database this build has no driver for (its feature is off).
+#[allow(dead_code)]
+fn not_built(url: &DatabaseUrl) -> Error {
+    let feature = match url {
+        DatabaseUrl::Sqlite { .. } => "sqlite",
+        DatabaseUrl::Postgres(_) => "postgres",
+    };
+    Error::Usage(format!(
+        "database URL: {url}: this build of scheduler has no {feature} driver (its `{feature}` feature is off)"
+    ))
+}
+
+#[cfg(feature = "sqlite")]
 fn prepare_sqlite_file(path: &std::path::Path, create: bool) -> Result<(), Error> {
     use std::os::unix::fs::OpenOptionsExt;
     let cannot = |e: std::io::Error| {
@@ -329,6 +375,7 @@ fn prepare_sqlite_file(path: &std::path::Path, create: bool) -> Result<(), Error
 
 /// A SQLite error on open, with the path and, for SQLite's bare "unable to
 /// open database file (code: 14)", what to check.
+#[cfg(feature = "sqlite")]
 fn sqlite_error(path: &std::path::Path, e: sqlx::Error) -> Error {
     let code_14 = matches!(&e, sqlx::Error::Database(d) if d.code().as_deref() == Some("14"));
     let hint = if code_14 {

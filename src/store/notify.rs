@@ -140,11 +140,13 @@ impl Store {
             .collect();
         let rows = serde_json::Value::Array(rows).to_string();
         let from = match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => {
                 "SELECT notifier, period_key, event, job, payload
                    FROM json_to_recordset($1::json)
                      AS x(notifier text, period_key text, event text, job text, payload text)"
             }
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => {
                 "SELECT json_extract(value, '$.notifier'), json_extract(value, '$.period_key'),
                         json_extract(value, '$.event'), json_extract(value, '$.job'),
@@ -184,10 +186,12 @@ impl Store {
         // PostgreSQL skips the rows another replica is taking; both check
         // the state again on the row they update.
         let (lock, named) = match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => (
                 "FOR UPDATE SKIP LOCKED",
                 "d.notifier IN (SELECT json_array_elements_text($4::json))",
             ),
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => ("", "d.notifier IN (SELECT value FROM json_each($4))"),
         };
         let expired = if expired { "true" } else { "false" };
@@ -252,11 +256,13 @@ impl Store {
             .collect();
         let rows = serde_json::Value::Array(rows).to_string();
         let from = match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => {
                 "SELECT * FROM json_to_recordset($1::json)
                      AS x(notifier text, period_key text, event text, tries int, state text,
                           status int, error text, again bigint)"
             }
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => {
                 "SELECT json_extract(value, '$.notifier') AS notifier,
                         json_extract(value, '$.period_key') AS period_key,
@@ -329,9 +335,11 @@ impl Store {
         // The claims' times are each backend's own: a timestamp on
         // PostgreSQL, milliseconds on SQLite.
         let recent = match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => {
                 "c.finished_at > clock_timestamp() - make_interval(secs => $1 / 1000.0)"
             }
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => "c.finished_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1",
         };
         on_pool!(self, |pool, _now| {

@@ -59,11 +59,13 @@ impl Store {
             .collect();
         let rows = serde_json::Value::Array(rows).to_string();
         let from = match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => {
                 "SELECT * FROM json_to_recordset($1::json)
                      AS x(period_key text, job text, period text, period_start bigint,
                           period_end bigint, scheduled_at bigint, watch text, waits text)"
             }
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => {
                 "SELECT json_extract(value, '$.period_key'), json_extract(value, '$.job'),
                         json_extract(value, '$.period'), json_extract(value, '$.period_start'),
@@ -98,7 +100,9 @@ impl Store {
         let keys = serde_json::to_string(&keys).unwrap_or_else(|_| "[]".into());
         let listed = keys_in(self);
         let lock = match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => "FOR SHARE",
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => "",
         };
         on_pool!(self, |pool, _now| {
@@ -236,7 +240,9 @@ impl Store {
 /// The values of a JSON array of text bound as `$1`, as a subquery.
 fn keys_in(store: &Store) -> &'static str {
     match store {
+        #[cfg(feature = "postgres")]
         Store::Postgres(_) => "SELECT value FROM json_array_elements_text($1::json)",
+        #[cfg(feature = "sqlite")]
         Store::Sqlite(_) => "SELECT value FROM json_each($1)",
     }
 }
@@ -266,7 +272,7 @@ impl Store {
         }
         let names = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
         let listed = keys_in(self);
-        let postgres = matches!(self, Store::Postgres(_));
+        let postgres = self.is_postgres();
         let ms_of = |column: &str| match postgres {
             true => format!("(extract(epoch from {column}) * 1000)::bigint"),
             false => column.to_owned(),
@@ -314,7 +320,9 @@ impl Store {
         // The claims' own times: `timestamptz` on PostgreSQL, milliseconds
         // on SQLite.
         let finished = match self {
+            #[cfg(feature = "postgres")]
             Store::Postgres(_) => "now()",
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => super::sqlite::NOW,
         };
         let sql = format!(
