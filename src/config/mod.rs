@@ -84,6 +84,9 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 }
 
 /// A loaded `jobs.toml`.
+/// Why a build without an HTTP client refuses an `http` job or a notifier.
+pub const NO_HTTP: &str = "this build of scheduler sends no HTTP requests: its `http-actions` feature is off (the scheduler binary has it)";
+
 /// The [`Config::path`] of jobs given in code, with no file.
 pub const IN_CODE: &str = "(code)";
 

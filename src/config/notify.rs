@@ -107,6 +107,9 @@ impl RawNotify {
             let problem = problem.replace("job name", "notifier name");
             return Err(at.error(self.name.span(), problem));
         }
+        if cfg!(not(feature = "http-actions")) {
+            return Err(at.error(self.url.span(), super::NO_HTTP.into()));
+        }
         let url = crate::template::expand_env(self.url.get_ref(), &|n| env.get(n))
             .map_err(|e| at.template_error(self.url.span(), e))?;
         env.note_secret(&url);

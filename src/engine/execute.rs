@@ -7,9 +7,11 @@ use tokio::sync::watch;
 
 use super::action::{ActionResult, Run, Stop};
 use super::heartbeat::{Loss, Watch};
+#[cfg(feature = "http-actions")]
+use super::http;
 use super::plain;
 use super::report::{Report, Status};
-use super::{Engine, http, process};
+use super::{Engine, process};
 use crate::config::Action;
 use crate::handler::Handler;
 use crate::store::Finish;
@@ -113,6 +115,9 @@ impl Engine {
                 };
                 process::run_supervised(action, run, spawn, stop).await
             }
+            #[cfg(not(feature = "http-actions"))]
+            Action::Http(_) => ActionResult::permanent(crate::config::NO_HTTP.into()),
+            #[cfg(feature = "http-actions")]
             Action::Http(action) => {
                 let request = http::Request {
                     url: &action.url,

@@ -11,6 +11,7 @@ pub mod due;
 mod execute;
 mod group;
 pub mod heartbeat;
+#[cfg(feature = "http-actions")]
 mod http;
 pub mod labels;
 pub mod manual;
@@ -243,6 +244,7 @@ impl Drop for RunningHere {
 pub struct Engine {
     store: Store,
     heartbeats: Heartbeats,
+    #[cfg(feature = "http-actions")]
     http: reqwest::Client,
     owner: Arc<str>,
     /// Period keys this process is running: it never claims one of them
@@ -266,6 +268,7 @@ pub struct Engine {
 impl Engine {
     /// An engine on `store` claiming as `owner`, with leases of `lease`.
     pub fn new(store: Store, lease: Duration, owner: String) -> Result<Engine, Error> {
+        #[cfg(feature = "http-actions")]
         let http = reqwest::Client::builder()
             .user_agent(concat!("scheduler/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none())
@@ -275,6 +278,7 @@ impl Engine {
             heartbeats: Heartbeats::start(store.clone(), lease),
             outcomes: Arc::new(outcomes::Outcomes::start(store.clone())),
             store,
+            #[cfg(feature = "http-actions")]
             http,
             owner: owner.into(),
             running_here: Arc::default(),

@@ -330,7 +330,21 @@ impl Engine {
         }
     }
 
+    /// One try of `delivery` to `notifier`: given up in a build without
+    /// an HTTP client (its configuration refuses notifiers).
+    #[cfg(not(feature = "http-actions"))]
+    async fn send(
+        &self,
+        _notifier: &Notifier,
+        _delivery: &Delivery,
+        _secrets: &crate::template::Secrets,
+        _timeout: Duration,
+    ) -> Tried {
+        Tried::GivenUp(None, crate::config::NO_HTTP.into())
+    }
+
     /// One try of `delivery` to `notifier`.
+    #[cfg(feature = "http-actions")]
     async fn send(
         &self,
         notifier: &Notifier,
@@ -408,6 +422,7 @@ pub fn signature(secret: &str, timestamp: &str, body: &str) -> String {
 
 /// The wait before try `tries + 1`: a second, doubled each try, at most
 /// [`MOST_BACKOFF`].
+#[cfg_attr(not(feature = "http-actions"), allow(dead_code))]
 fn backoff(tries: i32) -> Duration {
     let doubled = 1u64 << u32::try_from(tries.clamp(1, 20) - 1).unwrap_or(0);
     Duration::from_secs(doubled).min(MOST_BACKOFF)

@@ -220,6 +220,9 @@ impl RawJob {
 
 /// The `http` action.
 fn http_action(at: &Locator, env: Env, http: &RawHttp) -> Result<Action, ConfigError> {
+    if cfg!(not(feature = "http-actions")) {
+        return Err(at.error(http.url.span(), crate::config::NO_HTTP.into()));
+    }
     let method = match &http.method {
         None => "POST".to_owned(),
         Some(m) => {
@@ -262,6 +265,7 @@ fn http_action(at: &Locator, env: Env, http: &RawHttp) -> Result<Action, ConfigE
                 format!("`url` is not a valid URL after `${{NAME}}` expansion ({e}): expected http(s)://HOST[:PORT]/PATH"),
             ));
     }
+    #[cfg(feature = "http-actions")]
     for (name, value) in &http.headers {
         if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
             return Err(at.error(
@@ -274,6 +278,7 @@ fn http_action(at: &Locator, env: Env, http: &RawHttp) -> Result<Action, ConfigE
         }
     }
     let headers = templates(at, &http.headers, env)?;
+    #[cfg(feature = "http-actions")]
     for ((name, template), (_, value)) in headers.iter().zip(&http.headers) {
         let valid = template
             .literals()
