@@ -223,24 +223,7 @@ fn http_action(at: &Locator, env: Env, http: &RawHttp) -> Result<Action, ConfigE
     if cfg!(not(feature = "http-actions")) {
         return Err(at.error(http.url.span(), crate::config::NO_HTTP.into()));
     }
-    let method = match &http.method {
-        None => "POST".to_owned(),
-        Some(m) => {
-            let upper = m.get_ref().to_ascii_uppercase();
-            const METHODS: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
-            if !METHODS.contains(&upper.as_str()) {
-                return Err(at.error(
-                    m.span(),
-                    format!(
-                        "`{}` is not an HTTP method: expected one of {}",
-                        m.get_ref().escape_default(),
-                        METHODS.join(", ")
-                    ),
-                ));
-            }
-            upper
-        }
-    };
+    let method = http_method(at, http)?;
     let unset_before = env.unset_count();
     let url = template(at, &http.url, env)?;
     // Checked after `${NAME}` expansion, unless a lenient load left a
@@ -303,6 +286,28 @@ fn http_action(at: &Locator, env: Env, http: &RawHttp) -> Result<Action, ConfigE
             .transpose()?,
         timeout: duration(at, http.timeout.as_ref(), "30s")?,
     })))
+}
+
+/// An `http` action's method, upper-cased; `POST` when none is given.
+fn http_method(at: &Locator, http: &RawHttp) -> Result<String, ConfigError> {
+    Ok(match &http.method {
+        None => "POST".to_owned(),
+        Some(m) => {
+            let upper = m.get_ref().to_ascii_uppercase();
+            const METHODS: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
+            if !METHODS.contains(&upper.as_str()) {
+                return Err(at.error(
+                    m.span(),
+                    format!(
+                        "`{}` is not an HTTP method: expected one of {}",
+                        m.get_ref().escape_default(),
+                        METHODS.join(", ")
+                    ),
+                ));
+            }
+            upper
+        }
+    })
 }
 
 /// The `sql` action.
