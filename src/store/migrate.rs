@@ -8,10 +8,11 @@
 //! its text, as sqlx records it. Applying them is here rather than sqlx's
 //! migrator's, which keeps its table's name to itself and, embedded by
 //! `sqlx::migrate!`, would compile sqlx's drivers (and SQLite's C source) a
-//! second time, for the macro, in every application's release build. All
-//! pending migrations go in one transaction
-//! that other migrating processes wait for: PostgreSQL's advisory lock,
-//! SQLite's `BEGIN IMMEDIATE`. A database migrated by an earlier release
+//! second time, for the macro, in every application's release build.
+//!
+//! All pending migrations go in one transaction that other migrating
+//! processes wait for: PostgreSQL's advisory lock, SQLite's `BEGIN
+//! IMMEDIATE`. A database migrated by an earlier release
 //! (the scheduler's rows in `_sqlx_migrations`) moves over in that same
 //! transaction.
 
@@ -80,7 +81,7 @@ pub(super) struct Dialect {
 /// Where the scheduler's migrations stand: what the database holds, as
 /// `(version, checksum)`, against what this scheduler has.
 pub(super) struct Ledger<'a> {
-    pub migrator: &'a [Migration],
+    pub ours: &'a [Migration],
     pub applied: Vec<(i64, Vec<u8>)>,
 }
 
@@ -89,7 +90,7 @@ impl Ledger<'_> {
     /// does not know) or whose migration differs from this one's.
     pub fn check(&self) -> Result<(), MigrateError> {
         for (version, checksum) in &self.applied {
-            match self.migrator.iter().find(|m| m.version == *version) {
+            match self.ours.iter().find(|m| m.version == *version) {
                 None => return Err(MigrateError::VersionMissing(*version)),
                 Some(ours) if ours.checksum != *checksum => {
                     return Err(MigrateError::VersionMismatch(*version));
@@ -103,7 +104,7 @@ impl Ledger<'_> {
     /// This scheduler's migrations the database does not hold, oldest
     /// first.
     pub fn pending(&self) -> impl Iterator<Item = &Migration> {
-        self.migrator
+        self.ours
             .iter()
             .filter(|m| !self.applied.iter().any(|(v, _)| *v == m.version))
     }
@@ -111,10 +112,10 @@ impl Ledger<'_> {
     /// The rows of `_sqlx_migrations` that are this scheduler's (its
     /// version and checksum): an earlier release's, to move over. Any other
     /// row is the application's, and stays.
-    pub fn ours<'r>(&self, rows: &'r [(i64, Vec<u8>)]) -> Vec<&'r (i64, Vec<u8>)> {
+    pub fn moving_over<'r>(&self, rows: &'r [(i64, Vec<u8>)]) -> Vec<&'r (i64, Vec<u8>)> {
         rows.iter()
             .filter(|(version, checksum)| {
-                self.migrator
+                self.ours
                     .iter()
                     .any(|m| m.version == *version && m.checksum == *checksum)
             })
@@ -127,11 +128,11 @@ pub(super) fn named(migration: &Migration) -> String {
     format!("{:04} {}", migration.version, migration.description)
 }
 
-/// Applies the pending migrations of `$migrator` in transaction `$tx`
+/// Applies the pending migrations of `$migrations` in transaction `$tx`
 /// (begun by the caller) with the backend's `$dialect` and clock `$now`,
 /// and commits; what it applied, named.
 macro_rules! migrate_in {
-    ($tx:expr, $migrator:expr, $dialect:expr, $now:expr) => {{
+    ($tx:expr, $migrations:expr, $dialect:expr, $now:expr) => {{
         use $crate::store::migrate::{Ledger, named};
         let mut tx = $tx;
         let dialect = $dialect;
@@ -144,7 +145,7 @@ macro_rules! migrate_in {
                 .fetch_all(&mut *tx)
                 .await?;
         let mut ledger = Ledger {
-            migrator: $migrator,
+            ours: $migrations,
             applied,
         };
         let has_sqlx_table: bool = sqlx::query_scalar(dialect.has_sqlx_table)
@@ -155,9 +156,9 @@ macro_rules! migrate_in {
                 sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success")
                     .fetch_all(&mut *tx)
                     .await?;
-            for (version, checksum) in ledger.ours(&rows) {
+            for (version, checksum) in ledger.moving_over(&rows) {
                 let description = ledger
-                    .migrator
+                    .ours
                     .iter()
                     .find(|m| m.version == *version)
                     .map(|m| m.description.clone())
