@@ -156,7 +156,14 @@ macro_rules! migrate_in {
                 sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success")
                     .fetch_all(&mut *tx)
                     .await?;
-            for (version, checksum) in ledger.moving_over(&rows) {
+            let moving = ledger.moving_over(&rows);
+            if !moving.is_empty() {
+                tracing::info!(
+                    migrations = moving.len(),
+                    "moving the scheduler's migrations from _sqlx_migrations, where an earlier release kept them, to scheduler_migrations"
+                );
+            }
+            for (version, checksum) in moving {
                 let description = ledger
                     .ours
                     .iter()
