@@ -196,15 +196,25 @@ async fn open(
         config.check_for_sqlite()?;
     }
     let store = Store::open(&url, creates).await?;
-    // Only `run`, `serve` and `migrate` make a database the scheduler's;
-    // any command brings one up to date.
+    // Only `run`, `serve` and `migrate` make a database the scheduler's
+    // and bring it up to date; the other commands only read where it
+    // stands (a read-only role suffices), and refuse one that needs
+    // migrating: moving an earlier release's record is one-way.
     if !creates && !store.has_schema().await? {
         return Err(Error::Database(format!(
             "no scheduler tables in the database at {}: nothing has run against it yet, or this is not the right one; `scheduler migrate` creates them",
             url
         )));
     }
-    let applied = store.migrate().await?;
+    let applied = if creates {
+        store.migrate().await?
+    } else if let Some(left) = store.needs_migrating().await? {
+        return Err(Error::Database(format!(
+            "the database at {url} needs migrating ({left}); `scheduler migrate` does it (so do `run` and `serve`), after which a release before this one cannot open it"
+        )));
+    } else {
+        Vec::new()
+    };
     if runs_actions {
         crate::engine::supervision::reaper::start();
     }

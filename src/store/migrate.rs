@@ -55,6 +55,9 @@ pub(super) enum MigrateError {
     VersionMissing(i64),
     /// A migration the database holds differs from this scheduler's own.
     VersionMismatch(i64),
+    /// A migration is missing below the newest one applied: its record
+    /// was deleted.
+    Gap(i64, i64),
     /// A migration's statements failed.
     ExecuteMigration(sqlx::Error, i64),
     /// The database failed around them.
@@ -69,6 +72,8 @@ impl From<sqlx::Error> for MigrateError {
 
 /// The SQL that differs between the backends in [`migrate_in`].
 pub(super) struct Dialect {
+    /// Whether `scheduler_migrations` is here.
+    pub has_table: &'static str,
     /// Waits for any other process migrating, if `BEGIN` does not.
     pub lock: Option<&'static str>,
     /// Creates `scheduler_migrations` if it is missing.
@@ -87,7 +92,9 @@ pub(super) struct Ledger<'a> {
 
 impl Ledger<'_> {
     /// Refuses a database a newer scheduler migrated (a version this one
-    /// does not know) or whose migration differs from this one's.
+    /// does not know), whose migration differs from this one's, or that
+    /// misses one below the newest it holds (applied now, it would run
+    /// out of order).
     pub fn check(&self) -> Result<(), MigrateError> {
         for (version, checksum) in &self.applied {
             match self.ours.iter().find(|m| m.version == *version) {
@@ -98,7 +105,22 @@ impl Ledger<'_> {
                 Some(_) => {}
             }
         }
-        Ok(())
+        let newest = self.applied.iter().map(|(v, _)| *v).max();
+        match (self.pending().next(), newest) {
+            (Some(gap), Some(newest)) if gap.version < newest => {
+                Err(MigrateError::Gap(gap.version, newest))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What is left to do, for a database this scheduler may run on
+    /// without migrating: `None` when nothing is.
+    pub fn to_do(&self) -> Option<String> {
+        match self.pending().count() {
+            0 => None,
+            n => Some(format!("{n} migration(s) to apply")),
+        }
     }
 
     /// This scheduler's migrations the database does not hold, oldest
@@ -107,6 +129,20 @@ impl Ledger<'_> {
         self.ours
             .iter()
             .filter(|m| !self.applied.iter().any(|(v, _)| *v == m.version))
+    }
+
+    /// Among the rows of `_sqlx_migrations` an earlier release left (some
+    /// are this scheduler's), one of this scheduler's versions whose
+    /// checksum differs: an edited migration, refused rather than taken
+    /// for the application's.
+    pub fn edited_in(&self, rows: &[(i64, Vec<u8>)]) -> Option<i64> {
+        rows.iter()
+            .find(|(version, checksum)| {
+                self.ours
+                    .iter()
+                    .any(|m| m.version == *version && m.checksum != *checksum)
+            })
+            .map(|(version, _)| *version)
     }
 
     /// The rows of `_sqlx_migrations` that are this scheduler's (its
@@ -122,6 +158,36 @@ impl Ledger<'_> {
             .collect()
     }
 }
+
+/// Where the database's migrations stand, read with no lock and no DDL (a
+/// role that may only read, a writer holding SQLite's lock): `None` when
+/// this scheduler may run on it as it is, else what is left to do.
+macro_rules! standing_in {
+    ($pool:expr, $migrations:expr, $dialect:expr) => {{
+        use $crate::store::migrate::Ledger;
+        let has_table: bool = sqlx::query_scalar($dialect.has_table)
+            .fetch_one($pool)
+            .await?;
+        if has_table {
+            let applied: Vec<(i64, Vec<u8>)> =
+                sqlx::query_as("SELECT version, checksum FROM scheduler_migrations")
+                    .fetch_all($pool)
+                    .await?;
+            let ledger = Ledger {
+                ours: $migrations,
+                applied,
+            };
+            ledger.check()?;
+            Ok::<Option<String>, $crate::store::migrate::MigrateError>(ledger.to_do())
+        } else {
+            Ok(Some(
+                "no record of the scheduler's migrations: a new database, or one an earlier release recorded in _sqlx_migrations".into(),
+            ))
+        }
+    }};
+}
+
+pub(super) use standing_in;
 
 /// `version description`, as `scheduler migrate` lists what it applied.
 pub(super) fn named(migration: &Migration) -> String {
@@ -152,11 +218,27 @@ macro_rules! migrate_in {
             .fetch_one(&mut *tx)
             .await?;
         if has_sqlx_table {
+            // Read in a savepoint: a `_sqlx_migrations` not of sqlx's shape
+            // is another program's, and holds nothing of the scheduler's.
+            let mut read = sqlx::Connection::begin(&mut *tx).await?;
             let rows: Vec<(i64, Vec<u8>)> =
-                sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success")
-                    .fetch_all(&mut *tx)
-                    .await?;
+                match sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success")
+                    .fetch_all(&mut *read)
+                    .await
+                {
+                    Ok(rows) => {
+                        read.commit().await?;
+                        rows
+                    }
+                    Err(_) => {
+                        read.rollback().await?;
+                        Vec::new()
+                    }
+                };
             let moving = ledger.moving_over(&rows);
+            if let Some(edited) = ledger.edited_in(&rows).filter(|_| !moving.is_empty()) {
+                return Err($crate::store::migrate::MigrateError::VersionMismatch(edited));
+            }
             if !moving.is_empty() {
                 tracing::info!(
                     migrations = moving.len(),

@@ -238,20 +238,21 @@ impl Store {
                 MIGRATION_BOUND.as_secs()
             )));
         };
-        result.map_err(|e| match e {
-            migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
-                "the database was migrated by a newer version of scheduler (migration {version} is unknown to this one); upgrade scheduler or point it at another database"
-            )),
-            migrate::MigrateError::VersionMismatch(version) => Error::Database(format!(
-                "migration {version} in scheduler_migrations differs from this scheduler's own: the database was migrated by a build whose migrations were edited"
-            )),
-            migrate::MigrateError::ExecuteMigration(e, version) => Error::Database(format!(
-                "cannot migrate the database: migration {version} failed: {e}"
-            )),
-            migrate::MigrateError::Execute(e) => {
-                Error::Database(format!("cannot migrate the database: {e}"))
-            }
-        })
+        result.map_err(refused)
+    }
+
+    /// What is left to migrate before this scheduler may run on the
+    /// database, read with no lock and no DDL (a role that may only read
+    /// suffices); `None`: nothing. A database migrated by a newer or an
+    /// edited scheduler is refused as [`Store::migrate`] refuses it.
+    pub async fn needs_migrating(&self) -> Result<Option<String>, Error> {
+        match tokio::time::timeout(STATEMENT_BOUND, async { dispatch!(self.standing()) }).await {
+            Ok(result) => result.map_err(refused),
+            Err(_) => Err(Error::Database(format!(
+                "database error: no answer within {}s",
+                STATEMENT_BOUND.as_secs()
+            ))),
+        }
     }
 
     /// Whether the scheduler's tables are here at all (a database that
@@ -317,6 +318,27 @@ fn db_error(url: &str, verb: &str, e: sqlx::Error) -> Error {
 
 /// Checks that a SQLite file can be opened, or creates it with mode 0600
 /// when `create`; says which path and why when neither works.
+/// Why the scheduler's migrations could not be applied, or read.
+fn refused(e: migrate::MigrateError) -> Error {
+    match e {
+        migrate::MigrateError::VersionMissing(version) => Error::Database(format!(
+            "the database was migrated by a newer version of scheduler (migration {version} in scheduler_migrations is unknown to this one), or that table was edited; upgrade scheduler or point it at another database"
+        )),
+        migrate::MigrateError::VersionMismatch(version) => Error::Database(format!(
+            "migration {version} recorded in the database differs from this scheduler's own: the database was migrated by a build whose migrations were edited, or its record was"
+        )),
+        migrate::MigrateError::Gap(missing, newest) => Error::Database(format!(
+            "migration {missing} is missing from scheduler_migrations below migration {newest}: its record was deleted; applied now it would run out of order over a newer schema, so restore the row (or the database)"
+        )),
+        migrate::MigrateError::ExecuteMigration(e, version) => Error::Database(format!(
+            "cannot migrate the database: migration {version} failed: {e}"
+        )),
+        migrate::MigrateError::Execute(e) => Error::Database(format!(
+            "cannot migrate the database (the scheduler's tables, or their record scheduler_migrations): {e}"
+        )),
+    }
+}
+
 /// A database this build has no driver for (its feature is off).
 #[allow(dead_code)]
 fn not_built(url: &DatabaseUrl) -> Error {

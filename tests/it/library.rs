@@ -47,7 +47,10 @@ async fn sqlx_migrate(url: &str, dir: &Path, ignore_missing: bool) -> Result<(),
 async fn execute(url: &str, sql: &str) {
     use sqlx::Connection;
     if url.starts_with("sqlite:") {
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+        let mut conn = sqlx::SqliteConnection::connect_with(&options.create_if_missing(true))
+            .await
+            .unwrap();
         sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
     } else {
         let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
@@ -763,4 +766,143 @@ async fn a_period_running_elsewhere_is_held_and_a_done_one_skipped() {
         .await
         .unwrap();
     assert_eq!(done[0].outcome, PeriodOutcome::Skipped, "{:?}", done[0]);
+}
+
+/// Review of issue 42: a command that only reads (`status`, `history`)
+/// refuses a database that needs migrating, and leaves it as it was: the
+/// move of an earlier release's record is one-way, so only `migrate`,
+/// `run` and `serve` make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_only_reads_refuses_a_database_that_needs_migrating_and_moves_nothing() {
+    for db in backends().await {
+        let scheduler = daily(&db.url).await.unwrap();
+        assert_eq!(rollup(&scheduler).await, PeriodOutcome::Succeeded);
+        as_the_release_before_left_it(&db.url).await;
+        let ws = Workspace::new(
+            "[[job]]\nname = \"rollup\"\nschedule = \"0 4 * * *\"\nperiod = \"day\"\ncommand = [\"false\"]\n",
+        );
+        for args in [&["status"][..], &["history", "rollup"]] {
+            let mut all = vec!["--database-url", db.url.as_str()];
+            all.extend_from_slice(args);
+            let out = ws.run(&all);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+            assert!(err.contains("needs migrating"), "{err}");
+        }
+        let moved = crate::embed::number(
+            &db.url,
+            "SELECT count(*) FROM _sqlx_migrations WHERE version = 1",
+        )
+        .await;
+        assert_eq!(moved, 1, "a read moved the record ({})", db.url);
+        let out = ws.run(&["--database-url", &db.url, "migrate"]);
+        assert_eq!(out.status.code(), Some(0));
+        let out = ws.run(&["--database-url", &db.url, "status"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Review of issue 42: an earlier release's record holding one of the
+/// scheduler's migrations edited is refused, not taken for the
+/// application's and applied again; a record missing a migration below
+/// the newest is refused, not applied out of order; a `_sqlx_migrations`
+/// of another shape is another program's, and left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_or_gapped_record_is_refused_and_a_foreign_sqlx_table_is_left_alone() {
+    for db in backends().await {
+        daily(&db.url).await.unwrap();
+        as_the_release_before_left_it(&db.url).await;
+        execute(
+            &db.url,
+            "UPDATE _sqlx_migrations SET checksum = (SELECT checksum FROM _sqlx_migrations WHERE version = 3) WHERE version = 2",
+        )
+        .await;
+        let edited = daily(&db.url).await.unwrap_err().to_string();
+        assert!(edited.contains("migration 2 recorded"), "{edited}");
+    }
+    for db in backends().await {
+        daily(&db.url).await.unwrap();
+        execute(
+            &db.url,
+            "DELETE FROM scheduler_migrations WHERE version = 2",
+        )
+        .await;
+        let gap = daily(&db.url).await.unwrap_err().to_string();
+        assert!(gap.contains("migration 2 is missing"), "{gap}");
+    }
+    for db in backends().await {
+        execute(
+            &db.url,
+            "CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT)",
+        )
+        .await;
+        execute(&db.url, "INSERT INTO _sqlx_migrations VALUES (1, 'theirs')").await;
+        let scheduler = daily(&db.url).await.unwrap();
+        assert_eq!(rollup(&scheduler).await, PeriodOutcome::Succeeded);
+        let theirs = crate::embed::number(&db.url, "SELECT count(*) FROM _sqlx_migrations").await;
+        assert_eq!(theirs, 1);
+    }
+}
+
+/// Review of issue 42: a command that only reads an up-to-date database
+/// takes no lock and runs no DDL: on PostgreSQL a role that may only read
+/// gets its `status`; on SQLite, `status` answers while another process
+/// holds the writer's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_needs_no_write_to_read_an_up_to_date_database() {
+    use sqlx::Connection;
+    let ws = Workspace::new(
+        "[[job]]\nname = \"rollup\"\nschedule = \"0 4 * * *\"\nperiod = \"day\"\ncommand = [\"false\"]\n",
+    );
+    let status = |url: &str| {
+        let out = ws.run(&["--database-url", url, "status"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let sqlite = TestDb::sqlite();
+    daily(&sqlite.url).await.unwrap();
+    let mut writer = sqlx::SqliteConnection::connect(&sqlite.url).await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE; UPDATE scheduler_jobs SET paused = paused")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    status(&sqlite.url);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "status waited for the writer"
+    );
+    drop(writer);
+    let Some(pg) = TestDb::postgres().await else {
+        return;
+    };
+    daily(&pg.url).await.unwrap();
+    static ROLES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let role = format!(
+        "reader_{}_{}",
+        std::process::id(),
+        ROLES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    execute(
+        &pg.url,
+        &format!(
+            "CREATE ROLE {role} LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT USAGE ON SCHEMA public TO {role}; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"
+        ),
+    )
+    .await;
+    let mut url = url::Url::parse(&pg.url).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(None).unwrap();
+    let read = std::panic::catch_unwind(|| status(url.as_str()));
+    execute(&pg.url, &format!("DROP OWNED BY {role}; DROP ROLE {role}")).await;
+    read.unwrap();
 }

@@ -27,6 +27,22 @@ fn migrations() -> Vec<super::migrate::Migration> {
     )))
 }
 
+/// How the migrations are recorded and locked on PostgreSQL.
+fn dialect() -> super::migrate::Dialect {
+    super::migrate::Dialect {
+        has_table: "SELECT to_regclass('scheduler_migrations') IS NOT NULL",
+        // One key for the scheduler's migrations in this database; sqlx's
+        // own lock (the application's migrations) is another.
+        lock: Some("SELECT pg_advisory_xact_lock(7296351420113578001)"),
+        table: "CREATE TABLE IF NOT EXISTS scheduler_migrations (
+                    version BIGINT PRIMARY KEY,
+                    description TEXT NOT NULL,
+                    checksum BYTEA NOT NULL,
+                    applied_at BIGINT NOT NULL)",
+        has_sqlx_table: "SELECT to_regclass('_sqlx_migrations') IS NOT NULL",
+    }
+}
+
 /// `text` as PostgreSQL's `text` can hold it: a NUL byte (a job that
 /// prints binary, a response body) becomes `\x00`, as `history` shows one
 /// that SQLite kept. Refused, the outcome could never be recorded, and its
@@ -153,20 +169,19 @@ impl PgStore {
             .await
     }
 
-    /// Applies what is pending; the migrations it applied.
+    /// What is left to migrate, read with no lock and no DDL; `None`:
+    /// nothing.
+    pub(super) async fn standing(&self) -> Result<Option<String>, super::migrate::MigrateError> {
+        super::migrate::standing_in!(&self.pool, &migrations(), dialect())
+    }
+
+    /// Applies what is pending; the migrations it applied. A database
+    /// with nothing to apply is only read.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, super::migrate::MigrateError> {
-        let dialect = super::migrate::Dialect {
-            // One key for the scheduler's migrations in this database;
-            // sqlx's own lock (the application's migrations) is another.
-            lock: Some("SELECT pg_advisory_xact_lock(7296351420113578001)"),
-            table: "CREATE TABLE IF NOT EXISTS scheduler_migrations (
-                        version BIGINT PRIMARY KEY,
-                        description TEXT NOT NULL,
-                        checksum BYTEA NOT NULL,
-                        applied_at BIGINT NOT NULL)",
-            has_sqlx_table: "SELECT to_regclass('_sqlx_migrations') IS NOT NULL",
-        };
+        if self.standing().await?.is_none() {
+            return Ok(Vec::new());
+        }
         let tx = self.pool.begin().await?;
-        super::migrate::migrate_in!(tx, &migrations(), dialect, super::PG_NOW)
+        super::migrate::migrate_in!(tx, &migrations(), dialect(), super::PG_NOW)
     }
 }

@@ -28,6 +28,23 @@ fn migrations() -> Vec<super::migrate::Migration> {
     super::migrate::embedded(include!(concat!(env!("OUT_DIR"), "/sqlite_migrations.rs")))
 }
 
+/// How the migrations are recorded on SQLite; `BEGIN IMMEDIATE` makes
+/// every other migrating process wait.
+fn dialect() -> super::migrate::Dialect {
+    super::migrate::Dialect {
+        has_table: "SELECT count(*) > 0 FROM sqlite_master
+                     WHERE type = 'table' AND name = 'scheduler_migrations'",
+        lock: None,
+        table: "CREATE TABLE IF NOT EXISTS scheduler_migrations (
+                    version INTEGER PRIMARY KEY,
+                    description TEXT NOT NULL,
+                    checksum BLOB NOT NULL,
+                    applied_at INTEGER NOT NULL)",
+        has_sqlx_table: "SELECT count(*) > 0 FROM sqlite_master
+                          WHERE type = 'table' AND name = '_sqlx_migrations'",
+    }
+}
+
 /// Whether `e` is SQLite saying another connection holds the lock.
 fn locked(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(e) if e.message().contains("locked"))
@@ -125,7 +142,18 @@ impl SqliteStore {
     }
 
     /// Applies what is pending; the migrations it applied.
+    /// What is left to migrate, read with no lock and no DDL (a reader
+    /// never waits for SQLite's writer); `None`: nothing.
+    pub(super) async fn standing(&self) -> Result<Option<String>, super::migrate::MigrateError> {
+        super::migrate::standing_in!(&self.pool, &migrations(), dialect())
+    }
+
+    /// Applies what is pending; the migrations it applied. A database
+    /// with nothing to apply is only read.
     pub(super) async fn migrate(&self) -> Result<Vec<String>, super::migrate::MigrateError> {
+        if self.standing().await?.is_none() {
+            return Ok(Vec::new());
+        }
         // Processes starting together on a new file race to begin (a
         // pool of the application's may wait less than ours); the loser
         // finds the work done on a later try. The waits are random, so two
@@ -144,19 +172,8 @@ impl SqliteStore {
     }
 
     async fn migrate_once(&self) -> Result<Vec<String>, super::migrate::MigrateError> {
-        let dialect = super::migrate::Dialect {
-            // `BEGIN IMMEDIATE` makes every other migrating process wait.
-            lock: None,
-            table: "CREATE TABLE IF NOT EXISTS scheduler_migrations (
-                        version INTEGER PRIMARY KEY,
-                        description TEXT NOT NULL,
-                        checksum BLOB NOT NULL,
-                        applied_at INTEGER NOT NULL)",
-            has_sqlx_table: "SELECT count(*) > 0 FROM sqlite_master
-                              WHERE type = 'table' AND name = '_sqlx_migrations'",
-        };
         let tx = self.begin().await?;
-        super::migrate::migrate_in!(tx, &migrations(), dialect, NOW)
+        super::migrate::migrate_in!(tx, &migrations(), dialect(), NOW)
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
