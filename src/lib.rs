@@ -95,7 +95,7 @@ pub use config::ConfigError;
 pub use config::after::OnRerun;
 pub use config::code::CodeJob;
 pub use config::{Missed, Retry};
-pub use embed::{Builder, Handle, PeriodRun, RunOptions, Scheduler};
+pub use embed::{Builder, Handle, PERIODS_LIMIT, PeriodRun, RunOptions, Scheduler};
 pub use engine::operate::{Adopted, Adoption};
 pub use engine::overview::JobOverview;
 pub use engine::view::PeriodView;

@@ -13,7 +13,8 @@ use crate::store::{ClaimRow, PeriodState, Store};
 /// How many periods' rows one statement reads.
 pub const VIEWS_PER_READ: usize = 1_000;
 
-/// One period of a job, as it stands.
+/// One period of a job, as it stands; serialized as
+/// [`PeriodView::json`] shows it.
 #[derive(Debug, Clone)]
 pub struct PeriodView {
     /// `<job>:<label>`.
@@ -76,6 +77,12 @@ impl PeriodView {
         self.stale_by().map(|(key, at)| {
             serde_json::json!({ "upstream": key, "succeeded_at": crate::period::utc_text(at) })
         })
+    }
+}
+
+impl serde::Serialize for PeriodView {
+    fn serialize<S: serde::Serializer>(&self, to: S) -> Result<S::Ok, S::Error> {
+        self.json().serialize(to)
     }
 }
 

@@ -906,3 +906,50 @@ async fn status_needs_no_write_to_read_an_up_to_date_database() {
     execute(&pg.url, &format!("DROP OWNED BY {role}; DROP ROLE {role}")).await;
     read.unwrap();
 }
+
+/// Review of issue 42: `only_failed` passed over a failed period whose
+/// retry was due ("not failed (failed)"), as its claim read claimable; a
+/// failed period is failed, its retry due or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_failed_runs_a_failed_period_whose_retry_is_due() {
+    use scheduler::{Failure, Retry};
+    let db = TestDb::sqlite();
+    let scheduler = Scheduler::builder()
+        .database_url(&db.url)
+        .job(
+            CodeJob::new("fast", "0 4 * * *")
+                .period(Unit::Day)
+                .retry(Retry::attempts(3).backoff(std::time::Duration::from_millis(100)))
+                .handler(|cx: Context| async move {
+                    if cx.attempt() == 1 {
+                        return Err(Failure::retry("the first try fails"));
+                    }
+                    Ok(())
+                }),
+        )
+        .build()
+        .await
+        .unwrap();
+    let first = scheduler
+        .run_range("fast", "2020-01-01", "2020-01-02", RunOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        first.iter().all(|r| r.outcome == PeriodOutcome::Failed),
+        "{first:?}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let again = scheduler
+        .run_range(
+            "fast",
+            "2020-01-01",
+            "2020-01-02",
+            RunOptions::default().only_failed(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        again.iter().all(|r| r.outcome == PeriodOutcome::Succeeded),
+        "{again:?}"
+    );
+}

@@ -65,7 +65,9 @@ pub(super) fn passed_over(
 ) -> Option<Line> {
     let claimable = row
         .is_none_or(|row| !matches!(row.as_claim(), Claim::Succeeded { .. } | Claim::Held { .. }));
-    let failed = row.is_some_and(|r| matches!(r.as_claim(), Claim::Failed { .. }));
+    // By its stored state: a failed period whose retry is due reads as
+    // claimable, and is failed all the same.
+    let failed = row.is_some_and(|r| r.state == ClaimState::Failed);
     if request.only_failed && !failed {
         Some(Line {
             attempt: row.map(|r| r.attempt),
