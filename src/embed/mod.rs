@@ -713,9 +713,16 @@ async fn open(database: Option<Database>, config: &Config) -> Result<Store, Erro
         None => match &config.settings.database_url {
             Some(url) => Store::open(url, true).await?,
             None => {
-                return Err(Error::Usage(
-                        "no database: give one with `.database_url(…)`, `.postgres_pool(…)` or `.sqlite_pool(…)`, or a `database_url` in the configuration file".into(),
-                    ));
+                // The pools this build can take.
+                let pools = [
+                    cfg!(feature = "postgres").then_some("`.postgres_pool(…)`"),
+                    cfg!(feature = "sqlite").then_some("`.sqlite_pool(…)`"),
+                ];
+                let pools: Vec<&str> = pools.into_iter().flatten().collect();
+                return Err(Error::Usage(format!(
+                    "no database: give one with `.database_url(…)` or {}, or a `database_url` in the configuration file",
+                    pools.join(" or ")
+                )));
             }
         },
     })

@@ -30,6 +30,17 @@ impl Scheduler {
         overview::of_jobs(self.engine.store(), &jobs, RECENT, self.engine.now()).await
     }
 
+    /// [`Scheduler::status`] as JSON, one object per job: the shape of
+    /// `scheduler status --json` and the HTTP API's `GET /v1/jobs`.
+    pub async fn status_json(&self, job: Option<&str>) -> Result<Vec<serde_json::Value>, Error> {
+        let now = self.engine.now();
+        let overviews = self.status(job).await?;
+        Ok(overviews
+            .iter()
+            .map(|o| overview::json(o, &self.config, now))
+            .collect())
+    }
+
     /// Each period of `job` from label `from` to `to`, both included,
     /// oldest first, as `scheduler status JOB --from --to` shows them: its
     /// state by the one rule (succeeded, failed, running, waiting, missing,

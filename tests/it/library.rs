@@ -501,6 +501,13 @@ async fn the_librarys_read_side_says_what_status_and_history_say() {
     let shown: Vec<String> = states.iter().map(|s| format!("\"{s}\"")).collect();
     assert_eq!(said, shown);
     let status = scheduler.status(Some("rollup")).await.unwrap();
+    let json = scheduler.status_json(Some("rollup")).await.unwrap();
+    assert_eq!(json.len(), 1);
+    assert!(
+        json[0]["failed"].to_string().contains("rollup:2026-11-02"),
+        "{}",
+        json[0]
+    );
     let failed: Vec<&str> = status[0]
         .failed()
         .map(|row| row.period_key.as_str())
