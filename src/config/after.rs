@@ -195,6 +195,7 @@ impl After {
     /// The names of `after` that are none of `names` (every job's name as
     /// written, the job's own included), each as the mistake `link_after`
     /// reports.
+    #[cfg(feature = "config-file")]
     pub(crate) fn unknown_names(&self, names: &[String]) -> Vec<ConfigError> {
         self.named
             .iter()

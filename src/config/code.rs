@@ -340,11 +340,6 @@ impl Retry {
 }
 
 impl Settings {
-    /// The defaults of an empty `[scheduler]` table.
-    pub fn defaults() -> Settings {
-        super::validate::default_settings()
-    }
-
     /// Checks settings given in code by the rules of `[scheduler]`.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         let fail = |message: String| ConfigError {

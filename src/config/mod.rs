@@ -7,27 +7,31 @@ use crate::suggest::nearest;
 use crate::template::Secrets;
 pub use address::DatabaseUrl;
 pub use job::{Action, Fingerprint, HttpAction, Job, Missed, ProcessAction, Program, Retry};
-pub(crate) use locator::Locator;
 pub(crate) use rules::short;
 pub use secret::Secret;
-use sections::{Sections, notifiers};
 pub use settings::{Allow, ApiSettings, Settings, Token};
-use vars::Vars;
 
 pub mod address;
 pub mod after;
 pub mod code;
 pub mod environment;
+#[cfg(feature = "config-file")]
+mod file;
 mod job;
+#[cfg(feature = "config-file")]
 mod locator;
 pub mod notify;
+#[cfg(feature = "config-file")]
 mod raw;
 mod rules;
 mod secret;
+#[cfg(feature = "config-file")]
 mod sections;
 mod settings;
 mod sql;
+#[cfg(feature = "config-file")]
 mod validate;
+#[cfg(feature = "config-file")]
 mod vars;
 
 /// A configuration mistake: where it is and what was expected.
@@ -74,18 +78,12 @@ impl ConfigError {
     }
 }
 
-fn read(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| ConfigError {
-        place: path.display().to_string(),
-        message: format!(
-            "cannot read the configuration file: {e}; pass --config PATH or set SCHEDULER_CONFIG"
-        ),
-    })
-}
-
 /// A loaded `jobs.toml`.
 /// Why a build without an HTTP client refuses an `http` job or a notifier.
 pub const NO_HTTP: &str = "this build of scheduler sends no HTTP requests: its `http-actions` feature is off (the scheduler binary has it)";
+
+/// Why a `command` or `shell` job is refused by a build without processes.
+pub const NO_PROCESS: &str = "this build of scheduler starts no processes: its `process-actions` feature is off (the scheduler binary has it)";
 
 /// The [`Config::path`] of jobs given in code, with no file.
 pub const IN_CODE: &str = "(code)";
@@ -113,30 +111,21 @@ pub struct Config {
     pub incomplete_notifiers: Vec<(String, String)>,
 }
 
-/// Which parts of a file take an unset `${VAR}` as empty (and a warning)
-/// rather than as a mistake.
-#[derive(Debug, Clone, Copy)]
-struct Lenient {
-    jobs: bool,
-    api: bool,
-}
-
-impl Lenient {
-    const NOTHING: Lenient = Lenient {
-        jobs: false,
-        api: false,
-    };
-}
-
-/// The passwords in the scheduler's database variables (`DATABASE_URL`,
-/// `PGPASSWORD`), masked in every job's output whether or not the file
-/// names them.
-fn database_passwords(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
-    let url = env("DATABASE_URL").map(|url| address::url_passwords(&url));
-    url.into_iter().flatten().chain(env("PGPASSWORD")).collect()
-}
-
 impl Config {
+    /// Jobs given in code only, with `settings`: no file.
+    pub fn in_code(settings: Settings) -> Config {
+        Config {
+            path: PathBuf::from(IN_CODE),
+            settings,
+            api: None,
+            jobs: Vec::new(),
+            secrets: Secrets::default(),
+            incomplete: Vec::new(),
+            notifiers: Vec::new(),
+            incomplete_notifiers: Vec::new(),
+        }
+    }
+
     /// Masks `more` too in every message about any job: the password of a
     /// database URL given on the command line.
     pub fn mask_also(&mut self, more: &[String]) {
@@ -144,45 +133,6 @@ impl Config {
         for job in &mut self.jobs {
             job.secrets = self.secrets.clone();
         }
-    }
-
-    /// Reads and validates the file at `path`, expanding `${VAR}` from the
-    /// process environment; an unset one is an error.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let mut config = Config::load_adjusted(path, &|_| {})?;
-        config.link_after()?;
-        Ok(config)
-    }
-
-    /// Like [`Config::load`], with `adjust` applied to the settings before
-    /// the jobs are checked against them (the library's settings given in
-    /// code: a zone, a catch-up window), and the jobs' `after` not yet
-    /// linked: the library's code jobs join them first
-    /// (the builder links them then).
-    pub fn load_adjusted(
-        path: &Path,
-        adjust: &dyn Fn(&mut Settings),
-    ) -> Result<Config, ConfigError> {
-        let text = read(path)?;
-        let env = |name: &str| std::env::var(name).ok();
-        let lenient = Lenient::NOTHING;
-        Config::parse_inner(path, &text, &env, lenient, adjust, false).map(|(config, _)| config)
-    }
-
-    /// Like [`Config::load`] for `run`, which serves no API and runs the
-    /// jobs it names only: an unset `${VAR}` of an `[api]` token or of
-    /// another job leaves it empty rather than refusing the file. The jobs
-    /// it leaves incomplete are listed ([`Config::incomplete`]), with a
-    /// warning with its place for each name; [`Config::complete`] refuses
-    /// one that is to run.
-    pub fn load_to_run(path: &Path) -> Result<(Config, Vec<ConfigError>), ConfigError> {
-        let text = read(path)?;
-        let env = |name: &str| std::env::var(name).ok();
-        let lenient = Lenient {
-            jobs: true,
-            api: true,
-        };
-        Config::parse_inner(path, &text, &env, lenient, &|_| {}, true)
     }
 
     /// Refuses to run `job` (its full name) while a `${VAR}` of it is
@@ -216,102 +166,6 @@ impl Config {
         } else {
             Err(ConfigError::joined(missing))
         }
-    }
-
-    /// Like [`Config::load`], for commands that run no action: an unset
-    /// `${VAR}` in a job is returned as a warning instead (one per name, at
-    /// its first use). `[scheduler].database_url` must still be complete.
-    pub fn load_lenient(path: &Path) -> Result<(Config, Vec<ConfigError>), ConfigError> {
-        let text = read(path)?;
-        Config::parse_with(path, &text, &|name| std::env::var(name).ok(), true)
-    }
-
-    /// Validates `text` as if read from `path`.
-    pub fn parse(
-        path: &Path,
-        text: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Config, ConfigError> {
-        Config::parse_with(path, text, env, false).map(|(config, _)| config)
-    }
-
-    /// Validates `text`; with `lenient`, unset variables of jobs are
-    /// warnings. Every mistake is reported, in file order, one paragraph
-    /// each.
-    pub fn parse_with(
-        path: &Path,
-        text: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-        lenient: bool,
-    ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
-        let lenient = Lenient {
-            jobs: lenient,
-            api: lenient,
-        };
-        Config::parse_inner(path, text, env, lenient, &|_| {}, true)
-    }
-
-    fn parse_inner(
-        path: &Path,
-        text: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-        lenient: Lenient,
-        adjust: &dyn Fn(&mut Settings),
-        link: bool,
-    ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
-        let at = Locator { path, text };
-        let vars = Vars::new(env, lenient.jobs);
-        let api_vars = Vars::new(env, lenient.api);
-        let root = toml::de::DeTable::parse(text).map_err(|e| at.toml_error(&e))?;
-        let mut errors: Vec<ConfigError> = Vec::new();
-        let mut sections = Sections::of(root, &at, &mut errors);
-        let mut settings = sections.settings(&at, &vars, &mut errors)?;
-        adjust(&mut settings);
-        let api = sections.api(&at, &api_vars, &mut errors);
-        let notify = std::mem::take(&mut sections.notify);
-        let (mut jobs, incomplete) = sections.jobs(&at, &settings, &vars, &mut errors);
-        let (mut notifiers, incomplete_notifiers) =
-            notifiers(notify, &at, &vars, &jobs, &mut errors);
-        if !errors.is_empty() {
-            return Err(ConfigError::joined(errors));
-        }
-        let secrets = seal(&mut jobs, &vars, &api_vars, env);
-        // Names are unique within the file; the namespace makes them so in
-        // the database.
-        if let Some(namespace) = &settings.namespace {
-            for job in &mut jobs {
-                job.name = format!("{namespace}/{}", job.name);
-            }
-            for named in notifiers.iter_mut().filter_map(|n| n.jobs.as_mut()) {
-                for job in named {
-                    *job = format!("{namespace}/{job}");
-                }
-            }
-        }
-        let mut unset = vars.unset();
-        if lenient.jobs {
-            for name in api_vars.unset() {
-                if !unset.contains(&name) {
-                    unset.push(name);
-                }
-            }
-        }
-        let warnings = unset.into_iter().map(|name| at.unset(&name)).collect();
-        let config = Config {
-            path: path.to_owned(),
-            settings,
-            api,
-            jobs,
-            secrets,
-            incomplete,
-            notifiers,
-            incomplete_notifiers,
-        };
-        let mut config = config;
-        if link {
-            config.link_after()?;
-        }
-        Ok((config, warnings))
     }
 
     /// Checks the `sql` statements as SQLite reads them, which runs every
@@ -386,34 +240,6 @@ impl Config {
     fn short_name<'a>(&self, job: &'a Job) -> &'a str {
         job.name.split_once('/').map_or(&job.name, |(_, name)| name)
     }
-}
-
-/// Every value the file read from the environment that is not public is
-/// a secret, and so is the database password: each job masks them, and a
-/// job's process never inherits a variable that holds one.
-fn seal(
-    jobs: &mut [Job],
-    vars: &Vars<'_>,
-    api_vars: &Vars<'_>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Secrets {
-    let mut read = vars.read_all();
-    read.extend(api_vars.read_all());
-    let hidden = environment::hidden(read.iter().map(|(name, _)| name.as_str()));
-    let secrets = Secrets::of_values(
-        read.iter()
-            .filter(|(name, _)| !environment::is_public(name))
-            .map(|(_, value)| value.clone())
-            .chain(database_passwords(env)),
-    );
-    for job in jobs {
-        job.derive();
-        job.secrets = secrets.clone();
-        if let Action::Process(process) = &mut job.action {
-            process.inherit.hidden = hidden.clone();
-        }
-    }
-    secrets
 }
 
 #[cfg(test)]

@@ -8,12 +8,14 @@ pub struct Secret(Option<[u8; 32]>);
 
 impl Secret {
     /// The secret as written, hashed; empty, none.
+    #[cfg(feature = "config-file")]
     pub(super) fn new(secret: &str) -> Secret {
         use sha2::Digest;
         Secret((!secret.is_empty()).then(|| sha2::Sha256::digest(secret.as_bytes()).into()))
     }
 
     /// Whether there is no secret (one written empty).
+    #[cfg(feature = "config-file")]
     pub(super) fn is_empty(&self) -> bool {
         self.0.is_none()
     }

@@ -58,7 +58,9 @@ impl<'t> Sections<'t> {
                 "notify" => match value.get_ref().as_array() {
                     Some(notify) => sections.notify.extend(notify.iter().cloned()),
                     None => {
-                        let raw = Vec::<notify::RawNotify>::deserialize(value.into_deserializer());
+                        let raw = Vec::<super::validate::RawNotify>::deserialize(
+                            value.into_deserializer(),
+                        );
                         if let Err(e) = raw {
                             errors.push(at.toml_error(&e));
                         }
@@ -252,7 +254,7 @@ pub(super) fn notifiers(
     for value in values {
         let span = value.span();
         let mark = vars.mark();
-        let validated = notify::RawNotify::deserialize(value.into_deserializer())
+        let validated = super::validate::RawNotify::deserialize(value.into_deserializer())
             .map_err(|e| at.toml_error(&e))
             .and_then(|raw| raw.validate(at, vars, jobs));
         match validated {

@@ -37,6 +37,23 @@ pub struct Settings {
     pub database_url_error: Option<ConfigError>,
 }
 
+impl Settings {
+    /// The defaults of an empty `[scheduler]` table.
+    pub fn defaults() -> Settings {
+        Settings {
+            timezone: Tz::UTC,
+            lease: Duration::from_secs(60),
+            catch_up: Duration::from_secs(24 * 3600),
+            shutdown_grace: Duration::from_secs(30),
+            max_running: 16,
+            scan_interval: Duration::from_secs(5),
+            database_url: None,
+            namespace: None,
+            database_url_error: None,
+        }
+    }
+}
+
 /// The HTTP API's settings, from `[api]`.
 #[derive(Debug, Clone)]
 pub struct ApiSettings {

@@ -19,6 +19,7 @@ pub(super) struct Dialect {
 impl Dialect {
     /// PostgreSQL's reading; also the load-time check, before the backend is
     /// known (PostgreSQL runs only the first statement of a text anyway).
+    #[cfg(feature = "config-file")]
     pub(super) const POSTGRES: Dialect = Dialect {
         dollar_quotes: true,
         bracketed_names: false,
@@ -125,6 +126,7 @@ pub(super) fn ends_the_transaction(text: &str, dialect: Dialect) -> Option<Strin
 
 /// Whether `text` holds no statement at all as `dialect` reads it: only
 /// blanks, comments and `;`. The database would "run" it and succeed.
+#[cfg(feature = "config-file")]
 pub(super) fn is_empty_in_effect(text: &str, dialect: Dialect) -> bool {
     statements(text, dialect)
         .into_iter()

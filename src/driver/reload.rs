@@ -113,6 +113,7 @@ impl Service {
 
     /// jobs.toml as it is now, checked as at a start; `None`, logged with
     /// its secrets masked, if it is not valid.
+    #[cfg(feature = "config-file")]
     fn read_again(&self) -> Option<Config> {
         let sqlite = !self.engine.store().is_postgres();
         let loaded = Config::load(&self.path).and_then(|config| {
@@ -129,6 +130,15 @@ impl Service {
                 None
             }
         }
+    }
+
+    /// A build without `config-file` has no file to read again (the
+    /// library, the only such build, never reloads): its jobs are the
+    /// program's.
+    #[cfg(not(feature = "config-file"))]
+    fn read_again(&self) -> Option<Config> {
+        tracing::warn!("reload: this build reads no jobs.toml; keeping the jobs given in code");
+        None
     }
 
     /// Shows the database the reloaded `jobs` and takes up from when each

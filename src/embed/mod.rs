@@ -34,6 +34,7 @@ mod read;
 pub use read::PERIODS_LIMIT;
 
 use std::future::Future;
+#[cfg(any(feature = "config-file", feature = "process-actions"))]
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,9 +43,10 @@ use chrono_tz::Tz;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::code::CodeJob;
-use crate::config::{Action, Config, ConfigError, Settings};
+use crate::config::{Config, ConfigError, Settings};
 use crate::driver::Service;
 use crate::engine::manual::{self, Line, Names, Selection, Sink};
+#[cfg(feature = "process-actions")]
 use crate::engine::supervision as supervisor;
 use crate::engine::{Engine, operate};
 use crate::error::{Error, Unread};
@@ -65,6 +67,7 @@ enum Database {
 #[must_use]
 pub struct Builder {
     database: Option<Database>,
+    #[cfg(feature = "config-file")]
     config_file: Option<PathBuf>,
     jobs: Vec<CodeJob>,
     timezone: Option<Tz>,
@@ -74,7 +77,9 @@ pub struct Builder {
     max_running: Option<usize>,
     scan_interval: Option<Duration>,
     namespace: Option<String>,
+    #[cfg(feature = "process-actions")]
     supervisor: Option<PathBuf>,
+    #[cfg(feature = "process-actions")]
     reap_orphans: bool,
     owner: Option<String>,
     clock: Option<Arc<dyn crate::clock::Clock>>,
@@ -101,6 +106,7 @@ impl Scheduler {
     pub fn builder() -> Builder {
         Builder {
             database: None,
+            #[cfg(feature = "config-file")]
             config_file: None,
             jobs: Vec::new(),
             timezone: None,
@@ -110,7 +116,9 @@ impl Scheduler {
             max_running: None,
             scan_interval: None,
             namespace: None,
+            #[cfg(feature = "process-actions")]
             supervisor: None,
+            #[cfg(feature = "process-actions")]
             reap_orphans: false,
             owner: None,
             clock: None,
@@ -293,8 +301,10 @@ impl std::fmt::Debug for Scheduler {
 impl std::fmt::Debug for Builder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let jobs: Vec<&str> = self.jobs.iter().map(CodeJob::name).collect();
-        f.debug_struct("Builder")
-            .field("config_file", &self.config_file)
+        let mut builder = f.debug_struct("Builder");
+        #[cfg(feature = "config-file")]
+        builder.field("config_file", &self.config_file);
+        builder
             .field("jobs", &jobs)
             .field("namespace", &self.namespace)
             .finish_non_exhaustive()
@@ -501,7 +511,9 @@ impl Builder {
 
     /// Jobs and `[scheduler]` settings from a `jobs.toml`, beside those
     /// given in code (which take precedence for settings). Its
-    /// `database_url` is used if no database is given here.
+    /// `database_url` is used if no database is given here. (With the
+    /// `config-file` feature.)
+    #[cfg(feature = "config-file")]
     pub fn config_file(mut self, path: impl Into<PathBuf>) -> Builder {
         self.config_file = Some(path.into());
         self
@@ -560,7 +572,8 @@ impl Builder {
 
     /// The `scheduler-supervise` binary that `command` and `shell` jobs of
     /// a `jobs.toml` are started through (looked for beside the program
-    /// and on `PATH` otherwise).
+    /// and on `PATH` otherwise). (With the `process-actions` feature.)
+    #[cfg(feature = "process-actions")]
     pub fn supervisor(mut self, path: impl Into<PathBuf>) -> Builder {
         self.supervisor = Some(path.into());
         self
@@ -568,7 +581,9 @@ impl Builder {
 
     /// Makes this process a child subreaper that reaps orphaned processes,
     /// as `scheduler serve` does: only for a program that starts no child
-    /// processes of its own, whose exit statuses it would take.
+    /// processes of its own, whose exit statuses it would take. (With the
+    /// `process-actions` feature.)
+    #[cfg(feature = "process-actions")]
     pub fn reap_orphans(mut self, reap: bool) -> Builder {
         self.reap_orphans = reap;
         self
@@ -613,17 +628,23 @@ impl Builder {
             config.jobs.push(job);
         }
         config.link_after()?;
+        #[cfg(feature = "process-actions")]
         let launcher = launcher(&config, self.supervisor)?;
         let store = open(self.database, &config).await?;
         if !store.is_postgres() {
             config.check_for_sqlite()?;
         }
         store.migrate().await?;
+        #[cfg(feature = "process-actions")]
         if self.reap_orphans {
             crate::engine::supervision::reaper::start();
         }
         let owner = self.owner.unwrap_or_else(unique_owner);
-        let mut engine = Engine::new(store, config.settings.lease, owner)?.supervised_by(launcher);
+        let mut engine = Engine::new(store, config.settings.lease, owner)?;
+        #[cfg(feature = "process-actions")]
+        {
+            engine = engine.supervised_by(launcher);
+        }
         if let Some(clock) = self.clock {
             engine = engine.with_clock(clock);
         }
@@ -631,6 +652,22 @@ impl Builder {
             config: Arc::new(config),
             engine,
         })
+    }
+
+    /// The file's configuration, with `adjust` applied to its settings,
+    /// if a file was given.
+    #[cfg(feature = "config-file")]
+    fn file(&self, adjust: &dyn Fn(&mut Settings)) -> Result<Option<Config>, Error> {
+        match &self.config_file {
+            Some(path) => Ok(Some(Config::load_adjusted(path, adjust)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// No file: a build without `config-file` reads none.
+    #[cfg(not(feature = "config-file"))]
+    fn file(&self, _adjust: &dyn Fn(&mut Settings)) -> Result<Option<Config>, Error> {
+        Ok(None)
     }
 
     /// The configuration: the file's (if any) with the settings given in
@@ -657,23 +694,11 @@ impl Builder {
                 settings.max_running = n;
             }
         };
-        let mut config = match &self.config_file {
-            Some(path) => Config::load_adjusted(path, &adjust)?,
-            None => {
-                let mut settings = Settings::defaults();
-                adjust(&mut settings);
-                Config {
-                    path: PathBuf::from(crate::config::IN_CODE),
-                    settings,
-                    api: None,
-                    jobs: Vec::new(),
-                    secrets: Default::default(),
-                    incomplete: Vec::new(),
-                    notifiers: Vec::new(),
-                    incomplete_notifiers: Vec::new(),
-                }
-            }
-        };
+        let mut config = self.file(&adjust)?.unwrap_or_else(|| {
+            let mut settings = Settings::defaults();
+            adjust(&mut settings);
+            Config::in_code(settings)
+        });
         let settings = &mut config.settings;
         match (&settings.namespace, &self.namespace) {
             (Some(file), Some(code)) if file != code => {
@@ -738,12 +763,13 @@ fn unique_owner() -> String {
 
 /// How `command` and `shell` jobs are started: through `scheduler-supervise`
 /// (this program is not the scheduler binary that could supervise them).
+#[cfg(feature = "process-actions")]
 fn launcher(config: &Config, given: Option<PathBuf>) -> Result<supervisor::Launcher, Error> {
     let found = given.or_else(supervisor::Launcher::installed);
     let needs = config
         .jobs
         .iter()
-        .find(|job| matches!(job.action, Action::Process(_)));
+        .find(|job| matches!(job.action, crate::config::Action::Process(_)));
     match (found, needs) {
         (Some(program), _) => Ok(supervisor::Launcher::new(program, Vec::new())),
         (None, None) => Ok(supervisor::Launcher::find()),

@@ -123,6 +123,7 @@ impl ActionResult {
         )
     }
 
+    #[cfg(feature = "process-actions")]
     pub(super) fn set_exit_code(&mut self, code: i32) {
         if let ActionResult::Done(finish, _) = self {
             finish.exit_code = Some(code);

@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::Engine;
 use super::action::{ActionResult, Run, Stop};
 use super::heartbeat::{Loss, Watch};
 #[cfg(feature = "http-actions")]
 use super::http;
 use super::plain;
+#[cfg(feature = "process-actions")]
+use super::process;
 use super::report::{Report, Status};
-use super::{Engine, process};
 use crate::config::Action;
 use crate::handler::Handler;
 use crate::store::Finish;
@@ -100,6 +102,7 @@ impl Engine {
     }
 
     /// Runs the action of `run` until it ends or `stop` resolves.
+    #[cfg_attr(not(feature = "process-actions"), allow(unused_variables))]
     async fn act(
         &self,
         run: &Run<'_>,
@@ -107,6 +110,9 @@ impl Engine {
         stop: impl std::future::Future<Output = Stop>,
     ) -> ActionResult {
         match &run.job.action {
+            #[cfg(not(feature = "process-actions"))]
+            Action::Process(_) => ActionResult::permanent(crate::config::NO_PROCESS.into()),
+            #[cfg(feature = "process-actions")]
             Action::Process(action) => {
                 let spawn = process::Spawn {
                     supervisor: &self.supervisor,

@@ -21,9 +21,11 @@ mod outcomes;
 pub mod overview;
 pub mod owed;
 mod plain;
+#[cfg(feature = "process-actions")]
 mod process;
 mod report;
 pub mod rerun;
+#[cfg(feature = "process-actions")]
 pub mod supervision;
 pub mod view;
 
@@ -252,6 +254,7 @@ pub struct Engine {
     /// once its job has stopped).
     running_here: Arc<Mutex<HashSet<PeriodKey>>>,
     /// How each job's supervisor is started.
+    #[cfg(feature = "process-actions")]
     supervisor: Arc<supervision::Launcher>,
     /// Which `sql` jobs share a transaction with other jobs.
     quick: Arc<group::Quick>,
@@ -282,6 +285,7 @@ impl Engine {
             http,
             owner: owner.into(),
             running_here: Arc::default(),
+            #[cfg(feature = "process-actions")]
             supervisor: Arc::new(supervision::Launcher::find()),
             quick: Arc::default(),
             pauses: tokio::sync::broadcast::Sender::new(64),
@@ -307,6 +311,7 @@ impl Engine {
     }
 
     /// Starts `command` and `shell` jobs through `launcher`.
+    #[cfg(feature = "process-actions")]
     pub fn supervised_by(mut self, launcher: supervision::Launcher) -> Engine {
         self.supervisor = Arc::new(launcher);
         self

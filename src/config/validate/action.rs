@@ -158,6 +158,9 @@ impl RawJob {
         env: Env,
         command: &Spanned<Vec<Spanned<String>>>,
     ) -> Result<Action, ConfigError> {
+        if cfg!(not(feature = "process-actions")) {
+            return Err(at.error(command.span(), crate::config::NO_PROCESS.into()));
+        }
         if command.get_ref().is_empty() {
             return Err(at.error(
                 command.span(),
@@ -196,6 +199,9 @@ impl RawJob {
             .as_ref()
             .map(|vars| vars.get_ref().keys().map(String::as_str).collect())
             .unwrap_or_default();
+        if cfg!(not(feature = "process-actions")) {
+            return Err(at.error(shell.span(), crate::config::NO_PROCESS.into()));
+        }
         no_nul(at, shell)?;
         // `${NAME}` stays in the script for /bin/sh; it must be set in the
         // scheduler's environment, the job's `env` or `SCHEDULER_*`.

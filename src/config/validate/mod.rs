@@ -1,20 +1,22 @@
 //! The raw file ([`raw`](super::raw)) checked into [`Config`](super::Config)
 //! values, every mistake with its file:line:column: `[scheduler]` and
-//! `[api]` (`settings`), `[[calendar]]` (`calendar`), `[[job]]` (`job`) and
-//! its action (`action`); here, the readers of one value they share.
+//! `[api]` (`settings`), `[[calendar]]` (`calendar`), `[[job]]` (`job`),
+//! its action (`action`) and `[[notify]]` (`notify`); here, the readers of
+//! one value they share.
 
 mod action;
 mod calendar;
 mod job;
+mod notify;
 mod settings;
+
+pub(super) use notify::RawNotify;
 
 use std::time::Duration;
 
 use chrono::NaiveDate;
 use chrono_tz::Tz;
 use toml::Spanned;
-
-pub(super) use settings::default_settings;
 
 use super::ConfigError;
 use super::locator::Locator;

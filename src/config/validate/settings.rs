@@ -9,22 +9,9 @@ use super::{at_least, duration, kept, positive, zone};
 use crate::config::locator::Locator;
 use crate::config::raw::{RawApi, RawSettings};
 use crate::config::rules::{SHORTEST_LEASE, SHORTEST_SCAN, namespace_problem};
-use crate::config::vars::{Env, Vars};
+use crate::config::vars::Env;
 use crate::config::{Allow, ApiSettings, ConfigError, DatabaseUrl, Secret, Settings, Token};
 use crate::suggest::nearest;
-
-/// The settings of an empty `[scheduler]` table.
-pub(in crate::config) fn default_settings() -> Settings {
-    let at = Locator {
-        path: std::path::Path::new(""),
-        text: "",
-    };
-    let none = |_: &str| None;
-    let vars = Vars::new(&none, false);
-    RawSettings::default()
-        .validate(&at, &vars)
-        .unwrap_or_else(|e| unreachable!("the defaults are valid: {e}"))
-}
 
 impl RawSettings {
     pub(in crate::config) fn validate(
@@ -239,4 +226,24 @@ fn allowed(
         ));
     }
     Ok(allow)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::vars::Vars;
+
+    #[test]
+    fn the_settings_given_in_code_default_to_those_of_an_empty_scheduler_table() {
+        let at = Locator {
+            path: std::path::Path::new(""),
+            text: "",
+        };
+        let none = |_: &str| None;
+        let table = RawSettings::default()
+            .validate(&at, &Vars::new(&none, false))
+            .expect("an empty table is valid");
+        let code = Settings::defaults();
+        assert_eq!(format!("{table:?}"), format!("{code:?}"));
+    }
 }
