@@ -34,7 +34,7 @@ pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
             target: "scheduler::sighting",
             job = job.name,
             owes_from = since,
-            "first seen: its latest fire ({}, period {}) is within catch_up and runs; nothing older runs on its own (`scheduler adopt` records what an earlier system ran)",
+            "first seen: its latest fire ({}, period {}) is within catch_up and runs; nothing older runs on its own (an adopt — `scheduler adopt`, `Scheduler::adopt` — records what an earlier system ran)",
             crate::period::utc_text(fire.at),
             job.timing().period_of(&fire).label
         ),
