@@ -577,6 +577,39 @@ fn the_documented_surface_is_the_librarys_and_the_engine_stays_out_of_it() {
     }
 }
 
+/// What a PostgreSQL-only, code-jobs-only service compiles of the
+/// scheduler: no SQLite, no HTTP client, no TOML parser and none of
+/// nix's process parts (`cargo tree` reads the lock file: no build).
+#[test]
+fn a_postgres_only_code_jobs_build_compiles_no_sqlite_http_client_toml_or_process_plumbing() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["tree", "--offline", "--locked", "-e", "normal,build"])
+        .args(["--no-default-features", "--features", "postgres"])
+        .args(["--prefix", "none", "--format", "{p} {f}"])
+        .output()
+        .expect("cargo runs");
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && tree.contains("sqlx-postgres"),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for absent in ["libsqlite3-sys ", "reqwest ", "hyper-rustls ", "toml "] {
+        assert!(
+            !tree.lines().any(|l| l.starts_with(absent)),
+            "{absent}is built:\n{tree}"
+        );
+    }
+    let nix = tree.lines().find(|l| l.starts_with("nix ")).expect("nix");
+    for part in ["process", "signal", "socket", "poll"] {
+        assert!(
+            !nix.split([' ', ',']).any(|f| f == part),
+            "nix's `{part}` is built: {nix}"
+        );
+    }
+}
+
 /// Not a test of its own: this binary started again with
 /// `LIBRARY_REPLICA=1` is one replica of a service whose every-second
 /// period writes its row in the transaction that records it done, and
