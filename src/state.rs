@@ -239,6 +239,16 @@ impl PeriodOutcome {
 }
 
 words! {
+    /// Which of a job's streams a piece of its output came on.
+    pub enum Stream {
+        /// Its standard output.
+        Stdout = "stdout",
+        /// Its standard error.
+        Stderr = "stderr",
+    }
+}
+
+words! {
     /// Why a run started; what the job sees as `SCHEDULER_TRIGGER`.
     pub enum Trigger {
         /// The latest fire.

@@ -98,6 +98,7 @@ async fn inspect_database(
             let key = key.as_ref().map(PeriodKey::as_str);
             inspect::history(store, &config.full_name(&job), defined, key, shown).await
         }
+        Plan::Logs(asked) => super::logs::logs(store, &asked).await,
         Plan::Release { job, period } => inspect::release(config.job(&job)?, store, &period).await,
         Plan::Adopt { job, which } => {
             inspect::adopt(config.job(&job)?, store, which.borrowed(), now).await

@@ -634,6 +634,12 @@ pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Outc
             crate::config::short(*keep)
         ))?;
     }
+    for (job, keep, n) in &pruned.output {
+        say(format_args!(
+            "{job}: {verb} {n} chunk(s) of output older than {} (keep_output; the attempts and their tails stay)",
+            crate::config::short(*keep)
+        ))?;
+    }
     if let Some((key_ttl, n)) = pruned.api {
         say(format_args!(
             "api: {verb} {n} Idempotency-Key(s) and run(s) older than {} (key_ttl)",

@@ -4,6 +4,7 @@
 pub mod app;
 pub mod check;
 pub mod inspect;
+pub mod logs;
 pub mod man;
 pub mod plan;
 pub mod run;
@@ -127,6 +128,24 @@ pub enum Command {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
+    },
+    /// An attempt's whole output (its head and tail within the job's
+    /// `output_max`), from any replica; `--follow` tails a running one.
+    Logs {
+        /// The job.
+        job: String,
+        /// The period label (a label such as 2026-07).
+        #[arg(long)]
+        period: String,
+        /// The attempt (the newest without it).
+        #[arg(long)]
+        attempt: Option<i32>,
+        /// Tail it until it ends, then exit as it ended (1 for a failure).
+        #[arg(long)]
+        follow: bool,
+        /// Only this stream.
+        #[arg(long, value_parser = ["stdout", "stderr"])]
+        stream: Option<String>,
     },
     /// End a stuck running claim now so it can be taken again.
     Release {

@@ -70,6 +70,8 @@ pub enum Plan {
         /// How many, and how.
         shown: Shown,
     },
+    /// `logs JOB --period LABEL [--attempt N] [--follow] [--stream S]`.
+    Logs(super::logs::Asked),
     /// `release JOB --period LABEL`.
     Release {
         /// The job.
@@ -158,6 +160,22 @@ impl Plan {
                     json,
                 };
                 Plan::history(job, period.as_deref(), shown, config)?
+            }
+            Command::Logs {
+                job,
+                period,
+                attempt,
+                follow,
+                stream,
+            } => {
+                let defined = config.job(&job)?;
+                let period = manual::parse_label(defined, &period, Names::FLAGS.period)?;
+                Plan::Logs(super::logs::Asked {
+                    key: PeriodKey::new(&defined.name, &period.label).to_string(),
+                    attempt,
+                    follow,
+                    stream: stream.as_deref().and_then(crate::state::Stream::parse),
+                })
             }
             Command::Release { job, period } => {
                 let period = manual::parse_label(config.job(&job)?, &period, Names::FLAGS.period)?;

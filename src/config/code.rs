@@ -239,6 +239,8 @@ impl CodeJob {
             missed: self.missed,
             retry: self.retry,
             keep: self.keep,
+            output_max: super::OUTPUT_MAX,
+            keep_output: None,
             deadline: self.deadline,
             after: After {
                 named: self

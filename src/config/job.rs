@@ -229,6 +229,12 @@ pub struct Job {
     pub retry: Retry,
     /// Finished claims older than this may be pruned.
     pub keep: Option<Duration>,
+    /// The most of each attempt's output kept whole: its first half and
+    /// its last half, the middle told as left out.
+    pub output_max: u64,
+    /// Each attempt's whole output is deleted this long after it was
+    /// written (its attempt stays, with its tail); `None`: with its claim.
+    pub keep_output: Option<Duration>,
     /// A period must have succeeded this long after its fire, or it is
     /// late.
     pub deadline: Option<Duration>,

@@ -85,6 +85,12 @@ pub const NO_HTTP: &str = "this build of scheduler sends no HTTP requests: its `
 /// Why a `command` or `shell` job is refused by a build without processes.
 pub const NO_PROCESS: &str = "this build of scheduler starts no processes: its `process-actions` feature is off (the scheduler binary has it)";
 
+/// A job's `output_max` unless it says otherwise: 16 MiB.
+pub const OUTPUT_MAX: u64 = 16 * 1024 * 1024;
+
+/// The sizes `output_max` may take: 8 KiB to 1 GiB.
+pub const OUTPUT_MAX_RANGE: std::ops::RangeInclusive<u64> = 8 * 1024..=1024 * 1024 * 1024;
+
 /// The [`Config::path`] of jobs given in code, with no file.
 pub const IN_CODE: &str = "(code)";
 

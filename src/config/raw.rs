@@ -50,6 +50,8 @@ pub(super) struct RawJob {
     pub(super) missed: Missed,
     pub(super) retry: Option<RawRetry>,
     pub(super) keep: Option<Spanned<String>>,
+    pub(super) output_max: Option<Spanned<String>>,
+    pub(super) keep_output: Option<Spanned<String>>,
     pub(super) deadline: Option<Spanned<String>>,
     pub(super) after: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) on_upstream_rerun: Option<Spanned<OnRerun>>,

@@ -115,6 +115,30 @@ pub(crate) fn deadline_problem(deadline: Duration, catch_up: Duration) -> Option
 }
 
 /// A duration as a person writes it: `24h`, `90s`, `100ms`.
+/// Why `bytes` cannot be a job's `output_max`.
+pub(crate) fn output_max_problem(bytes: u64) -> Option<String> {
+    let range = super::OUTPUT_MAX_RANGE;
+    (!range.contains(&bytes)).then(|| {
+        format!(
+            "`output_max` must be from {} KiB to {} GiB: each attempt keeps its tail of 4 KiB at least, and its output is read back whole",
+            range.start() >> 10,
+            range.end() >> 30,
+        )
+    })
+}
+
+/// Why `keep_output` cannot be `keep_output` beside `keep`.
+pub(crate) fn keep_output_problem(keep_output: Duration, keep: Option<Duration>) -> Option<String> {
+    let keep = keep?;
+    (keep_output > keep).then(|| {
+        format!(
+            "`keep_output` ({}) is longer than `keep` ({}): the output goes with its claim; make it at most `keep`",
+            short(keep_output),
+            short(keep)
+        )
+    })
+}
+
 pub(crate) fn short(d: Duration) -> String {
     let secs = d.as_secs();
     match (secs, d.subsec_nanos()) {

@@ -118,6 +118,7 @@ impl Engine {
                     supervisor: &self.supervisor,
                     fence_at: watch.fence_at(),
                     heartbeats: &self.heartbeats,
+                    store: &self.store,
                 };
                 process::run_supervised(action, run, spawn, stop).await
             }

@@ -18,6 +18,8 @@ pub mod manual;
 pub mod notify;
 pub mod operate;
 mod outcomes;
+#[cfg(feature = "process-actions")]
+pub mod output;
 pub mod overview;
 pub mod owed;
 mod plain;

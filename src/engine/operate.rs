@@ -264,6 +264,9 @@ pub struct Pruned {
     pub jobs: Vec<(String, Duration, u64)>,
     /// With `[api]`: its `key_ttl` and the Idempotency-Keys and runs past it.
     pub api: Option<(Duration, u64)>,
+    /// Per job with a `keep_output`: its name, its `keep_output` and the
+    /// chunks of output older than it.
+    pub output: Vec<(String, Duration, u64)>,
 }
 
 /// Deletes (with `dry_run`, counts) the finished claims of every job with
@@ -276,6 +279,10 @@ pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Prun
                 .prune(&job.name, keep, config.settings.catch_up, dry_run)
                 .await?;
             pruned.jobs.push((job.name.clone(), keep, n));
+        }
+        if let Some(keep) = job.keep_output {
+            let n = store.prune_output(&job.name, keep, dry_run).await?;
+            pruned.output.push((job.name.clone(), keep, n));
         }
     }
     if let Some(api) = &config.api {

@@ -1,7 +1,8 @@
 //! `command` and `shell` actions: a job under its own supervisor (see
 //! [`supervisor`](super::supervision::supervisor)) so that no process of its tree
-//! outlives the scheduler or its claim, its output logged line by line and
-//! its tail kept.
+//! outlives the scheduler or its claim, its output logged line by line,
+//! kept whole (within `output_max`, see [`output`](super::output)) and its
+//! tail kept with the attempt.
 
 use std::ffi::OsString;
 use std::future::Future;
@@ -15,10 +16,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::action::ActionResult;
+use super::output::{self, Pen, Recorder};
 use super::supervision::{self, Ended, Spec, StatusPipe};
 use super::{OUTPUT_TAIL, Run, Stop};
 use crate::config::{ProcessAction, Program};
 use crate::engine::heartbeat::Heartbeats;
+use crate::state::Stream;
+use crate::store::Store;
 use crate::template::Secrets;
 
 /// How long a group gets between SIGTERM and SIGKILL.
@@ -43,6 +47,8 @@ pub(super) struct Spawn<'a> {
     /// frozen, or dead), the interval in force when each deadline is sent
     /// (a reload may shorten it).
     pub heartbeats: &'a Heartbeats,
+    /// Where the job's whole output is kept.
+    pub store: &'a Store,
 }
 
 /// Starts the job under its supervisor, waits for it, a timeout or `stop`,
@@ -65,9 +71,24 @@ pub(super) async fn run_supervised(
         Err(e) => return ActionResult::failed(format!("cannot start the job: {e}")),
     };
     let tail = Arc::new(Mutex::new(Tail::default()));
+    let recorder = Recorder::start(output::Attempt {
+        store: spawn.store.clone(),
+        key: run.key.to_string(),
+        attempt: run.lease.attempt,
+        job: run.job.name.clone(),
+        output_max: run.job.output_max,
+    });
     let readers = [
-        forward(started.stdout, Tag::of(run, "stdout"), tail.clone()),
-        forward(started.stderr, Tag::of(run, "stderr"), tail.clone()),
+        forward(
+            started.stdout,
+            Tag::of(run, Stream::Stdout, &recorder),
+            tail.clone(),
+        ),
+        forward(
+            started.stderr,
+            Tag::of(run, Stream::Stderr, &recorder),
+            tail.clone(),
+        ),
     ];
     let mut status = started.status;
     // Every renewal moves the supervisor's own deadline on; closing this
@@ -113,6 +134,7 @@ pub(super) async fn run_supervised(
         () = feed => unreachable!("feeding deadlines never ends"),
     };
     let output = finish(&mut status, spawn.supervisor, readers, &tail, run).await;
+    recorder.finish().await;
     match &mut result {
         ActionResult::Done(finish, _) => finish.output = Some(output),
         ActionResult::Stopped(_, kept) => *kept = Some(output),
@@ -341,21 +363,24 @@ fn last(bytes: &[u8], n: usize) -> &[u8] {
 
 /// What a job's output line is logged with.
 struct Tag {
-    /// `stdout` or `stderr`.
-    stream: &'static str,
+    /// Which stream.
+    stream: Stream,
     /// The period key.
     key: String,
     /// Masked in every line: a value the job was given by `${NAME}` (or an
     /// error of its supervisor quoting one) never reaches the log.
     secrets: Secrets,
+    /// Where each line is kept, masked.
+    pen: Pen,
 }
 
 impl Tag {
-    fn of(run: &Run<'_>, stream: &'static str) -> Tag {
+    fn of(run: &Run<'_>, stream: Stream, recorder: &Recorder) -> Tag {
         Tag {
             stream,
             key: run.key.to_string(),
             secrets: run.job.secrets.clone(),
+            pen: recorder.pen(),
         }
     }
 }
@@ -366,10 +391,11 @@ fn log_line(line: &[u8], tag: &Tag, before: &[u8], cut_after: bool) {
         &String::from_utf8_lossy(line),
         cut_after,
     );
+    tag.pen.write(tag.stream, &text);
     // Control characters (a job's colours, a carriage return) are escaped:
     // a log line never moves the terminal's cursor or forges another line.
     let shown = crate::error::printable(text.trim_end());
-    tracing::info!(target: "job", period_key = %tag.key, stream = tag.stream, "{shown}");
+    tracing::info!(target: "job", period_key = %tag.key, stream = tag.stream.as_str(), "{shown}");
 }
 
 /// The last [`OUTPUT_TAIL`] bytes of a job's output.

@@ -109,6 +109,7 @@ mod jobs;
 mod migrate;
 mod notify;
 mod outage;
+mod output;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -123,6 +124,7 @@ pub use group::{GROUP_BUDGET, GroupedEnd, GroupedSql, Param, SqlLimits, Work};
 pub use history::Attempt;
 pub use jobs::{JobRecord, Owes, Sighted};
 pub use notify::{Delivery, FailedForGood, NewNotification, Notification, Tried};
+pub use output::Chunk;
 pub use waiting::Waiting;
 
 /// A duration in milliseconds, as the API's and the notifications' tables

@@ -23,6 +23,7 @@ mod notify;
 mod once_at_the_edges;
 mod one_meaning;
 mod ops;
+mod output;
 mod properties;
 mod schema;
 mod secrets;

@@ -48,6 +48,8 @@ impl RawJob {
         );
         let concurrency = kept(&mut errors, positive(at, self.concurrency.as_ref(), 1));
         let keep = kept(&mut errors, self.keep(at, settings));
+        let output_max = kept(&mut errors, self.output_max(at));
+        let keep_output = kept(&mut errors, self.keep_output(at, keep.flatten()));
         let deadline = kept(&mut errors, self.deadline(at, settings));
         let after = kept(&mut errors, self.after(at));
         let (
@@ -58,6 +60,8 @@ impl RawJob {
             Some(concurrency),
             Some(keep),
             Some(deadline),
+            Some(output_max),
+            Some(keep_output),
         ) = (
             schedule,
             action,
@@ -66,6 +70,8 @@ impl RawJob {
             concurrency,
             keep,
             deadline,
+            output_max,
+            keep_output,
         )
         else {
             return Err(ConfigError::joined(errors));
@@ -87,6 +93,8 @@ impl RawJob {
             missed: self.missed,
             retry,
             keep,
+            output_max,
+            keep_output,
             deadline,
             after: after.unwrap_or_default(),
             catch_up: settings.catch_up,
@@ -291,6 +299,45 @@ impl RawJob {
             backoff: backoff?,
             max_backoff: max_backoff?,
         })
+    }
+
+    /// `output_max`: a size (`16MiB`, `512KiB`), within
+    /// [`OUTPUT_MAX_RANGE`](crate::config::OUTPUT_MAX_RANGE).
+    fn output_max(&self, at: &Locator) -> Result<u64, ConfigError> {
+        let Some(written) = &self.output_max else {
+            return Ok(crate::config::OUTPUT_MAX);
+        };
+        written
+            .get_ref()
+            .parse::<bytesize::ByteSize>()
+            .map_err(|e| {
+                format!(
+                    "`{}` is not a size ({e}): expected e.g. `16MiB`, `512KiB`",
+                    written.get_ref()
+                )
+            })
+            .and_then(|size| {
+                crate::config::rules::output_max_problem(size.as_u64())
+                    .map_or(Ok(size.as_u64()), Err)
+            })
+            .map_err(|problem| at.error(written.span(), problem))
+    }
+
+    /// `keep_output`, no longer than `keep` (the output goes with its
+    /// claim anyway).
+    fn keep_output(
+        &self,
+        at: &Locator,
+        keep: Option<Duration>,
+    ) -> Result<Option<Duration>, ConfigError> {
+        let Some(written) = &self.keep_output else {
+            return Ok(None);
+        };
+        let parsed = duration(at, Some(written), "")?;
+        match crate::config::rules::keep_output_problem(parsed, keep) {
+            Some(problem) => Err(at.error(written.span(), problem)),
+            None => Ok(Some(parsed)),
+        }
     }
 
     /// `keep`, which may not be shorter than the catch-up window: a period

@@ -102,6 +102,7 @@ impl PgStore {
                                            WHERE o.period_key = w.period_key))
              RETURNING period_key),
              a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key),
+             o AS (DELETE FROM scheduler_output o USING c WHERE o.period_key = c.period_key),
              -- A waiting row a crash left beside its claim would, the claim
              -- gone, read as a period never run.
              w AS (DELETE FROM scheduler_waiting w USING c WHERE w.period_key = c.period_key)

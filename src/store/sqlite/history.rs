@@ -106,7 +106,11 @@ impl SqliteStore {
                                                  WHERE o.period_key = w.period_key))";
         // A waiting row a crash left beside its claim would, the claim
         // gone, read as a period never run.
-        for table in ["scheduler_attempts", "scheduler_waiting"] {
+        for table in [
+            "scheduler_output",
+            "scheduler_attempts",
+            "scheduler_waiting",
+        ] {
             sqlx::query(&format!(
                 "DELETE FROM {table} WHERE period_key IN ({doomed})"
             ))

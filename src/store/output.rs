@@ -1,0 +1,177 @@
+//! Every attempt's output, written once for both backends: chunks in the
+//! order the job printed them, each placed in all the attempt printed (as
+//! kept: secrets masked), so that what was not kept shows as a gap.
+
+use std::time::Duration;
+
+use super::Store;
+use crate::error::Error;
+use crate::state::Stream;
+
+/// A piece of an attempt's output as it is kept.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Chunk {
+    /// Its place among the attempt's chunks, from 0.
+    pub seq: i32,
+    /// The stream it came on.
+    pub stream: Stream,
+    /// Where it starts in all the attempt printed, in bytes.
+    pub at_byte: i64,
+    /// How many bytes just before it could not be written in time.
+    pub lost: i64,
+    /// Its text, secrets masked.
+    pub text: String,
+}
+
+from_row!(Chunk {
+    seq,
+    stream: word,
+    at_byte,
+    lost,
+    text
+});
+
+impl Chunk {
+    /// Where the next chunk starts if nothing is left out between them.
+    pub fn end(&self) -> i64 {
+        self.at_byte + self.text.len() as i64
+    }
+}
+
+impl Store {
+    /// Writes `chunks` of attempt `attempt` of `key` (a period of `job`) in
+    /// one statement.
+    pub async fn write_output(
+        &self,
+        key: &str,
+        attempt: i32,
+        job: &str,
+        chunks: &[Chunk],
+    ) -> Result<(), Error> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<serde_json::Value> = chunks
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "seq": c.seq, "stream": c.stream.as_str(), "at_byte": c.at_byte,
+                    "lost": c.lost, "text": c.text,
+                })
+            })
+            .collect();
+        let rows = serde_json::Value::Array(rows).to_string();
+        let from = match self {
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => {
+                "SELECT * FROM json_to_recordset($4::json)
+                     AS x(seq integer, stream text, at_byte bigint, lost bigint, text text)"
+            }
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(_) => {
+                "SELECT json_extract(value, '$.seq'), json_extract(value, '$.stream'),
+                        json_extract(value, '$.at_byte'), json_extract(value, '$.lost'),
+                        json_extract(value, '$.text')
+                   FROM json_each($4)"
+            }
+        };
+        on_pool!(self, |pool, now| {
+            sqlx::query(&format!(
+                "INSERT INTO scheduler_output
+                    (period_key, attempt, job, at, seq, stream, at_byte, lost, text)
+                 SELECT $1, $2, $3, {now}, f.* FROM ({from}) AS f WHERE true
+                 ON CONFLICT (period_key, attempt, seq) DO NOTHING"
+            ))
+            .bind(key)
+            .bind(attempt)
+            .bind(job)
+            .bind(&rows)
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })
+    }
+
+    /// Deletes chunks `first..=last` of an attempt: the oldest of its
+    /// tail, past its job's `output_max`.
+    pub async fn drop_output(
+        &self,
+        key: &str,
+        attempt: i32,
+        first: i32,
+        last: i32,
+    ) -> Result<(), Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query(
+                "DELETE FROM scheduler_output
+                  WHERE period_key = $1 AND attempt = $2 AND seq BETWEEN $3 AND $4",
+            )
+            .bind(key)
+            .bind(attempt)
+            .bind(first)
+            .bind(last)
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })
+    }
+
+    /// The chunks of an attempt after chunk `after` (-1: from the first),
+    /// in order, at most `limit`.
+    pub async fn output(
+        &self,
+        key: &str,
+        attempt: i32,
+        after: i32,
+        limit: u32,
+    ) -> Result<Vec<Chunk>, Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query_as::<_, Chunk>(
+                "SELECT seq, stream, at_byte, lost, text FROM scheduler_output
+                  WHERE period_key = $1 AND attempt = $2 AND seq > $3
+                  ORDER BY seq LIMIT $4",
+            )
+            .bind(key)
+            .bind(attempt)
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await
+        })
+    }
+
+    /// Deletes the output of `job` written more than `keep` ago (its
+    /// `keep_output`); returns how many chunks went (`dry_run`: would go;
+    /// nothing is deleted). Claims and attempts stay.
+    pub async fn prune_output(
+        &self,
+        job: &str,
+        keep: Duration,
+        dry_run: bool,
+    ) -> Result<u64, Error> {
+        let keep = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        let verb = if dry_run { "SELECT count(*)" } else { "DELETE" };
+        let rows = on_pool!(self, |pool, now| {
+            if dry_run {
+                sqlx::query_scalar::<_, i64>(&format!(
+                    "{verb} FROM scheduler_output WHERE job = $1 AND at < {now} - $2"
+                ))
+                .bind(job)
+                .bind(keep)
+                .fetch_one(pool)
+                .await
+                .map(|n| n as u64)
+            } else {
+                sqlx::query(&format!(
+                    "{verb} FROM scheduler_output WHERE job = $1 AND at < {now} - $2"
+                ))
+                .bind(job)
+                .bind(keep)
+                .execute(pool)
+                .await
+                .map(|r| r.rows_affected())
+            }
+        })?;
+        Ok(rows)
+    }
+}

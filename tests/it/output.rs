@@ -1,0 +1,264 @@
+//! Every attempt's whole output (issue 43): kept in the database within
+//! `output_max`, its head and its tail, secrets masked, read and followed
+//! by `scheduler logs` from any process.
+
+use std::time::Duration;
+
+use crate::support::{Said, TestDb, Workspace, count, eventually, wait};
+
+/// A daily job called `name` doing `shell`, with `rest` added.
+fn job(name: &str, shell: &str, rest: &str) -> String {
+    format!(
+        "[[job]]\nname = \"{name}\"\nschedule = \"0 4 * * *\"\nperiod = \"day\"\n\
+         shell = '''{shell}'''\n{rest}\n\n"
+    )
+}
+
+fn run(ws: &Workspace, db: &TestDb, args: &[&str]) -> std::process::Output {
+    ws.command(args)
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap()
+}
+
+/// `db` with the scheduler's tables, for a test that reads them while a
+/// run is under way.
+fn migrated(ws: &Workspace, db: &TestDb) {
+    let done = run(ws, db, &["migrate"]);
+    assert_eq!(done.code(), 0, "{}", done.stderr());
+}
+
+#[test]
+fn a_loud_job_keeps_its_head_and_tail_within_output_max_and_says_what_it_left_out() {
+    for db in crate::support::databases() {
+        // 2 MB of lines, then 1 MB with no newline at all.
+        let ws = Workspace::new(&job(
+            "loud",
+            "seq 1 300000; head -c 1000000 /dev/zero | tr '\\0' x; echo; echo done >&2",
+            "output_max = \"64KiB\"",
+        ));
+        let ran = run(&ws, &db, &["run", "loud", "--period", "2026-12-01"]);
+        assert_eq!(ran.code(), 0, "{}", ran.stderr());
+        let logs = run(&ws, &db, &["logs", "loud", "--period", "2026-12-01"]);
+        assert_eq!(logs.code(), 0, "{}", logs.stderr());
+        let out = logs.stdout();
+        assert!(out.starts_with("1\n2\n3\n"), "the head: {}", &out[..40]);
+        assert!(out.ends_with("xxxx\n"), "the tail");
+        assert!(out.len() <= 64 * 1024, "{} bytes kept", out.len());
+        let printed = (1..=300_000)
+            .map(|n: u32| n.to_string().len() + 1)
+            .sum::<usize>()
+            + 1_000_001;
+        let err = logs.stderr();
+        let told = format!(
+            "[… {} byte(s) past output_max left out …]",
+            printed - out.len()
+        );
+        assert!(err.contains(&told), "{err}");
+        assert!(err.trim_end().ends_with("done"), "{err}");
+    }
+}
+
+#[test]
+fn a_secret_printed_across_a_chunk_boundary_is_masked_in_the_kept_output() {
+    for db in crate::support::databases() {
+        // A 64 KiB piece ends inside the secret: it is cut there.
+        let ws = Workspace::new(&job(
+            "leaky",
+            "head -c 65530 /dev/zero | tr '\\0' a; printf '%s\\n' \"$TOKEN\"; echo after",
+            "env = { TOKEN = \"${LEAKY_TOKEN}\" }",
+        ));
+        let secret = "s3cr3t-Value-0123456789";
+        let ran = ws
+            .command(&["run", "leaky", "--period", "2026-12-01"])
+            .env("DATABASE_URL", &db.url)
+            .env("LEAKY_TOKEN", secret)
+            .output()
+            .unwrap();
+        assert_eq!(ran.code(), 0, "{}", ran.stderr());
+        let logs = ws
+            .command(&["logs", "leaky", "--period", "2026-12-01"])
+            .env("DATABASE_URL", &db.url)
+            .env("LEAKY_TOKEN", secret)
+            .output()
+            .unwrap();
+        let out = logs.stdout();
+        assert!(out.ends_with("after\n"), "{}", &out[out.len() - 60..]);
+        for part in [secret, &secret[..12], &secret[11..]] {
+            assert!(!out.contains(part), "`{part}` is kept");
+        }
+        let stored = count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_output WHERE text LIKE '%s3cr3t%' OR text LIKE '%0123456789%'",
+        );
+        assert_eq!(stored, 0, "a piece of the secret is in the database");
+    }
+}
+
+#[test]
+fn logs_of_a_period_or_attempt_that_does_not_exist_exits_2_naming_it() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&job("quiet", "echo hi", ""));
+    migrated(&ws, &db);
+    let none = run(&ws, &db, &["logs", "quiet", "--period", "2026-12-01"]);
+    assert_eq!(none.code(), 2, "{}", none.stderr());
+    assert!(
+        none.stderr().contains("quiet:2026-12-01 has no attempt"),
+        "{}",
+        none.stderr()
+    );
+    assert_eq!(
+        run(&ws, &db, &["run", "quiet", "--period", "2026-12-01"]).code(),
+        0
+    );
+    let third = run(
+        &ws,
+        &db,
+        &["logs", "quiet", "--period", "2026-12-01", "--attempt", "3"],
+    );
+    assert_eq!(third.code(), 2);
+    assert!(
+        third.stderr().contains("quiet:2026-12-01 has no attempt 3"),
+        "{}",
+        third.stderr()
+    );
+    let label = run(&ws, &db, &["logs", "quiet", "--period", "2026-13-01"]);
+    assert_eq!(label.code(), 2, "{}", label.stderr());
+    let first = run(
+        &ws,
+        &db,
+        &["logs", "quiet", "--period", "2026-12-01", "--attempt", "1"],
+    );
+    assert_eq!((first.code(), first.stdout()), (0, "hi\n".to_string()));
+}
+
+#[test]
+fn logs_follow_in_another_process_streams_a_running_attempt_and_exits_as_it_ended() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&job(
+            "slow",
+            "for i in 1 2 3; do echo tick $i; sleep 1; done; test -e stop-failing",
+            "",
+        ));
+        migrated(&ws, &db);
+        let runner = ws
+            .command(&["run", "slow", "--period", "2026-12-01"])
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        eventually("the attempt to start", Duration::from_secs(30), || {
+            count(&db.url, "SELECT count(*) FROM scheduler_attempts") > 0
+        });
+        let mut follower = ws
+            .command(&["logs", "slow", "--period", "2026-12-01", "--follow"])
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The first line arrives while the job still runs.
+        let mut stdout = std::io::BufReader::new(follower.stdout.take().unwrap());
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+        assert_eq!(first, "tick 1\n");
+        assert_eq!(
+            count(
+                &db.url,
+                "SELECT count(*) FROM scheduler_attempts WHERE outcome = 'running'"
+            ),
+            1,
+            "the first line came before the attempt ended"
+        );
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let followed = wait(follower, Duration::from_secs(60));
+        assert_eq!(rest, "tick 2\ntick 3\n");
+        assert_eq!(followed.code(), 1, "the attempt failed: exit 1 as `run`");
+        assert_eq!(wait(runner, Duration::from_secs(60)).code(), 1);
+    }
+}
+
+#[test]
+fn a_runner_killed_mid_output_leaves_what_it_wrote_readable() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&job("dying", "echo before; sleep 60", ""));
+        migrated(&ws, &db);
+        let mut runner = ws
+            .command(&["run", "dying", "--period", "2026-12-01"])
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        eventually(
+            "the first line to be written",
+            Duration::from_secs(30),
+            || count(&db.url, "SELECT count(*) FROM scheduler_output") > 0,
+        );
+        runner.kill().unwrap();
+        let _ = runner.wait();
+        let logs = run(&ws, &db, &["logs", "dying", "--period", "2026-12-01"]);
+        assert_eq!(
+            (logs.code(), logs.stdout()),
+            (0, "before\n".to_string()),
+            "{}",
+            logs.stderr()
+        );
+    }
+}
+
+#[test]
+fn keep_output_deletes_output_and_never_a_claim_and_prune_of_a_claim_takes_its_output() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&job("kept", "echo hi", "keep_output = \"1s\""));
+        assert_eq!(
+            run(&ws, &db, &["run", "kept", "--period", "2026-12-01"]).code(),
+            0
+        );
+        let output = "SELECT count(*) FROM scheduler_output";
+        assert_eq!(count(&db.url, output), 1);
+        std::thread::sleep(Duration::from_millis(1100));
+        let pruned = run(&ws, &db, &["prune"]);
+        assert_eq!(pruned.code(), 0, "{}", pruned.stderr());
+        assert!(
+            pruned
+                .stdout()
+                .contains("kept: pruned 1 chunk(s) of output"),
+            "{}",
+            pruned.stdout()
+        );
+        assert_eq!(count(&db.url, output), 0);
+        assert_eq!(count(&db.url, "SELECT count(*) FROM scheduler_claims"), 1);
+        assert_eq!(count(&db.url, "SELECT count(*) FROM scheduler_attempts"), 1);
+    }
+}
+
+#[test]
+fn output_max_and_keep_output_refuse_what_cannot_be_kept_with_their_place() {
+    for (rest, said) in [
+        (
+            "output_max = \"4KiB\"",
+            "`output_max` must be from 8 KiB to 1 GiB",
+        ),
+        ("output_max = \"lots\"", "`lots` is not a size"),
+        (
+            "keep = \"2d\"\nkeep_output = \"3d\"",
+            "`keep_output` (3d) is longer than `keep` (2d)",
+        ),
+    ] {
+        let ws = Workspace::new(&job("picky", "echo", rest));
+        let checked = ws.run(&["check"]);
+        assert_eq!(checked.code(), 2, "{rest}: {}", checked.stderr());
+        assert!(
+            checked.stderr().contains(said),
+            "{rest}: {}",
+            checked.stderr()
+        );
+        assert!(
+            checked.stderr().contains("jobs.toml:"),
+            "{}",
+            checked.stderr()
+        );
+    }
+}
