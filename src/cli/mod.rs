@@ -131,22 +131,7 @@ pub enum Command {
     },
     /// An attempt's whole output (its head and tail within the job's
     /// `output_max`), from any replica; `--follow` tails a running one.
-    Logs {
-        /// The job.
-        job: String,
-        /// The period label (a label such as 2026-07).
-        #[arg(long)]
-        period: String,
-        /// The attempt (the newest without it).
-        #[arg(long)]
-        attempt: Option<i32>,
-        /// Tail it until it ends, then exit as it ended (1 for a failure).
-        #[arg(long)]
-        follow: bool,
-        /// Only this stream.
-        #[arg(long, value_parser = ["stdout", "stderr"])]
-        stream: Option<String>,
-    },
+    Logs(LogsArgs),
     /// End a stuck running claim now so it can be taken again.
     Release {
         /// The job.
@@ -307,4 +292,23 @@ fn listen_address(text: &str) -> Result<SocketAddr, String> {
             "`{text}` is not an IP address and a port; expected 127.0.0.1:{port} (this host only) or 0.0.0.0:{port} (every interface)"
         )
     })
+}
+
+/// `logs`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// The job.
+    pub job: String,
+    /// The period label (a label such as 2026-07).
+    #[arg(long)]
+    pub period: String,
+    /// The attempt (the newest without it).
+    #[arg(long)]
+    pub attempt: Option<i32>,
+    /// Tail it until it ends, then exit as it ended (1 for a failure).
+    #[arg(long)]
+    pub follow: bool,
+    /// Only this stream.
+    #[arg(long, value_parser = ["stdout", "stderr"])]
+    pub stream: Option<String>,
 }

@@ -161,22 +161,7 @@ impl Plan {
                 };
                 Plan::history(job, period.as_deref(), shown, config)?
             }
-            Command::Logs {
-                job,
-                period,
-                attempt,
-                follow,
-                stream,
-            } => {
-                let defined = config.job(&job)?;
-                let period = manual::parse_label(defined, &period, Names::FLAGS.period)?;
-                Plan::Logs(super::logs::Asked {
-                    key: PeriodKey::new(&defined.name, &period.label).to_string(),
-                    attempt,
-                    follow,
-                    stream: stream.as_deref().and_then(crate::state::Stream::parse),
-                })
-            }
+            Command::Logs(asked) => Plan::logs(asked, config)?,
             Command::Release { job, period } => {
                 let period = manual::parse_label(config.job(&job)?, &period, Names::FLAGS.period)?;
                 Plan::Release { job, period }
@@ -262,6 +247,21 @@ impl Plan {
                 json,
             },
         })
+    }
+
+    /// `logs JOB --period LABEL …`.
+    fn logs(asked: super::LogsArgs, config: &Config) -> Result<Plan, Error> {
+        let defined = config.job(&asked.job)?;
+        let period = manual::parse_label(defined, &asked.period, Names::FLAGS.period)?;
+        Ok(Plan::Logs(super::logs::Asked {
+            key: PeriodKey::new(&defined.name, &period.label).to_string(),
+            attempt: asked.attempt,
+            follow: asked.follow,
+            stream: asked
+                .stream
+                .as_deref()
+                .and_then(crate::state::Stream::parse),
+        }))
     }
 
     /// `history JOB [--period LABEL]`.

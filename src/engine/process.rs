@@ -71,25 +71,7 @@ pub(super) async fn run_supervised(
         Err(e) => return ActionResult::failed(format!("cannot start the job: {e}")),
     };
     let tail = Arc::new(Mutex::new(Tail::default()));
-    let recorder = Recorder::start(output::Attempt {
-        store: spawn.store.clone(),
-        key: run.key.to_string(),
-        attempt: run.lease.attempt,
-        job: run.job.name.clone(),
-        output_max: run.job.output_max,
-    });
-    let readers = [
-        forward(
-            started.stdout,
-            Tag::of(run, Stream::Stdout, &recorder),
-            tail.clone(),
-        ),
-        forward(
-            started.stderr,
-            Tag::of(run, Stream::Stderr, &recorder),
-            tail.clone(),
-        ),
-    ];
+    let (recorder, readers) = read(started.stdout, started.stderr, run, spawn.store, &tail);
     let mut status = started.status;
     // Every renewal moves the supervisor's own deadline on; closing this
     // pipe (this process's death included) makes it end the job's tree.
@@ -140,6 +122,37 @@ pub(super) async fn run_supervised(
         ActionResult::Stopped(_, kept) => *kept = Some(output),
     }
     result
+}
+
+/// Starts reading the job's two streams: each line logged, its output
+/// kept whole by the recorder, and its tail in `tail`.
+fn read(
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    run: &Run<'_>,
+    store: &Store,
+    tail: &Arc<Mutex<Tail>>,
+) -> (Recorder, [tokio::task::JoinHandle<()>; 2]) {
+    let recorder = Recorder::start(output::Attempt {
+        store: store.clone(),
+        key: run.key.to_string(),
+        attempt: run.lease.attempt,
+        job: run.job.name.clone(),
+        output_max: run.job.output_max,
+    });
+    let readers = [
+        forward(
+            stdout,
+            Tag::of(run, Stream::Stdout, &recorder),
+            tail.clone(),
+        ),
+        forward(
+            stderr,
+            Tag::of(run, Stream::Stderr, &recorder),
+            tail.clone(),
+        ),
+    ];
+    (recorder, readers)
 }
 
 /// After the job ended or was stopped: sweeps a tree its vanished

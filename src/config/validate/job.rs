@@ -48,8 +48,7 @@ impl RawJob {
         );
         let concurrency = kept(&mut errors, positive(at, self.concurrency.as_ref(), 1));
         let keep = kept(&mut errors, self.keep(at, settings));
-        let output_max = kept(&mut errors, self.output_max(at));
-        let keep_output = kept(&mut errors, self.keep_output(at, keep.flatten()));
+        let output = kept(&mut errors, self.output(at, keep.flatten()));
         let deadline = kept(&mut errors, self.deadline(at, settings));
         let after = kept(&mut errors, self.after(at));
         let (
@@ -60,8 +59,7 @@ impl RawJob {
             Some(concurrency),
             Some(keep),
             Some(deadline),
-            Some(output_max),
-            Some(keep_output),
+            Some((output_max, keep_output)),
         ) = (
             schedule,
             action,
@@ -70,8 +68,7 @@ impl RawJob {
             concurrency,
             keep,
             deadline,
-            output_max,
-            keep_output,
+            output,
         )
         else {
             return Err(ConfigError::joined(errors));
@@ -299,6 +296,15 @@ impl RawJob {
             backoff: backoff?,
             max_backoff: max_backoff?,
         })
+    }
+
+    /// `output_max` and `keep_output`.
+    fn output(
+        &self,
+        at: &Locator,
+        keep: Option<Duration>,
+    ) -> Result<(u64, Option<Duration>), ConfigError> {
+        Ok((self.output_max(at)?, self.keep_output(at, keep)?))
     }
 
     /// `output_max`: a size (`16MiB`, `512KiB`), within
