@@ -9,7 +9,8 @@
 //!
 //! `POST /billing/{month}/rerun` reruns one month by hand (`force`), and
 //! answers with what ran: the month's `PeriodRun`, or a typed error mapped
-//! to its status (404 unknown job, 400 no such month, 409 not due yet).
+//! to its status (404 unknown job, 400 no such month, 409 not due yet, 422
+//! not begun).
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test SYNC_URL=https://example.com/hours \
@@ -65,7 +66,9 @@ async fn sync(cx: Context, client: reqwest::Client, url: Arc<str>) -> Handled {
 /// Reruns one month and answers with what actually ran: 200 when it
 /// succeeded, 502 when it failed (the body says why), or the error's own
 /// status. The call waits for the month if it is running elsewhere, and
-/// for the job's one slot.
+/// for the job's one slot. A month is short; a long backfill (`run_range`
+/// over years) is `tokio::spawn`ed instead: a client that hangs up drops
+/// this future, and the run with it.
 async fn rerun(
     State(scheduler): State<Scheduler>,
     Path(month): Path<String>,
@@ -87,7 +90,13 @@ async fn rerun(
                 scheduler::Error::NoSuchPeriod { .. } | scheduler::Error::Usage(_) => {
                     StatusCode::BAD_REQUEST
                 }
-                scheduler::Error::NotDue { .. } => StatusCode::CONFLICT,
+                // Its fire is ahead: `early` would run it. Not started:
+                // nothing would.
+                scheduler::Error::NotDue {
+                    early_runs_it: true,
+                    ..
+                } => StatusCode::CONFLICT,
+                scheduler::Error::NotDue { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                 scheduler::Error::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
@@ -117,7 +126,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .postgres_pool(pool)
         .job(
             CodeJob::new("billing", "0 3 1 * *")
-                .timezone(chrono_tz::Europe::Berlin)
+                .timezone(scheduler::chrono_tz::Europe::Berlin)
                 .period(Unit::Month)
                 .covers(Covers::Previous)
                 .transaction(|cx, tx| Box::pin(bill(cx, tx))),

@@ -47,6 +47,10 @@ pub enum Error {
         period_key: String,
         /// When it may run: its start, or its fire.
         due_at: DateTime<Utc>,
+        /// Whether the `early` option runs it now: its fire is ahead, but
+        /// it has started (`false`: it has not started, and nothing runs
+        /// it yet).
+        early_runs_it: bool,
         /// Why not yet.
         message: String,
     },

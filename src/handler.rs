@@ -75,7 +75,12 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for Failure {
         let mut why = e.to_string();
         let mut source = e.source();
         while let Some(cause) = source {
-            why.push_str(&format!(": {cause}"));
+            // An error that already quotes its cause (sqlx's database
+            // error does) says it once.
+            let cause_text = cause.to_string();
+            if !why.ends_with(&cause_text) {
+                why.push_str(&format!(": {cause_text}"));
+            }
             source = cause.source();
         }
         Failure::Retry(why)
@@ -325,4 +330,36 @@ pub(crate) fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a value that is not text".into());
     format!("the handler panicked: {said}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that quotes its cause, as sqlx's database error does.
+    #[derive(Debug, thiserror::Error)]
+    #[error("error returned from database: {0}")]
+    struct Quoting(#[source] Cause);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("duplicate key")]
+    struct Cause;
+
+    /// An error that does not.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot bill")]
+    struct Wrapping(#[source] Cause);
+
+    #[test]
+    fn a_failure_says_each_cause_once() {
+        let said = |f: Failure| match f {
+            Failure::Retry(why) => why,
+            Failure::Permanent(why) => why,
+        };
+        assert_eq!(
+            said(Quoting(Cause).into()),
+            "error returned from database: duplicate key"
+        );
+        assert_eq!(said(Wrapping(Cause).into()), "cannot bill: duplicate key");
+    }
 }

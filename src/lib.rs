@@ -89,7 +89,7 @@ pub mod template;
 
 /// The versions of the crates whose types the API takes and gives, so a
 /// service names the same `PgPool`, `Tz` and `DateTime`.
-pub use {chrono, chrono_tz, sqlx};
+pub use {chrono, chrono_tz, serde_json, sqlx};
 
 pub use config::ConfigError;
 pub use config::after::OnRerun;

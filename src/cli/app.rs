@@ -126,11 +126,18 @@ fn migrated(applied: &[String]) -> Result<Outcome, Unread> {
 /// unset: only the commands that run actions need every one; the others
 /// read the file leniently and `check` reports what is unset.
 fn load(cli: &Cli) -> Result<(Config, Vec<ConfigError>), Error> {
-    Ok(match cli.command {
-        Command::Run(_) => Config::load_to_run(&cli.config)?,
-        Command::Serve { .. } => (Config::load(&cli.config)?, Vec::new()),
-        _ => Config::load_lenient(&cli.config)?,
-    })
+    let loaded = match cli.command {
+        Command::Run(_) => Config::load_to_run(&cli.config),
+        Command::Serve { .. } => Config::load(&cli.config).map(|config| (config, Vec::new())),
+        _ => Config::load_lenient(&cli.config),
+    };
+    Ok(loaded.map_err(|mut e| {
+        if e.message.starts_with(crate::config::UNREADABLE) {
+            e.message
+                .push_str("; pass --config PATH or set SCHEDULER_CONFIG");
+        }
+        e
+    })?)
 }
 
 /// `check [--strict]`: the configuration checked, each `${VAR}` it left

@@ -25,7 +25,7 @@ use crate::schedule::DstRule;
 /// use scheduler::{CodeJob, Covers, Unit};
 ///
 /// let job = CodeJob::new("billing", "0 3 1 * *")
-///     .timezone(chrono_tz::Europe::Berlin)
+///     .timezone(scheduler::chrono_tz::Europe::Berlin)
 ///     .period(Unit::Month)
 ///     .covers(Covers::Previous)
 ///     .handler(|cx| async move {

@@ -10,12 +10,14 @@ use super::vars::Vars;
 use super::{Action, Config, ConfigError, Job, Settings, address, environment};
 use crate::template::Secrets;
 
+/// How the error of a file that cannot be read begins: each front end
+/// adds how to name another.
+pub const UNREADABLE: &str = "cannot read the configuration file";
+
 fn read(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|e| ConfigError {
         place: path.display().to_string(),
-        message: format!(
-            "cannot read the configuration file: {e}; pass --config PATH or set SCHEDULER_CONFIG"
-        ),
+        message: format!("{UNREADABLE}: {e}"),
     })
 }
 

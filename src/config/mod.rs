@@ -17,6 +17,8 @@ pub mod code;
 pub mod environment;
 #[cfg(feature = "config-file")]
 mod file;
+#[cfg(feature = "config-file")]
+pub use file::UNREADABLE;
 mod job;
 #[cfg(feature = "config-file")]
 mod locator;

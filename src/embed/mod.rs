@@ -26,7 +26,7 @@
 //! Nothing process-wide happens unless asked for: no signal handler, no
 //! global tracing subscriber (the scheduler logs through `tracing`, a span
 //! per run carrying `job`, `period_key` and `attempt`), no `malloc_trim`,
-//! no reaping of orphans ([`Builder::reap_orphans`]). Metrics go to the
+//! no reaping of orphans (`Builder::reap_orphans`, with `process-actions`). Metrics go to the
 //! `metrics` recorder the application installed, if any.
 
 mod read;
@@ -731,8 +731,12 @@ async fn open(database: Option<Database>, config: &Config) -> Result<Store, Erro
         Some(Database::Sqlite(pool)) => Store::from_sqlite_pool(pool),
         Some(Database::Url(url)) => {
             let cwd = std::env::current_dir().map_err(|e| Error::Environment(e.into()))?;
-            let url = DatabaseUrl::parse(&url, &cwd)
-                .map_err(|e| Error::Usage(format!("database URL: {e}")))?;
+            let url = DatabaseUrl::parse(&url, &cwd).map_err(|message| {
+                Error::Config(ConfigError {
+                    place: "database URL".into(),
+                    message,
+                })
+            })?;
             Store::open(&url, true).await?
         }
         None => match &config.settings.database_url {

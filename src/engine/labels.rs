@@ -231,6 +231,7 @@ pub(super) fn refuse_future(
             field: flag,
             period_key: PeriodKey::new(&job.name, &period.label).to_string(),
             due_at: period.start,
+            early_runs_it: false,
             message: format!(
                 "period {} starts at {}, after now; only a period that has started can be run",
                 period.label,
@@ -283,6 +284,7 @@ pub(super) fn refuse_not_due(
                 ),
                 period_key,
                 due_at: fire,
+                early_runs_it: true,
             })
         }
         _ => Ok(()),

@@ -228,6 +228,7 @@ fn refuse_not_due(
             ),
             period_key,
             due_at: fire.unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
+            early_runs_it: false,
         }
     })
 }

@@ -298,7 +298,7 @@ async fn a_library_call_is_refused_with_a_typed_error_in_the_librarys_words() {
     let tomorrow = (chrono::Utc::now().date_naive() + chrono::Days::new(1)).to_string();
     let not_due = rollup_of(&scheduler, "rollup", &tomorrow).await;
     assert!(
-        matches!(&not_due, Error::NotDue { period_key, .. } if *period_key == format!("rollup:{tomorrow}")),
+        matches!(&not_due, Error::NotDue { period_key, early_runs_it: false, .. } if *period_key == format!("rollup:{tomorrow}")),
         "{not_due:?}"
     );
     let both = scheduler
@@ -566,7 +566,7 @@ fn the_documented_surface_is_the_librarys_and_the_engine_stays_out_of_it() {
         "JobOverview",
         "PeriodView",
         "Attempt",
-        "{chrono, chrono_tz, sqlx}",
+        "{chrono, chrono_tz, serde_json, sqlx}",
     ] {
         assert!(
             lines
