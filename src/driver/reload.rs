@@ -1,6 +1,7 @@
 //! The driver's reload (SIGHUP): jobs.toml read again and applied whole,
 //! jobs and settings alike, the timer going on from where it was.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -71,13 +72,14 @@ impl Service {
         let jobs = shared(config.jobs);
         // Without the database's answer a retimed job goes on as the
         // timer has it; the next sighting records the change.
-        let (first_sighted, retimed) = match self.see_jobs_again(&jobs).await {
-            Some(first_sighted) => (first_sighted, self.retimed(&jobs)),
-            None => (Vec::new(), Vec::new()),
+        let (first_sighted, paused, retimed) = match self.see_jobs_again(&jobs).await {
+            Some((first_sighted, paused)) => (first_sighted, paused, self.retimed(&jobs)),
+            None => (Vec::new(), HashSet::new(), Vec::new()),
         };
         if config.settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
+        let returning = self.returning(&jobs, &first_sighted, &paused);
         self.replace_jobs(jobs);
         let now = self.clock.now();
         // A job seen for the first time, or whose timing changed, takes what
@@ -90,7 +92,7 @@ impl Service {
             self.waiting.remove(&job.name);
             self.backlog.retain(|(queued, _)| queued.name != job.name);
         }
-        for job in first_sighted.into_iter().chain(retimed) {
+        for job in first_sighted.into_iter().chain(retimed).chain(returning) {
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
         }
         self.publish_next_fires();
@@ -105,6 +107,28 @@ impl Service {
                 self.by_name
                     .find(&self.jobs, &job.name)
                     .is_some_and(|i| self.jobs[i].when != job.when)
+                    && !self.paused.contains_key(&job.name)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The jobs of `jobs` the loop does not have, known to the database
+    /// already (not in `first_sighted`) and not `paused`: a job a reload
+    /// took out and this one puts back owes the fires it missed meanwhile,
+    /// as `run JOB` and every view have it, and the timer only goes on
+    /// from now.
+    fn returning(
+        &self,
+        jobs: &[Arc<Job>],
+        first_sighted: &[Arc<Job>],
+        paused: &HashSet<String>,
+    ) -> Vec<Arc<Job>> {
+        jobs.iter()
+            .filter(|job| {
+                self.by_name.find(&self.jobs, &job.name).is_none()
+                    && !first_sighted.iter().any(|new| new.name == job.name)
+                    && !paused.contains(&job.name)
                     && !self.paused.contains_key(&job.name)
             })
             .cloned()
@@ -143,12 +167,17 @@ impl Service {
 
     /// Shows the database the reloaded `jobs` and takes up from when each
     /// owes its fires; the jobs seen for the first time (not paused), which
-    /// are to catch up. `None` if the database did not answer.
-    async fn see_jobs_again(&mut self, jobs: &[Arc<Job>]) -> Option<Vec<Arc<Job>>> {
+    /// are to catch up, and the names of the paused ones. `None` if the
+    /// database did not answer.
+    async fn see_jobs_again(
+        &mut self,
+        jobs: &[Arc<Job>],
+    ) -> Option<(Vec<Arc<Job>>, HashSet<String>)> {
         let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         // A job this reload shows the database for the first time owes its
         // latest fire within catch_up, as at a start (docs/commands.md).
         let mut first_sighted = Vec::new();
+        let mut paused = HashSet::new();
         let store = self.engine.store().clone();
         match store.see_jobs(&names).await {
             Ok(records) => {
@@ -163,6 +192,9 @@ impl Service {
                     else {
                         continue;
                     };
+                    if record.paused {
+                        paused.insert(job.name.clone());
+                    }
                     if record.new {
                         crate::engine::due::log_first_sighting(job, owed);
                         if !record.paused {
@@ -176,7 +208,7 @@ impl Service {
                 return None;
             }
         }
-        Some(first_sighted)
+        Some((first_sighted, paused))
     }
 
     /// Puts the reloaded settings in force, and logs what was reloaded.

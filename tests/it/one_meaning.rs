@@ -780,6 +780,54 @@ fn a_reload_that_gives_a_day_back_never_runs_a_fire_from_before_first_sight() {
     }
 }
 
+/// A job a reload takes out and the next puts back owes the fires it
+/// missed meanwhile, as `run JOB` and `status` have them: `serve` runs
+/// them (the adversarial review saw the timer go on from the second
+/// reload, and the missed fire stay `due` for ever).
+#[test]
+fn a_job_taken_out_by_a_reload_and_put_back_runs_the_fires_it_missed_meanwhile() {
+    for db in databases() {
+        let every = |with_job: bool| {
+            let job = "[[job]]\nname = \"a\"\nschedule = \"*/2 * * * * *\"\n\
+                       shell = \"echo $SCHEDULER_PERIOD >> runs.txt\"\n\n";
+            format!(
+                "[scheduler]\nscan_interval = \"1s\"\nshutdown_grace = \"1s\"\n\n{}{}",
+                if with_job { job } else { "" },
+                witness()
+            )
+        };
+        let ws = Workspace::new(&every(true));
+        let replica = serve(&ws, &db.url);
+        eventually("a first run of `a`", BOUND, || !runs(&ws).is_empty());
+        std::fs::write(ws.path().join("jobs.toml"), every(false)).expect("jobs.toml");
+        crate::serve::signal(&replica, nix::sys::signal::Signal::SIGHUP);
+        eventually("the reload without `a`", BOUND, || {
+            logged(&ws, "reloaded", 1)
+        });
+        let out = Utc::now();
+        more_lines(ws.path().join("ticks.txt"), 3);
+        let back = Utc::now();
+        std::fs::write(ws.path().join("jobs.toml"), every(true)).expect("jobs.toml");
+        crate::serve::signal(&replica, nix::sys::signal::Signal::SIGHUP);
+        eventually("the reload with `a`", BOUND, || logged(&ws, "reloaded", 2));
+        more_lines(ws.path().join("ticks.txt"), 3);
+        assert_eq!(stop(replica), 0);
+        let missed: Vec<String> = runs(&ws)
+            .into_iter()
+            .filter(|label| {
+                DateTime::parse_from_rfc3339(label)
+                    .is_ok_and(|fire| fire > out + TimeDelta::seconds(1) && fire < back)
+            })
+            .collect();
+        assert!(
+            !missed.is_empty(),
+            "no fire of `a` between {out} and {back} ran: {:?} ({})",
+            runs(&ws),
+            db.url
+        );
+    }
+}
+
 /// The run of an upstream job does not run a downstream job that is
 /// paused: a paused job runs only by hand (adversarial review).
 #[test]
