@@ -62,6 +62,13 @@ pub(super) enum MigrateError {
     ExecuteMigration(sqlx::Error, i64),
     /// The database failed around them.
     Execute(sqlx::Error),
+    /// The scheduler's tables are there (in this schema), but no record of
+    /// their migrations is where this connection looks: migrated again,
+    /// they would be a second, empty set beside them, or fail.
+    Unrecorded(String),
+    /// The scheduler's tables are in this schema, and this connection
+    /// creates in another (the first of its `search_path`).
+    Elsewhere(String),
 }
 
 impl From<sqlx::Error> for MigrateError {
@@ -81,6 +88,9 @@ pub(super) struct Dialect {
     /// Whether `_sqlx_migrations` is here, where an earlier release kept
     /// the scheduler's migrations.
     pub has_sqlx_table: &'static str,
+    /// Where `scheduler_claims` is, if it is: its schema, and whether new
+    /// tables go there too.
+    pub claims_at: &'static str,
 }
 
 /// Where the scheduler's migrations stand: what the database holds, as
@@ -205,6 +215,14 @@ macro_rules! migrate_in {
         if let Some(lock) = dialect.lock {
             sqlx::query(lock).execute(&mut *tx).await?;
         }
+        // Tables the connection sees in another schema than the one it
+        // creates in: a record made here would split them.
+        let claims_at: Option<(String, bool)> = sqlx::query_as(dialect.claims_at)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some((schema, false)) = &claims_at {
+            return Err($crate::store::migrate::MigrateError::Elsewhere(schema.clone()));
+        }
         sqlx::raw_sql(dialect.table).execute(&mut *tx).await?;
         let applied: Vec<(i64, Vec<u8>)> =
             sqlx::query_as("SELECT version, checksum FROM scheduler_migrations")
@@ -272,6 +290,9 @@ macro_rules! migrate_in {
             }
         }
         ledger.check()?;
+        if let (Some((schema, _)), true) = (&claims_at, ledger.applied.is_empty()) {
+            return Err($crate::store::migrate::MigrateError::Unrecorded(schema.clone()));
+        }
         let mut done = Vec::new();
         for migration in ledger.pending() {
             sqlx::raw_sql(migration.sql)

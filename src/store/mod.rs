@@ -338,6 +338,12 @@ fn refused(e: migrate::MigrateError) -> Error {
         migrate::MigrateError::Execute(e) => Error::Database(format!(
             "cannot migrate the database (the scheduler's tables, or their record scheduler_migrations): {e}"
         )),
+        migrate::MigrateError::Unrecorded(schema) => Error::Database(format!(
+            "the scheduler's tables are in schema `{schema}`, but no record of their migrations (scheduler_migrations, or an earlier release's rows in _sqlx_migrations) is where this connection looks: migrated again they would be a second, empty set, and every period could run again; nothing was changed. Connect with `{schema}` first on the search_path (`?options=-csearch_path%3D{schema}`), where the record is"
+        )),
+        migrate::MigrateError::Elsewhere(schema) => Error::Database(format!(
+            "the scheduler's tables are in schema `{schema}`, but this connection creates tables in another one (the first of its search_path): a migration would split them; nothing was changed. Put `{schema}` first on the search_path (`?options=-csearch_path%3D{schema}`)"
+        )),
     }
 }
 

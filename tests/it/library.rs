@@ -194,6 +194,64 @@ async fn a_database_of_the_release_before_moves_over_with_its_claims_and_takes_t
     }
 }
 
+/// A database of the release before, reached through a `search_path`
+/// whose first schema is the application's (with its own, empty
+/// `_sqlx_migrations`): the move is refused, naming the schema the tables
+/// are in, rather than a second, empty set of tables made beside them
+/// (every period would run again). The same with no table of the
+/// application's there, and a database whose tables have no record at
+/// all (adversarial review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_the_connection_sees_without_their_record_are_never_migrated_again() {
+    let Some(db) = TestDb::postgres().await else {
+        return crate::support::skip("no PostgreSQL");
+    };
+    let scheduler = daily(&db.url).await.unwrap();
+    assert_eq!(rollup(&scheduler).await, PeriodOutcome::Succeeded);
+    as_the_release_before_left_it(&db.url).await;
+    execute(&db.url, "CREATE SCHEMA app").await;
+    let ws = Workspace::new(
+        "[[job]]\nname = \"rollup\"\nschedule = \"0 4 * * *\"\nperiod = \"day\"\ncommand = [\"false\"]\n",
+    );
+    let through_app = format!("{}?options=-csearch_path%3Dapp,public", db.url);
+    let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'app'";
+    for app_table in [false, true] {
+        if app_table {
+            execute(
+                &db.url,
+                "CREATE TABLE app._sqlx_migrations (LIKE public._sqlx_migrations)",
+            )
+            .await;
+        }
+        let out = ws.run(&["--database-url", &through_app, "migrate"]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("tables are in schema `public`"), "{said}");
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        let made: i64 = sqlx::query_scalar(tables).fetch_one(&pool).await.unwrap();
+        pool.close().await;
+        assert_eq!(
+            made,
+            i64::from(app_table),
+            "only the application's table is in app"
+        );
+    }
+    // Where the record is, the move goes on and the claim is kept.
+    let scheduler = daily(&db.url).await.unwrap();
+    assert_eq!(rollup(&scheduler).await, PeriodOutcome::Skipped);
+    // Tables with no record at all (it was deleted).
+    execute(&db.url, "DROP TABLE scheduler_migrations").await;
+    let out = ws.run(&["--database-url", &db.url, "migrate"]);
+    assert_eq!(out.status.code(), Some(3));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("no record of their migrations"), "{said}");
+}
+
 /// Issue 42, item 5: schedulers migrating one fresh database together
 /// take turns; each migration is applied and recorded once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

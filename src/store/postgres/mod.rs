@@ -40,6 +40,9 @@ fn dialect() -> super::migrate::Dialect {
                     checksum BYTEA NOT NULL,
                     applied_at BIGINT NOT NULL)",
         has_sqlx_table: "SELECT to_regclass('_sqlx_migrations') IS NOT NULL",
+        claims_at: "SELECT n.nspname::text, n.nspname = current_schema()
+                      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE c.oid = to_regclass('scheduler_claims')",
     }
 }
 

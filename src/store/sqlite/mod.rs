@@ -42,6 +42,8 @@ fn dialect() -> super::migrate::Dialect {
                     applied_at INTEGER NOT NULL)",
         has_sqlx_table: "SELECT count(*) > 0 FROM sqlite_master
                           WHERE type = 'table' AND name = '_sqlx_migrations'",
+        claims_at: "SELECT 'main', TRUE FROM sqlite_master
+                     WHERE type = 'table' AND name = 'scheduler_claims'",
     }
 }
 
