@@ -290,8 +290,17 @@ pub async fn range(
                     time(view.fire)
                 ),
                 (None, _) if view.state == PeriodState::Missed => format!(
-                    "fired at {}, older than catch_up, never run: runs only by hand",
-                    time(view.fire)
+                    "fired at {}, {}, never run: runs only by hand",
+                    time(view.fire),
+                    match view
+                        .fire
+                        .zip(chrono::TimeDelta::from_std(job.catch_up).ok())
+                    {
+                        Some((fire, window)) if fire >= now - window => {
+                            "passed over by `missed` (a newer fire was taken)"
+                        }
+                        _ => "older than catch_up",
+                    }
                 ),
                 (None, Some(waits)) => format!("waiting for {waits}"),
                 (None, None) => format!(

@@ -153,6 +153,16 @@ pub fn standing(
     let fired_since = |from: DateTime<Utc>| {
         fire.is_some_and(|f| f >= from) || fires_since(job, period, from, now)
     };
+    // `missed = "latest"` or `"skip"`: an older fire nothing ran at is
+    // passed over for good; only the latest is taken. Not an alarm: it
+    // is never late.
+    let passed_over = |f: DateTime<Utc>| {
+        job.missed != Missed::All
+            && job.timing().latest(now).is_some_and(|latest| {
+                latest.at > f && job.timing().period_of(&latest).label != period.label
+            })
+    };
+    let mut by_design = false;
     let state = match (row, fire) {
         (None, Some(f)) if f > now => PeriodState::NotDue,
         (None, _) if sighting.noted && upstream.waiting() => PeriodState::Waiting,
@@ -160,14 +170,8 @@ pub fn standing(
         (None, Some(_)) if !fired_since(owed) => PeriodState::BeforeFirstSeen,
         (None, _) if upstream.waiting() => PeriodState::Waiting,
         (None, Some(_)) if !fired_since(window) => PeriodState::Missed,
-        // `missed = "latest"` or `"skip"`: an older fire nothing ran at is
-        // passed over for good; only the latest is taken.
-        (None, Some(f))
-            if job.missed != Missed::All
-                && job.timing().latest(now).is_some_and(|latest| {
-                    latest.at > f && job.timing().period_of(&latest).label != period.label
-                }) =>
-        {
+        (None, Some(f)) if passed_over(f) => {
+            by_design = true;
             PeriodState::Missed
         }
         (None, _) if job.after.any() => PeriodState::Ready,
@@ -181,6 +185,7 @@ pub fn standing(
     // else it is (never claimed, running, failed, waiting); one from
     // before the job was first seen never is, even run by hand.
     let late = state.can_be_late()
+        && !by_design
         && fired_since(owed)
         && job
             .deadline

@@ -395,6 +395,35 @@ fn a_shifted_or_moved_fire_is_owed_from_where_it_runs() {
     );
 }
 
+/// A fire `missed = "latest"` passed over (a newer one was taken) is
+/// missed by design: never late, however long past its deadline
+/// (adversarial review: the range view told it late).
+#[test]
+fn a_fire_passed_over_by_missed_latest_is_never_late() {
+    let none = super::super::after::Upstream::default();
+    let job = &jobs(
+        "[[job]]\nname = \"x\"\nschedule = \"*/10 * * * *\"\nperiod = \"fire\"\nmissed = \"latest\"\n\
+         deadline = \"5m\"\ncommand = [\"true\"]\n",
+    )[0];
+    let older = job
+        .period
+        .parse_label(&job.schedule, "2026-12-06T10:00:00Z")
+        .expect("a label");
+    let sighting = Sighting {
+        owed_from: Some(job.owed_since(at("2026-12-06T09:00:00Z"))),
+        noted: false,
+    };
+    let got = standing(
+        job,
+        &older,
+        None,
+        sighting,
+        &none,
+        at("2026-12-06T10:25:00Z"),
+    );
+    assert_eq!((got.state, got.late), (PeriodState::Missed, false));
+}
+
 /// The gauge's count, kept from one count to the next, agrees with a
 /// count afresh at every step: new fires, a success, a failure, and
 /// jobs whose next fire has not come (counted from what was open).
