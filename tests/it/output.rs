@@ -262,3 +262,93 @@ fn output_max_and_keep_output_refuse_what_cannot_be_kept_with_their_place() {
         );
     }
 }
+
+/// The API reads the same output a page at a time, and follows a running
+/// attempt as server-sent events from a replica that is not running it,
+/// each line within a read or two of its writing, ending with the
+/// attempt's outcome.
+#[test]
+fn the_api_pages_through_an_attempts_output_and_follows_a_running_one() {
+    use std::io::BufRead;
+
+    use crate::api::{READER, Server, with_api};
+
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&with_api(&job(
+            "slow",
+            "for i in 1 2 3; do echo tick $i; sleep 1; done; exit 4",
+            "",
+        )));
+        migrated(&ws, &db);
+        let runner = ws
+            .command(&["run", "slow", "--period", "2026-12-01"])
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        eventually("the attempt to start", Duration::from_secs(30), || {
+            count(&db.url, "SELECT count(*) FROM scheduler_output") > 0
+        });
+        let server = Server::start(&ws, &db.url);
+        let path = "/v1/jobs/slow/periods/2026-12-01/attempts/1/output";
+        let followed = reqwest::blocking::Client::new()
+            .get(format!("{}{path}?follow=true", server.base()))
+            .bearer_auth(READER)
+            .send()
+            .unwrap();
+        assert_eq!(followed.status(), 200);
+        let mut texts = String::new();
+        let mut end = None;
+        let mut event = String::new();
+        let mut running_at_first = None;
+        for line in std::io::BufReader::new(followed).lines() {
+            let line = line.unwrap();
+            if let Some(name) = line.strip_prefix("event: ") {
+                event = name.to_owned();
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                let data: serde_json::Value = serde_json::from_str(data).unwrap();
+                if event == "output" {
+                    running_at_first.get_or_insert_with(|| {
+                        count(
+                            &db.url,
+                            "SELECT count(*) FROM scheduler_attempts WHERE outcome = 'running'",
+                        )
+                    });
+                    for chunk in data.as_array().unwrap() {
+                        texts.push_str(chunk["text"].as_str().unwrap());
+                    }
+                } else if event == "end" {
+                    end = Some(data);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            running_at_first,
+            Some(1),
+            "the first event came while it ran"
+        );
+        assert_eq!(texts, "tick 1\ntick 2\ntick 3\n");
+        assert_eq!(end.expect("an end event")["outcome"], "failed");
+        assert_eq!(wait(runner, Duration::from_secs(60)).code(), 1);
+        let all: serde_json::Value = server.get(READER, path).json().unwrap();
+        assert_eq!(all["done"], true, "{all}");
+        let chunks = all["chunks"].as_array().unwrap();
+        // A page of one after the first chunk: the second, and more to
+        // come if there is a third (how the lines fell into chunks
+        // depends on when they were written).
+        if chunks.len() > 1 {
+            let after = &chunks[0]["seq"];
+            let page = server.get(READER, &format!("{path}?after={after}&limit=1"));
+            assert_eq!(page.status(), 200);
+            let page: serde_json::Value = page.json().unwrap();
+            assert_eq!(page["chunks"].as_array().map(Vec::len), Some(1));
+            assert_eq!(page["chunks"][0], chunks[1]);
+            assert_eq!(page["done"], chunks.len() == 2, "{page}");
+        }
+        let none = server.get(READER, "/v1/jobs/slow/periods/2026-12-01/attempts/3/output");
+        assert_eq!(none.status(), 404);
+        assert_eq!(server.stop(), 0);
+    }
+}

@@ -8,6 +8,7 @@
 mod auth;
 mod cookie;
 mod idempotent;
+mod output;
 mod read;
 mod reply;
 mod run_view;
@@ -211,6 +212,10 @@ pub fn routes(api: Arc<Api>) -> Router {
         .route("/v1/jobs/{job}/pause", post(pause))
         .route("/v1/jobs/{job}/resume", post(resume))
         .route("/v1/jobs/{job}/periods/{label}/release", post(release))
+        .route(
+            "/v1/jobs/{job}/periods/{label}/attempts/{attempt}/output",
+            get(output::output),
+        )
         .route("/v1/jobs/{job}/adopt", post(adopt))
         .route(
             "/console/session",
