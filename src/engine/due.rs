@@ -125,6 +125,9 @@ pub struct Sighting {
     /// backfill asked for it, or a scan found it): it runs once they are
     /// done, whenever it fired.
     pub noted: bool,
+    /// The job is paused: nothing of it is late (its fires are caught up
+    /// on `resume`, as `missed` has them).
+    pub paused: bool,
 }
 
 /// How one period of `job` stands at `now` (docs/commands.md): the one rule, from
@@ -186,6 +189,7 @@ pub fn standing(
     // before the job was first seen never is, even run by hand.
     let late = state.can_be_late()
         && !by_design
+        && !sighting.paused
         && fired_since(owed)
         && job
             .deadline

@@ -122,6 +122,8 @@ pub async fn of_jobs(
     }
     let upstream = super::after::look(store, &pairs, now).await?;
     let owing = super::owed::owing(store, asked.iter().map(|(job, _)| *job), now).await?;
+    let paused: std::collections::HashSet<String> =
+        store.paused_jobs().await?.into_iter().collect();
     // The periods a gate noted waiting (a backfill, a scan): they run once
     // ready, whenever they fired.
     let mut noted = std::collections::HashSet::new();
@@ -151,6 +153,7 @@ pub async fn of_jobs(
                 let sighting = super::due::Sighting {
                     owed_from: owing.owed_from(&job.name),
                     noted: noted.contains(key.as_str()),
+                    paused: paused.contains(&job.name),
                 };
                 let standing =
                     super::due::standing(job, period, row.as_ref(), sighting, &upstream, now);

@@ -446,7 +446,11 @@ fn every_view_says_the_same_of_every_period() {
             .map(|(_, job)| format!("[[job]]{job}"))
             .expect("a job")
             .replace("name = \"billing\"", "name = \"daily\"")
-            .replace("period = \"day\"", "period = \"day\"\ndeadline = \"1m\"");
+            .replace("period = \"day\"", "period = \"day\"\ndeadline = \"1m\"")
+            .replace(
+                "shell = \"echo $SCHEDULER_PERIOD_KEY $SCHEDULER_TRIGGER >> runs.txt\"",
+                "command = [\"sleep\", \"600\"]",
+            );
         let ws = Workspace::new(&with_api(&format!(
             "\n[[job]]\nname = \"billing\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\ncovers = \"previous\"\n\
              shell = \"test $SCHEDULER_PERIOD != 2026-09\"\n\n\
@@ -466,8 +470,26 @@ fn every_view_says_the_same_of_every_period() {
             said(&ws, &db, &["run", "report", "--period", "2026-10"]).code(),
             1
         );
-        ok(&ws, &db, &["pause", "daily"]);
-        let mut slow = ws
+        // The day before yesterday runs on, and holds `daily`'s one slot:
+        // today's period, owed and past its deadline, stays due and late
+        // (a paused job would have nothing late).
+        let day_before = (chrono::NaiveDate::parse_from_str(&today, "%Y-%m-%d").expect("a day")
+            - chrono::Days::new(2))
+        .to_string();
+        let holding = ws
+            .command(&[
+                "--database-url",
+                &db.url,
+                "run",
+                "daily",
+                "--period",
+                &day_before,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("a run in the background");
+        let slow = ws
             .command(&[
                 "--database-url",
                 &db.url,
@@ -480,11 +502,13 @@ fn every_view_says_the_same_of_every_period() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("a run in the background");
-        eventually("slow:2026-10 running", BOUND, || {
+        eventually("slow:2026-10 and daily running", BOUND, || {
             crate::support::count(
                 &db.url,
-                "SELECT count(*) FROM scheduler_claims WHERE period_key = 'slow:2026-10' AND state = 'running'",
-            ) == 1
+                &format!(
+                    "SELECT count(*) FROM scheduler_claims WHERE period_key IN ('slow:2026-10', 'daily:{day_before}') AND state = 'running'"
+                ),
+            ) == 2
         });
         let server = Server::start(&ws, &db.url);
         // What serve takes at start (each job's latest fire within
@@ -493,14 +517,13 @@ fn every_view_says_the_same_of_every_period() {
         eventually("serve's start-up runs done", BOUND, || {
             crate::support::count(
                 &db.url,
-                "SELECT count(*) FROM scheduler_claims WHERE state = 'running' AND period_key <> 'slow:2026-10'",
+                &format!(
+                    "SELECT count(*) FROM scheduler_claims WHERE state = 'running' AND period_key NOT IN ('slow:2026-10', 'daily:{day_before}')"
+                ),
             ) == 0
         });
         let next_day = (chrono::NaiveDate::parse_from_str(&today, "%Y-%m-%d").expect("a day")
             + chrono::Days::new(1))
-        .to_string();
-        let day_before = (chrono::NaiveDate::parse_from_str(&today, "%Y-%m-%d").expect("a day")
-            - chrono::Days::new(2))
         .to_string();
         let ranges = [
             ("billing", "2026-06", "2027-01"),
@@ -668,8 +691,10 @@ fn every_view_says_the_same_of_every_period() {
         assert_eq!(claimed, owed, "{dry}");
         drop(browser);
         assert_eq!(server.stop(), 0);
-        let _ = slow.kill();
-        let _ = slow.wait();
+        for mut run in [slow, holding] {
+            let _ = run.kill();
+            let _ = run.wait();
+        }
     }
 }
 

@@ -330,6 +330,7 @@ fn the_one_rule_decides_every_state_the_same_way() {
         let sighting = Sighting {
             owed_from: seen.map(|seen| job.owed_since(at(seen))),
             noted,
+            paused: false,
         };
         let got = standing(job, &period, row.as_ref(), sighting, upstream, at(now));
         assert_eq!(
@@ -355,6 +356,7 @@ fn a_shifted_or_moved_fire_is_owed_from_where_it_runs() {
         let sighting = Sighting {
             owed_from: Some(job.owed_since(at(seen))),
             noted: false,
+            paused: false,
         };
         standing(job, &period, None, sighting, &none, at(now)).state
     };
@@ -412,6 +414,7 @@ fn a_fire_passed_over_by_missed_latest_is_never_late() {
     let sighting = Sighting {
         owed_from: Some(job.owed_since(at("2026-12-06T09:00:00Z"))),
         noted: false,
+        paused: false,
     };
     let got = standing(
         job,
@@ -422,6 +425,19 @@ fn a_fire_passed_over_by_missed_latest_is_never_late() {
         at("2026-12-06T10:25:00Z"),
     );
     assert_eq!((got.state, got.late), (PeriodState::Missed, false));
+    // The latest, owed and past its deadline, is late; not while the job
+    // is paused (the adversarial review saw the range view say so).
+    let latest = job
+        .period
+        .parse_label(&job.schedule, "2026-12-06T10:10:00Z")
+        .expect("a label");
+    let now = at("2026-12-06T10:19:00Z");
+    assert!(standing(job, &latest, None, sighting, &none, now).late);
+    let paused = Sighting {
+        paused: true,
+        ..sighting
+    };
+    assert!(!standing(job, &latest, None, paused, &none, now).late);
 }
 
 /// The gauge's count, kept from one count to the next, agrees with a
