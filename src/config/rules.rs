@@ -116,6 +116,7 @@ pub(crate) fn deadline_problem(deadline: Duration, catch_up: Duration) -> Option
 
 /// A duration as a person writes it: `24h`, `90s`, `100ms`.
 /// Why `bytes` cannot be a job's `output_max`.
+#[cfg(feature = "config-file")]
 pub(crate) fn output_max_problem(bytes: u64) -> Option<String> {
     let range = super::OUTPUT_MAX_RANGE;
     (!range.contains(&bytes)).then(|| {
@@ -128,6 +129,7 @@ pub(crate) fn output_max_problem(bytes: u64) -> Option<String> {
 }
 
 /// Why `keep_output` cannot be `keep_output` beside `keep`.
+#[cfg(feature = "config-file")]
 pub(crate) fn keep_output_problem(keep_output: Duration, keep: Option<Duration>) -> Option<String> {
     let keep = keep?;
     (keep_output > keep).then(|| {
