@@ -99,6 +99,7 @@ pub struct Context {
     attempt: i32,
     trigger: Trigger,
     token: CancellationToken,
+    traceparent: Option<String>,
 }
 
 impl Context {
@@ -121,7 +122,14 @@ impl Context {
             attempt,
             trigger,
             token,
+            traceparent: None,
         }
+    }
+
+    /// The context carrying the attempt's trace context.
+    pub(crate) fn traced(mut self, traceparent: Option<String>) -> Context {
+        self.traceparent = traceparent;
+        self
     }
 
     /// The span a handler runs in: what it logs carries its job, period
@@ -164,6 +172,16 @@ impl Context {
     /// The fire this run stands for.
     pub fn scheduled_at(&self) -> DateTime<Utc> {
         self.scheduled_at
+    }
+
+    /// The W3C `traceparent` of this attempt's action span when the
+    /// scheduler exports traces (`OTEL_EXPORTER_OTLP_ENDPOINT`), for the
+    /// handler's own spans to join the attempt's trace: a
+    /// `TraceContextPropagator` extracts it into an OpenTelemetry context,
+    /// and `tracing-opentelemetry`'s `set_parent` hangs a `tracing` span
+    /// under it. `None` with traces off.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 
     /// The attempt: the fencing token of this run, 1 for the first.

@@ -86,6 +86,8 @@ pub mod store;
 pub mod suggest;
 #[doc(hidden)]
 pub mod template;
+#[doc(hidden)]
+pub mod trace;
 
 /// The versions of the crates whose types the API takes and gives, so a
 /// service names the same `PgPool`, `Tz` and `DateTime`.

@@ -60,19 +60,29 @@ pub async fn execute(cli: Cli) -> Result<Outcome, Error> {
     } else {
         watch::channel(false).1
     };
+    // A bad `OTEL_*` value is a mistake to fix before anything runs.
+    let tracer = match plan.runs_actions() {
+        true => crate::trace::Tracer::from_env()?,
+        false => crate::trace::Tracer::off(),
+    };
     let (store, applied) = open(&plan, cli.database_url.as_deref(), &mut config).await?;
-    match plan {
+    let ran = match plan {
         Plan::Run { request, json } => {
-            run::command(&config, &store, &request, json, &owner_id(), shutdown).await
+            let engine = crate::engine::Engine::new(store, config.settings.lease, owner_id())?
+                .with_tracer(tracer.clone());
+            run::command(&config, &engine, &request, json, shutdown).await
         }
         Plan::Serve { .. } => {
             let reload = reload.unwrap_or_else(|| mpsc::unbounded_channel().1);
+            let store = (store, tracer.clone());
             serve(&cli.config, config, store, (reload, listener, shutdown)).await
         }
         plan => inspect_database(plan, &config, &store, &applied, now)
             .await
             .or_else(Unread::into_result),
-    }
+    };
+    tracer.shutdown().await;
+    ran
 }
 
 /// The commands that read or change the database without running jobs:
@@ -234,7 +244,7 @@ async fn open(
 async fn serve(
     path: &std::path::Path,
     config: Config,
-    store: Store,
+    store: (Store, crate::trace::Tracer),
     (reload, listener, shutdown): (
         mpsc::UnboundedReceiver<()>,
         Option<tokio::net::TcpListener>,

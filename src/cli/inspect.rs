@@ -505,7 +505,7 @@ fn say_attempt(
         _ => attempt.trigger.as_str().to_owned(),
     };
     say(format_args!(
-        "{}  attempt {}  {}  {}  started {}  ended {}  on {}{code}{error}{}",
+        "{}  attempt {}  {}  {}  started {}  ended {}  on {}  trace {}{code}{error}{}",
         attempt.period_key,
         attempt.attempt,
         attempt.outcome,
@@ -513,6 +513,7 @@ fn say_attempt(
         utc_text(attempt.started_at),
         time(attempt.finished_at),
         attempt.owner,
+        attempt.trace_id,
         changed.unwrap_or_default()
     ))?;
     if shown.output {

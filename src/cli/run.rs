@@ -12,7 +12,6 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::engine::manual::{self, Line, Names, Request, Selection, Sink};
 use crate::error::{Error, Outcome, Unread, say};
-use crate::store::Store;
 
 /// The request the flags of `run` make.
 pub fn request(args: &RunArgs) -> Request {
@@ -46,19 +45,17 @@ pub(crate) fn user() -> String {
 /// Runs `scheduler run` to the end.
 pub async fn command(
     config: &Config,
-    store: &Store,
+    engine: &Engine,
     request: &Request,
     json: bool,
-    owner: &str,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Outcome, Error> {
-    let engine = Engine::new(store.clone(), config.settings.lease, owner.to_owned())?;
     let mut printer = Printer {
         bar: ProgressBar::hidden(),
         json,
     };
     let shutdown_seen = shutdown.clone();
-    let result = manual::drive(config, &engine, request, shutdown, &mut printer).await;
+    let result = manual::drive(config, engine, request, shutdown, &mut printer).await;
     if let Ok(mut shown) = BAR.lock() {
         *shown = None;
     }

@@ -165,15 +165,16 @@ pub struct Service {
 }
 
 impl Service {
-    /// A service for `config`, read from `path` (re-read on SIGHUP).
+    /// A service for `config`, read from `path` (re-read on SIGHUP), its
+    /// attempts traced by `tracer`.
     pub fn new(
         path: PathBuf,
         config: Config,
-        store: Store,
+        (store, tracer): (Store, crate::trace::Tracer),
         owner: String,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Service, Error> {
-        let engine = Engine::new(store, config.settings.lease, owner)?;
+        let engine = Engine::new(store, config.settings.lease, owner)?.with_tracer(tracer);
         Ok(Service::on(path, config, engine, shutdown).trimming_memory())
     }
 

@@ -22,6 +22,8 @@ pub struct Run<'a> {
     pub lease: &'a Lease,
     /// The fire it stands for.
     pub scheduled_at: DateTime<Utc>,
+    /// The W3C `traceparent` of its action's span, when traces are on.
+    pub traceparent: Option<String>,
 }
 
 impl Values for Run<'_> {
@@ -40,9 +42,11 @@ impl Values for Run<'_> {
 }
 
 impl Run<'_> {
-    /// The `SCHEDULER_*` variables a child process sees.
-    pub fn environment(&self) -> [(&'static str, String); 8] {
-        [
+    /// The `SCHEDULER_*` variables a child process sees, and
+    /// `TRACEPARENT` when traces are on (the OpenTelemetry convention for
+    /// a trace context carried in the environment).
+    pub fn environment(&self) -> Vec<(&'static str, String)> {
+        let mut environment = vec![
             ("SCHEDULER_JOB", self.value("job")),
             ("SCHEDULER_PERIOD", self.value("period")),
             ("SCHEDULER_PERIOD_KEY", self.value("period_key")),
@@ -51,7 +55,11 @@ impl Run<'_> {
             ("SCHEDULER_SCHEDULED_AT", self.value("scheduled_at")),
             ("SCHEDULER_ATTEMPT", self.value("attempt")),
             ("SCHEDULER_TRIGGER", self.lease.trigger.as_str().to_owned()),
-        ]
+        ];
+        if let Some(traceparent) = &self.traceparent {
+            environment.push(("TRACEPARENT", traceparent.clone()));
+        }
+        environment
     }
 
     /// What is recorded of this run's end, by every kind of action: a

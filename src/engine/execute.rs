@@ -32,6 +32,7 @@ impl Engine {
         &self,
         run: &Run<'_>,
         watch: &Watch,
+        trace: &crate::trace::AttemptTrace,
         stop_now: watch::Receiver<bool>,
     ) -> Report {
         let started = std::time::Instant::now();
@@ -67,6 +68,7 @@ impl Engine {
             }
             ActionResult::Done(finish, retryable) => {
                 let codes = (finish.exit_code, finish.http_status);
+                trace.record();
                 let status = self.record(run, watch, finish, retryable).await;
                 // The codes of an end this attempt recorded, not of one
                 // whose write was fenced off.

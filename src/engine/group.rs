@@ -112,6 +112,7 @@ impl Engine {
     ) -> Vec<Report> {
         for (ask, won) in &sql {
             self.log_won(ask, won);
+            won.trace.action();
         }
         let mut reports = Vec::new();
         let mut apart = tokio::task::JoinSet::new();
@@ -188,7 +189,7 @@ impl Engine {
                         },
                         GroupedEnd::Moved => Status::Lost,
                     };
-                    reports.push(Report::of(&won.lease, status, took));
+                    reports.push(ended(&won, status, took));
                 }
             }
             // Stopped: nothing of the group committed.
@@ -197,7 +198,7 @@ impl Engine {
                     let status = self
                         .stopped(&run_of(&ask, &won), &won.watch, why, None)
                         .await;
-                    reports.push(Report::of(&won.lease, status, took));
+                    reports.push(ended(&won, status, took));
                 }
             }
             // Which statement broke the transaction is not known, unless
@@ -209,7 +210,7 @@ impl Engine {
                     self.quick.note(&ask.job, false, own);
                     let error = ask.job.secrets.mask(&e.to_string());
                     let status = Status::Unrecorded(Error::Database(error));
-                    reports.push(Report::of(&won.lease, status, took));
+                    reports.push(ended(&won, status, took));
                 }
             }
         }
@@ -237,7 +238,14 @@ impl Engine {
                 let run = run_of(ask, won);
                 let work = match &ask.job.action {
                     Action::Sql { statement, params } => Work::Statement {
-                        statement,
+                        // sqlcommenter's comment, for a database's own
+                        // logs and traces to name the attempt's trace.
+                        statement: match &run.traceparent {
+                            Some(traceparent) => {
+                                crate::trace::commented(statement, traceparent).into()
+                            }
+                            None => statement.as_str().into(),
+                        },
                         params: params.iter().map(|p| param(p, &run)).collect(),
                     },
                     Action::Code(handler) => Work::Code {
@@ -298,7 +306,15 @@ fn run_of<'a>(ask: &'a Ask, won: &'a Won) -> Run<'a> {
         key: &won.lease.key,
         lease: &won.lease,
         scheduled_at: ask.due.fire,
+        traceparent: won.trace.traceparent(),
     }
+}
+
+/// The report of a grouped period's end, its trace ended with it.
+fn ended(won: &Won, status: Status, took: Duration) -> Report {
+    let report = Report::of(&won.lease, status, took);
+    won.trace.end(&report.ended());
+    report
 }
 
 /// The won periods of one job (or of several proven quick), as a group runs

@@ -30,7 +30,13 @@ pub(super) async fn send(
         .request(method, request.url.render(run))
         .timeout(request.timeout)
         .header("Idempotency-Key", run.key.as_str());
-    for (name, value) in request.headers {
+    // With traces on, the action's trace context goes along (W3C Trace
+    // Context), in place of any `traceparent` the job sets itself.
+    if let Some(traceparent) = &run.traceparent {
+        builder = builder.header("traceparent", traceparent);
+    }
+    let ours = |name: &str| run.traceparent.is_some() && name.eq_ignore_ascii_case("traceparent");
+    for (name, value) in request.headers.iter().filter(|(name, _)| !ours(name)) {
         builder = builder.header(name, value.render(run));
     }
     if let Some(body) = request.body {

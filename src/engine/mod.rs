@@ -202,6 +202,8 @@ pub struct Won {
     pub lease: Lease,
     sent: Sent,
     watch: Watch,
+    /// Its trace: its spans, and the context handed to its work.
+    trace: crate::trace::AttemptTrace,
     _here: RunningHere,
     _counted: Counted,
 }
@@ -268,6 +270,8 @@ pub struct Engine {
     /// its API made on this host's clock (the system's, or a test's);
     /// what the database decides stays on the database's clock.
     clock: Arc<dyn Clock>,
+    /// Traces each attempt (or nothing).
+    tracer: crate::trace::Tracer,
 }
 
 impl Engine {
@@ -292,7 +296,19 @@ impl Engine {
             quick: Arc::default(),
             pauses: tokio::sync::broadcast::Sender::new(64),
             clock: Arc::new(SystemClock),
+            tracer: crate::trace::Tracer::off(),
         })
+    }
+
+    /// The engine tracing each attempt with `tracer`.
+    pub fn with_tracer(mut self, tracer: crate::trace::Tracer) -> Engine {
+        self.tracer = tracer;
+        self
+    }
+
+    /// What traces this engine's attempts.
+    pub fn tracer(&self) -> &crate::trace::Tracer {
+        &self.tracer
     }
 
     /// The engine reading the time from `clock` (a test's) for every
@@ -498,6 +514,7 @@ impl Engine {
                 match claim {
                     Claim::Won(won) => Taken::Won(Won {
                         watch: self.heartbeats.watch(&won, sent.at, won.granted),
+                        trace: self.trace_of(ask, &won, sent),
                         sent,
                         lease: won,
                         _here: here,
@@ -595,6 +612,21 @@ impl Engine {
         Ok(answers)
     }
 
+    /// The trace of `ask`'s claim, won as `lease` by a statement `sent`.
+    fn trace_of(&self, ask: &Ask, lease: &Lease, sent: Sent) -> crate::trace::AttemptTrace {
+        let key = lease.key.as_str();
+        let answered = sent.wall + chrono::TimeDelta::from_std(sent.took).unwrap_or_default();
+        self.tracer.attempt(crate::trace::Attempt {
+            job: &ask.job.name,
+            period: &ask.due.period.label,
+            period_key: key,
+            attempt: lease.attempt,
+            trigger: lease.trigger,
+            owner: &self.owner,
+            claim: (sent.wall, answered),
+        })
+    }
+
     /// Runs a won period to its end and reports how it ended.
     pub async fn run(&self, ask: Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
         let unreported = Report::not_run(&ask, Taken::RunningHere);
@@ -633,14 +665,17 @@ impl Engine {
     /// Runs the action of a won `command`, `shell` or `http` period.
     async fn run_action(&self, ask: &Ask, won: Won, stop_now: watch::Receiver<bool>) -> Report {
         self.log_won(ask, &won);
+        won.trace.action();
         let run = Run {
             job: &ask.job,
             period: &ask.due.period,
             key: &won.lease.key,
             lease: &won.lease,
             scheduled_at: ask.due.fire,
+            traceparent: won.trace.traceparent(),
         };
-        let report = self.execute(&run, &won.watch, stop_now).await;
+        let report = self.execute(&run, &won.watch, &won.trace, stop_now).await;
+        won.trace.end(&report.ended());
         report.count();
         report
     }

@@ -82,4 +82,5 @@ pub(crate) fn context_of(run: &Run<'_>, token: CancellationToken) -> Context {
         (run.lease.attempt, run.lease.trigger),
         token,
     )
+    .traced(run.traceparent.clone())
 }

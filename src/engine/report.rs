@@ -60,7 +60,37 @@ pub enum Status {
     Waiting(super::after::Upstream),
 }
 
+impl Status {
+    /// How a run that was claimed ended, in a word (`None`: it was not
+    /// claimed here).
+    pub fn ended(&self) -> Option<&'static str> {
+        Some(match self {
+            Status::Succeeded => "succeeded",
+            Status::Failed { .. } => "failed",
+            Status::Lost => "lost",
+            Status::Fenced => "fenced",
+            Status::Released => "released",
+            Status::Shutdown => "shutdown",
+            Status::Unrecorded(_) => "unrecorded",
+            Status::RunningHere | Status::NotWon(_) | Status::Waiting(_) => return None,
+        })
+    }
+}
+
 impl Report {
+    /// How the run ended, for its trace.
+    pub(crate) fn ended(&self) -> crate::trace::Ended<'_> {
+        crate::trace::Ended {
+            outcome: self.status.ended(),
+            error: match &self.status {
+                Status::Failed { error, .. } => Some(error),
+                _ => None,
+            },
+            exit_code: self.exit_code,
+            http_status: self.http_status,
+        }
+    }
+
     /// The report of a won claim's end.
     pub(super) fn of(lease: &Lease, status: Status, took: Duration) -> Report {
         Report {
@@ -141,15 +171,8 @@ impl Report {
 
     /// Counts the run in `scheduler_runs_total`.
     pub(super) fn count(&self) {
-        let outcome = match self.status {
-            Status::Succeeded => "succeeded",
-            Status::Failed { .. } => "failed",
-            Status::Lost => "lost",
-            Status::Fenced => "fenced",
-            Status::Released => "released",
-            Status::Shutdown => "shutdown",
-            Status::Unrecorded(_) => "unrecorded",
-            Status::RunningHere | Status::NotWon(_) | Status::Waiting(_) => return,
+        let Some(outcome) = self.status.ended() else {
+            return;
         };
         let (job, _) = self.key.parts();
         metrics::counter!("scheduler_runs_total", "job" => job.to_owned(), "outcome" => outcome)

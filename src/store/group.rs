@@ -282,8 +282,9 @@ impl GroupedSql<'_> {
 pub enum Work<'a> {
     /// An `sql` job's statement.
     Statement {
-        /// With `$1`, `$2`, … for the params.
-        statement: &'a str,
+        /// With `$1`, `$2`, … for the params (and, when traces are on, the
+        /// attempt's trace context in a comment).
+        statement: std::borrow::Cow<'a, str>,
         /// Its params, rendered.
         params: Vec<Param>,
     },

@@ -44,6 +44,18 @@ pub struct Attempt {
     pub requested_by: Option<String>,
     /// The fingerprint of the job's definition it ran under, once it ended.
     pub definition: Option<String>,
+    /// The id of its trace: what a scheduler exporting traces (`OTEL_*`)
+    /// sent its spans under, worked out from its period key, attempt and
+    /// owner ([`crate::trace::trace_id`]).
+    pub trace_id: String,
+}
+
+impl Attempt {
+    /// The attempt with its trace id worked out.
+    pub(super) fn traced(mut self) -> Attempt {
+        self.trace_id = crate::trace::trace_id(&self.period_key, self.attempt, &self.owner);
+        self
+    }
 }
 
 impl Store {

@@ -30,3 +30,4 @@ mod secrets;
 mod serve;
 mod store;
 mod support;
+mod traces;

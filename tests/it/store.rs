@@ -941,7 +941,7 @@ fn grouped<'a>(lease: &'a Lease, statement: &'a str, name: &str) -> GroupedSql<'
     GroupedSql {
         lease,
         work: Work::Statement {
-            statement,
+            statement: statement.into(),
             params: vec![scheduler::store::Param::Text(name.to_owned())],
         },
         timeout: None,
@@ -956,7 +956,7 @@ static NO_SECRETS: scheduler::template::Secrets = scheduler::template::Secrets::
 fn bare<'a>(lease: &'a Lease, statement: &'a str) -> GroupedSql<'a> {
     GroupedSql {
         work: Work::Statement {
-            statement,
+            statement: statement.into(),
             params: Vec::new(),
         },
         ..grouped(lease, statement, "")

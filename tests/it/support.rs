@@ -48,7 +48,9 @@ impl Workspace {
             .current_dir(self.dir.path())
             .env_remove("DATABASE_URL")
             .env_remove("SCHEDULER_CONFIG")
-            .env_remove("SCHEDULER_LOG");
+            .env_remove("SCHEDULER_LOG")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
         // SAFETY: `prctl` is async-signal-safe, and the closure touches no
         // memory of the parent.
         unsafe {

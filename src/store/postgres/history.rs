@@ -42,7 +42,9 @@ impl PgStore {
                     asked: row.try_get("asked")?,
                     requested_by: row.try_get("requested_by")?,
                     definition: row.try_get("definition")?,
-                })
+                    trace_id: String::new(),
+                }
+                .traced())
             })
             .collect()
     }

@@ -43,7 +43,9 @@ impl SqliteStore {
                     asked: row.try_get("asked")?,
                     requested_by: row.try_get("requested_by")?,
                     definition: row.try_get("definition")?,
-                })
+                    trace_id: String::new(),
+                }
+                .traced())
             })
             .collect()
     }
