@@ -37,7 +37,10 @@ fn scheduler(dir: &std::path::Path, args: &[&str], otel: Option<&str>) -> Comman
 fn serve(dir: &std::path::Path, jobs: &str, otel: Option<&str>) -> Child {
     std::fs::write(dir.join("jobs.toml"), jobs).unwrap();
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    scheduler(dir, &["serve"], otel).stderr(log).spawn().unwrap()
+    scheduler(dir, &["serve"], otel)
+        .stderr(log)
+        .spawn()
+        .unwrap()
 }
 
 /// Stops `child`; the JSON lines of its log.
@@ -99,7 +102,11 @@ fn lateness(logs: &[serde_json::Value]) -> Vec<f64> {
 fn warned(logs: &[serde_json::Value], what: &str) -> usize {
     logs.iter()
         .filter(|l| l["level"] == "WARN")
-        .filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains(what)))
+        .filter(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(what))
+        })
         .count()
 }
 
@@ -137,7 +144,10 @@ fn side_by_side(otel: &str) {
     let printer_jobs = format!("{TICK}\n{PRINTER}");
     let serves = [
         ("alone", serve(dirs[0].path(), TICK, None)),
-        ("beside the 50 MB printer", serve(dirs[1].path(), &printer_jobs, None)),
+        (
+            "beside the 50 MB printer",
+            serve(dirs[1].path(), &printer_jobs, None),
+        ),
         ("exporting traces", serve(dirs[2].path(), TICK, Some(otel))),
     ];
     let started = Instant::now();
@@ -165,7 +175,10 @@ fn side_by_side(otel: &str) {
     }
     let kept = Command::new(env!("CARGO_BIN_EXE_scheduler"))
         .args(["--database-url"])
-        .arg(format!("sqlite://{}", dirs[1].path().join("s.db").display()))
+        .arg(format!(
+            "sqlite://{}",
+            dirs[1].path().join("s.db").display()
+        ))
         .args(["logs", "printer", "--period"])
         .arg(chrono::Utc::now().format("%Y-%m-%d").to_string())
         .current_dir(dirs[1].path())

@@ -87,13 +87,21 @@ impl Exporting {
     }
 
     pub(super) async fn shutdown(self: Arc<Self>) {
-        if self.failing.load(Ordering::Relaxed) {
-            return;
+        let failing = self.failing.load(Ordering::Relaxed);
+        // On a thread of its own, never joined: neither the runtime's end
+        // nor the process's waits for an export that hangs.
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        let provider = self.provider.clone();
+        let _ = std::thread::Builder::new()
+            .name("trace-shutdown".into())
+            .spawn(move || {
+                let _ = provider.shutdown_with_timeout(FLUSH_AT_SHUTDOWN);
+                let _ = done.send(());
+            });
+        if !failing {
+            let _ =
+                tokio::time::timeout(FLUSH_AT_SHUTDOWN + Duration::from_millis(200), flushed).await;
         }
-        let flushed = tokio::task::spawn_blocking(move || {
-            let _ = self.provider.shutdown_with_timeout(FLUSH_AT_SHUTDOWN);
-        });
-        let _ = tokio::time::timeout(FLUSH_AT_SHUTDOWN + Duration::from_millis(200), flushed).await;
     }
 
     /// The span of `attempt`, from its claim on, with the claim's span

@@ -45,7 +45,8 @@ impl Settings {
     /// The settings the environment asks for; `None`: tracing is off (no
     /// endpoint, `OTEL_SDK_DISABLED=true`, or `OTEL_TRACES_EXPORTER=none`).
     pub(super) fn from_env(env: Env<'_>) -> Result<Option<Settings>, ConfigError> {
-        match env("OTEL_SDK_DISABLED").as_deref().map(str::trim) {
+        let disabled = env("OTEL_SDK_DISABLED").map(|v| v.trim().to_ascii_lowercase());
+        match disabled.as_deref() {
             None | Some("" | "false") => {}
             Some("true") => return Ok(None),
             Some(other) => {
@@ -92,6 +93,15 @@ fn endpoint_of(name: &str, value: &str) -> Result<String, ConfigError> {
             format!("`{value}` is not an http:// or https:// URL"),
         ));
     }
+    // Credentials go in OTEL_EXPORTER_OTLP_HEADERS, where they are kept
+    // out of the logs; a URL's would be logged, and a query string would
+    // end up before the `/v1/traces` path.
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+        return Err(refused(
+            name,
+            "a user, password or query string in the endpoint is not sent as you would expect; give credentials in OTEL_EXPORTER_OTLP_HEADERS",
+        ));
+    }
     if name.contains("_TRACES_") {
         return Ok(value.to_owned());
     }
@@ -123,6 +133,13 @@ fn headers(env: Env<'_>) -> Result<HashMap<String, String>, ConfigError> {
         .map(|(key, value)| {
             reqwest::header::HeaderName::from_bytes(key.as_bytes())
                 .map_err(|_| refused(&name, format!("`{key}` is not a header name")))?;
+            // The value is not said: it is likely a key.
+            reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
+                refused(
+                    &name,
+                    format!("the value of `{key}` cannot be sent in a header"),
+                )
+            })?;
             Ok((key, value))
         })
         .collect()
@@ -135,14 +152,15 @@ fn pairs(name: &str, value: &str) -> Result<Vec<(String, String)>, ConfigError> 
         .filter(|item| !item.trim().is_empty())
         .map(|item| {
             let Some((key, value)) = item.split_once('=') else {
-                return Err(refused(name, format!("`{item}` is not `key=value`")));
+                return Err(refused(name, "an item is not `key=value`"));
             };
             let key = key.trim();
             if key.is_empty() {
-                return Err(refused(name, format!("`{item}` has no key")));
+                return Err(refused(name, "an item has no key"));
             }
+            // The value is not said: a header's is likely a key.
             let value = percent_decoded(value.trim())
-                .ok_or_else(|| refused(name, format!("`{item}` has a bad %-escape")))?;
+                .ok_or_else(|| refused(name, format!("the value of `{key}` has a bad %-escape")))?;
             Ok((key.to_owned(), value))
         })
         .collect()
@@ -292,6 +310,16 @@ mod tests {
             ("OTEL_TRACES_SAMPLER", "sometimes", "not one of"),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s", "milliseconds"),
             ("OTEL_RESOURCE_ATTRIBUTES", "team", "not `key=value`"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://u:pw@c:4318",
+                "HEADERS",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "api-key=a%0Ab",
+                "cannot be sent",
+            ),
             ("OTEL_EXPORTER_OTLP_HEADERS", "a b=1", "not a header name"),
             ("OTEL_SDK_DISABLED", "yes", "neither"),
         ] {

@@ -54,7 +54,7 @@ pub(super) async fn output(
     let period = manual::parse_label(job, &label, Names::PATH.period).map_err(|e| Reply::of(&e))?;
     let key = PeriodKey::new(&job.name, &period.label).to_string();
     let attempt = whole("attempt", Some(&n), 1)?.unwrap_or(1);
-    let after = whole("after", page.after.as_deref(), 0)?.unwrap_or(-1);
+    let after = whole("after", page.after.as_deref(), -1)?.unwrap_or(-1);
     let limit =
         whole("limit", page.limit.as_deref(), 1)?.map_or(PAGE, |n| n.unsigned_abs().min(PAGE));
     let follow = match page.follow.as_deref() {

@@ -451,11 +451,7 @@ async function periodView(name, label) {
       el('td', { class: 'mono', title: a.definition || '' }, a.definition ? a.definition.slice(0, 12) : '\u2014'),
       el('td', { class: 'error' }, a.error || '')),
     el('tr', {}, el('td', { colspan: 9 },
-      a.output
-        ? el('details', { open: a.attempt === newest },
-          el('summary', {}, 'output of attempt ' + a.attempt),
-          el('pre', { class: 'output', 'data-output': a.attempt }, a.output))
-        : el('span', { class: 'muted' }, 'no output kept for attempt ' + a.attempt))),
+      outputDetails(name, data.period, a, a.attempt === newest))),
   ]);
   const shown = (v) => (v === null || v === undefined ? '\u2014' : typeof v === 'object' ? JSON.stringify(v) : String(v));
   const notes = (data.notifications || []).map((n) => el('tr', {},
@@ -483,6 +479,96 @@ async function periodView(name, label) {
     el('h2', {}, 'Notifications'),
     notes.length ? el('div', { class: 'table' }, el('table', {}, noteHead, notes)) : el('p', { class: 'muted' }, 'None.'),
   ];
+}
+
+// --- an attempt's whole output ----------------------------------------------
+
+// The output shown of each attempt, kept across the view's refreshes: a page
+// read or a follow goes on while the rest of the page is read again.
+const outputs = new Map();
+// A page: up to 16 chunks of at most 64 KiB each.
+const PAGE_CHUNKS = 16;
+
+// The details of attempt `a`: its kept tail at once, then, once opened, its
+// whole output a page at a time ("more"), a running one followed live.
+function outputDetails(job, label, a, open) {
+  const key = [job, label, a.attempt].join('\n');
+  let shown = outputs.get(key);
+  if (!shown) {
+    shown = {
+      path: '/v1/jobs/' + encodeURIComponent(job) + '/periods/' + encodeURIComponent(label)
+        + '/attempts/' + a.attempt + '/output',
+      pre: el('pre', { class: 'output', 'data-output': a.attempt }, a.output || ''),
+      more: el('button', { type: 'button', class: 'more', hidden: true }, 'more output'),
+      after: -1, end: 0, started: false, fresh: true, done: false, source: null,
+    };
+    shown.more.addEventListener('click', () => outputPage(shown));
+    outputs.set(key, shown);
+  }
+  const running = a.outcome === 'running';
+  const details = el('details', { open: open || shown.started },
+    el('summary', {}, 'output of attempt ' + a.attempt), shown.pre, shown.more);
+  const load = () => {
+    if (!details.open) return;
+    if (!shown.started) {
+      shown.started = true;
+      if (!running) outputPage(shown);
+    }
+    if (running && !shown.source && !shown.done) outputFollow(shown);
+  };
+  details.addEventListener('toggle', load);
+  setTimeout(load, 0);
+  return details;
+}
+
+// Adds chunks to what is shown (the first in place of the kept tail), with
+// a line where bytes were not kept.
+function outputAdd(shown, chunks) {
+  if (shown.fresh && chunks.length) {
+    shown.fresh = false;
+    shown.pre.textContent = '';
+  }
+  for (const c of chunks) {
+    const gap = c.at_byte - shown.end;
+    if (c.lost > 0) shown.pre.append(el('span', { class: 'muted' }, '[\u2026 ' + c.lost + ' byte(s) lost: the database fell behind the job \u2026]\n'));
+    else if (gap > 0) shown.pre.append(el('span', { class: 'muted' }, '[\u2026 ' + gap + ' byte(s) past output_max left out \u2026]\n'));
+    shown.pre.append(plain(c.text));
+    shown.end = c.at_byte + new TextEncoder().encode(c.text).length;
+    shown.after = c.seq;
+  }
+}
+
+// The next page of a finished attempt's output.
+async function outputPage(shown) {
+  shown.more.disabled = true;
+  const answer = await api('GET', shown.path + '?after=' + shown.after + '&limit=' + PAGE_CHUNKS);
+  shown.more.disabled = false;
+  if (answer.status !== 200) {
+    shown.pre.append(el('span', { class: 'error' }, answer.data.error || 'the server answered ' + answer.status));
+    return;
+  }
+  outputAdd(shown, answer.data.chunks);
+  shown.done = answer.data.done;
+  shown.more.hidden = answer.data.done || answer.data.chunks.length < PAGE_CHUNKS;
+}
+
+// A running attempt's output as it is written, until it ends. A broken
+// follow is not retried by the browser (it would start over): the next
+// refresh follows again from where this one got to.
+function outputFollow(shown) {
+  const source = new EventSource(shown.path + '?follow=true&after=' + shown.after);
+  shown.source = source;
+  source.addEventListener('output', (e) => outputAdd(shown, JSON.parse(e.data)));
+  source.addEventListener('end', () => {
+    source.close();
+    shown.source = null;
+    shown.done = true;
+    refresh(true);
+  });
+  source.onerror = () => {
+    source.close();
+    shown.source = null;
+  };
 }
 
 async function runsView() {
