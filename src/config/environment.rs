@@ -18,6 +18,13 @@ const PUBLIC: [&str; 12] = [
 /// every job that does not name them, whatever the configuration says.
 pub const DATABASE_VARIABLES: [&str; 2] = ["DATABASE_URL", "PGPASSWORD"];
 
+/// Variables holding the trace exporter's credentials (an API key in its
+/// headers), hidden from every job that does not name them.
+pub const OTLP_SECRET_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+];
+
 /// Whether the variable `name` is a well-known, public one (`PATH`, `LC_*`, …).
 pub fn is_public(name: &str) -> bool {
     PUBLIC.contains(&name) || name.starts_with("LC_")
@@ -60,6 +67,7 @@ pub fn hidden<'a>(read: impl IntoIterator<Item = &'a str>) -> Arc<[String]> {
         .into_iter()
         .filter(|name| !name.is_empty() && !is_public(name))
         .chain(DATABASE_VARIABLES)
+        .chain(OTLP_SECRET_VARIABLES)
         .map(str::to_owned)
         .collect();
     names.sort();
@@ -79,6 +87,7 @@ mod tests {
         };
         assert!(!inherit.passes("TOKEN"));
         assert!(!inherit.passes("DATABASE_URL"));
+        assert!(!inherit.passes("OTEL_EXPORTER_OTLP_HEADERS"));
         assert!(inherit.passes("HOME"), "a public variable is never hidden");
         assert!(inherit.passes("OTHER"));
         inherit.named = vec!["TOKEN".into()];

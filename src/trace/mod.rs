@@ -77,7 +77,7 @@ impl Tracer {
             return Ok(Tracer::off());
         };
         Ok(Tracer {
-            exporting: Some(std::sync::Arc::new(otlp::Exporting::start(settings))),
+            exporting: Some(std::sync::Arc::new(otlp::Exporting::start(settings)?)),
         })
     }
 
@@ -174,6 +174,7 @@ impl AttemptTrace {
 }
 
 /// How an attempt ended, for its span.
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
 pub(crate) struct Ended<'a> {
     /// `succeeded`, `failed`, `lost`, … (`None`: it never ran).
     pub outcome: Option<&'static str>,

@@ -38,7 +38,9 @@ pub(super) struct Exporting {
 }
 
 impl Exporting {
-    pub(super) fn start(settings: Settings) -> Exporting {
+    /// Starts exporting as `settings` say; an endpoint the exporter
+    /// cannot use is refused, naming the variable.
+    pub(super) fn start(settings: Settings) -> Result<Exporting, crate::config::ConfigError> {
         let failing = Arc::new(AtomicBool::new(false));
         let headers = settings.headers.clone();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -62,28 +64,27 @@ impl Exporting {
             .with_sampler(settings.sampler)
             .with_id_generator(Chosen)
             .with_resource(resource);
-        match exporter {
-            Ok(exporter) => {
-                builder = builder.with_batch_exporter(Counted {
-                    inner: exporter,
-                    failing: failing.clone(),
-                    said: Mutex::new(None),
-                    dropped: AtomicU64::new(0),
-                });
-            }
-            Err(e) => tracing::warn!("traces are not exported: {e}"),
-        }
+        let exporter = exporter.map_err(|e| crate::config::ConfigError {
+            place: "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+            message: format!("`{}` cannot be exported to: {e}", settings.endpoint),
+        })?;
+        builder = builder.with_batch_exporter(Counted {
+            inner: exporter,
+            failing: failing.clone(),
+            said: Mutex::new(None),
+            dropped: AtomicU64::new(0),
+        });
         let provider = builder.build();
         let tracer = provider.tracer("scheduler");
         tracing::info!(
             endpoint = settings.endpoint,
             "exporting traces over OTLP/HTTP"
         );
-        Exporting {
+        Ok(Exporting {
             provider,
             tracer,
             failing,
-        }
+        })
     }
 
     pub(super) async fn shutdown(self: Arc<Self>) {

@@ -56,7 +56,8 @@ impl Settings {
                 ));
             }
         }
-        match env("OTEL_TRACES_EXPORTER").as_deref().map(str::trim) {
+        let exporter = env("OTEL_TRACES_EXPORTER").map(|v| v.trim().to_ascii_lowercase());
+        match exporter.as_deref() {
             None | Some("" | "otlp") => {}
             Some("none") => return Ok(None),
             Some(other) => {
@@ -96,10 +97,14 @@ fn endpoint_of(name: &str, value: &str) -> Result<String, ConfigError> {
     // Credentials go in OTEL_EXPORTER_OTLP_HEADERS, where they are kept
     // out of the logs; a URL's would be logged, and a query string would
     // end up before the `/v1/traces` path.
-    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+    if !url.username().is_empty()
+        || url.password().is_some()
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
         return Err(refused(
             name,
-            "a user, password or query string in the endpoint is not sent as you would expect; give credentials in OTEL_EXPORTER_OTLP_HEADERS",
+            "a user, password, query string or fragment in the endpoint is not sent as you would expect; give credentials in OTEL_EXPORTER_OTLP_HEADERS",
         ));
     }
     if name.contains("_TRACES_") {
@@ -111,7 +116,7 @@ fn endpoint_of(name: &str, value: &str) -> Result<String, ConfigError> {
 fn protocol(env: Env<'_>) -> Result<(), ConfigError> {
     match either(env, "OTEL_EXPORTER_OTLP_PROTOCOL") {
         None => Ok(()),
-        Some((_, value)) if value.trim() == "http/protobuf" => Ok(()),
+        Some((_, value)) if value.trim().eq_ignore_ascii_case("http/protobuf") => Ok(()),
         Some((name, value)) => Err(refused(
             &name,
             format!(
