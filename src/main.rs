@@ -27,7 +27,7 @@ fn main() -> ExitCode {
     if serving && !matches!(cli.command, Command::Serve { .. }) {
         hangup(SigHandler::SigDfl);
     }
-    init_logging(&cli);
+    let logging = init_logging(&cli);
     // `serve` runs many jobs at once on every core; the other commands do
     // one thing at a time, and a single thread spares them the hand-offs
     // between threads (a backfill of /bin/true runs ~15 % faster).
@@ -47,19 +47,33 @@ fn main() -> ExitCode {
             return ExitCode::from(3);
         }
     };
-    let code = match runtime.block_on(scheduler::cli::app::execute(cli)) {
+    let result = runtime.block_on(scheduler::cli::app::execute(cli));
+    // Every job has ended and every claim is settled by now; what is left
+    // (a task stuck in a blocking call) must not keep the process from
+    // exiting: dropping the runtime would wait for it for ever.
+    runtime.shutdown_timeout(EXIT_WAIT);
+    // The log's last lines go out before the error, within a second;
+    // unless its reader has stopped reading (lines were dropped), when
+    // waiting for it would only delay the exit (and tracing-appender
+    // would print its complaint on stdout, where results go).
+    let (guard, dropped) = logging;
+    match dropped.dropped_lines() {
+        0 => drop(guard),
+        _ => std::mem::forget(guard),
+    }
+    match result {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(scheduler::cli::exit_code(&e))
         }
-    };
-    // Every job has ended and every claim is settled by now; what is left
-    // (a task stuck in a blocking call) must not keep the process from
-    // exiting: dropping the runtime would wait for it for ever.
-    runtime.shutdown_timeout(EXIT_WAIT);
-    code
+    }
 }
+
+/// Log lines a reader of the log may fall behind by before new ones are
+/// dropped: the log is written on a thread of its own, so a slow reader
+/// (a pipe, a log shipper) never holds up a job, a heartbeat or a fire.
+const LOG_BACKLOG: usize = 1024;
 
 /// How long the process waits at exit for tasks still in the runtime.
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -97,7 +111,12 @@ fn hangup(action: SigHandler) {
     let _ = unsafe { nix::sys::signal::signal(Signal::SIGHUP, action) };
 }
 
-fn init_logging(cli: &Cli) {
+fn init_logging(
+    cli: &Cli,
+) -> (
+    tracing_appender::non_blocking::WorkerGuard,
+    tracing_appender::non_blocking::ErrorCounter,
+) {
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => "warn",
         (false, 0) => "info",
@@ -134,14 +153,21 @@ fn init_logging(cli: &Cli) {
     // A log that cannot be written (its reader went away) is dropped: the
     // default reports that with `eprintln!`, which panics on a closed
     // stderr and would take down the task that was logging — a run's. Log
-    // lines are drawn around `run`'s progress bar.
+    // lines are drawn around `run`'s progress bar, on the log's thread.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_BACKLOG)
+        .thread_name("log")
+        .finish(scheduler::cli::run::Stderr);
+    let dropped = writer.error_counter();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
         .log_internal_errors(false)
-        .with_writer(scheduler::cli::run::LogWriter);
+        .with_writer(writer);
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    (guard, dropped)
 }

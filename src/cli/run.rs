@@ -71,44 +71,27 @@ pub async fn command(
 /// The progress bar on screen, if one is: log lines are drawn around it.
 static BAR: std::sync::Mutex<Option<ProgressBar>> = std::sync::Mutex::new(None);
 
-/// Where log lines go: standard error, each line written with the progress
-/// bar of a `run` lifted off the screen, so none leaves a copy of it behind.
-pub struct LogWriter;
+/// Where the log's own thread writes its lines: standard error, each line
+/// with the progress bar of a `run` lifted off the screen, so none leaves
+/// a copy of it behind. A line that cannot be written (the log's reader
+/// went away) is dropped.
+pub struct Stderr;
 
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
-    type Writer = LogLine;
-
-    fn make_writer(&'a self) -> LogLine {
-        LogLine(Vec::new())
-    }
-}
-
-/// One log line, written whole when dropped.
-pub struct LogLine(Vec<u8>);
-
-impl std::io::Write for LogLine {
+impl std::io::Write for Stderr {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Drop for LogLine {
-    fn drop(&mut self) {
-        use std::io::Write;
-        // A log that cannot be written (its reader went away) is dropped.
         let write = || {
-            let _ = std::io::stderr().lock().write_all(&self.0);
+            let _ = std::io::stderr().lock().write_all(bytes);
         };
         let bar = BAR.lock().ok().and_then(|bar| bar.clone());
         match bar {
             Some(bar) => bar.suspend(write),
             None => write(),
         }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

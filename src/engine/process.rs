@@ -304,6 +304,11 @@ fn forward(
         // from it (cut at the limit): a value across the cut is found.
         let mut before: Vec<u8> = Vec::new();
         loop {
+            // A buffer of many short lines is read without a wait: each
+            // line counts against the task's budget, so the loop gives way
+            // to the heartbeats (on `run`'s one thread too) rather than
+            // logging thousands of lines in one go.
+            tokio::task::consume_budget().await;
             let (used, ended) = match reader.fill_buf().await {
                 Ok([]) | Err(_) => break,
                 Ok(buffer) => {

@@ -38,6 +38,9 @@ impl Chunk {
     }
 }
 
+/// The most chunks (each at most 64 KiB) one statement writes.
+const ROWS_PER_STATEMENT: usize = 4;
+
 impl Store {
     /// Writes `chunks` of attempt `attempt` of `key` (a period of `job`) in
     /// one statement.
@@ -51,45 +54,46 @@ impl Store {
         if chunks.is_empty() {
             return Ok(());
         }
-        let rows: Vec<serde_json::Value> = chunks
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "seq": c.seq, "stream": c.stream.as_str(), "at_byte": c.at_byte,
-                    "lost": c.lost, "text": c.text,
+        // A few rows per statement, each value bound as it is: a statement
+        // holds SQLite's one writer lock for a moment only, so heartbeats
+        // get in between, and no chunk is copied into a document first
+        // (a chunk of NUL bytes is six times its size as JSON).
+        for rows in chunks.chunks(ROWS_PER_STATEMENT) {
+            let values: Vec<String> = (0..rows.len())
+                .map(|i| {
+                    let n = 4 + i * 5;
+                    format!(
+                        "($1, $2, $3, {{now}}, ${}, ${}, ${}, ${}, ${})",
+                        n,
+                        n + 1,
+                        n + 2,
+                        n + 3,
+                        n + 4
+                    )
                 })
-            })
-            .collect();
-        let rows = serde_json::Value::Array(rows).to_string();
-        let from = match self {
-            #[cfg(feature = "postgres")]
-            Store::Postgres(_) => {
-                "SELECT * FROM json_to_recordset($4::json)
-                     AS x(seq integer, stream text, at_byte bigint, lost bigint, text text)"
-            }
-            #[cfg(feature = "sqlite")]
-            Store::Sqlite(_) => {
-                "SELECT json_extract(value, '$.seq'), json_extract(value, '$.stream'),
-                        json_extract(value, '$.at_byte'), json_extract(value, '$.lost'),
-                        json_extract(value, '$.text')
-                   FROM json_each($4)"
-            }
-        };
-        on_pool!(self, |pool, now| {
-            sqlx::query(&format!(
-                "INSERT INTO scheduler_output
-                    (period_key, attempt, job, at, seq, stream, at_byte, lost, text)
-                 SELECT $1, $2, $3, {now}, f.* FROM ({from}) AS f WHERE true
-                 ON CONFLICT (period_key, attempt, seq) DO NOTHING"
-            ))
-            .bind(key)
-            .bind(attempt)
-            .bind(job)
-            .bind(&rows)
-            .execute(pool)
-            .await
-            .map(|_| ())
-        })
+                .collect();
+            let values = values.join(", ");
+            on_pool!(self, |pool, now| {
+                let sql = format!(
+                    "INSERT INTO scheduler_output
+                        (period_key, attempt, job, at, seq, stream, at_byte, lost, text)
+                     VALUES {}
+                     ON CONFLICT (period_key, attempt, seq) DO NOTHING",
+                    values.replace("{now}", now)
+                );
+                let mut query = sqlx::query(&sql).bind(key).bind(attempt).bind(job);
+                for c in rows {
+                    query = query
+                        .bind(c.seq)
+                        .bind(c.stream.as_str())
+                        .bind(c.at_byte)
+                        .bind(c.lost)
+                        .bind(&c.text);
+                }
+                query.execute(pool).await.map(|_| ())
+            })?;
+        }
+        Ok(())
     }
 
     /// Deletes chunks `first..=last` of an attempt: the oldest of its

@@ -614,3 +614,76 @@ fn the_period_page_tails_a_running_attempt_live() {
     drop(browser);
     server.stop();
 }
+
+/// Issue 43: the period page pages through a long finished attempt's
+/// output a page at a time, never reading it whole at once.
+#[test]
+fn the_period_page_pages_through_a_long_attempt() {
+    let ws = Workspace::new(&with_api(
+        "\n[[job]]\nname = \"long\"\nschedule = \"0 2 * * *\"\nperiod = \"day\"\n\
+         shell = \"seq -f page-%g 1 200000\"\n",
+    ));
+    let db = TestDb::sqlite();
+    let ran = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "long",
+            "--period",
+            &day(3),
+        ])
+        .env("CI_TOKEN", CI)
+        .env("ONCALL_TOKEN", ONCALL)
+        .env("READER_TOKEN", READER)
+        .output()
+        .expect("run");
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+            .lines()
+            .filter(|l| !l.contains(" job: "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // 2.3 MB of lines: more than one page of 16 chunks of 64 KiB.
+    let chunks = count(
+        &db.url,
+        &format!(
+            "SELECT count(*) FROM scheduler_output WHERE period_key = 'long:{}'",
+            day(3)
+        ),
+    );
+    assert!(chunks > 16, "{chunks} chunks: too few for two pages");
+    let server = Server::start(&ws, &db.url);
+    let Some(browser) = Browser::start(1280, 900) else {
+        return;
+    };
+    browser.log_in(&server.base(), ONCALL);
+    browser.goto(&format!("{}/#/job/long/period/{}", server.base(), day(3)));
+    browser.until("the first page", || {
+        browser.text("pre.output").starts_with("page-1\n")
+    });
+    assert!(
+        !browser.text("pre.output").contains("page-200000"),
+        "read whole at once"
+    );
+    let mut clicks = 0;
+    let last = "return document.querySelector('pre.output').textContent.slice(-12)";
+    browser.until("the last page, a click at a time", || {
+        if browser.eval(last) == json!("page-200000\n") {
+            return true;
+        }
+        let more = "const b = document.querySelector('button.more'); return [b.hidden, b.disabled]";
+        if browser.eval(more) == json!([false, false]) {
+            browser.click("button.more");
+            clicks += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        false
+    });
+    assert!(clicks >= 1, "{clicks} pages more");
+    drop(browser);
+    server.stop();
+}

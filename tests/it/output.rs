@@ -352,3 +352,41 @@ fn the_api_pages_through_an_attempts_output_and_follows_a_running_one() {
         assert_eq!(server.stop(), 0);
     }
 }
+
+/// A reader of the scheduler's log that stops reading (a stalled pipe, a
+/// stuck log shipper) holds up no job, heartbeat or outcome: the log is
+/// written on a thread of its own and what it falls behind by is dropped.
+/// Before, the job's lines were written to stderr on the runtime's
+/// threads, a full pipe stopped the heartbeats, and the job was fenced.
+#[test]
+fn a_log_reader_that_stops_reading_holds_up_no_run() {
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&format!(
+        "[scheduler]\nlease = \"2s\"\n\n{}",
+        job("loud", "seq -f line-%g 1 300000", "")
+    ));
+    let mut running = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "loud",
+            "--period",
+            "2026-12-01",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The pipe is never read: once its 64 KiB are full, every write waits.
+    let _unread = running.stderr.take();
+    let ran = wait(running, Duration::from_secs(120));
+    assert_eq!(ran.status.code(), Some(0), "the run did not succeed");
+    assert_eq!(
+        count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_attempts WHERE outcome = 'succeeded' AND attempt = 1"
+        ),
+        1
+    );
+}
