@@ -53,6 +53,18 @@ pub async fn logs(store: &Store, asked: &Asked) -> Result<Outcome, Unread> {
         if !asked.follow || attempt.outcome != AttemptOutcome::Running {
             break;
         }
+        if let Some(gone) = runner_gone(store, asked, &attempt).await? {
+            // What it wrote before it went is shown; then it ends here.
+            if store
+                .output(&asked.key, attempt.attempt, after, 1)
+                .await?
+                .is_empty()
+            {
+                eprintln!("{gone}");
+                return Ok(Outcome::RunFailed);
+            }
+            continue;
+        }
         tokio::time::sleep(FOLLOW_EVERY).await;
         // Read once more after it ended: what it printed last.
         attempt = the_attempt(
@@ -65,9 +77,36 @@ pub async fn logs(store: &Store, asked: &Asked) -> Result<Outcome, Unread> {
         .await?;
     }
     Ok(match attempt.outcome {
-        AttemptOutcome::Failed => Outcome::RunFailed,
+        AttemptOutcome::Failed | AttemptOutcome::Lost => Outcome::RunFailed,
         _ => Outcome::Done,
     })
+}
+
+/// Whether the runner of `attempt`, still running by its history row, has
+/// let its lease run out (it died, or is cut off): what `logs` says of it,
+/// or `None` while its lease holds.
+async fn runner_gone(
+    store: &Store,
+    asked: &Asked,
+    attempt: &Attempt,
+) -> Result<Option<String>, Error> {
+    // Job names hold no `:`; labels may.
+    let (job, _) = asked.key.split_once(':').unwrap_or((&asked.key, ""));
+    // Every running claim of the job is among its recent rows.
+    let rows = store.recent(job, 1).await?;
+    let row = rows
+        .iter()
+        .find(|r| r.period_key == asked.key && r.attempt == attempt.attempt);
+    Ok(row.and_then(|r| {
+        let until = r.lease_until.filter(|until| *until < r.now)?;
+        Some(format!(
+            "{}: attempt {} stopped when its runner {} let its lease run out at {} (it died or lost the database); the period runs again once a run or a scan takes it over",
+            asked.key,
+            attempt.attempt,
+            r.owner,
+            crate::period::utc_text(until)
+        ))
+    }))
 }
 
 /// The attempt asked for, or the period's newest; a usage error naming

@@ -390,3 +390,50 @@ fn a_log_reader_that_stops_reading_holds_up_no_run() {
         1
     );
 }
+
+/// New-user review: a follow of an attempt whose runner was killed went on
+/// until a takeover, then exited 0. It ends once the runner's lease has
+/// run out, with what was written, saying why, exit 1.
+#[test]
+fn a_follow_of_an_attempt_whose_runner_died_ends_when_its_lease_runs_out() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&format!(
+            "[scheduler]\nlease = \"2s\"\n\n{}",
+            job(
+                "slow",
+                "for i in $(seq 1 300); do echo tick $i; sleep 0.2; done",
+                ""
+            )
+        ));
+        migrated(&ws, &db);
+        let mut runner = ws
+            .command(&["run", "slow", "--period", "2026-12-01"])
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        eventually("its first lines written", Duration::from_secs(30), || {
+            count(&db.url, "SELECT count(*) FROM scheduler_output") > 0
+        });
+        let follower = ws
+            .command(&["logs", "slow", "--period", "2026-12-01", "--follow"])
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The runner and its job's whole tree go at once (its supervisor
+        // ends the job when the runner dies).
+        runner.kill().unwrap();
+        runner.wait().unwrap();
+        let followed = wait(follower, Duration::from_secs(60));
+        assert_eq!(followed.code(), 1, "{}", followed.stderr());
+        assert!(followed.stdout().starts_with("tick 1\n"));
+        assert!(
+            followed.stderr().contains("let its lease run out"),
+            "{}",
+            followed.stderr()
+        );
+    }
+}
