@@ -82,33 +82,6 @@ pub async fn logs(store: &Store, asked: &Asked) -> Result<Outcome, Unread> {
     })
 }
 
-/// Whether the runner of `attempt`, still running by its history row, has
-/// let its lease run out (it died, or is cut off): what `logs` says of it,
-/// or `None` while its lease holds.
-async fn runner_gone(
-    store: &Store,
-    asked: &Asked,
-    attempt: &Attempt,
-) -> Result<Option<String>, Error> {
-    // Job names hold no `:`; labels may.
-    let (job, _) = asked.key.split_once(':').unwrap_or((&asked.key, ""));
-    // Every running claim of the job is among its recent rows.
-    let rows = store.recent(job, 1).await?;
-    let row = rows
-        .iter()
-        .find(|r| r.period_key == asked.key && r.attempt == attempt.attempt);
-    Ok(row.and_then(|r| {
-        let until = r.lease_until.filter(|until| *until < r.now)?;
-        Some(format!(
-            "{}: attempt {} stopped when its runner {} let its lease run out at {} (it died or lost the database); the period runs again once a run or a scan takes it over",
-            asked.key,
-            attempt.attempt,
-            r.owner,
-            crate::period::utc_text(until)
-        ))
-    }))
-}
-
 /// The attempt asked for, or the period's newest; a usage error naming
 /// what does not exist.
 async fn the_attempt(store: &Store, asked: &Asked) -> Result<Attempt, Error> {
@@ -123,6 +96,24 @@ async fn the_attempt(store: &Store, asked: &Asked) -> Result<Attempt, Error> {
             None => format!("{} has no attempt: it never ran", asked.key),
         })
     })
+}
+
+/// What `logs` says of `attempt` if its runner has let its lease run out
+/// (it died, or is cut off); `None` while its lease holds.
+async fn runner_gone(
+    store: &Store,
+    asked: &Asked,
+    attempt: &Attempt,
+) -> Result<Option<String>, Error> {
+    let gone = store.lease_ran_out(&asked.key, attempt.attempt).await?;
+    Ok(gone.map(|(owner, until)| {
+        format!(
+            "{}: attempt {} stopped when its runner {owner} let its lease run out at {} (it died or lost the database); the period runs again once a run or a scan takes it over",
+            asked.key,
+            attempt.attempt,
+            crate::period::utc_text(until)
+        )
+    }))
 }
 
 /// Writes one chunk where its stream goes, after a line saying what was

@@ -120,6 +120,26 @@ impl Store {
         })
     }
 
+    /// Whether attempt `attempt` of `key`, still running by its claim, has
+    /// had its lease run out unrenewed (its runner died, or lost the
+    /// database): its runner and when the lease ended; `None` while it
+    /// holds, or once the claim has moved on.
+    pub async fn lease_ran_out(
+        &self,
+        key: &str,
+        attempt: i32,
+    ) -> Result<Option<(String, chrono::DateTime<chrono::Utc>)>, Error> {
+        // Job names hold no `:`; labels may. Every running claim of a job
+        // is among its recent rows.
+        let (job, _) = key.split_once(':').unwrap_or((key, ""));
+        let rows = self.recent(job, 1).await?;
+        Ok(rows
+            .into_iter()
+            .filter(|r| r.period_key == key && r.attempt == attempt)
+            .filter(|r| r.state == crate::state::ClaimState::Running)
+            .find_map(|r| Some((r.owner, r.lease_until.filter(|until| *until < r.now)?))))
+    }
+
     /// The chunks of an attempt after chunk `after` (-1: from the first),
     /// in order, at most `limit`.
     pub async fn output(

@@ -437,3 +437,55 @@ fn a_follow_of_an_attempt_whose_runner_died_ends_when_its_lease_runs_out() {
         );
     }
 }
+
+/// The API's follow of an attempt whose runner died ends once the
+/// runner's lease has run out, its `end` event naming the runner gone.
+#[test]
+fn the_apis_follow_of_an_attempt_whose_runner_died_ends_naming_it() {
+    use std::io::BufRead;
+
+    use crate::api::{READER, Server, with_api};
+
+    let db = TestDb::sqlite();
+    let ws = Workspace::new(&with_api(&job(
+        "slow",
+        "for i in $(seq 1 300); do echo tick $i; sleep 0.2; done",
+        "",
+    )));
+    migrated(&ws, &db);
+    let mut runner = ws
+        .command(&["run", "slow", "--period", "2026-12-01"])
+        .env("DATABASE_URL", &db.url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("its first lines written", Duration::from_secs(30), || {
+        count(&db.url, "SELECT count(*) FROM scheduler_output") > 0
+    });
+    let server = Server::start(&ws, &db.url);
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let path = "/v1/jobs/slow/periods/2026-12-01/attempts/1/output?follow=true";
+    let followed = reqwest::blocking::Client::new()
+        .get(format!("{}{path}", server.base()))
+        .bearer_auth(READER)
+        .send()
+        .unwrap();
+    let mut event = String::new();
+    let mut end = None;
+    for line in std::io::BufReader::new(followed).lines() {
+        let line = line.unwrap();
+        if let Some(name) = line.strip_prefix("event: ") {
+            event = name.to_owned();
+        } else if let Some(data) = line.strip_prefix("data: ")
+            && event == "end"
+        {
+            end = Some(serde_json::from_str::<serde_json::Value>(data).unwrap());
+            break;
+        }
+    }
+    let end = end.expect("an end event");
+    assert_eq!(end["outcome"], "running", "{end}");
+    assert!(end["runner_gone"]["owner"].is_string(), "{end}");
+}

@@ -153,6 +153,18 @@ fn followed(store: Store, key: String, attempt: i32, after: i32) -> impl IntoRes
                 }
                 Ok(_) => match outcome(&store, &key, attempt).await {
                     Ok(Some(AttemptOutcome::Running)) if tokio::time::Instant::now() < until => {
+                        // A runner that died leaves its attempt running
+                        // until a takeover: the follow ends once its lease
+                        // ran out (looked at once a second).
+                        if idle % 4 == 3
+                            && let Ok(Some((owner, at))) = store.lease_ran_out(&key, attempt).await
+                        {
+                            let end = json!({
+                                "outcome": AttemptOutcome::Running, "after": after,
+                                "runner_gone": { "owner": owner, "lease_until": crate::period::utc_text(at) },
+                            });
+                            return Some((Ok::<_, Infallible>(event("end", &end)), None));
+                        }
                         tokio::time::sleep(FOLLOW_EVERY).await;
                         idle += 1;
                         // A comment now and then keeps a quiet follow
