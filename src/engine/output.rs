@@ -38,11 +38,17 @@ pub struct Pen {
 }
 
 impl Pen {
-    /// Adds `text` (secrets masked) to the output; never waits.
+    /// Adds `text` (secrets masked) to the output; never waits. A NUL
+    /// byte is kept as U+FFFD, as bytes that are no UTF-8 are: PostgreSQL's
+    /// `text` refuses it, and both databases keep the same output.
     pub fn write(&self, stream: Stream, text: &str) {
+        let text = match text.contains('\0') {
+            true => text.replace('\0', "\u{FFFD}"),
+            false => text.to_owned(),
+        };
         let n = text.len() as i64;
         if self.queued.fetch_add(n, Ordering::AcqRel) + n > QUEUE_BOUND
-            || self.pieces.send((stream, text.to_owned())).is_err()
+            || self.pieces.send((stream, text)).is_err()
         {
             self.queued.fetch_sub(n, Ordering::AcqRel);
             self.lost.fetch_add(n, Ordering::AcqRel);

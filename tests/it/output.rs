@@ -489,3 +489,21 @@ fn the_apis_follow_of_an_attempt_whose_runner_died_ends_naming_it() {
     assert_eq!(end["outcome"], "running", "{end}");
     assert!(end["runner_gone"]["owner"].is_string(), "{end}");
 }
+
+/// A NUL byte in a job's output lost the whole piece on PostgreSQL
+/// (`text` refuses it): it is kept as U+FFFD on both databases.
+#[test]
+fn output_with_nul_bytes_is_kept_on_both_databases() {
+    for db in crate::support::databases() {
+        let ws = Workspace::new(&job("nul", "printf 'a\\000b\\n'; echo done", ""));
+        let ran = run(&ws, &db, &["run", "nul", "--period", "2026-12-01"]);
+        assert_eq!(ran.code(), 0, "{}", ran.stderr());
+        assert!(
+            !ran.stderr().contains("could not be written"),
+            "{}",
+            ran.stderr()
+        );
+        let logs = run(&ws, &db, &["logs", "nul", "--period", "2026-12-01"]);
+        assert_eq!(logs.stdout(), "a\u{FFFD}b\ndone\n", "{}", db.url);
+    }
+}
