@@ -67,6 +67,7 @@ async fn record_days(
         requests.push(ClaimRequest {
             job,
             period,
+            shard: None,
             owner: "bench",
             lease: Duration::from_secs(600),
             trigger: Trigger::Manual,
@@ -145,6 +146,7 @@ async fn measure(backend: &str, url: &str) {
                 period: job.period.period_of(&job.schedule, fire),
                 fire,
                 trigger: Trigger::Schedule,
+                shard: None,
             };
             Ask::scheduled(job.clone(), due)
         })
@@ -200,6 +202,7 @@ async fn measure(backend: &str, url: &str) {
                     period: r.period,
                     fire: r.scheduled_at,
                     trigger: r.trigger,
+                    shard: r.shard,
                 },
             )
         })

@@ -35,6 +35,7 @@ async fn claim_and_complete(store: &Store) -> f64 {
         let request = ClaimRequest {
             job: "bench",
             period: &period,
+            shard: None,
             owner: "bench",
             lease: Duration::from_secs(60),
             trigger: Trigger::Schedule,

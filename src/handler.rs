@@ -148,10 +148,18 @@ impl Context {
         &self.job
     }
 
-    /// `<job>:<label>`: unique per period, a good Idempotency-Key for what
-    /// the handler asks of other services.
+    /// `<job>:<label>`, and `#<shard>/<shards>` after it for a shard:
+    /// unique per period (per shard), a good Idempotency-Key for what the
+    /// handler asks of other services.
     pub fn period_key(&self) -> &str {
         self.key.as_str()
+    }
+
+    /// Which shard of its period this run is (`index` from 0, `of` in
+    /// all), for a job whose periods are split ([`CodeJob::shards`](crate::CodeJob::shards));
+    /// `None` otherwise.
+    pub fn shard(&self) -> Option<crate::period::Shard> {
+        self.key.shard()
     }
 
     /// The period's label: `2026-07`, `2026-W29`, `2026-07-15T14:05:00Z`.

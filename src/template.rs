@@ -8,7 +8,7 @@ use std::sync::Arc;
 use aho_corasick::AhoCorasick;
 
 /// The placeholders a template may name.
-pub const PLACEHOLDERS: [&str; 7] = [
+pub const PLACEHOLDERS: [&str; 9] = [
     "job",
     "period",
     "period_key",
@@ -16,7 +16,12 @@ pub const PLACEHOLDERS: [&str; 7] = [
     "period_end",
     "scheduled_at",
     "attempt",
+    "shard",
+    "shards",
 ];
+
+/// The placeholders only a sharded job's templates may name.
+pub const SHARD_PLACEHOLDERS: [&str; 2] = ["shard", "shards"];
 
 /// A string whose placeholders are known to be valid: literal text (with
 /// `${VAR}` already expanded) between placeholders.
@@ -483,7 +488,7 @@ impl fmt::Debug for Secrets {
 
 /// `{name}` occurrences, where name is `[a-z_]+`, with their byte offsets.
 /// Other braces (JSON bodies, shell `${x}`) are left alone.
-fn placeholders(text: &str) -> impl Iterator<Item = (usize, &str)> {
+pub(crate) fn placeholders(text: &str) -> impl Iterator<Item = (usize, &str)> {
     text.match_indices('{').filter_map(move |(offset, _)| {
         let rest = &text[offset + 1..];
         let end = rest.find('}')?;

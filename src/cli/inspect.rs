@@ -318,8 +318,12 @@ pub async fn range(
                 ),
             };
             let late = if view.late { "  late" } else { "" };
+            let shards = view
+                .shard_words()
+                .map(|words| format!("; {words}"))
+                .unwrap_or_default();
             say(format_args!(
-                "{}  {:<17}  {detail}{late}",
+                "{}  {:<17}  {detail}{shards}{late}",
                 view.key, view.state
             ))?;
         }

@@ -237,6 +237,9 @@ pub struct RunArgs {
     /// --from/--to); never-claimed and succeeded ones are passed over.
     #[arg(long, conflicts_with = "force")]
     pub only_failed: bool,
+    /// Only this shard (from 0) of each period, of a job with `shards`.
+    #[arg(long, value_name = "K", conflicts_with = "all")]
+    pub shard: Option<u32>,
     /// One JSON object per line.
     #[arg(long)]
     pub json: bool,

@@ -29,6 +29,7 @@ pub fn request(args: &RunArgs) -> Request {
         wait: args.wait,
         dry_run: args.dry_run,
         with_upstream: args.with_upstream,
+        shard: args.shard,
         names: Names::FLAGS,
         by: format!("cli:{}", user()).into(),
     }

@@ -56,6 +56,8 @@ pub struct Upstream {
     pub period: PeriodRule,
     /// How its fires move and are delayed.
     pub fires: crate::fires::FireRules,
+    /// Into how many shards its periods are split (1: not split).
+    pub shards: u32,
 }
 
 impl Upstream {
@@ -125,6 +127,7 @@ impl Config {
                             schedule: up.schedule.clone(),
                             period: up.period,
                             fires: up.fires.clone(),
+                            shards: up.shards,
                         }
                     })
                     .collect()

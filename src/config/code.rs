@@ -42,7 +42,8 @@ pub struct CodeJob {
     timezone: Option<Tz>,
     period: PeriodRule,
     dst: DstRule,
-    concurrency: u32,
+    concurrency: Option<u32>,
+    shards: u32,
     missed: Missed,
     retry: Retry,
     timeout: Option<Duration>,
@@ -65,7 +66,8 @@ impl CodeJob {
             timezone: None,
             period: PeriodRule::default(),
             dst: DstRule::default(),
-            concurrency: 1,
+            concurrency: None,
+            shards: 1,
             missed: Missed::default(),
             retry: Retry::default(),
             timeout: None,
@@ -101,10 +103,20 @@ impl CodeJob {
         self
     }
 
-    /// Periods of this job running at once, across all replicas (at least
-    /// 1).
+    /// Periods (shards, of a job whose periods are split) of this job
+    /// running at once, across all replicas (at least 1; by default 1, or
+    /// [`CodeJob::shards`]).
     pub fn concurrency(mut self, n: u32) -> CodeJob {
-        self.concurrency = n;
+        self.concurrency = Some(n);
+        self
+    }
+
+    /// Splits each period into `n` shards (2 to
+    /// [`MAX_SHARDS`](crate::period::MAX_SHARDS); 1, the default, splits
+    /// nothing), each claimed, run and recorded on its own; the handler
+    /// reads its shard from [`Context::shard`](crate::Context::shard).
+    pub fn shards(mut self, n: u32) -> CodeJob {
+        self.shards = n;
         self
     }
 
@@ -228,6 +240,7 @@ impl CodeJob {
         if let Some(problem) = self.problem(settings) {
             return Err(fail(problem));
         }
+        let concurrency = self.slots();
         let mut job = Job {
             name: self.name,
             schedule,
@@ -235,7 +248,8 @@ impl CodeJob {
             fires: Default::default(),
             action: Action::Code(handler),
             timeout: self.timeout,
-            concurrency: self.concurrency,
+            concurrency,
+            shards: self.shards,
             missed: self.missed,
             retry: self.retry,
             keep: self.keep,
@@ -263,17 +277,29 @@ impl CodeJob {
         Ok(job)
     }
 
+    /// Its concurrency: as set, or one slot per shard.
+    fn slots(&self) -> u32 {
+        self.concurrency.unwrap_or(self.shards.max(1))
+    }
+
     /// What breaks a rule of `jobs.toml` under `settings` among its counts,
     /// durations, `keep`, `deadline` and `after`, if anything: the first.
     fn problem(&self, settings: &Settings) -> Option<String> {
         let counts = [
-            ("concurrency", self.concurrency),
+            ("concurrency", self.slots()),
             ("retry attempts", self.retry.attempts),
         ];
         for (what, n) in counts {
             if let Some(problem) = count_problem(i64::from(n)) {
                 return Some(format!("{what}: {problem}"));
             }
+        }
+        let most = crate::period::MAX_SHARDS;
+        if !(1..=most).contains(&self.shards) {
+            return Some(format!(
+                "shards: `{}` is out of range: expected a whole number of shards from 1 (not split) to {most}",
+                self.shards
+            ));
         }
         let durations = [
             ("timeout", self.timeout),

@@ -221,8 +221,13 @@ pub struct Job {
     pub action: Action,
     /// Killed and counted failed past this.
     pub timeout: Option<Duration>,
-    /// Periods of this job running at once, across all replicas.
+    /// Periods (shards, for a sharded job) of this job running at once,
+    /// across all replicas.
     pub concurrency: u32,
+    /// How many shards each of its periods is split into: 1, not split,
+    /// or 2 to [`MAX_SHARDS`](crate::period::MAX_SHARDS), each claimed,
+    /// run and recorded on its own.
+    pub shards: u32,
     /// What happens to periods missed while nothing ran.
     pub missed: Missed,
     /// Retries of reported failures.
@@ -350,12 +355,18 @@ impl Job {
     /// Computes [`Job::definition`] from the rest.
     fn fingerprint(&self) -> Fingerprint {
         let text = format!(
-            "{}\n{}\n{:?}\n{}{}",
+            "{}\n{}\n{:?}\n{}{}{}",
             self.schedule.source(),
             self.schedule.zone().name(),
             self.period,
             self.action.exact(),
-            self.fire_rules_text()
+            self.fire_rules_text(),
+            // Only where set: an unsharded job keeps the fingerprint it had.
+            if self.shards > 1 {
+                format!("\nshards {}", self.shards)
+            } else {
+                String::new()
+            }
         );
         Fingerprint::of(&text)
     }

@@ -46,6 +46,7 @@ pub(super) struct RawJob {
     pub(super) inherit: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) timeout: Option<Spanned<String>>,
     pub(super) concurrency: Option<Spanned<i64>>,
+    pub(super) shards: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) missed: Missed,
     pub(super) retry: Option<RawRetry>,

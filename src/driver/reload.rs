@@ -384,6 +384,7 @@ mod tests {
             }),
             fire,
             trigger,
+            shard: None,
         };
         let even = old(now - TimeDelta::seconds(1), Trigger::CatchUp);
         let recovery = old(now - TimeDelta::seconds(3), Trigger::Recovery);

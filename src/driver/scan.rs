@@ -130,8 +130,11 @@ impl Service {
                             period: r.period,
                             fire: r.scheduled_at,
                             trigger: r.trigger,
+                            shard: r.shard,
                         };
-                        self.dispatch(job, due, now);
+                        for due in Due::sharded(&job, due) {
+                            self.dispatch(job.clone(), due, now);
+                        }
                     }
                 }
             }

@@ -26,7 +26,7 @@ impl Service {
     /// Queues `due` of job `job` to wait for a concurrency slot (or the
     /// database), in fire order behind the job's other waiting periods.
     pub(super) fn wait(&mut self, job: String, due: Due) {
-        let key = (due.fire, due.period.label.clone());
+        let key = (due.fire, due.key(&job).to_string());
         self.waiting.entry(job).or_default().insert(key, due);
     }
 

@@ -215,6 +215,7 @@ impl Scheduler {
             wait: options.wait,
             dry_run: false,
             with_upstream: options.with_upstream,
+            shard: options.shard,
             names: Names::CODE,
             by: options.by.unwrap_or_else(|| "library".into()),
         };

@@ -31,6 +31,9 @@ pub struct RunOptions {
     /// First run the upstream periods (`after`) the asked periods need
     /// that have not succeeded, in dependency order.
     pub with_upstream: bool,
+    /// Only this shard (from 0) of each period, of a job split into
+    /// shards.
+    pub shard: Option<u32>,
     /// Who asks, as `history` shows it (`library` if unset).
     pub by: Option<Arc<str>>,
 }
@@ -43,12 +46,20 @@ impl Default for RunOptions {
             early: false,
             wait: true,
             with_upstream: false,
+            shard: None,
             by: None,
         }
     }
 }
 
 impl RunOptions {
+    /// Run only shard `k` (from 0) of each period of a job split into
+    /// shards.
+    pub fn shard(mut self, k: u32) -> RunOptions {
+        self.shard = Some(k);
+        self
+    }
+
     /// Re-run succeeded periods too.
     pub fn force(mut self) -> RunOptions {
         self.force = true;

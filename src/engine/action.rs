@@ -36,6 +36,16 @@ impl Values for Run<'_> {
             "period_end" => utc_text(self.period.end),
             "scheduled_at" => utc_text(self.scheduled_at),
             "attempt" => self.lease.attempt.to_string(),
+            "shard" => self
+                .key
+                .shard()
+                .map(|s| s.index.to_string())
+                .unwrap_or_default(),
+            "shards" => self
+                .key
+                .shard()
+                .map(|s| s.of.to_string())
+                .unwrap_or_default(),
             _ => String::new(),
         }
     }
@@ -56,6 +66,10 @@ impl Run<'_> {
             ("SCHEDULER_ATTEMPT", self.value("attempt")),
             ("SCHEDULER_TRIGGER", self.lease.trigger.as_str().to_owned()),
         ];
+        if self.key.shard().is_some() {
+            environment.push(("SCHEDULER_SHARD", self.value("shard")));
+            environment.push(("SCHEDULER_SHARDS", self.value("shards")));
+        }
         if let Some(traceparent) = &self.traceparent {
             environment.push(("TRACEPARENT", traceparent.clone()));
         }

@@ -11,10 +11,11 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use super::shards::{PeriodClaims, of_rows};
 use crate::config::Job;
 use crate::error::Error;
-use crate::period::{Period, PeriodKey};
-use crate::store::{ClaimRow, ClaimState, Store};
+use crate::period::{Period, PeriodKey, Shard};
+use crate::store::{ClaimState, Store};
 
 /// How many upstream keys one statement looks up.
 pub const KEYS_PER_READ: usize = 1_000;
@@ -50,6 +51,10 @@ pub struct Wait {
     /// failed, released): said beside its label.
     #[serde(skip)]
     pub claimed: Vec<Option<ClaimState>>,
+    /// The key whose success to look out for: of the newest period
+    /// missing, or of a shard of it not succeeded.
+    #[serde(skip)]
+    pub watch: Option<String>,
 }
 
 impl Upstream {
@@ -62,9 +67,7 @@ impl Upstream {
     /// succeeded of the last upstream job (upstream periods tend to
     /// succeed in order, so its success comes last).
     pub fn watch(&self) -> Option<String> {
-        let wait = self.waits.last()?;
-        let label = wait.missing.last()?;
-        Some(PeriodKey::new(&wait.job, label).to_string())
+        self.waits.last()?.watch.clone()
     }
 
     /// Whether a success of the period at `started` (its attempt's claim)
@@ -121,6 +124,9 @@ struct Needed {
     job: String,
     label: String,
     key: String,
+    period: Period,
+    /// Into how many shards its job splits a period now.
+    shards: u32,
     fire: Option<DateTime<Utc>>,
     /// It is the job's own previous period.
     previous: bool,
@@ -138,7 +144,9 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
                 key: PeriodKey::new(&up.job, &p.label).to_string(),
                 fire: up.timing().of(&p),
                 job: up.job.clone(),
-                label: p.label,
+                label: p.label.clone(),
+                period: p,
+                shards: up.shards,
                 previous: false,
             });
         }
@@ -150,7 +158,9 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
             key: PeriodKey::new(&job.name, &p.label).to_string(),
             fire: job.timing().of(&p),
             job: job.name.clone(),
-            label: p.label,
+            label: p.label.clone(),
+            period: p,
+            shards: job.shards,
             previous: true,
         });
     }
@@ -194,15 +204,22 @@ pub async fn look(
             false => Vec::new(),
         })
         .collect();
-    let mut keys: Vec<String> = needs.iter().flatten().map(|n| n.key.clone()).collect();
-    if keys.is_empty() {
+    let mut wanted: Vec<&Needed> = needs.iter().flatten().collect();
+    if wanted.is_empty() {
         return Ok(vec![Upstream::default(); asked.len()]);
     }
-    keys.sort_unstable();
-    keys.dedup();
-    let mut rows: HashMap<String, ClaimRow> = HashMap::new();
-    for chunk in keys.chunks(KEYS_PER_READ) {
-        rows.extend(store.rows(chunk).await?);
+    wanted.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    wanted.dedup_by(|a, b| a.key == b.key);
+    let mut rows: HashMap<String, PeriodClaims> = HashMap::new();
+    for chunk in wanted.chunks(KEYS_PER_READ) {
+        let asked: Vec<(&str, &Period)> =
+            chunk.iter().map(|n| (n.job.as_str(), &n.period)).collect();
+        let mut found = store.period_rows(&asked).await?;
+        for need in chunk {
+            let key = PeriodKey::of_stored(&need.key);
+            let of_period = found.remove(&need.key).unwrap_or_default();
+            rows.insert(need.key.clone(), of_rows(key, of_period, need.shards));
+        }
     }
     let mut jobs: Vec<String> = needs
         .iter()
@@ -230,7 +247,7 @@ pub async fn look(
     let before: Vec<String> = needs
         .iter()
         .flatten()
-        .filter(|n| n.previous && !rows.contains_key(&n.key))
+        .filter(|n| n.previous && !rows.get(&n.key).is_some_and(PeriodClaims::claimed))
         .map(|n| n.key.clone())
         .collect();
     let noted = match before.is_empty() {
@@ -246,7 +263,7 @@ pub async fn look(
 /// Where `needs` stand, from their rows.
 fn standing(
     needs: Vec<Needed>,
-    rows: &HashMap<String, ClaimRow>,
+    rows: &HashMap<String, PeriodClaims>,
     owed: &HashMap<String, DateTime<Utc>>,
     noted: &HashMap<String, String>,
     now: DateTime<Utc>,
@@ -254,7 +271,8 @@ fn standing(
     let mut upstream = Upstream::default();
     let mut by_job: Vec<Wait> = Vec::new();
     for need in needs {
-        let row = rows.get(&need.key);
+        let claims = rows.get(&need.key);
+        let row = claims.and_then(|c| c.row.as_ref());
         let succeeded = row.filter(|r| r.state == ClaimState::Succeeded);
         if let Some(row) = succeeded
             && row.finished_at > upstream.newest
@@ -263,7 +281,7 @@ fn standing(
             upstream.newest_key = Some(need.key.clone());
         }
         let before_first_seen = need.previous
-            && row.is_none()
+            && !claims.is_some_and(PeriodClaims::claimed)
             && !noted.contains_key(&need.key)
             && need
                 .fire
@@ -280,6 +298,7 @@ fn standing(
                     needed: 0,
                     missing: Vec::new(),
                     claimed: Vec::new(),
+                    watch: None,
                 });
                 by_job.len() - 1
             }
@@ -289,6 +308,7 @@ fn standing(
         match succeeded {
             Some(_) => wait.done += 1,
             None => {
+                wait.watch = Some(watched(&need, claims));
                 wait.missing.push(need.label);
                 wait.claimed.push(row.map(|r| r.state));
             }
@@ -299,4 +319,25 @@ fn standing(
         .filter(|w| !w.missing.is_empty())
         .collect();
     upstream
+}
+
+/// The key to look out for of a period `need` misses: its own, or, for a
+/// period split into shards, that of its first shard not succeeded.
+fn watched(need: &Needed, claims: Option<&PeriodClaims>) -> String {
+    let shards = claims.map_or(need.shards, |c| c.shards);
+    let done = |index: u32| {
+        claims.is_some_and(|c| {
+            c.shard_rows
+                .iter()
+                .any(|(s, row)| s.index == index && row.state == ClaimState::Succeeded)
+        })
+    };
+    match Shard::all(shards)
+        .into_iter()
+        .flatten()
+        .find(|s| !done(s.index))
+    {
+        Some(shard) => PeriodKey::of(&need.job, &need.label, Some(shard)).to_string(),
+        None => need.key.clone(),
+    }
 }

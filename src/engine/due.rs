@@ -9,7 +9,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use crate::config::{Job, Missed};
 use crate::error::Error;
 use crate::fires::Fire;
-use crate::period::{Period, PeriodKey};
+use crate::period::{Period, PeriodKey, Shard};
 use crate::store::{Claim, ClaimRow, PeriodState, Store, Trigger};
 
 /// A period to claim, with the fire it stands for.
@@ -21,6 +21,61 @@ pub struct Due {
     pub fire: DateTime<Utc>,
     /// `schedule` for the latest fire, `catch-up` for older ones.
     pub trigger: Trigger,
+    /// The shard of the period it is, for a job whose periods are split.
+    pub shard: Option<Shard>,
+}
+
+impl Due {
+    /// A due period of `job`, as its shards when its periods are split:
+    /// every period a front end takes comes through here or from a claim
+    /// row (a recovery, a retry), which names its shard.
+    pub fn of(job: &Job, period: Period, fire: DateTime<Utc>, trigger: Trigger) -> Vec<Due> {
+        let due = Due {
+            period,
+            fire,
+            trigger,
+            shard: None,
+        };
+        Due::sharded(job, due)
+    }
+
+    /// `due` as the shards of its period, if `job` splits them and it names
+    /// no shard yet; as it is otherwise.
+    pub fn sharded(job: &Job, due: Due) -> Vec<Due> {
+        match due.shard {
+            Some(_) => vec![due],
+            None => due.split(job.shards),
+        }
+    }
+
+    /// Its period as `shards` shards (itself, for 1).
+    pub fn split(self, shards: u32) -> Vec<Due> {
+        let due = Due {
+            shard: None,
+            ..self
+        };
+        if shards <= 1 {
+            return vec![due];
+        }
+        Shard::all(shards)
+            .into_iter()
+            .map(|shard| Due {
+                shard,
+                ..due.clone()
+            })
+            .collect()
+    }
+
+    /// Whether it stands for its whole period where periods are counted,
+    /// not claimed: a period not split, or its first shard.
+    pub fn first_of_period(&self) -> bool {
+        self.shard.is_none_or(|shard| shard.index == 0)
+    }
+
+    /// The key it claims.
+    pub fn key(&self, job: &str) -> PeriodKey {
+        PeriodKey::of(job, &self.period.label, self.shard)
+    }
 }
 
 /// Says, for a job a `serve` or `run JOB` has just seen for the first
@@ -92,11 +147,8 @@ pub fn of_fires(job: &Job, fires: &[Fire]) -> Vec<Due> {
         };
         let period = timing.period_of(fire);
         if seen.insert(period.label.clone()) {
-            due.push(Due {
-                period,
-                fire: fire.at,
-                trigger,
-            });
+            // Reversed below: the shards come out in order.
+            due.extend(Due::of(job, period, fire.at, trigger).into_iter().rev());
         }
     }
     due.reverse();
@@ -310,7 +362,7 @@ impl OverdueCount {
         let mut counted: HashMap<String, usize> = HashMap::new();
         // Periods to look up, a statement's worth at a time: the new fires
         // of a minute (60 of an every-second job) are never all held.
-        let mut asked: Vec<(String, OpenFire, String)> = Vec::new();
+        let mut asked: Vec<Looked> = Vec::new();
         for job in jobs {
             let Some(owed) = owing.owed_from(&job.name) else {
                 continue;
@@ -347,12 +399,17 @@ impl OverdueCount {
             };
             let new = new
                 .into_iter()
-                .filter(|d| d.fire >= from)
+                .filter(|d| d.fire >= from && d.first_of_period())
                 .filter_map(|d| Some((d.fire, job.period.fire_for(&job.schedule, &d.period)?)));
             for (fire, nominal) in kept.chain(new) {
                 let period = job.period.period_of(&job.schedule, nominal);
                 let key = PeriodKey::new(&job.name, &period.label).to_string();
-                asked.push((job.name.clone(), (fire, nominal), key));
+                asked.push(Looked {
+                    job: job.clone(),
+                    fire: (fire, nominal),
+                    key,
+                    period,
+                });
                 if asked.len() == LOOKUP_CHUNK {
                     self.look_up(store, &mut asked, &mut counted).await?;
                 }
@@ -367,20 +424,26 @@ impl OverdueCount {
     async fn look_up(
         &mut self,
         store: &Store,
-        asked: &mut Vec<(String, OpenFire, String)>,
+        asked: &mut Vec<Looked>,
         counted: &mut HashMap<String, usize>,
     ) -> Result<(), Error> {
         if asked.is_empty() {
             return Ok(());
         }
-        let keys: Vec<String> = asked.iter().map(|(_, _, key)| key.clone()).collect();
-        let rows = store.rows(&keys).await?;
+        let keys: Vec<String> = asked.iter().map(|a| a.key.clone()).collect();
+        let periods: Vec<(&str, &Period, u32)> = asked
+            .iter()
+            .map(|a| (a.job.name.as_str(), &a.period, a.job.shards))
+            .collect();
+        let claims = super::shards::read(store, &periods).await?;
         let waiting = waiting_among(store, &keys, |name| {
             self.jobs.get(name).is_some_and(|open| open.job.after.any())
         })
         .await?;
-        for (name, fire, key) in asked.drain(..) {
-            let claim = rows.get(&key).map(ClaimRow::as_claim);
+        for (looked, claims) in asked.drain(..).zip(claims) {
+            let Looked { job, fire, key, .. } = looked;
+            let name = &job.name;
+            let claim = claims.row.as_ref().map(ClaimRow::as_claim);
             // Not looked up again until the next full count.
             if matches!(claim, Some(Claim::Succeeded { .. })) {
                 continue;
@@ -390,7 +453,7 @@ impl OverdueCount {
             if !matches!(claim, Some(Claim::Held { .. })) && !waiting.contains_key(&key) {
                 *counted.entry(name.clone()).or_default() += 1;
             }
-            if let Some(open) = self.jobs.get_mut(&name) {
+            if let Some(open) = self.jobs.get_mut(name) {
                 open.fires.insert(fire);
             }
         }
@@ -400,6 +463,14 @@ impl OverdueCount {
 
 /// How many keys one statement looks up.
 const LOOKUP_CHUNK: usize = 1_000;
+
+/// A period the overdue count looks up.
+struct Looked {
+    job: Arc<Job>,
+    fire: OpenFire,
+    key: String,
+    period: Period,
+}
 
 /// Of `keys`, those noted as waiting for upstream periods, if a job
 /// `waits` says may have such periods; none looked up otherwise.
@@ -484,11 +555,13 @@ async fn were_late_in(
         }
         for d in due(job, *until, since, true)
             .into_iter()
-            .filter(|d| d.fire >= since)
+            .filter(|d| d.fire >= since && d.first_of_period())
         {
             asked.push(Asked {
                 job: job.name.clone(),
                 key: PeriodKey::new(&job.name, &d.period.label).to_string(),
+                period: d.period.clone(),
+                shards: job.shards,
                 fire: d.fire,
                 deadline: job
                     .deadline
@@ -508,6 +581,8 @@ async fn were_late_in(
 struct Asked {
     job: String,
     key: String,
+    period: Period,
+    shards: u32,
     fire: DateTime<Utc>,
     /// When the period is late, for a job with a deadline.
     deadline: Option<DateTime<Utc>>,
@@ -523,16 +598,20 @@ async fn keep_open(
     if asked.is_empty() {
         return Ok(());
     }
-    let keys: Vec<String> = asked.iter().map(|a| a.key.clone()).collect();
-    let rows = store.rows(&keys).await?;
-    for Asked {
-        job,
-        key,
-        fire,
-        deadline,
-    } in asked.drain(..)
-    {
-        let in_time = match rows.get(&key).map(ClaimRow::as_claim) {
+    let periods: Vec<(&str, &Period, u32)> = asked
+        .iter()
+        .map(|a| (a.job.as_str(), &a.period, a.shards))
+        .collect();
+    let claims = super::shards::read(store, &periods).await?;
+    for (asked, claims) in asked.drain(..).zip(claims) {
+        let Asked {
+            job,
+            key,
+            fire,
+            deadline,
+            ..
+        } = asked;
+        let in_time = match claims.row.as_ref().map(ClaimRow::as_claim) {
             Some(Claim::Succeeded { at }) => deadline.is_none_or(|d| at <= d),
             _ => false,
         };

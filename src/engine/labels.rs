@@ -35,6 +35,8 @@ pub struct Names {
     pub later: &'static str,
     /// What to do when every concurrency slot of the job is taken.
     pub busy: &'static str,
+    /// One shard of each period.
+    pub shard: &'static str,
 }
 
 impl Names {
@@ -51,6 +53,7 @@ impl Names {
         rerun: "`run --period`",
         later: "serve's scan, or the next `run` of the job; --with-upstream runs them first",
         busy: "--wait waits for one",
+        shard: "--shard",
     };
     /// A period label in an HTTP API path.
     pub const PATH: Names = Names {
@@ -72,6 +75,7 @@ impl Names {
         rerun: "a run with `period`",
         later: "serve's scan; `with_upstream` runs them first",
         busy: "ask again once one is free",
+        shard: "shard",
     };
     /// The library's calls and their options.
     pub const CODE: Names = Names {
@@ -86,6 +90,7 @@ impl Names {
         rerun: "`run_period`",
         later: "the scan of `start`, or the next `run_due`; `RunOptions::with_upstream` runs them first",
         busy: "`RunOptions::wait(true)` (the default) waits for one",
+        shard: "RunOptions::shard",
     };
 }
 

@@ -27,6 +27,7 @@ mod plain;
 mod process;
 mod report;
 pub mod rerun;
+pub mod shards;
 #[cfg(feature = "process-actions")]
 pub mod supervision;
 pub mod view;
@@ -124,9 +125,9 @@ impl Ask {
         }
     }
 
-    /// The key it claims.
+    /// The key it claims: its period's, or its shard's.
     pub fn key(&self) -> PeriodKey {
-        PeriodKey::new(&self.job.name, &self.due.period.label)
+        self.due.key(&self.job.name)
     }
 
     /// Whether it runs in an `sql` group: an `sql` statement, or a code
@@ -142,6 +143,7 @@ impl Ask {
         ClaimRequest {
             job: &self.job.name,
             period: &self.due.period,
+            shard: self.due.shard,
             owner,
             lease,
             trigger: self.due.trigger,
@@ -451,17 +453,25 @@ impl Engine {
             .collect();
         let looked = after::look(&self.store, &asked, self.now()).await?;
         let mut waiting = Vec::new();
+        // A period is noted once, however many of its shards wait.
+        let mut noted = HashSet::new();
         for (i, upstream) in open.into_iter().zip(looked) {
             if let Some(watch) = upstream.watch() {
                 let ask = &asks[i];
+                gate[i] = Some(upstream);
+                if !noted.insert(ask.key().period_key()) {
+                    continue;
+                }
                 waiting.push(crate::store::Waiting {
                     job: &ask.job.name,
                     period: &ask.due.period,
                     fire: ask.due.fire,
                     watch,
-                    waits: upstream.to_string(),
+                    waits: gate[i]
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
                 });
-                gate[i] = Some(upstream);
             }
         }
         self.store.note_waiting(&waiting).await?;
@@ -469,14 +479,15 @@ impl Engine {
     }
 
     /// Forgets as waiting the periods of jobs with `after` that were just
-    /// won, beside the runs: a row left behind is passed over (its key has
-    /// a claim) and goes with the claim when it is pruned.
+    /// won (a shard of them, for a period split into shards), beside the
+    /// runs: a row left behind is passed over (its period has a claim) and
+    /// goes with the claim when it is pruned.
     fn unwait(&self, asks: &[Ask], claimed: &[Taken]) {
         let won: Vec<String> = asks
             .iter()
             .zip(claimed)
             .filter(|(ask, taken)| ask.job.after.any() && matches!(taken, Taken::Won(_)))
-            .map(|(ask, _)| ask.key().to_string())
+            .map(|(ask, _)| ask.key().period_key().to_string())
             .collect();
         if won.is_empty() {
             return;

@@ -16,8 +16,8 @@ use super::Engine;
 use crate::config::notify::{Event, Format, Notifier};
 use crate::config::{Config, Job};
 use crate::error::Error;
-use crate::period::utc_text;
-use crate::store::{Delivery, FailedForGood, NewNotification, Tried};
+use crate::period::{PeriodKey, utc_text};
+use crate::store::{ClaimState, Delivery, FailedForGood, NewNotification, Tried};
 
 /// How many late periods of a job one check tells of: the newest. A day
 /// with every replica down is a day of late periods; past this many per
@@ -71,7 +71,7 @@ impl Engine {
             .store()
             .failed_for_good(config.settings.catch_up)
             .await?;
-        let recovered = self.store().notify_recovered().await?;
+        let recovered = self.recovered(config).await?;
         if !late && failed.is_empty() && recovered.is_empty() {
             // Most rounds: nothing failed or recovered, no deadline passed.
             return Ok(0);
@@ -94,11 +94,51 @@ impl Engine {
         // and `recovered` in one check.
         let recovered = match made {
             0 => recovered,
-            _ => self.store().notify_recovered().await?,
+            _ => self.recovered(config).await?,
         };
         let new = recovered_told(config, &by_name, recovered);
         made += self.store().notify_new(&new).await?;
         Ok(made)
+    }
+
+    /// The (notifier, job, period key) of each period told `late` or
+    /// `failed` that has succeeded since and is not told `recovered` yet:
+    /// a period split into shards once every shard has.
+    async fn recovered(&self, config: &Config) -> Result<Vec<(String, String, String)>, Error> {
+        let mut recovered = self.store().notify_recovered().await?;
+        let sharded: HashMap<&str, &Job> = config
+            .jobs
+            .iter()
+            .filter(|job| job.shards > 1)
+            .map(|job| (job.name.as_str(), job))
+            .collect();
+        if sharded.is_empty() {
+            return Ok(recovered);
+        }
+        let told = self.store().notify_unrecovered_unclaimed().await?;
+        let periods: Vec<(&(String, String, String), crate::period::Period)> = told
+            .iter()
+            .filter_map(|told| {
+                let job = sharded.get(told.1.as_str())?;
+                let key = PeriodKey::of_stored(&told.2);
+                let period = job.period.parse_label(&job.schedule, key.parts().1).ok()?;
+                Some((told, period))
+            })
+            .collect();
+        let asked: Vec<(&str, &crate::period::Period, u32)> = periods
+            .iter()
+            .map(|((_, job, _), period)| (job.as_str(), period, sharded[job.as_str()].shards))
+            .collect();
+        let claims = super::shards::read(self.store(), &asked).await?;
+        for ((told, _), claims) in periods.iter().zip(claims) {
+            if claims
+                .row
+                .is_some_and(|row| row.state == ClaimState::Succeeded)
+            {
+                recovered.push((*told).clone());
+            }
+        }
+        Ok(recovered)
     }
 
     /// The `late` notifications of `jobs`.
@@ -166,6 +206,7 @@ impl Engine {
                     failures: row.map_or(0, |r| r.failures),
                     error: error.as_deref(),
                     deadline,
+                    failed_shards: &[],
                 };
                 new.extend(told.to(&config.notifiers, Event::Late));
             }
@@ -497,21 +538,38 @@ fn failed_told(
     by_name: &HashMap<&str, &Job>,
     failed: Vec<FailedForGood>,
 ) -> Vec<NewNotification> {
-    let mut new = Vec::new();
+    // A period split into shards is told once, naming its failed shards.
+    let mut periods: Vec<(PeriodKey, Vec<FailedForGood>)> = Vec::new();
     for failed in failed {
-        let Some(job) = by_name.get(failed.job.as_str()) else {
+        let key = PeriodKey::of_stored(&failed.period_key).period_key();
+        match periods.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, shards)) => shards.push(failed),
+            None => periods.push((key, vec![failed])),
+        }
+    }
+    let mut new = Vec::new();
+    for (key, mut failed) in periods {
+        let Some(job) = by_name.get(failed[0].job.as_str()) else {
             continue;
         };
+        failed.sort_by_key(|f| PeriodKey::of_stored(&f.period_key).shard());
+        let shards: Vec<u32> = failed
+            .iter()
+            .filter_map(|f| PeriodKey::of_stored(&f.period_key).shard())
+            .map(|shard| shard.index)
+            .collect();
+        let first = &failed[0];
         let told = Told {
             job,
-            key: &failed.period_key,
-            label: &failed.period,
+            key: key.as_str(),
+            label: &first.period,
             state: "failed",
-            attempt: Some(failed.attempt),
-            failures: failed.failures,
-            error: failed.error.as_deref(),
+            attempt: Some(first.attempt),
+            failures: first.failures,
+            error: first.error.as_deref(),
             deadline: None,
             waiting_for: None,
+            failed_shards: &shards,
         };
         new.extend(told.to(&config.notifiers, Event::Failed));
     }
@@ -544,6 +602,7 @@ fn recovered_told(
             error: None,
             deadline: None,
             waiting_for: None,
+            failed_shards: &[],
         };
         new.extend(told.to(std::slice::from_ref(n), Event::Recovered));
     }
@@ -562,9 +621,22 @@ struct Told<'a> {
     deadline: Option<DateTime<Utc>>,
     /// For a period that waits for upstream periods: what, in words.
     waiting_for: Option<&'a str>,
+    /// For a period split into shards, told `failed`: its shards failed
+    /// for good.
+    failed_shards: &'a [u32],
 }
 
 impl Told<'_> {
+    /// ` (shards #1, #3)`: the failed shards of a period split into them.
+    fn shard_words(&self) -> String {
+        if self.failed_shards.is_empty() {
+            return String::new();
+        }
+        let named: Vec<String> = self.failed_shards.iter().map(|i| format!("#{i}")).collect();
+        let noun = if named.len() == 1 { "shard" } else { "shards" };
+        format!(" ({noun} {})", named.join(", "))
+    }
+
     /// The notification of `event` for each of `notifiers` that wants it.
     fn to(&self, notifiers: &[Notifier], event: Event) -> Vec<NewNotification> {
         notifiers
@@ -598,6 +670,7 @@ impl Told<'_> {
                 "failures": self.failures,
                 "error": error,
                 "waiting_for": self.waiting_for,
+                "failed_shards": (!self.failed_shards.is_empty()).then_some(self.failed_shards),
                 "links": { "period": link },
             })
             .to_string(),
@@ -612,8 +685,9 @@ impl Told<'_> {
                             .unwrap_or_default()
                     ),
                     Event::Failed => format!(
-                        "failed for good after {} failure(s){}",
+                        "failed for good after {} failure(s){}{}",
                         self.failures,
+                        self.shard_words(),
                         error.map(|e| format!(": {e}")).unwrap_or_default()
                     ),
                     Event::Recovered => "recovered: it has succeeded".to_owned(),

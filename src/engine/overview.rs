@@ -219,7 +219,7 @@ fn owed(job: &Job, from: DateTime<Utc>, now: DateTime<Utc>) -> Vec<super::due::D
     let since = window_start(job, now).max(from);
     super::due::due(job, now, since, true)
         .into_iter()
-        .filter(|d| d.fire >= since)
+        .filter(|d| d.fire >= since && d.first_of_period())
         .collect()
 }
 

@@ -157,6 +157,7 @@ async fn reopen(
                 period: period.clone(),
                 fire,
                 trigger: Trigger::Upstream,
+                shard: PeriodKey::of_stored(&row.period_key).shard(),
             },
         ));
     }

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use super::after::Upstream;
 use crate::config::Job;
 use crate::error::Error;
-use crate::period::{Period, PeriodKey};
+use crate::period::{Period, PeriodKey, Shard};
 use crate::store::{ClaimRow, PeriodState, Store};
 
 /// How many periods' rows one statement reads.
@@ -32,12 +32,83 @@ pub struct PeriodView {
     /// Where the upstream periods it needs stand (its job's `after`):
     /// what it waits for, and whether its success is stale.
     pub upstream: Upstream,
+    /// For a period split into shards, where each shard stands, by the
+    /// same rule; empty for one not split.
+    pub shards: Vec<ShardView>,
+}
+
+/// One shard of a period, as it stands.
+#[derive(Debug, Clone)]
+pub struct ShardView {
+    /// Which shard.
+    pub shard: Shard,
+    /// Where it stands.
+    pub state: PeriodState,
+    /// Its claim, if it was ever claimed.
+    pub row: Option<ClaimRow>,
+}
+
+impl ShardView {
+    /// The shard as JSON: its index, state and claim.
+    pub fn json(&self) -> serde_json::Value {
+        use crate::period::utc_text;
+        let row = self.row.as_ref();
+        serde_json::json!({
+            "shard": self.shard.index,
+            "period_key": row.map(|r| &r.period_key),
+            "state": self.state,
+            "attempt": row.map(|r| r.attempt),
+            "failures": row.map(|r| r.failures),
+            "owner": row.map(|r| &r.owner),
+            "lease_until": row.and_then(|r| r.lease_until).map(utc_text),
+            "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
+        })
+    }
 }
 
 impl PeriodView {
     /// What it waits for, in words: for a waiting period.
     pub fn waiting_for(&self) -> Option<String> {
         (self.state == PeriodState::Waiting).then(|| self.upstream.to_string())
+    }
+
+    /// For a period split into shards, how many stand in each state, the
+    /// first few shards of each state but `succeeded` named: `4 shards: 2
+    /// succeeded, 1 failed (#1), 1 due (#3)`.
+    pub fn shard_words(&self) -> Option<String> {
+        const NAMED: usize = 3;
+        if self.shards.is_empty() {
+            return None;
+        }
+        let mut by_state: Vec<(PeriodState, Vec<u32>)> = Vec::new();
+        for shard in &self.shards {
+            match by_state.iter_mut().find(|(state, _)| *state == shard.state) {
+                Some((_, indexes)) => indexes.push(shard.shard.index),
+                None => by_state.push((shard.state, vec![shard.shard.index])),
+            }
+        }
+        let words: Vec<String> = by_state
+            .iter()
+            .map(|(state, indexes)| {
+                if *state == PeriodState::Succeeded {
+                    return format!("{} {state}", indexes.len());
+                }
+                let mut named: Vec<String> = indexes
+                    .iter()
+                    .take(NAMED)
+                    .map(|i| format!("#{i}"))
+                    .collect();
+                if indexes.len() > NAMED {
+                    named.push("…".to_owned());
+                }
+                format!("{} {state} ({})", indexes.len(), named.join(", "))
+            })
+            .collect();
+        Some(format!(
+            "{} shards: {}",
+            self.shards.len(),
+            words.join(", ")
+        ))
     }
 
     /// For a stale period, the upstream period that succeeded again since
@@ -55,6 +126,8 @@ impl PeriodView {
     pub fn json(&self) -> serde_json::Value {
         use crate::period::utc_text;
         let row = self.row.as_ref();
+        let shards = (!self.shards.is_empty())
+            .then(|| serde_json::Value::Array(self.shards.iter().map(ShardView::json).collect()));
         serde_json::json!({
             "period_key": self.key,
             "period": self.period.label,
@@ -69,6 +142,7 @@ impl PeriodView {
             "finished_at": row.and_then(|r| r.finished_at).map(utc_text),
             "waiting_for": self.waiting_for(),
             "stale": self.stale_json(),
+            "shards": shards,
         })
     }
 
@@ -115,11 +189,7 @@ pub async fn of_jobs(
         .iter()
         .map(|(job, p)| PeriodKey::new(&job.name, &p.label))
         .collect();
-    let key_names = names_of_keys(&pairs);
-    let mut rows = std::collections::HashMap::new();
-    for chunk in key_names.chunks(VIEWS_PER_READ) {
-        rows.extend(store.rows(chunk).await?);
-    }
+    let claims = super::shards::claims(store, &pairs).await?;
     let upstream = super::after::look(store, &pairs, now).await?;
     let owing = super::owed::owing(store, asked.iter().map(|(job, _)| *job), now).await?;
     let paused: std::collections::HashSet<String> =
@@ -143,34 +213,60 @@ pub async fn of_jobs(
             noted.extend(store.waits(chunk).await?.into_keys());
         }
     }
-    let mut views =
-        pairs
-            .into_iter()
-            .zip(keys)
-            .zip(upstream)
-            .map(|(((job, period), key), upstream)| {
-                let row = rows.remove(key.as_str());
-                let sighting = super::due::Sighting {
-                    owed_from: owing.owed_from(&job.name),
-                    noted: noted.contains(key.as_str()),
-                    paused: paused.contains(&job.name),
-                };
-                let standing =
-                    super::due::standing(job, period, row.as_ref(), sighting, &upstream, now);
-                PeriodView {
-                    key,
-                    period: period.clone(),
-                    state: standing.state,
-                    late: standing.late,
-                    fire: standing.fire,
-                    row,
-                    upstream,
-                }
-            });
+    let mut views = pairs.into_iter().zip(keys).zip(upstream).zip(claims).map(
+        |((((job, period), key), upstream), claims)| {
+            let sighting = super::due::Sighting {
+                owed_from: owing.owed_from(&job.name),
+                noted: noted.contains(key.as_str()),
+                paused: paused.contains(&job.name),
+            };
+            let stands = |row: Option<&ClaimRow>| {
+                super::due::standing(job, period, row, sighting, &upstream, now)
+            };
+            let standing = stands(claims.row.as_ref());
+            let shards = shard_views(&claims, |row| stands(row).state);
+            PeriodView {
+                key,
+                period: period.clone(),
+                state: standing.state,
+                late: standing.late,
+                fire: standing.fire,
+                row: claims.row,
+                upstream,
+                shards,
+            }
+        },
+    );
     Ok(asked
         .iter()
         .map(|(_, periods)| views.by_ref().take(periods.len()).collect())
         .collect())
+}
+
+/// Each shard of a period split into shards, as `stands` says a shard with
+/// its row (or none) stands.
+fn shard_views(
+    claims: &super::shards::PeriodClaims,
+    stands: impl Fn(Option<&ClaimRow>) -> PeriodState,
+) -> Vec<ShardView> {
+    if claims.shards <= 1 {
+        return Vec::new();
+    }
+    let mut rows = claims.shard_rows.iter().peekable();
+    Shard::all(claims.shards)
+        .into_iter()
+        .flatten()
+        .map(|shard| {
+            let row = rows
+                .next_if(|(s, _)| *s == shard)
+                .map(|(_, row)| row.clone());
+            ShardView {
+                shard,
+                state: stands(row.as_ref()),
+                row,
+            }
+        })
+        .collect()
 }
 
 /// The period keys of `pairs`, as text.

@@ -66,7 +66,48 @@ pub struct Period {
     pub end: DateTime<Utc>,
 }
 
-/// `<job>:<label>`: what a claim is unique on, made here and nowhere else.
+/// The most shards a job's period may be split into. Each shard is a claim
+/// row of its own, and a period's view reads all of them.
+pub const MAX_SHARDS: u32 = 256;
+
+/// One shard of a period: `index` (from 0) of `of` (2 to [`MAX_SHARDS`]).
+/// Shown and keyed as `#index/of`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Shard {
+    /// Which shard, from 0.
+    pub index: u32,
+    /// How many shards its period has.
+    pub of: u32,
+}
+
+impl Shard {
+    /// The shards of a period split `shards` ways; one `None` for a period
+    /// not split (`shards` ≤ 1).
+    pub fn all(shards: u32) -> Vec<Option<Shard>> {
+        if shards <= 1 {
+            return vec![None];
+        }
+        (0..shards)
+            .map(|index| Some(Shard { index, of: shards }))
+            .collect()
+    }
+
+    /// The shard a key's suffix (`3/8`, after the `#`) names.
+    fn parse(text: &str) -> Option<Shard> {
+        let (index, of) = text.split_once('/')?;
+        let (index, of) = (index.parse().ok()?, of.parse().ok()?);
+        (index < of && (2..=MAX_SHARDS).contains(&of)).then_some(Shard { index, of })
+    }
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}/{}", self.index, self.of)
+    }
+}
+
+/// `<job>:<label>`, and `#<index>/<shards>` after it for a shard: what a
+/// claim is unique on, made here and nowhere else.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(transparent)]
 pub struct PeriodKey(String);
@@ -77,14 +118,42 @@ impl PeriodKey {
         PeriodKey(format!("{job}:{label}"))
     }
 
+    /// The key of `job`'s period `label`, or of one shard of it.
+    pub fn of(job: &str, label: &str, shard: Option<Shard>) -> PeriodKey {
+        match shard {
+            Some(shard) => PeriodKey(format!("{job}:{label}{shard}")),
+            None => PeriodKey::new(job, label),
+        }
+    }
+
+    /// A key as a claim row stores it.
+    pub fn of_stored(key: &str) -> PeriodKey {
+        PeriodKey(key.to_owned())
+    }
+
     /// The key as stored.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
-    /// The job's name and the period label (job names hold no `:`).
+    /// The job's name and the period label, a shard's suffix left out (job
+    /// names hold no `:`, labels no `#`).
     pub fn parts(&self) -> (&str, &str) {
-        self.0.split_once(':').unwrap_or((&self.0, ""))
+        let (job, label) = self.0.split_once(':').unwrap_or((&self.0, ""));
+        (job, label.split_once('#').map_or(label, |(label, _)| label))
+    }
+
+    /// The shard it is the key of, if it is one.
+    pub fn shard(&self) -> Option<Shard> {
+        self.0
+            .split_once('#')
+            .and_then(|(_, shard)| Shard::parse(shard))
+    }
+
+    /// The key of its whole period: itself unless it is a shard's.
+    pub fn period_key(&self) -> PeriodKey {
+        let (job, label) = self.parts();
+        PeriodKey::new(job, label)
     }
 }
 
@@ -415,5 +484,26 @@ fn parse_calendar_label(unit: Unit, label: &str) -> Option<NaiveDateTime> {
         }
         Unit::Year => NaiveDate::from_ymd_opt(label.parse().ok()?, 1, 1).map(midnight),
         Unit::Fire => None,
+    }
+}
+
+#[cfg(test)]
+mod shard_tests {
+    use super::*;
+
+    #[test]
+    fn a_shards_key_names_its_period_and_its_shard() {
+        let shard = Shard { index: 3, of: 8 };
+        let key = PeriodKey::of("billing", "2026-11", Some(shard));
+        assert_eq!(key.as_str(), "billing:2026-11#3/8");
+        assert_eq!(key.parts(), ("billing", "2026-11"));
+        assert_eq!(key.shard(), Some(shard));
+        assert_eq!(key.period_key().as_str(), "billing:2026-11");
+        let whole = PeriodKey::of("billing", "2026-11", None);
+        assert_eq!(whole, PeriodKey::new("billing", "2026-11"));
+        assert_eq!(whole.shard(), None);
+        assert_eq!(Shard::all(1), vec![None]);
+        assert_eq!(Shard::all(3).len(), 3);
+        assert_eq!(Shard::all(3)[2], Some(Shard { index: 2, of: 3 }));
     }
 }

@@ -19,6 +19,8 @@ pub struct ClaimRequest<'a> {
     pub job: &'a str,
     /// The period to claim.
     pub period: &'a Period,
+    /// The shard of it to claim, of a period split into shards.
+    pub shard: Option<crate::period::Shard>,
     /// Who claims: host, pid and a start stamp.
     pub owner: &'a str,
     /// How long the claim lives without a heartbeat.
@@ -50,7 +52,7 @@ pub struct Asked<'a> {
 impl ClaimRequest<'_> {
     /// The key claimed.
     pub fn key(&self) -> PeriodKey {
-        PeriodKey::new(self.job, &self.period.label)
+        PeriodKey::of(self.job, &self.period.label, self.shard)
     }
 }
 
@@ -246,6 +248,8 @@ pub struct Reclaimable {
     pub period: Period,
     /// The fire it stood for.
     pub scheduled_at: DateTime<Utc>,
+    /// The shard it is, of a period split into shards.
+    pub shard: Option<crate::period::Shard>,
     /// `recovery` for a claim to take over or retry, `upstream` for a
     /// period that waited for its upstream periods and can run now, or
     /// that an upstream rerun reopened ([`Store::reopen`]).
@@ -369,6 +373,24 @@ impl Store {
             .into_iter()
             .map(|row| (row.period_key.clone(), row))
             .collect())
+    }
+
+    /// The claim rows of whole periods (`(job, period)`), a split one's
+    /// shards with it, in one statement: by the key of the period.
+    pub async fn period_rows(
+        &self,
+        periods: &[(&str, &Period)],
+    ) -> Result<HashMap<String, Vec<ClaimRow>>, Error> {
+        let rows = bounded!(self.period_rows(periods))?;
+        let mut of_periods: HashMap<String, Vec<ClaimRow>> = HashMap::new();
+        for row in rows {
+            let key = PeriodKey::of_stored(&row.period_key).period_key();
+            of_periods
+                .entry(key.as_str().to_owned())
+                .or_default()
+                .push(row);
+        }
+        Ok(of_periods)
     }
 
     /// Periods of `jobs` that can be claimed again now, oldest first, then

@@ -328,6 +328,28 @@ impl Store {
         })
     }
 
+    /// The (notifier, job, period key) of each `late` or `failed`
+    /// notification with no `recovered` yet whose key has no claim row of
+    /// its own: a period split into shards (or one never claimed), whose
+    /// shards tell whether it has succeeded since.
+    pub async fn notify_unrecovered_unclaimed(
+        &self,
+    ) -> Result<Vec<(String, String, String)>, Error> {
+        on_pool!(self, |pool, _now| {
+            sqlx::query_as::<_, (String, String, String)>(
+                "SELECT DISTINCT n.notifier, n.job, n.period_key
+                   FROM scheduler_notifications n
+                  WHERE n.event IN ('late', 'failed')
+                    AND NOT EXISTS (SELECT 1 FROM scheduler_claims c WHERE c.period_key = n.period_key)
+                    AND NOT EXISTS (SELECT 1 FROM scheduler_notifications r
+                                     WHERE r.notifier = n.notifier AND r.period_key = n.period_key
+                                       AND r.event = 'recovered')",
+            )
+            .fetch_all(pool)
+            .await
+        })
+    }
+
     /// The periods failed for good (no retry left) that ended within
     /// `window`, of every job: job, period key, label, attempt and the last
     /// attempt's error.

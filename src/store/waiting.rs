@@ -182,13 +182,13 @@ impl Store {
         jobs: &[String],
         limit: u32,
     ) -> Result<Vec<Reclaimable>, Error> {
+        let claimed = claimed(self);
         let rows: Vec<(String, String, i64, i64, i64)> = on_pool!(self, |pool, _now| {
             sqlx::query_as(&format!(
                 "SELECT w.job, w.period, w.period_start, w.period_end, w.scheduled_at
                    FROM scheduler_waiting w
                   WHERE {which}
-                    AND NOT EXISTS (SELECT 1 FROM scheduler_claims c
-                                     WHERE c.period_key = w.period_key)
+                    AND NOT EXISTS ({claimed})
                   ORDER BY w.scheduled_at"
             ))
             .fetch_all(pool)
@@ -210,6 +210,7 @@ impl Store {
                     end: time(end),
                 },
                 scheduled_at: time(fire),
+                shard: None,
                 trigger: Trigger::Upstream,
             })
             .collect())
@@ -222,18 +223,36 @@ impl Store {
         }
         let keys = serde_json::to_string(keys).unwrap_or_else(|_| "[]".into());
         let listed = keys_in(self);
+        let claimed = claimed(self);
         let rows: Vec<(String, String)> = on_pool!(self, |pool, _now| {
             sqlx::query_as(&format!(
                 "SELECT w.period_key, w.waits FROM scheduler_waiting w
                   WHERE w.period_key IN ({listed})
-                    AND NOT EXISTS (SELECT 1 FROM scheduler_claims c
-                                     WHERE c.period_key = w.period_key)"
+                    AND NOT EXISTS ({claimed})"
             ))
             .bind(&keys)
             .fetch_all(pool)
             .await
         })?;
         Ok(rows.into_iter().collect())
+    }
+}
+
+/// The claim rows of the period of waiting row `w`: its own, or its
+/// shards' (found by job and start, as the claims' index has them).
+fn claimed(store: &Store) -> &'static str {
+    match store {
+        #[cfg(feature = "postgres")]
+        Store::Postgres(_) => {
+            "SELECT 1 FROM scheduler_claims c
+              WHERE c.job = w.job AND c.period = w.period
+                AND c.period_start = 'epoch'::timestamptz + w.period_start * interval '1 millisecond'"
+        }
+        #[cfg(feature = "sqlite")]
+        Store::Sqlite(_) => {
+            "SELECT 1 FROM scheduler_claims c
+              WHERE c.job = w.job AND c.period = w.period AND c.period_start = w.period_start"
+        }
     }
 }
 

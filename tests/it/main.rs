@@ -28,6 +28,7 @@ mod properties;
 mod schema;
 mod secrets;
 mod serve;
+mod shards;
 mod store;
 mod support;
 mod traces;

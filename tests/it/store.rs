@@ -22,6 +22,7 @@ fn request<'a>(period: &'a Period, owner: &'a str) -> ClaimRequest<'a> {
     ClaimRequest {
         job: "billing",
         period,
+        shard: None,
         owner,
         lease: Duration::from_secs(60),
         trigger: Trigger::Schedule,

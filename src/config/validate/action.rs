@@ -368,7 +368,7 @@ fn variable_in(text: &str) -> Option<&str> {
 }
 
 /// The variables every job process gets from the scheduler.
-const SCHEDULER_VARIABLES: [&str; 8] = [
+const SCHEDULER_VARIABLES: [&str; 10] = [
     "SCHEDULER_JOB",
     "SCHEDULER_PERIOD",
     "SCHEDULER_PERIOD_KEY",
@@ -377,6 +377,8 @@ const SCHEDULER_VARIABLES: [&str; 8] = [
     "SCHEDULER_SCHEDULED_AT",
     "SCHEDULER_ATTEMPT",
     "SCHEDULER_TRIGGER",
+    "SCHEDULER_SHARD",
+    "SCHEDULER_SHARDS",
 ];
 
 /// Renders every placeholder as a value any of them could have in a URL.

@@ -15,9 +15,10 @@ use crate::config::rules::{deadline_problem, job_name_problem, keep_problem, sch
 use crate::config::vars::Env;
 use crate::config::{ConfigError, Fingerprint, Job, Retry, Settings};
 use crate::fires::{FireRules, Shift};
-use crate::period::PeriodRule;
+use crate::period::{MAX_SHARDS, PeriodRule};
 use crate::schedule::{DstRule, Schedule};
 use crate::suggest::nearest;
+use crate::template::SHARD_PLACEHOLDERS;
 
 impl RawJob {
     pub(in crate::config) fn validate(
@@ -39,14 +40,8 @@ impl RawJob {
         let (schedule, fires_rules) = self.schedule(at, settings, calendars, &mut errors);
         let action = kept(&mut errors, self.action(at, env));
         let retry = self.retry(at, &mut errors);
-        let timeout = kept(
-            &mut errors,
-            self.timeout
-                .as_ref()
-                .map(|t| duration(at, Some(t), ""))
-                .transpose(),
-        );
-        let concurrency = kept(&mut errors, positive(at, self.concurrency.as_ref(), 1));
+        let timeout = kept(&mut errors, self.timeout(at));
+        let (shards, concurrency) = self.slots(at, &mut errors);
         let keep = kept(&mut errors, self.keep(at, settings));
         let output = kept(&mut errors, self.output(at, keep.flatten()));
         let deadline = kept(&mut errors, self.deadline(at, settings));
@@ -57,6 +52,7 @@ impl RawJob {
             Some(retry),
             Some(timeout),
             Some(concurrency),
+            Some(shards),
             Some(keep),
             Some(deadline),
             Some((output_max, keep_output)),
@@ -66,6 +62,7 @@ impl RawJob {
             retry,
             timeout,
             concurrency,
+            shards,
             keep,
             deadline,
             output,
@@ -87,6 +84,7 @@ impl RawJob {
             action,
             timeout,
             concurrency,
+            shards,
             missed: self.missed,
             retry,
             keep,
@@ -237,6 +235,91 @@ impl RawJob {
             }
         }
         (days, rules)
+    }
+
+    /// `timeout`, if given.
+    fn timeout(&self, at: &Locator) -> Result<Option<Duration>, ConfigError> {
+        self.timeout
+            .as_ref()
+            .map(|t| duration(at, Some(t), ""))
+            .transpose()
+    }
+
+    /// `shards` and `concurrency`, which is `shards` unless given (a job
+    /// split into shards runs them all at once unless told); mistakes
+    /// added to `errors`.
+    fn slots(&self, at: &Locator, errors: &mut Vec<ConfigError>) -> (Option<u32>, Option<u32>) {
+        let shards = kept(errors, self.shards(at));
+        let concurrency = kept(
+            errors,
+            positive(at, self.concurrency.as_ref(), shards.unwrap_or(1)),
+        );
+        (shards, concurrency)
+    }
+
+    /// `shards`: 1 (not split, as without it) to [`MAX_SHARDS`]; without
+    /// it (or 1), no template of the job may name `{shard}` or `{shards}`.
+    fn shards(&self, at: &Locator) -> Result<u32, ConfigError> {
+        let Some(shards) = &self.shards else {
+            return self.no_shard_placeholders(at).map(|()| 1);
+        };
+        let n = *shards.get_ref();
+        let Some(n) = u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_SHARDS).contains(n))
+        else {
+            return Err(at.error(
+                shards.span(),
+                format!("`{n}` is out of range: expected a whole number of shards from 1 (not split) to {MAX_SHARDS}"),
+            ));
+        };
+        if n == 1 {
+            self.no_shard_placeholders(at)?;
+        }
+        Ok(n)
+    }
+
+    /// Refuses `{shard}` and `{shards}` in a job whose periods are not
+    /// split: it would have no value.
+    fn no_shard_placeholders(&self, at: &Locator) -> Result<(), ConfigError> {
+        for value in self.template_strings() {
+            let found = crate::template::placeholders(value.get_ref())
+                .find(|(_, name)| SHARD_PLACEHOLDERS.contains(name));
+            if let Some((offset, name)) = found {
+                let start = value.span().start + 1 + offset;
+                return Err(at.error(
+                    start..start + name.len() + 2,
+                    format!(
+                        "`{{{name}}}` in job `{}`, whose periods are not split into shards: set `shards = N` (2 to {MAX_SHARDS}) or take it out",
+                        self.name.get_ref()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The strings of its action where placeholders are filled in.
+    fn template_strings(&self) -> Vec<&Spanned<String>> {
+        let mut strings: Vec<&Spanned<String>> = Vec::new();
+        if let Some(command) = &self.command {
+            strings.extend(command.get_ref());
+        }
+        strings.extend(&self.shell);
+        strings.extend(&self.workdir);
+        if let Some(env) = &self.env {
+            strings.extend(env.get_ref().values());
+        }
+        if let Some(http) = &self.http {
+            let http = http.get_ref();
+            strings.push(&http.url);
+            strings.extend(http.headers.values());
+            strings.extend(&http.body);
+        }
+        if let Some(sql) = &self.sql {
+            strings.extend(&sql.get_ref().params);
+        }
+        strings
     }
 
     /// `after` as written, each name with its place; linked to the jobs it

@@ -38,6 +38,7 @@ fn row(label: &str, state: ClaimState, attempt: i32, now: &str) -> ClaimRow {
 fn waiting_for_ingest() -> super::super::after::Upstream {
     super::super::after::Upstream {
         waits: vec![super::super::after::Wait {
+            watch: None,
             job: "ingest".into(),
             done: 29,
             needed: 30,

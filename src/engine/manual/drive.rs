@@ -155,6 +155,10 @@ impl Backfill<'_> {
             request: Request {
                 force: plan.force,
                 only_failed: self.request.only_failed && !plan.upstream && !plan.downstream,
+                shard: self
+                    .request
+                    .shard
+                    .filter(|_| !plan.upstream && !plan.downstream),
                 ..self.request.clone()
             },
             mode: Mode {
@@ -171,11 +175,34 @@ impl Backfill<'_> {
             if chunk.is_empty() {
                 return Ok(ControlFlow::Continue(()));
             }
+            let chunk = self.split(plan, chunk, asking.request.shard).await?;
+            if chunk.is_empty() {
+                continue;
+            }
             let flow = self.chunk(&asking, chunk, now).await?;
             if flow.is_break() {
                 return Ok(flow);
             }
         }
+    }
+
+    /// `chunk` of `plan`, each period asked for by hand split into shards
+    /// as it was last claimed (never two ways), only shard `shard` if one
+    /// is asked for.
+    async fn split(
+        &self,
+        plan: &Plan<'_>,
+        chunk: Vec<Due>,
+        shard: Option<u32>,
+    ) -> Result<Vec<Due>, Error> {
+        let chunk = match plan.manual {
+            true => super::plan::as_claimed(self.engine.store(), plan.job, chunk).await?,
+            false => chunk,
+        };
+        Ok(chunk
+            .into_iter()
+            .filter(|due| shard.is_none_or(|k| due.shard.is_some_and(|s| s.index == k)))
+            .collect())
     }
 
     /// How many periods of `job` are claimed and run side by side.
@@ -199,10 +226,7 @@ impl Backfill<'_> {
         now: DateTime<Utc>,
     ) -> Result<Flow, Error> {
         let job = &asking.job;
-        let keys: Vec<PeriodKey> = chunk
-            .iter()
-            .map(|d| PeriodKey::new(&job.name, &d.period.label))
-            .collect();
+        let keys: Vec<PeriodKey> = chunk.iter().map(|d| d.key(&job.name)).collect();
         let rows = self.look_up(job, &keys).await?;
         let mut waits = self.gate(asking, &chunk, now).await?.into_iter();
         let mut asks = Vec::new();
@@ -285,11 +309,7 @@ impl Backfill<'_> {
             .iter()
             .zip(standing)
             .filter(|(_, up)| !up.waiting())
-            .map(|(w, _)| Due {
-                period: w.period.clone(),
-                fire: w.scheduled_at,
-                trigger: Trigger::Upstream,
-            })
+            .flat_map(|(w, _)| Due::of(job, w.period.clone(), w.scheduled_at, Trigger::Upstream))
             .collect();
         if ready.is_empty() {
             return Ok(None);

@@ -48,12 +48,14 @@ pub(super) enum Periods {
 }
 
 impl Periods {
+    /// The next [`CHUNK`] or so, as shards for a job whose periods are
+    /// split.
     pub(super) fn chunk(&mut self, job: &Job, now: DateTime<Utc>) -> Vec<Due> {
         match self {
             Periods::Listed(dues) => dues.take(CHUNK).collect(),
             Periods::Range(walk) => std::iter::from_fn(|| walk.step(&job.period, &job.schedule))
-                .take(CHUNK)
-                .map(|p| manual_due(job, p, now))
+                .take((CHUNK / job.shards.max(1) as usize).max(1))
+                .flat_map(|p| manual_due(job, p, now))
                 .collect(),
         }
     }
@@ -266,13 +268,17 @@ async fn taken_again(
     let noted = store
         .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
         .await?;
-    let again = again.into_iter().chain(noted).map(|r| Due {
-        trigger: match r.trigger {
-            Trigger::Upstream => Trigger::Upstream,
-            _ => Trigger::Retry,
-        },
-        period: r.period,
-        fire: r.scheduled_at,
+    let again = again.into_iter().chain(noted).flat_map(|r| {
+        let due = Due {
+            trigger: match r.trigger {
+                Trigger::Upstream => Trigger::Upstream,
+                _ => Trigger::Retry,
+            },
+            period: r.period,
+            fire: r.scheduled_at,
+            shard: r.shard,
+        };
+        Due::sharded(job, due)
     });
     // Succeeded periods an upstream rerun made stale, for a job
     // that reruns on it, as `serve`'s scan would take them.
@@ -281,13 +287,13 @@ async fn taken_again(
         .collect())
 }
 
-/// Adds `more` to `listed`, each period once: one listed already keeps
-/// its place, and becomes `upstream` if it is one in `more`.
+/// Adds `more` to `listed`, each period (each shard) once: one listed
+/// already keeps its place, and becomes `upstream` if it is one in `more`.
 fn merge(listed: &mut Vec<Due>, more: Vec<Due>) {
     for due in more {
         match listed
             .iter_mut()
-            .find(|d| d.period.label == due.period.label)
+            .find(|d| d.period.label == due.period.label && d.shard == due.shard)
         {
             Some(listed) if due.trigger == Trigger::Upstream => {
                 listed.trigger = Trigger::Upstream;
@@ -408,7 +414,7 @@ fn upstream_plans<'a>(
             periods.sort_by_key(|p| p.start);
             let dues: Vec<Due> = periods
                 .into_iter()
-                .map(|p| manual_due(up, p, now))
+                .flat_map(|p| manual_due(up, p, now))
                 .collect();
             Plan {
                 job: up,
@@ -422,15 +428,53 @@ fn upstream_plans<'a>(
         .collect())
 }
 
-fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Due {
+/// `dues` of `job` (whole periods asked for by hand, as its shards now),
+/// each period split as it was last claimed instead, where that differs:
+/// a period is never split two ways. One read.
+pub(super) async fn as_claimed(
+    store: &Store,
+    job: &Job,
+    dues: Vec<Due>,
+) -> Result<Vec<Due>, Error> {
+    let mut periods: Vec<&Period> = Vec::new();
+    for due in &dues {
+        if periods.last().is_none_or(|p| p.label != due.period.label) {
+            periods.push(&due.period);
+        }
+    }
+    let asked: Vec<(&str, &Period, u32)> = periods
+        .iter()
+        .map(|period| (job.name.as_str(), *period, job.shards))
+        .collect();
+    let counts: std::collections::HashMap<String, u32> = crate::engine::shards::read(store, &asked)
+        .await?
+        .into_iter()
+        .zip(&periods)
+        .filter(|(claims, _)| claims.shards != job.shards)
+        .map(|(claims, period)| (period.label.clone(), claims.shards))
+        .collect();
+    if counts.is_empty() {
+        return Ok(dues);
+    }
+    let mut split: Vec<Due> = Vec::with_capacity(dues.len());
+    for due in dues {
+        match counts.get(&due.period.label) {
+            None => split.push(due),
+            // The period's first due stands for it, split as claimed.
+            Some(shards) if due.first_of_period() => split.extend(due.split(*shards)),
+            Some(_) => {}
+        }
+    }
+    Ok(split)
+}
+
+/// A period asked for by hand, as its shards for a job whose periods are
+/// split.
+fn manual_due(job: &Job, period: Period, now: DateTime<Utc>) -> Vec<Due> {
     let fire = job
         .timing()
         .of(&period)
         .filter(|f| *f <= now)
         .unwrap_or(now);
-    Due {
-        period,
-        fire,
-        trigger: Trigger::Manual,
-    }
+    Due::of(job, period, fire, Trigger::Manual)
 }

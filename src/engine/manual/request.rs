@@ -46,6 +46,9 @@ pub struct Request {
     /// Run first, in dependency order, the upstream periods (`after`) the
     /// asked periods need that have not succeeded.
     pub with_upstream: bool,
+    /// Only this shard (from 0) of each period: of one job, split into
+    /// shards.
+    pub shard: Option<u32>,
     /// How the front end names the fields, for its error messages.
     pub names: Names,
     /// Who asks: an API token's name, or `cli:` and the user; noted on
@@ -102,10 +105,32 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
             .as_ref()
             .is_none_or(|name| config.full_name(name) == job.name)
         {
+            one_shard(job, request)?;
             manual_range(job, request, now)?;
         }
     }
     Ok(())
+}
+
+/// Refuses a shard the job does not have: any, for a job whose periods are
+/// not split.
+fn one_shard(job: &Job, request: &Request) -> Result<(), Error> {
+    let Some(k) = request.shard else {
+        return Ok(());
+    };
+    let field = request.names.shard;
+    match job.shards {
+        0 | 1 => Err(Error::Usage(format!(
+            "{field} {k}: job `{}` is not split into shards (it has no `shards`)",
+            job.name
+        ))),
+        n if k >= n => Err(Error::Usage(format!(
+            "{field} {k} is out of range: job `{}` has {n} shards, 0 to {}",
+            job.name,
+            n - 1
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The periods a manual run (`--period`, `--from/--to`) asks for, or `None`

@@ -288,6 +288,7 @@ struct RunBody {
     with_upstream: bool,
     #[serde(default)]
     only_failed: bool,
+    shard: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -393,6 +394,7 @@ fn run_request(
         wait: false,
         dry_run: false,
         with_upstream: asked.with_upstream,
+        shard: asked.shard,
         names: Names::JSON,
         by: caller.name.as_str().into(),
     };

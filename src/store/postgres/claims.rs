@@ -313,13 +313,35 @@ impl PgStore {
         rows.iter().map(claim_row).collect()
     }
 
+    pub(in crate::store) async fn period_rows(
+        &self,
+        periods: &[(&str, &Period)],
+    ) -> Result<Vec<ClaimRow>, sqlx::Error> {
+        let jobs: Vec<&str> = periods.iter().map(|(job, _)| *job).collect();
+        let starts: Vec<DateTime<Utc>> = periods.iter().map(|(_, p)| p.start).collect();
+        let labels: Vec<&str> = periods.iter().map(|(_, p)| p.label.as_str()).collect();
+        let rows = sqlx::query(
+            "SELECT c.*, scheduler_claimable(c.state, c.lease_until, c.retry_at, false, false) AS claimable,
+                    now() AS now
+               FROM scheduler_claims c
+               JOIN unnest($1::text[], $2::timestamptz[], $3::text[]) AS x(job, period_start, period)
+                 ON c.job = x.job AND c.period_start = x.period_start AND c.period = x.period",
+        )
+        .bind(jobs)
+        .bind(starts)
+        .bind(labels)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_row).collect()
+    }
+
     pub(in crate::store) async fn reclaimable(
         &self,
         jobs: &[String],
         limit: u32,
     ) -> Result<Vec<Reclaimable>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT job, period, period_start, period_end, scheduled_at, state, trigger
+            "SELECT period_key, job, period, period_start, period_end, scheduled_at, state, trigger
                FROM scheduler_claims
               WHERE job = ANY($1)
                 AND scheduler_claimable(state, lease_until, retry_at, false, false)
@@ -339,6 +361,7 @@ impl PgStore {
                         end: row.try_get("period_end")?,
                     },
                     scheduled_at: row.try_get("scheduled_at")?,
+                    shard: PeriodKey::of_stored(row.try_get("period_key")?).shard(),
                     trigger: crate::store::claims::taken_as(
                         row.try_get("state")?,
                         row.try_get("trigger")?,

@@ -177,6 +177,28 @@ impl SqliteStore {
         rows.iter().map(claim_row).collect()
     }
 
+    pub(in crate::store) async fn period_rows(
+        &self,
+        periods: &[(&str, &Period)],
+    ) -> Result<Vec<ClaimRow>, sqlx::Error> {
+        let periods: Vec<(&str, i64, &str)> = periods
+            .iter()
+            .map(|(job, p)| (*job, ms(p.start), p.label.as_str()))
+            .collect();
+        let periods = serde_json::to_string(&periods).unwrap_or_else(|_| "[]".into());
+        let rows = sqlx::query(&format!(
+            "SELECT c.*, {} AS claimable, {NOW} AS now FROM scheduler_claims c
+               JOIN (SELECT value ->> 0 AS job, value ->> 1 AS period_start, value ->> 2 AS period
+                       FROM json_each(?1)) x
+                 ON c.job = x.job AND c.period_start = x.period_start AND c.period = x.period",
+            claimable("0", "0", "0")
+        ))
+        .bind(periods)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_row).collect()
+    }
+
     pub(in crate::store) async fn reclaimable(
         &self,
         jobs: &[String],
@@ -184,7 +206,7 @@ impl SqliteStore {
     ) -> Result<Vec<Reclaimable>, sqlx::Error> {
         let jobs = serde_json::to_string(jobs).unwrap_or_else(|_| "[]".into());
         let rows = sqlx::query(&format!(
-            "SELECT job, period, period_start, period_end, scheduled_at, state, trigger
+            "SELECT period_key, job, period, period_start, period_end, scheduled_at, state, trigger
                FROM scheduler_claims
               WHERE job IN (SELECT value FROM json_each(?1)) AND {}
               ORDER BY period_start LIMIT ?2",
@@ -204,6 +226,7 @@ impl SqliteStore {
                         end: time(row.try_get("period_end")?),
                     },
                     scheduled_at: time(row.try_get("scheduled_at")?),
+                    shard: PeriodKey::of_stored(row.try_get("period_key")?).shard(),
                     trigger: crate::store::claims::taken_as(
                         row.try_get("state")?,
                         row.try_get("trigger")?,
