@@ -109,7 +109,9 @@ async fn inspect_database(
             inspect::history(store, &config.full_name(&job), defined, key, shown).await
         }
         Plan::Logs(asked) => super::logs::logs(store, &asked).await,
-        Plan::Release { job, period } => inspect::release(config.job(&job)?, store, &period).await,
+        Plan::Release { job, period, shard } => {
+            inspect::release(config.job(&job)?, store, &period, shard).await
+        }
         Plan::Adopt { job, which } => {
             inspect::adopt(config.job(&job)?, store, which.borrowed(), now).await
         }

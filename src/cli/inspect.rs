@@ -397,7 +397,7 @@ pub async fn history(
         return Ok(Outcome::Done);
     }
     let attempts = match key {
-        Some(key) => store.attempts(key, shown.limit).await?,
+        Some(key) => period_attempts(store, defined, key, shown.limit).await?,
         None => store.history(job, shown.limit).await?,
     };
     // Newest first: an attempt ran under another definition than the one
@@ -412,6 +412,24 @@ pub async fn history(
         say_attempt(attempt, before, &shown)?;
     }
     notifications(store, job, key, shown).await
+}
+
+/// The newest `limit` attempts of the period `key`: with those of each of
+/// its shards, for a job (still in jobs.toml) that splits its periods.
+async fn period_attempts(
+    store: &Store,
+    defined: Option<&Job>,
+    key: &str,
+    limit: u32,
+) -> Result<Vec<crate::store::Attempt>, Error> {
+    let mut attempts = store.attempts(key, limit).await?;
+    let shards = defined.map_or(1, |job| job.shards);
+    for shard in crate::period::Shard::all(shards).into_iter().flatten() {
+        attempts.extend(store.attempts(&format!("{key}{shard}"), limit).await?);
+    }
+    attempts.sort_by_key(|a| std::cmp::Reverse(a.started_at));
+    attempts.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    Ok(attempts)
 }
 
 /// What `history` says first of a job still in jobs.toml (`defined`): its
@@ -571,9 +589,14 @@ async fn notifications(
 }
 
 /// `scheduler release JOB --period LABEL`.
-pub async fn release(job: &Job, store: &Store, period: &Period) -> Result<Outcome, Unread> {
+pub async fn release(
+    job: &Job,
+    store: &Store,
+    period: &Period,
+    shard: Option<crate::period::Shard>,
+) -> Result<Outcome, Unread> {
     let label = &period.label;
-    match operate::release(store, job, period).await? {
+    match operate::release(store, job, period, shard).await? {
         (key, Some(Released { owner, lease_until })) => say(format_args!(
             "{key}: released (was running on {owner}); its runner stops the job at its next heartbeat and the period can be claimed then, or at {} at the latest if that runner cannot be reached",
             lease_until.map_or_else(|| "once".to_owned(), utc_text)

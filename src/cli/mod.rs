@@ -139,6 +139,10 @@ pub enum Command {
         /// The period label.
         #[arg(long)]
         period: String,
+        /// Only this shard (from 0) of a period split into shards; without
+        /// it, every running shard of the period.
+        #[arg(long, value_name = "K")]
+        shard: Option<u32>,
     },
     /// Record periods an earlier system (cron, a CronJob) already ran as
     /// `adopted`: never run here, succeeded for `after`. Refused for a
@@ -314,4 +318,7 @@ pub struct LogsArgs {
     /// Only this stream.
     #[arg(long, value_parser = ["stdout", "stderr"])]
     pub stream: Option<String>,
+    /// The shard (from 0), of a job whose periods are split into shards.
+    #[arg(long, value_name = "K")]
+    pub shard: Option<u32>,
 }

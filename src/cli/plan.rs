@@ -78,6 +78,8 @@ pub enum Plan {
         job: String,
         /// The period.
         period: Period,
+        /// One shard of it.
+        shard: Option<crate::period::Shard>,
     },
     /// `adopt JOB --through L` or `--from A --to B`.
     Adopt {
@@ -162,9 +164,11 @@ impl Plan {
                 Plan::history(job, period.as_deref(), shown, config)?
             }
             Command::Logs(asked) => Plan::logs(asked, config)?,
-            Command::Release { job, period } => {
-                let period = manual::parse_label(config.job(&job)?, &period, Names::FLAGS.period)?;
-                Plan::Release { job, period }
+            Command::Release { job, period, shard } => {
+                let defined = config.job(&job)?;
+                let period = manual::parse_label(defined, &period, Names::FLAGS.period)?;
+                let shard = crate::engine::labels::shard_of(defined, shard, "--shard", false)?;
+                Plan::Release { job, period, shard }
             }
             Command::Adopt {
                 job,
@@ -253,8 +257,9 @@ impl Plan {
     fn logs(asked: super::LogsArgs, config: &Config) -> Result<Plan, Error> {
         let defined = config.job(&asked.job)?;
         let period = manual::parse_label(defined, &asked.period, Names::FLAGS.period)?;
+        let shard = crate::engine::labels::shard_of(defined, asked.shard, "--shard", true)?;
         Ok(Plan::Logs(super::logs::Asked {
-            key: PeriodKey::new(&defined.name, &period.label).to_string(),
+            key: PeriodKey::of(&defined.name, &period.label, shard).to_string(),
             attempt: asked.attempt,
             follow: asked.follow,
             stream: asked

@@ -295,3 +295,34 @@ pub(super) fn refuse_not_due(
         _ => Ok(()),
     }
 }
+
+/// The shard `k` of `job`'s periods, given as `field`: refused for a job
+/// whose periods are not split, or past its last shard; `None` without
+/// `k`, refused instead if the job splits its periods and one is `needed`
+/// (the output of one attempt of one shard).
+pub fn shard_of(
+    job: &Job,
+    k: Option<u32>,
+    field: &'static str,
+    needed: bool,
+) -> Result<Option<crate::period::Shard>, Error> {
+    let n = job.shards;
+    match k {
+        None if needed && n > 1 => Err(Error::Usage(format!(
+            "job `{}` splits each period into {n} shards: give {field} K (0 to {})",
+            job.name,
+            n - 1
+        ))),
+        None => Ok(None),
+        Some(k) if n <= 1 => Err(Error::Usage(format!(
+            "{field} {k}: job `{}` is not split into shards (it has no `shards`)",
+            job.name
+        ))),
+        Some(k) if k >= n => Err(Error::Usage(format!(
+            "{field} {k} is out of range: job `{}` has {n} shards, 0 to {}",
+            job.name,
+            n - 1
+        ))),
+        Some(index) => Ok(Some(crate::period::Shard { index, of: n })),
+    }
+}

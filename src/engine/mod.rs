@@ -370,6 +370,7 @@ impl Engine {
     /// answers into what was won (for [`Engine::run_won`]) and what was
     /// not. A unit is one period, or `sql` periods that run as one group.
     pub async fn take(&self, units: Vec<Vec<Ask>>, queue: Queue) -> Result<Vec<Claimed>, Error> {
+        let units = shards::resplit(&self.store, units).await?;
         let sizes: Vec<usize> = units.iter().map(Vec::len).collect();
         let asks: Vec<Ask> = units.into_iter().flatten().collect();
         let taken = self.claim_with(&asks, queue).await?;

@@ -7,21 +7,50 @@ use std::time::Duration;
 use super::labels::{Names, page_between, period_of_label};
 use crate::config::{Config, Job};
 use crate::error::Error;
-use crate::period::{Period, PeriodKey};
+use crate::period::{Period, PeriodKey, Shard};
 use crate::store::{Released, Store};
 
-/// Ends the running claim of `period` of `job`: its runner stops the job at
-/// its next heartbeat and records nothing; the period can be claimed once
-/// the runner confirms, or its lease runs out. The key, and what was
-/// released (`None`: the period has no running claim).
+/// Ends the running claim of `period` of `job` (of its `shard`, or of
+/// every running shard of a period split into shards): its runner stops
+/// the job at its next heartbeat and records nothing; the period can be
+/// claimed once the runner confirms, or its lease runs out. The key, and
+/// what was released (`None`: nothing was running): of several shards,
+/// their runners and the latest lease.
 pub async fn release(
     store: &Store,
     job: &Job,
     period: &Period,
+    shard: Option<Shard>,
 ) -> Result<(PeriodKey, Option<Released>), Error> {
-    let key = PeriodKey::new(&job.name, &period.label);
-    let released = store.release_key(key.as_str()).await?;
-    Ok((key, released))
+    let key = PeriodKey::of(&job.name, &period.label, shard);
+    let claims = match shard {
+        Some(_) => Default::default(),
+        None => super::shards::claims(store, &[(job, period)])
+            .await?
+            .pop()
+            .unwrap_or_default(),
+    };
+    if claims.shard_rows.is_empty() {
+        let released = store.release_key(key.as_str()).await?;
+        return Ok((key, released));
+    }
+    let mut all: Option<Released> = None;
+    for (_, row) in claims
+        .shard_rows
+        .iter()
+        .filter(|(_, row)| row.state.is_live())
+    {
+        if let Some(released) = store.release_key(&row.period_key).await? {
+            all = Some(match all {
+                None => released,
+                Some(before) => Released {
+                    owner: format!("{}, {}", before.owner, released.owner),
+                    lease_until: before.lease_until.max(released.lease_until),
+                },
+            });
+        }
+    }
+    Ok((key, all))
 }
 
 /// Which periods `scheduler adopt` records.
@@ -99,7 +128,7 @@ pub async fn adopt(
         }
     };
     let asked = adopted_periods(job, (&from, to), now, last_name, names)?;
-    let taken = store.adopt(&job.name, &asked, by).await?;
+    let taken = store.adopt(&job.name, &asked, job.shards, by).await?;
     if !taken.is_empty() {
         let rows = store.rows(&taken).await?;
         let mut rows: Vec<_> = rows.into_values().collect();

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use super::Ask;
 use crate::config::Job;
 use crate::error::Error;
 use crate::period::{Period, PeriodKey, Shard};
@@ -77,6 +78,58 @@ pub async fn read(
             let key = PeriodKey::new(job, &period.label);
             let rows = found.remove(key.as_str()).unwrap_or_default();
             of_rows(key, rows, *shards)
+        })
+        .collect())
+}
+
+/// `units` (as [`Engine::take`](super::Engine::take) gets them), each
+/// period of a job split into shards asked for as it was last claimed
+/// where that differs from the job's `shards` now (a reload changed it
+/// since part of the period was claimed, or since an earlier fire of it
+/// ran): a period is never split two ways. The first shard asked for
+/// stands for its period; a shard of the count that is no more is not
+/// asked for. One read, for the periods of jobs split into shards only.
+pub(super) async fn resplit(store: &Store, units: Vec<Vec<Ask>>) -> Result<Vec<Vec<Ask>>, Error> {
+    let mut asked: Vec<(&str, &Period, u32)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for ask in units.iter().flatten().filter(|ask| ask.job.shards > 1) {
+        if seen.insert(ask.key().period_key()) {
+            asked.push((ask.job.name.as_str(), &ask.due.period, ask.job.shards));
+        }
+    }
+    if asked.is_empty() {
+        return Ok(units);
+    }
+    let counts: HashMap<PeriodKey, u32> = read(store, &asked)
+        .await?
+        .into_iter()
+        .zip(&asked)
+        .filter(|(claims, (_, _, now))| claims.claimed() && claims.shards != *now)
+        .map(|(claims, (job, period, _))| (PeriodKey::new(job, &period.label), claims.shards))
+        .collect();
+    drop(asked);
+    if counts.is_empty() {
+        return Ok(units);
+    }
+    Ok(units
+        .into_iter()
+        .map(|unit| {
+            let mut kept: Vec<Ask> = Vec::with_capacity(unit.len());
+            for ask in unit {
+                let count = ask.due.shard.map_or(1, |s| s.of);
+                match counts.get(&ask.key().period_key()) {
+                    Some(shards) if *shards != count => {
+                        if !ask.due.first_of_period() {
+                            continue;
+                        }
+                        for due in ask.due.clone().split(*shards) {
+                            kept.push(Ask { due, ..ask.clone() });
+                        }
+                    }
+                    _ => kept.push(ask),
+                }
+            }
+            kept
         })
         .collect())
 }

@@ -425,8 +425,34 @@ impl Store {
         &self,
         job: &str,
         periods: &[(Period, DateTime<Utc>)],
+        shards: u32,
         by: &str,
     ) -> Result<Vec<String>, Error> {
-        bounded!(self.adopt(job, periods, by))
+        let rows = adopted(job, periods, shards);
+        bounded!(self.adopt(job, &rows, by))
     }
+}
+
+/// The rows an adoption of `periods` of `job` writes, each with its key:
+/// one per period, or one per shard of a period split `shards` ways (each
+/// shard adopted, so none of them runs).
+pub(super) fn adopted<'a>(
+    job: &str,
+    periods: &'a [(Period, DateTime<Utc>)],
+    shards: u32,
+) -> Vec<(String, &'a Period, DateTime<Utc>)> {
+    periods
+        .iter()
+        .flat_map(|(period, fire)| {
+            crate::period::Shard::all(shards)
+                .into_iter()
+                .map(move |shard| {
+                    (
+                        PeriodKey::of(job, &period.label, shard).to_string(),
+                        period,
+                        *fire,
+                    )
+                })
+        })
+        .collect()
 }

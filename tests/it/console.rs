@@ -687,3 +687,59 @@ fn the_period_page_pages_through_a_long_attempt() {
     drop(browser);
     server.stop();
 }
+
+/// A period split into shards: its grid cell is split into a strip per
+/// shard in each shard's colour, and its page lists the shards with their
+/// states and each shard's attempts with their output.
+#[test]
+fn a_period_split_into_shards_shows_a_split_cell_and_a_shard_table() {
+    let ws = Workspace::new(&with_api(
+        "\n[[job]]\nname = \"billing\"\nschedule = \"0 2 * * *\"\nperiod = \"day\"\nshards = 3\n\
+         shell = \"echo shard-$SCHEDULER_SHARD; test $SCHEDULER_SHARD != 1\"\n",
+    ));
+    let db = TestDb::sqlite();
+    let ran = ws
+        .command(&[
+            "--database-url",
+            &db.url,
+            "run",
+            "billing",
+            "--period",
+            &day(2),
+        ])
+        .env("CI_TOKEN", CI)
+        .env("ONCALL_TOKEN", ONCALL)
+        .env("READER_TOKEN", READER)
+        .output()
+        .expect("run");
+    assert_eq!(ran.status.code(), Some(1), "shard 1 fails");
+    let server = Server::start(&ws, &db.url);
+    let Some(browser) = Browser::start(1280, 900) else {
+        return;
+    };
+    browser.log_in(&server.base(), ONCALL);
+    browser.goto(&format!("{}/#/job/billing", server.base()));
+    let strips = format!(
+        "return Array.from(document.querySelectorAll('.grid a[data-period=\"{}\"] span')).map((s) => s.className)",
+        day(2)
+    );
+    browser.until("a cell split in three", || {
+        browser.eval(&strips) == json!(["s-succeeded", "s-failed", "s-succeeded"])
+    });
+    browser.goto(&format!(
+        "{}/#/job/billing/period/{}",
+        server.base(),
+        day(2)
+    ));
+    browser.until("the shard table", || browser.text("#shards").contains("#1"));
+    let states = "return Array.from(document.querySelectorAll('#shards tr[data-shard] [data-state]')).map((s) => s.dataset.state)";
+    assert_eq!(
+        browser.eval(states),
+        json!(["succeeded", "failed", "succeeded"])
+    );
+    assert_eq!(browser.text("#period-state").trim(), "failed");
+    browser.until("each shard's output", || {
+        let outputs = "return Array.from(document.querySelectorAll('pre.output')).map((p) => p.textContent).sort()";
+        browser.eval(outputs) == json!(["shard-0\n", "shard-1\n", "shard-2\n"])
+    });
+}

@@ -214,6 +214,39 @@ fn failed_for_good_then_recovered_are_told_once_each_by_run_alone() {
     );
 }
 
+/// A period split into shards whose shard 2 fails twice, then succeeds:
+/// the period is told `failed` once, naming the shard, and `recovered`
+/// once, under the period's key, never the shard's.
+#[test]
+fn a_shard_failed_twice_then_fixed_tells_its_period_failed_and_recovered_once_each() {
+    let hook = Receiver::start(&[]);
+    let ws = Workspace::new(&format!(
+        "[[job]]\nname = \"billing\"\nschedule = \"0 0 1 1 *\"\nperiod = \"year\"\nshards = 4\n\
+         shell = \"test $SCHEDULER_SHARD != 2 || test -f ok\"\n\n\
+         [[notify]]\nname = \"oncall\"\nurl = \"{}\"\n",
+        hook.url()
+    ));
+    for db in crate::support::databases() {
+        let url = db.url.as_str();
+        for _ in 0..2 {
+            let failed = ws.run(&["--database-url", url, "run", "billing", "--period", "2025"]);
+            assert_eq!(failed.code(), 1, "{}", failed.stderr());
+        }
+        std::fs::write(ws.dir.path().join("ok"), "").unwrap();
+        let fixed = ws.run(&["--database-url", url, "run", "billing", "--period", "2025"]);
+        assert_eq!(fixed.code(), 0, "{}", fixed.stderr());
+        let failed = hook.events("failed");
+        let recovered = hook.events("recovered");
+        assert_eq!(failed.len(), 1, "{url}: {:?}", hook.got());
+        assert_eq!(recovered.len(), 1, "{url}: {:?}", hook.got());
+        assert_eq!(failed[0].json()["period_key"], "billing:2025");
+        assert_eq!(failed[0].json()["failed_shards"], serde_json::json!([2]));
+        assert_eq!(recovered[0].key(), "oncall:billing:2025:recovered");
+        hook.got.lock().unwrap().clear();
+        std::fs::remove_file(ws.dir.path().join("ok")).unwrap();
+    }
+}
+
 /// A period that failed with retries left and is past its deadline is told
 /// `late` with its state and its last failure, masked like `failed`'s.
 #[test]

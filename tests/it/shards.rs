@@ -256,3 +256,312 @@ fn shard_mistakes_in_jobs_toml_name_their_place() {
         }
     }
 }
+
+#[test]
+fn adopting_a_period_split_into_shards_adopts_each_shard_and_none_runs() {
+    for db in databases() {
+        let ws = billing("");
+        let out = scheduler(
+            &ws,
+            &db,
+            &["adopt", "billing", "--from", "2026-01", "--to", "2026-02"],
+        );
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        let rows = count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'billing' AND attempt = 0",
+        );
+        assert_eq!(rows, 8, "two periods, four shards each");
+        let out = scheduler(
+            &ws,
+            &db,
+            &["run", "billing", "--from", "2026-01", "--to", "2026-02"],
+        );
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        assert!(
+            runs(&ws).is_empty(),
+            "an adopted shard ran: {:?}",
+            runs(&ws)
+        );
+        assert_eq!(
+            states(&ws, &db, "2026-01"),
+            ("adopted".into(), vec!["adopted".into(); 4])
+        );
+    }
+}
+
+#[test]
+fn release_of_a_period_split_into_shards_releases_every_running_shard() {
+    for db in databases() {
+        let ws = billing("");
+        // Shards hold while `hold` exists.
+        let jobs = std::fs::read_to_string(ws.path().join("jobs.toml")).expect("jobs.toml");
+        let held = jobs.replace(
+            "shell = \"",
+            "shell = \"while [ -e hold ]; do sleep 0.1; done; ",
+        );
+        std::fs::write(ws.path().join("jobs.toml"), held).expect("jobs.toml");
+        std::fs::write(ws.path().join("hold"), "").expect("a hold");
+        let runner = ws
+            .command(&[
+                "--database-url",
+                &db.url,
+                "run",
+                "billing",
+                "--period",
+                "2026-01",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn run");
+        crate::support::eventually("four shards running", BOUND, || {
+            let status = scheduler(
+                &ws,
+                &db,
+                &["status", "billing", "--from", "2026-01", "--to", "2026-01"],
+            );
+            status.code() == 0 && status.stdout().contains("4 shards: 4 running")
+        });
+        let out = scheduler(&ws, &db, &["release", "billing", "--period", "2026-01"]);
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        assert!(
+            out.stdout().contains("billing:2026-01: released"),
+            "{}",
+            out.stdout()
+        );
+        let ended = wait(runner, BOUND);
+        let (_, shards) = states(&ws, &db, "2026-01");
+        assert!(
+            shards.iter().all(|s| s == "released"),
+            "{shards:?}: {}",
+            ended.stdout()
+        );
+        assert!(runs(&ws).is_empty(), "a released shard ran to its end");
+        let out = scheduler(
+            &ws,
+            &db,
+            &["release", "billing", "--period", "2026-01", "--shard", "7"],
+        );
+        assert_eq!(out.code(), 2, "{}", out.stderr());
+    }
+}
+
+#[test]
+fn a_period_keeps_the_shard_count_it_was_claimed_with_after_shards_changes() {
+    for db in databases() {
+        let ws = billing("");
+        let out = scheduler(
+            &ws,
+            &db,
+            &["run", "billing", "--period", "2026-01", "--shard", "0"],
+        );
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        let jobs = std::fs::read_to_string(ws.path().join("jobs.toml")).expect("jobs.toml");
+        std::fs::write(
+            ws.path().join("jobs.toml"),
+            jobs.replace("shards = 4", "shards = 2"),
+        )
+        .expect("jobs.toml");
+        // January was claimed split four ways: its other three shards run
+        // as shards of four. February, never claimed, is split two ways.
+        let out = scheduler(
+            &ws,
+            &db,
+            &["run", "billing", "--from", "2026-01", "--to", "2026-02"],
+        );
+        assert_eq!(out.code(), 0, "{}{}", out.stdout(), out.stderr());
+        let expected: Vec<String> = (0..4)
+            .map(|k| format!("billing:2026-01#{k}/4 {k}/4 {k}/4"))
+            .chain((0..2).map(|k| format!("billing:2026-02#{k}/2 {k}/2 {k}/2")))
+            .collect();
+        assert_eq!(runs(&ws), expected, "{}", db.url);
+        assert_eq!(states(&ws, &db, "2026-01").1.len(), 4);
+        assert_eq!(states(&ws, &db, "2026-02").1.len(), 2);
+    }
+}
+
+/// Every key in `runs` with the count of shards in it.
+fn keys_ran(ws: &Workspace) -> Vec<String> {
+    runs(ws)
+        .iter()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn shards_changed_by_sighup_while_shards_run_split_no_period_two_ways() {
+    for db in databases() {
+        // `each`: a period a fire, four shards two at a time, so shards of
+        // a period wait for a slot across the reload. `minute`: a period
+        // of many fires, its first fire's shards run before the reload and
+        // its later fires come after it.
+        let jobs = |shards: u32| {
+            format!(
+                "[scheduler]\nlease = \"10s\"\nscan_interval = \"1s\"\nshutdown_grace = \"10s\"\n\n\
+                 [[job]]\nname = \"each\"\nschedule = \"* * * * * *\"\nshards = {shards}\nconcurrency = 2\n\
+                 shell = \"sleep 0.4; echo $SCHEDULER_PERIOD_KEY >> runs\"\n\n\
+                 [[job]]\nname = \"minute\"\nschedule = \"* * * * * *\"\nperiod = \"minute\"\nshards = {shards}\n\
+                 shell = \"echo $SCHEDULER_PERIOD_KEY >> runs\"\n"
+            )
+        };
+        let ws = Workspace::new(&jobs(4));
+        let server = crate::serve::serve(&ws, &db.url);
+        crate::support::eventually("shards of four", BOUND, || {
+            keys_ran(&ws).iter().filter(|k| k.ends_with("/4")).count() >= 8
+        });
+        std::fs::write(ws.path().join("jobs.toml"), jobs(2)).expect("jobs.toml");
+        crate::serve::signal(&server, nix::sys::signal::Signal::SIGHUP);
+        crate::support::eventually("shards of two", BOUND, || {
+            keys_ran(&ws)
+                .iter()
+                .filter(|k| k.starts_with("each:") && k.ends_with("/2"))
+                .count()
+                >= 6
+        });
+        assert_eq!(crate::serve::stop(server), 0);
+        let keys = keys_ran(&ws);
+        let mut unique = keys.clone();
+        unique.dedup();
+        assert_eq!(keys.len(), unique.len(), "a shard ran twice: {keys:?}");
+        // Each period ran under one count of shards, and whole unless the
+        // shutdown cut it short.
+        let mut periods: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+        for key in &keys {
+            let (period, shard) = key.split_once('#').expect("a shard's key");
+            periods.entry(period).or_default().push(shard);
+        }
+        for (period, shards) in &periods {
+            let counts: std::collections::HashSet<&str> = shards
+                .iter()
+                .map(|s| s.split_once('/').map_or("", |(_, n)| n))
+                .collect();
+            assert_eq!(counts.len(), 1, "{period} split two ways: {shards:?}");
+        }
+        let rows = crate::support::count(
+            &db.url,
+            "SELECT count(*) FROM scheduler_claims WHERE job = 'minute'",
+        );
+        let minutes = periods.keys().filter(|p| p.starts_with("minute:")).count();
+        assert!(
+            rows <= 4 * minutes as i64,
+            "{rows} rows for {minutes} minute(s): {keys:?}"
+        );
+    }
+}
+
+/// How long the three-replica run lasts: 40 s in the suite; the figure in
+/// the docs comes from `SHARDS_CHAOS_SECONDS=600`.
+fn chaos_seconds() -> u64 {
+    std::env::var("SHARDS_CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40)
+}
+
+/// Three replicas on PostgreSQL, each through a proxy of its own, an
+/// every-second job split eight ways and a downstream job after it; one
+/// replica killed with `kill -9` (and started again), one frozen past its
+/// lease, one cut from the database past its lease. Every shard of every
+/// period judged ran to its end exactly once, every such period
+/// succeeded, and its downstream period ran once, after its last shard.
+#[test]
+fn three_replicas_through_kill_freeze_and_cut_run_every_shard_once() {
+    use nix::sys::signal::Signal;
+    let Some(db) = TestDb::postgres_blocking() else {
+        crate::support::skip("no PostgreSQL server: the three-replica shards run needs one");
+        return;
+    };
+    let ws = Workspace::new(
+        "[scheduler]\nlease = \"3s\"\nscan_interval = \"1s\"\nshutdown_grace = \"5s\"\n\n\
+         [[job]]\nname = \"billing\"\nschedule = \"* * * * * *\"\nshards = 8\n\
+         shell = \"sleep 0.3; echo $SCHEDULER_PERIOD_KEY >> runs\"\n\n\
+         [[job]]\nname = \"report\"\nschedule = \"* * * * * *\"\nafter = [\"billing\"]\n\
+         shell = \"echo $SCHEDULER_PERIOD_KEY >> reports\"\n",
+    );
+    let proxies: Vec<(crate::support::Proxy, String)> =
+        (0..3).map(|_| crate::support::proxied(&db)).collect();
+    let mut replicas: Vec<std::process::Child> = proxies
+        .iter()
+        .map(|(_, url)| crate::serve::serve(&ws, url))
+        .collect();
+    let seconds = chaos_seconds();
+    let started = chrono::Utc::now();
+    let step = Duration::from_secs(seconds / 5);
+    std::thread::sleep(step);
+    // kill -9 of one replica, started again.
+    replicas[0].kill().expect("kill -9");
+    let _ = replicas[0].wait();
+    replicas[0] = crate::serve::serve(&ws, &proxies[0].1);
+    std::thread::sleep(step);
+    // One frozen past its lease.
+    crate::serve::signal(&replicas[1], Signal::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(6));
+    crate::serve::signal(&replicas[1], Signal::SIGCONT);
+    std::thread::sleep(step);
+    // One cut from the database past its lease.
+    proxies[2].0.cut();
+    std::thread::sleep(Duration::from_secs(6));
+    proxies[2].0.restore();
+    std::thread::sleep(step.max(Duration::from_secs(8)));
+    let stopped = chrono::Utc::now();
+    for replica in replicas {
+        assert_eq!(crate::serve::stop(replica), 0);
+    }
+    // Judged: the periods fired from 5 s after the start (every replica
+    // serving) to 5 s before the stop (each had time to end).
+    let judged = |key: &str| {
+        let label = key.split_once(':').map_or("", |(_, l)| l);
+        let label = label.split_once('#').map_or(label, |(l, _)| l);
+        chrono::DateTime::parse_from_rfc3339(label).is_ok_and(|at| {
+            at > started + chrono::TimeDelta::seconds(5)
+                && at < stopped - chrono::TimeDelta::seconds(5)
+        })
+    };
+    let ran = keys_ran(&ws);
+    let mut once = ran.clone();
+    once.dedup();
+    assert_eq!(ran.len(), once.len(), "a shard ran to its end twice");
+    let periods: std::collections::BTreeSet<String> = ran
+        .iter()
+        .filter(|k| judged(k))
+        .map(|k| k.split_once('#').map_or(k.as_str(), |(p, _)| p).to_owned())
+        .collect();
+    let expected = seconds as usize - 12;
+    assert!(
+        periods.len() >= expected,
+        "{} periods judged, {expected} expected",
+        periods.len()
+    );
+    for period in &periods {
+        let shards = ran
+            .iter()
+            .filter(|k| k.starts_with(&format!("{period}#")))
+            .count();
+        assert_eq!(shards, 8, "{period}: {shards} shards ran");
+    }
+    // Each judged period succeeded, and its report ran once, after its
+    // last shard ended.
+    let reports = std::fs::read_to_string(ws.path().join("reports")).unwrap_or_default();
+    for period in &periods {
+        let label = period.split_once(':').map_or("", |(_, l)| l);
+        let report = format!("report:{label}");
+        assert_eq!(
+            reports.lines().filter(|l| *l == report).count(),
+            1,
+            "{report}"
+        );
+        let before = crate::support::count(
+            &db.url,
+            &format!(
+                "SELECT count(*) FROM scheduler_claims b, scheduler_claims r
+                  WHERE b.job = 'billing' AND b.period = '{label}' AND b.state = 'succeeded'
+                    AND r.period_key = '{report}' AND b.finished_at <= r.started_at"
+            ),
+        );
+        assert_eq!(
+            before, 8,
+            "{report} started before every shard of {period} ended"
+        );
+    }
+}

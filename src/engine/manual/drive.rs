@@ -186,19 +186,16 @@ impl Backfill<'_> {
         }
     }
 
-    /// `chunk` of `plan`, each period asked for by hand split into shards
-    /// as it was last claimed (never two ways), only shard `shard` if one
-    /// is asked for.
+    /// `chunk` of `plan`, each period split into shards as it was last
+    /// claimed (never two ways, whatever `shards` says now), only shard
+    /// `shard` if one is asked for.
     async fn split(
         &self,
         plan: &Plan<'_>,
         chunk: Vec<Due>,
         shard: Option<u32>,
     ) -> Result<Vec<Due>, Error> {
-        let chunk = match plan.manual {
-            true => super::plan::as_claimed(self.engine.store(), plan.job, chunk).await?,
-            false => chunk,
-        };
+        let chunk = super::plan::as_claimed(self.engine.store(), plan.job, chunk).await?;
         Ok(chunk
             .into_iter()
             .filter(|due| shard.is_none_or(|k| due.shard.is_some_and(|s| s.index == k)))

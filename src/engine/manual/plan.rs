@@ -428,9 +428,10 @@ fn upstream_plans<'a>(
         .collect())
 }
 
-/// `dues` of `job` (whole periods asked for by hand, as its shards now),
-/// each period split as it was last claimed instead, where that differs:
-/// a period is never split two ways. One read.
+/// `dues` of `job` (as its shards now), each period split as it was last
+/// claimed instead, where that differs: a period is never split two ways.
+/// A due that names a shard of another count (a retry, a recovery) stays.
+/// One read.
 pub(super) async fn as_claimed(
     store: &Store,
     job: &Job,
@@ -460,11 +461,16 @@ pub(super) async fn as_claimed(
     for due in dues {
         match counts.get(&due.period.label) {
             None => split.push(due),
+            Some(shards) if due.shard.map_or(1, |s| s.of) == *shards => split.push(due),
             // The period's first due stands for it, split as claimed.
             Some(shards) if due.first_of_period() => split.extend(due.split(*shards)),
             Some(_) => {}
         }
     }
+    // A shard asked for twice (a retry of it, and its period split anew)
+    // is asked for once.
+    let mut seen = std::collections::HashSet::new();
+    split.retain(|due| seen.insert((due.period.label.clone(), due.shard)));
     Ok(split)
 }
 

@@ -115,22 +115,7 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
 /// Refuses a shard the job does not have: any, for a job whose periods are
 /// not split.
 fn one_shard(job: &Job, request: &Request) -> Result<(), Error> {
-    let Some(k) = request.shard else {
-        return Ok(());
-    };
-    let field = request.names.shard;
-    match job.shards {
-        0 | 1 => Err(Error::Usage(format!(
-            "{field} {k}: job `{}` is not split into shards (it has no `shards`)",
-            job.name
-        ))),
-        n if k >= n => Err(Error::Usage(format!(
-            "{field} {k} is out of range: job `{}` has {n} shards, 0 to {}",
-            job.name,
-            n - 1
-        ))),
-        _ => Ok(()),
-    }
+    crate::engine::labels::shard_of(job, request.shard, request.names.shard, false).map(|_| ())
 }
 
 /// The periods a manual run (`--period`, `--from/--to`) asks for, or `None`

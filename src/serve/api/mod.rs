@@ -545,7 +545,7 @@ async fn release(
     let answer = idempotent.answer(&headers, &value, |_| async move {
         let job = find_job(&config, &name)?;
         let period = manual::periods_between(job, (&label, &label), 1, Names::PATH)?.remove(0);
-        Ok(match operate::release(&store, job, &period).await? {
+        Ok(match operate::release(&store, job, &period, None).await? {
             (key, Some(Released { owner, lease_until })) => {
                 tracing::info!(period_key = %key, by = %by, "released over the API");
                 Reply::ok(

@@ -41,6 +41,7 @@ pub(super) struct Page {
     after: Option<String>,
     limit: Option<String>,
     follow: Option<String>,
+    shard: Option<String>,
 }
 
 pub(super) async fn output(
@@ -52,7 +53,10 @@ pub(super) async fn output(
     let (config, _token) = authorize(&api, &headers, Need::Read)?;
     let job = find_job(&config, &name)?;
     let period = manual::parse_label(job, &label, Names::PATH.period).map_err(|e| Reply::of(&e))?;
-    let key = PeriodKey::new(&job.name, &period.label).to_string();
+    let shard = whole("shard", page.shard.as_deref(), 0)?.map(i32::unsigned_abs);
+    let shard =
+        crate::engine::labels::shard_of(job, shard, "shard", true).map_err(|e| Reply::of(&e))?;
+    let key = PeriodKey::of(&job.name, &period.label, shard).to_string();
     let attempt = whole("attempt", Some(&n), 1)?.unwrap_or(1);
     let after = whole("after", page.after.as_deref(), -1)?.unwrap_or(-1);
     let limit =

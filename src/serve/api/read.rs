@@ -286,7 +286,11 @@ pub(super) async fn period(
         let view = views
             .pop()
             .ok_or_else(|| Error::Usage(format!("{label}: no such period")))?;
-        let attempts = api.store().attempts(view.key.as_str(), 1_000).await?;
+        let mut attempts = api.store().attempts(view.key.as_str(), 1_000).await?;
+        // A period split into shards: every shard's attempts, by shard.
+        for shard in view.shards.iter().filter_map(|s| s.row.as_ref()) {
+            attempts.extend(api.store().attempts(&shard.period_key, 1_000).await?);
+        }
         let notifications: Vec<_> = api
             .store()
             .notifications(&job.name, 1_000)

@@ -47,17 +47,33 @@ function stateClass(state) {
   return 's-' + String(state || 'due').replace(/ /g, '-');
 }
 
-function cell(job, period, state, title, late) {
+// A period's cell; one split into shards is split into a strip per shard,
+// each in its shard's colour.
+function cell(job, period, state, title, late, shards) {
   const words = state + (late ? ', late' : '');
+  const strips = (shards || []).map((s) => el('span', { class: stateClass(s.state), 'data-shard': s.shard }));
   return el('a', {
-    class: 'cell ' + stateClass(state) + (late ? ' late' : ''),
+    class: 'cell ' + stateClass(state) + (late ? ' late' : '') + (strips.length ? ' split' : ''),
     href: periodHref(job, period),
     title: title || period + ' \u2014 ' + words,
     'aria-label': period + ': ' + words,
     'data-period': period,
     'data-state': state,
     'data-late': late ? 'true' : null,
-  });
+  }, strips);
+}
+
+// The shard a period key names (`billing:2026-11#3/8`), or null.
+function shardOf(key) {
+  const m = /#(\d+)\/(\d+)$/.exec(key || '');
+  return m ? { index: Number(m[1]), of: Number(m[2]) } : null;
+}
+
+// `4 shards: 3 succeeded, 1 failed` for a period split into shards.
+function shardWords(shards) {
+  const counts = {};
+  for (const s of shards) counts[s.state] = (counts[s.state] || 0) + 1;
+  return shards.length + ' shards: ' + Object.entries(counts).map(([st, n]) => n + ' ' + st).join(', ');
 }
 
 function stateBadge(state) {
@@ -326,7 +342,8 @@ async function jobView(name, params) {
       counts[p.state] = (counts[p.state] || 0) + 1;
       if (p.late) counts.late = (counts.late || 0) + 1;
       fragment.append(cell(name, p.period, p.state, p.period + ' \u2014 ' + p.state
-        + (p.late ? ', late' : '') + (p.waiting_for ? '\n' + p.waiting_for : ''), p.late));
+        + (p.late ? ', late' : '') + (p.shards ? '\n' + shardWords(p.shards) : '')
+        + (p.waiting_for ? '\n' + p.waiting_for : ''), p.late, p.shards));
     }
     grid.append(fragment);
   };
@@ -436,9 +453,15 @@ async function periodView(name, label) {
     el('td', {}, el('a', { href: jobHref(u.job) }, u.job)), el('td', {}, u.done + ' of ' + u.needed),
     el('td', { class: 'mono' }, (u.missing || []).join(', '))));
   const zone = data.timezone;
-  const newest = attempts.reduce((n, a) => Math.max(n, a.attempt), -1);
-  const rows = attempts.slice().reverse().map((a) => [
-    el('tr', { 'data-attempt': a.attempt },
+  const split = Boolean(data.shards);
+  // Newest first; of a period split into shards, each shard's newest
+  // attempt is opened.
+  const ordered = attempts.slice().sort((x, y) => Date.parse(y.started_at) - Date.parse(x.started_at));
+  const opened = new Set();
+  const newestOf = (key) => (opened.has(key) ? false : Boolean(opened.add(key)));
+  const rows = ordered.map((a) => [
+    el('tr', { 'data-attempt': a.attempt, 'data-shard': split ? String(shardOf(a.period_key).index) : null },
+      split ? el('td', {}, '#' + shardOf(a.period_key).index) : null,
       el('td', {}, a.attempt),
       el('td', {}, a.trigger, a.requested_by ? el('div', { class: 'muted' }, 'by ' + a.requested_by) : null,
         a.asked && a.asked !== a.trigger ? el('div', { class: 'muted' }, a.asked) : null),
@@ -450,9 +473,14 @@ async function periodView(name, label) {
         : a.http_status ? 'HTTP ' + a.http_status : '\u2014'),
       el('td', { class: 'mono', title: a.definition || '' }, a.definition ? a.definition.slice(0, 12) : '\u2014'),
       el('td', { class: 'error' }, a.error || '')),
-    el('tr', {}, el('td', { colspan: 9 },
-      outputDetails(name, data.period, a, a.attempt === newest))),
+    el('tr', {}, el('td', { colspan: split ? 10 : 9 },
+      outputDetails(name, data.period, a, newestOf(a.period_key)))),
   ]);
+  const shardRows = (data.shards || []).map((s) => el('tr', { 'data-shard': s.shard },
+    el('td', {}, '#' + s.shard), el('td', {}, stateBadge(s.state)),
+    el('td', {}, s.attempt === null ? '\u2014' : String(s.attempt)),
+    el('td', { class: 'mono' }, s.owner || '\u2014'),
+    el('td', {}, s.finished_at ? when(s.finished_at, zone) : '\u2014')));
   const shown = (v) => (v === null || v === undefined ? '\u2014' : typeof v === 'object' ? JSON.stringify(v) : String(v));
   const notes = (data.notifications || []).map((n) => el('tr', {},
     NOTIFICATION_COLUMNS.map(([k]) => el('td', {}, shown(n[k])))));
@@ -470,11 +498,14 @@ async function periodView(name, label) {
       data.waiting_for ? [el('dt', {}, 'waiting for'), el('dd', {}, data.waiting_for)] : null,
       data.stale ? [el('dt', {}, 'stale since'), el('dd', {}, data.stale.upstream + ' succeeded again at ' + data.stale.succeeded_at)] : null),
     actions,
+    shardRows.length ? [el('h2', {}, 'Shards'), el('p', { class: 'muted' }, shardWords(data.shards)),
+      el('div', { class: 'table' }, el('table', { id: 'shards' },
+        el('tr', {}, ['shard', 'state', 'attempt', 'runner', 'finished'].map((h) => el('th', {}, h))), shardRows))] : null,
     upstream.length ? [el('h2', {}, 'Upstream'), el('div', { class: 'table' }, el('table', {},
       el('tr', {}, el('th', {}, 'job'), el('th', {}, 'done'), el('th', {}, 'missing')), upstream))] : null,
     el('h2', {}, 'Attempts'),
     rows.length ? el('div', { class: 'table' }, el('table', { id: 'attempts' },
-      el('tr', {}, ['#', 'trigger', 'runner', 'started', 'took', 'outcome', 'exit', 'definition', 'error'].map((h) => el('th', {}, h))),
+      el('tr', {}, (split ? ['shard'] : []).concat(['#', 'trigger', 'runner', 'started', 'took', 'outcome', 'exit', 'definition', 'error']).map((h) => el('th', {}, h))),
       rows)) : el('p', { class: 'muted' }, 'Never claimed.'),
     el('h2', {}, 'Notifications'),
     notes.length ? el('div', { class: 'table' }, el('table', {}, noteHead, notes)) : el('p', { class: 'muted' }, 'None.'),
@@ -492,13 +523,15 @@ const PAGE_CHUNKS = 16;
 // The details of attempt `a`: its kept tail at once, then, once opened, its
 // whole output a page at a time ("more"), a running one followed live.
 function outputDetails(job, label, a, open) {
-  const key = [job, label, a.attempt].join('\n');
+  const shard = shardOf(a.period_key);
+  const key = [job, label, a.attempt, shard ? shard.index : ''].join('\n');
   let shown = outputs.get(key);
   if (!shown) {
     shown = {
       path: '/v1/jobs/' + encodeURIComponent(job) + '/periods/' + encodeURIComponent(label)
         + '/attempts/' + a.attempt + '/output',
-      pre: el('pre', { class: 'output', 'data-output': a.attempt }, a.output || ''),
+      shard: shard ? '&shard=' + shard.index : '',
+      pre: el('pre', { class: 'output', 'data-output': a.attempt, 'data-shard': shard ? String(shard.index) : null }, a.output || ''),
       more: el('button', { type: 'button', class: 'more', hidden: true }, 'more output'),
       after: -1, end: 0, started: false, fresh: true, done: false, source: null,
     };
@@ -507,7 +540,7 @@ function outputDetails(job, label, a, open) {
   }
   const running = a.outcome === 'running';
   const details = el('details', { open: open || shown.started },
-    el('summary', {}, 'output of attempt ' + a.attempt), shown.pre, shown.more);
+    el('summary', {}, 'output of ' + (shard ? 'shard #' + shard.index + ', ' : '') + 'attempt ' + a.attempt), shown.pre, shown.more);
   const load = () => {
     if (!details.open) return;
     if (!shown.started) {
@@ -541,7 +574,7 @@ function outputAdd(shown, chunks) {
 // The next page of a finished attempt's output.
 async function outputPage(shown) {
   shown.more.disabled = true;
-  const answer = await api('GET', shown.path + '?after=' + shown.after + '&limit=' + PAGE_CHUNKS);
+  const answer = await api('GET', shown.path + '?after=' + shown.after + '&limit=' + PAGE_CHUNKS + shown.shard);
   shown.more.disabled = false;
   if (answer.status !== 200) {
     shown.pre.append(el('span', { class: 'error' }, answer.data.error || 'the server answered ' + answer.status));
@@ -556,7 +589,7 @@ async function outputPage(shown) {
 // follow is not retried by the browser (it would start over): the next
 // refresh follows again from where this one got to.
 function outputFollow(shown) {
-  const source = new EventSource(shown.path + '?follow=true&after=' + shown.after);
+  const source = new EventSource(shown.path + '?follow=true&after=' + shown.after + shown.shard);
   shown.source = source;
   source.addEventListener('output', (e) => outputAdd(shown, JSON.parse(e.data)));
   source.addEventListener('end', () => {

@@ -374,17 +374,14 @@ impl PgStore {
     pub(in crate::store) async fn adopt(
         &self,
         job: &str,
-        periods: &[(Period, DateTime<Utc>)],
+        periods: &[(String, &Period, DateTime<Utc>)],
         by: &str,
     ) -> Result<Vec<String>, sqlx::Error> {
-        let keys: Vec<String> = periods
-            .iter()
-            .map(|(p, _)| PeriodKey::new(job, &p.label).to_string())
-            .collect();
-        let labels: Vec<&str> = periods.iter().map(|(p, _)| p.label.as_str()).collect();
-        let starts: Vec<DateTime<Utc>> = periods.iter().map(|(p, _)| p.start).collect();
-        let ends: Vec<DateTime<Utc>> = periods.iter().map(|(p, _)| p.end).collect();
-        let fires: Vec<DateTime<Utc>> = periods.iter().map(|(_, f)| *f).collect();
+        let keys: Vec<String> = periods.iter().map(|(k, _, _)| k.clone()).collect();
+        let labels: Vec<&str> = periods.iter().map(|(_, p, _)| p.label.as_str()).collect();
+        let starts: Vec<DateTime<Utc>> = periods.iter().map(|(_, p, _)| p.start).collect();
+        let ends: Vec<DateTime<Utc>> = periods.iter().map(|(_, p, _)| p.end).collect();
+        let fires: Vec<DateTime<Utc>> = periods.iter().map(|(_, _, f)| *f).collect();
         let mut tx = self.pool.begin().await?;
         // The job's claim lock, as every claim of it takes: a claim that
         // read no row before this commits waits for it and then finds the

@@ -239,14 +239,14 @@ impl SqliteStore {
     pub(in crate::store) async fn adopt(
         &self,
         job: &str,
-        periods: &[(Period, DateTime<Utc>)],
+        periods: &[(String, &Period, DateTime<Utc>)],
         by: &str,
     ) -> Result<Vec<String>, sqlx::Error> {
         let rows: Vec<serde_json::Value> = periods
             .iter()
-            .map(|(period, fire)| {
+            .map(|(key, period, fire)| {
                 serde_json::json!([
-                    PeriodKey::new(job, &period.label).to_string(),
+                    key,
                     period.label,
                     ms(period.start),
                     ms(period.end),
