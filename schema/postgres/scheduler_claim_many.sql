@@ -41,6 +41,15 @@ BEGIN
               FROM scheduler_claims c WHERE c.period_key = p_keys[1];
             RETURN;
         END IF;
+        IF NOT FOUND AND scheduler_split_otherwise(p_keys[1], p_jobs[1], p_starts[1], p_periods[1]) THEN
+            -- A new key of a period claimed split another way (a replica
+            -- on another `shards`): never taken, answered as waiting for
+            -- a slot, which the claimer then asks for as the period was
+            -- split.
+            RETURN QUERY SELECT 1, FALSE, NULL::TEXT, 0, 0, NULL::TEXT, NULL::TEXT,
+                NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, TRUE, now(), FALSE;
+            RETURN;
+        END IF;
         SELECT (SELECT count(*) FROM scheduler_claims c
                  WHERE c.job = p_jobs[1] AND c.state = 'running' AND c.lease_until >= now())
              + (SELECT count(*) FROM scheduler_claims c
@@ -166,9 +175,11 @@ BEGIN
         SELECT a.*, m.state AS prior_state, m.attempt AS prior_attempt,
                row_number() OVER (PARTITION BY a.job ORDER BY a.key COLLATE "C") AS rank
           FROM asked a LEFT JOIN mine m ON m.period_key = a.key
-         -- A claimable row this call locked, or a new key.
+         -- A claimable row this call locked, or a new key of a period not
+         -- claimed split another way.
          WHERE m.period_key IS NOT NULL
-            OR NOT EXISTS (SELECT 1 FROM scheduler_claims c WHERE c.period_key = a.key)
+            OR (NOT EXISTS (SELECT 1 FROM scheduler_claims c WHERE c.period_key = a.key)
+                AND NOT scheduler_split_otherwise(a.key, a.job, a.period_start, a.period))
     ), allowed AS (
         SELECT array_agg(c.key) AS keys, array_agg(c.job) AS jobs,
                array_agg(c.period) AS periods, array_agg(c.period_start) AS starts,

@@ -13,7 +13,6 @@ use crate::config::{Config, ConfigError};
 use crate::driver::Service;
 use crate::engine::owner_id;
 use crate::error::{Error, Outcome, Unread, say};
-use crate::period::PeriodKey;
 use crate::store::{DatabaseUrl, Store};
 
 /// The database when nothing names one: `scheduler.db` next to jobs.toml.
@@ -103,12 +102,23 @@ async fn inspect_database(
         Plan::Status { job, json } => {
             inspect::status(config, store, job.as_deref(), json, now).await
         }
-        Plan::History { job, key, shown } => {
+        Plan::History { job, period, shown } => {
             let defined = config.find(&job).ok();
-            let key = key.as_ref().map(PeriodKey::as_str);
-            inspect::history(store, &config.full_name(&job), defined, key, shown).await
+            let period = period.as_ref().map(|(key, period)| (key.as_str(), period));
+            inspect::history(store, &config.full_name(&job), defined, period, shown).await
         }
-        Plan::Logs(asked) => super::logs::logs(store, &asked).await,
+        Plan::Logs {
+            job,
+            period,
+            shard,
+            mut asked,
+        } => {
+            let job = config.job(&job)?;
+            let asking = (shard, "--shard", true);
+            let (key, _) = crate::engine::shards::key_of(store, job, &period, asking).await?;
+            asked.key = key.to_string();
+            super::logs::logs(store, &asked).await
+        }
         Plan::Release { job, period, shard } => {
             inspect::release(config.job(&job)?, store, &period, shard).await
         }

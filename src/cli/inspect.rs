@@ -388,16 +388,17 @@ pub async fn history(
     store: &Store,
     job: &str,
     defined: Option<&Job>,
-    key: Option<&str>,
+    period: Option<(&str, &Period)>,
     shown: Shown,
 ) -> Result<Outcome, Unread> {
+    let key = period.map(|(key, _)| key);
     if let Some(defined) = defined
         && !not_plain(store, defined, key, &shown).await?
     {
         return Ok(Outcome::Done);
     }
-    let attempts = match key {
-        Some(key) => period_attempts(store, defined, key, shown.limit).await?,
+    let attempts = match period {
+        Some(period) => period_attempts(store, defined, period, shown.limit).await?,
         None => store.history(job, shown.limit).await?,
     };
     // Newest first: an attempt ran under another definition than the one
@@ -414,18 +415,21 @@ pub async fn history(
     notifications(store, job, key, shown).await
 }
 
-/// The newest `limit` attempts of the period `key`: with those of each of
-/// its shards, for a job (still in jobs.toml) that splits its periods.
+/// The newest `limit` attempts of the period (`key`, `period`): with those
+/// of each of its shards that was claimed, for a job still in jobs.toml.
 async fn period_attempts(
     store: &Store,
     defined: Option<&Job>,
-    key: &str,
+    (key, period): (&str, &Period),
     limit: u32,
 ) -> Result<Vec<crate::store::Attempt>, Error> {
     let mut attempts = store.attempts(key, limit).await?;
-    let shards = defined.map_or(1, |job| job.shards);
-    for shard in crate::period::Shard::all(shards).into_iter().flatten() {
-        attempts.extend(store.attempts(&format!("{key}{shard}"), limit).await?);
+    let claims = match defined {
+        Some(job) => crate::engine::shards::claims(store, &[(job, period)]).await?,
+        None => Vec::new(),
+    };
+    for (_, row) in claims.iter().flat_map(|c| &c.shard_rows) {
+        attempts.extend(store.attempts(&row.period_key, limit).await?);
     }
     attempts.sort_by_key(|a| std::cmp::Reverse(a.started_at));
     attempts.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
@@ -593,10 +597,10 @@ pub async fn release(
     job: &Job,
     store: &Store,
     period: &Period,
-    shard: Option<crate::period::Shard>,
+    shard: Option<u32>,
 ) -> Result<Outcome, Unread> {
     let label = &period.label;
-    match operate::release(store, job, period, shard).await? {
+    match operate::release(store, job, period, (shard, "--shard")).await? {
         (key, Some(Released { owner, lease_until })) => say(format_args!(
             "{key}: released (was running on {owner}); its runner stops the job at its next heartbeat and the period can be claimed then, or at {} at the latest if that runner cannot be reached",
             lease_until.map_or_else(|| "once".to_owned(), utc_text)

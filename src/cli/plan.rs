@@ -65,13 +65,23 @@ pub enum Plan {
     History {
         /// The job, as given (it may be gone from jobs.toml).
         job: String,
-        /// The period, if one was named.
-        key: Option<PeriodKey>,
+        /// The period, if one was named, and its key.
+        period: Option<(PeriodKey, Period)>,
         /// How many, and how.
         shown: Shown,
     },
-    /// `logs JOB --period LABEL [--attempt N] [--follow] [--stream S]`.
-    Logs(super::logs::Asked),
+    /// `logs JOB --period LABEL [--shard K] [--attempt N] [--follow] [--stream S]`.
+    Logs {
+        /// The job.
+        job: String,
+        /// The period.
+        period: Period,
+        /// Its shard, if given.
+        shard: Option<u32>,
+        /// What else was asked (its key is worked out once the database
+        /// says how the period was split).
+        asked: super::logs::Asked,
+    },
     /// `release JOB --period LABEL`.
     Release {
         /// The job.
@@ -79,7 +89,7 @@ pub enum Plan {
         /// The period.
         period: Period,
         /// One shard of it.
-        shard: Option<crate::period::Shard>,
+        shard: Option<u32>,
     },
     /// `adopt JOB --through L` or `--from A --to B`.
     Adopt {
@@ -165,9 +175,7 @@ impl Plan {
             }
             Command::Logs(asked) => Plan::logs(asked, config)?,
             Command::Release { job, period, shard } => {
-                let defined = config.job(&job)?;
-                let period = manual::parse_label(defined, &period, Names::FLAGS.period)?;
-                let shard = crate::engine::labels::shard_of(defined, shard, "--shard", false)?;
+                let period = manual::parse_label(config.job(&job)?, &period, Names::FLAGS.period)?;
                 Plan::Release { job, period, shard }
             }
             Command::Adopt {
@@ -257,16 +265,20 @@ impl Plan {
     fn logs(asked: super::LogsArgs, config: &Config) -> Result<Plan, Error> {
         let defined = config.job(&asked.job)?;
         let period = manual::parse_label(defined, &asked.period, Names::FLAGS.period)?;
-        let shard = crate::engine::labels::shard_of(defined, asked.shard, "--shard", true)?;
-        Ok(Plan::Logs(super::logs::Asked {
-            key: PeriodKey::of(&defined.name, &period.label, shard).to_string(),
-            attempt: asked.attempt,
-            follow: asked.follow,
-            stream: asked
-                .stream
-                .as_deref()
-                .and_then(crate::state::Stream::parse),
-        }))
+        Ok(Plan::Logs {
+            job: defined.name.clone(),
+            asked: super::logs::Asked {
+                key: PeriodKey::new(&defined.name, &period.label).to_string(),
+                attempt: asked.attempt,
+                follow: asked.follow,
+                stream: asked
+                    .stream
+                    .as_deref()
+                    .and_then(crate::state::Stream::parse),
+            },
+            period,
+            shard: asked.shard,
+        })
     }
 
     /// `history JOB [--period LABEL]`.
@@ -277,14 +289,14 @@ impl Plan {
         config: &Config,
     ) -> Result<Plan, Error> {
         let defined = config.job(&job)?;
-        let key = match label {
+        let period = match label {
             Some(label) => {
                 let period = manual::parse_label(defined, label, Names::FLAGS.period)?;
-                Some(PeriodKey::new(&defined.name, &period.label))
+                Some((PeriodKey::new(&defined.name, &period.label), period))
             }
             None => None,
         };
-        Ok(Plan::History { job, key, shown })
+        Ok(Plan::History { job, period, shown })
     }
 
     /// Whether it runs jobs' actions (`run`, `serve`).

@@ -255,7 +255,8 @@ impl Scheduler {
     pub async fn release(&self, job: &str, label: &str) -> Result<bool, Error> {
         let job = self.job(job)?;
         let period = crate::engine::labels::parse_label(job, label, Names::CODE.period)?;
-        let (_, released) = operate::release(self.engine.store(), job, &period, None).await?;
+        let (_, released) =
+            operate::release(self.engine.store(), job, &period, (None, "shard")).await?;
         Ok(released.is_some())
     }
 

@@ -296,31 +296,29 @@ pub(super) fn refuse_not_due(
     }
 }
 
-/// The shard `k` of `job`'s periods, given as `field`: refused for a job
-/// whose periods are not split, or past its last shard; `None` without
-/// `k`, refused instead if the job splits its periods and one is `needed`
-/// (the output of one attempt of one shard).
+/// Shard `k` of a period of job `job` split `shards` ways, given as
+/// `field`: refused for a period not split, or past its last shard; `None`
+/// without `k`, refused instead if the period is split and one is
+/// `needed` (the output of one attempt of one shard). Each message starts
+/// with `field` and a colon, as the API's `field` reads it.
 pub fn shard_of(
-    job: &Job,
+    (job, shards): (&str, u32),
     k: Option<u32>,
     field: &'static str,
     needed: bool,
 ) -> Result<Option<crate::period::Shard>, Error> {
-    let n = job.shards;
+    let n = shards;
     match k {
         None if needed && n > 1 => Err(Error::Usage(format!(
-            "job `{}` splits each period into {n} shards: give {field} K (0 to {})",
-            job.name,
+            "{field}: job `{job}` splits this period into {n} shards: give {field} K (0 to {})",
             n - 1
         ))),
         None => Ok(None),
         Some(k) if n <= 1 => Err(Error::Usage(format!(
-            "{field} {k}: job `{}` is not split into shards (it has no `shards`)",
-            job.name
+            "{field}: job `{job}` does not split this period into shards (its `shards` is 1 or unset), so there is no shard {k}"
         ))),
         Some(k) if k >= n => Err(Error::Usage(format!(
-            "{field} {k} is out of range: job `{}` has {n} shards, 0 to {}",
-            job.name,
+            "{field}: {k} is out of range: job `{job}` splits this period into {n} shards, 0 to {}",
             n - 1
         ))),
         Some(index) => Ok(Some(crate::period::Shard { index, of: n })),

@@ -369,8 +369,20 @@ impl Engine {
     /// Claims the asks of every unit together and sorts each unit's
     /// answers into what was won (for [`Engine::run_won`]) and what was
     /// not. A unit is one period, or `sql` periods that run as one group.
+    /// A period of a job split into shards is asked for as it was split
+    /// when first claimed ([`shards::resplit`]).
     pub async fn take(&self, units: Vec<Vec<Ask>>, queue: Queue) -> Result<Vec<Claimed>, Error> {
         let units = shards::resplit(&self.store, units).await?;
+        self.take_as_split(units, queue).await
+    }
+
+    /// [`Engine::take`] of asks already split as their periods were
+    /// claimed (a manual run's, which reads that per chunk).
+    pub async fn take_as_split(
+        &self,
+        units: Vec<Vec<Ask>>,
+        queue: Queue,
+    ) -> Result<Vec<Claimed>, Error> {
         let sizes: Vec<usize> = units.iter().map(Vec::len).collect();
         let asks: Vec<Ask> = units.into_iter().flatten().collect();
         let taken = self.claim_with(&asks, queue).await?;
@@ -512,7 +524,7 @@ impl Engine {
                 let (Some((claim, sent)), Some(here)) = (answer, here) else {
                     return Taken::RunningHere;
                 };
-                let result = metric_result(&claim);
+                let result = report::metric_result(&claim);
                 metrics::counter!("scheduler_claims_total", "job" => ask.job.name.clone(), "result" => result).increment(1);
                 if result == "recovered" {
                     metrics::counter!("scheduler_claims_taken_over_total").increment(1);
@@ -739,18 +751,6 @@ pub fn start_at(owner: &str, n: usize) -> usize {
         .bytes()
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
     (hash % n as u64) as usize
-}
-
-fn metric_result(claim: &Claim) -> &'static str {
-    match claim {
-        Claim::Won(lease) if lease.trigger == Trigger::Recovery => "recovered",
-        Claim::Won(_) => "won",
-        Claim::Busy => "waiting",
-        Claim::Contended => "contended",
-        Claim::Held { .. } | Claim::Expired { .. } => "held",
-        Claim::Succeeded { .. } => "done",
-        Claim::Failed { .. } => "failed",
-    }
 }
 
 /// Who claims: host, pid and a start stamp, so that a restarted container

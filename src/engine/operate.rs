@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::labels::{Names, page_between, period_of_label};
 use crate::config::{Config, Job};
 use crate::error::Error;
-use crate::period::{Period, PeriodKey, Shard};
+use crate::period::{Period, PeriodKey};
 use crate::store::{Released, Store};
 
 /// Ends the running claim of `period` of `job` (of its `shard`, or of
@@ -20,17 +20,10 @@ pub async fn release(
     store: &Store,
     job: &Job,
     period: &Period,
-    shard: Option<Shard>,
+    (shard, field): (Option<u32>, &'static str),
 ) -> Result<(PeriodKey, Option<Released>), Error> {
-    let key = PeriodKey::of(&job.name, &period.label, shard);
-    let claims = match shard {
-        Some(_) => Default::default(),
-        None => super::shards::claims(store, &[(job, period)])
-            .await?
-            .pop()
-            .unwrap_or_default(),
-    };
-    if claims.shard_rows.is_empty() {
+    let (key, claims) = super::shards::key_of(store, job, period, (shard, field, false)).await?;
+    if shard.is_some() || claims.shard_rows.is_empty() {
         let released = store.release_key(key.as_str()).await?;
         return Ok((key, released));
     }
@@ -43,6 +36,11 @@ pub async fn release(
         if let Some(released) = store.release_key(&row.period_key).await? {
             all = Some(match all {
                 None => released,
+                // Each runner named once, however many shards it ran.
+                Some(before) if before.owner.split(", ").any(|o| o == released.owner) => Released {
+                    lease_until: before.lease_until.max(released.lease_until),
+                    ..before
+                },
                 Some(before) => Released {
                     owner: format!("{}, {}", before.owner, released.owner),
                     lease_until: before.lease_until.max(released.lease_until),

@@ -336,3 +336,16 @@ pub fn not_won(claim: &Claim) -> String {
         Claim::Won(_) => "won".into(),
     }
 }
+
+/// The `result` label of `scheduler_claims_total` for a claim's answer.
+pub(super) fn metric_result(claim: &Claim) -> &'static str {
+    match claim {
+        Claim::Won(lease) if lease.trigger == Trigger::Recovery => "recovered",
+        Claim::Won(_) => "won",
+        Claim::Busy => "waiting",
+        Claim::Contended => "contended",
+        Claim::Held { .. } | Claim::Expired { .. } => "held",
+        Claim::Succeeded { .. } => "done",
+        Claim::Failed { .. } => "failed",
+    }
+}

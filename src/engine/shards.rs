@@ -89,7 +89,7 @@ pub async fn read(
 /// ran): a period is never split two ways. The first shard asked for
 /// stands for its period; a shard of the count that is no more is not
 /// asked for. One read, for the periods of jobs split into shards only.
-pub(super) async fn resplit(store: &Store, units: Vec<Vec<Ask>>) -> Result<Vec<Vec<Ask>>, Error> {
+pub(crate) async fn resplit(store: &Store, units: Vec<Vec<Ask>>) -> Result<Vec<Vec<Ask>>, Error> {
     let mut asked: Vec<(&str, &Period, u32)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for ask in units.iter().flatten().filter(|ask| ask.job.shards > 1) {
@@ -132,6 +132,24 @@ pub(super) async fn resplit(store: &Store, units: Vec<Vec<Ask>>) -> Result<Vec<V
             kept
         })
         .collect())
+}
+
+/// The key of shard `k` (given as `field`) of `period` of `job`, checked
+/// against the count the period was claimed with (the job's `shards` now,
+/// if it never was), and the period's claims; see
+/// [`shard_of`](super::labels::shard_of) for what is refused.
+pub async fn key_of(
+    store: &Store,
+    job: &Job,
+    period: &Period,
+    (k, field, needed): (Option<u32>, &'static str, bool),
+) -> Result<(PeriodKey, PeriodClaims), Error> {
+    let claims = claims(store, &[(job, period)])
+        .await?
+        .pop()
+        .unwrap_or_default();
+    let shard = super::labels::shard_of((&job.name, claims.shards), k, field, needed)?;
+    Ok((PeriodKey::of(&job.name, &period.label, shard), claims))
 }
 
 /// The claims of the period `key` from all its rows: those of the shard

@@ -42,6 +42,8 @@ pub struct PeriodView {
 pub struct ShardView {
     /// Which shard.
     pub shard: Shard,
+    /// Its key, claimed or not.
+    pub key: PeriodKey,
     /// Where it stands.
     pub state: PeriodState,
     /// Its claim, if it was ever claimed.
@@ -55,7 +57,7 @@ impl ShardView {
         let row = self.row.as_ref();
         serde_json::json!({
             "shard": self.shard.index,
-            "period_key": row.map(|r| &r.period_key),
+            "period_key": self.key,
             "state": self.state,
             "attempt": row.map(|r| r.attempt),
             "failures": row.map(|r| r.failures),
@@ -224,7 +226,7 @@ pub async fn of_jobs(
                 super::due::standing(job, period, row, sighting, &upstream, now)
             };
             let standing = stands(claims.row.as_ref());
-            let shards = shard_views(&claims, |row| stands(row).state);
+            let shards = shard_views(&key, &claims, |row| stands(row).state);
             PeriodView {
                 key,
                 period: period.clone(),
@@ -246,6 +248,7 @@ pub async fn of_jobs(
 /// Each shard of a period split into shards, as `stands` says a shard with
 /// its row (or none) stands.
 fn shard_views(
+    key: &PeriodKey,
     claims: &super::shards::PeriodClaims,
     stands: impl Fn(Option<&ClaimRow>) -> PeriodState,
 ) -> Vec<ShardView> {
@@ -260,8 +263,10 @@ fn shard_views(
             let row = rows
                 .next_if(|(s, _)| *s == shard)
                 .map(|(_, row)| row.clone());
+            let (job, label) = key.parts();
             ShardView {
                 shard,
+                key: PeriodKey::of(job, label, Some(shard)),
                 state: stands(row.as_ref()),
                 row,
             }

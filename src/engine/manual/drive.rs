@@ -378,7 +378,7 @@ impl Backfill<'_> {
             .enumerate()
             .map(|(i, ask)| (ask.key(), i))
             .collect();
-        let claimed = self.engine.take(vec![asks], Queue::Wait).await?;
+        let claimed = self.engine.take_as_split(vec![asks], Queue::Wait).await?;
         let Claimed { won, not_won } = claimed.into_iter().next().unwrap_or_default();
         for (_, w) in &won {
             self.sink.claimed(w.lease.key.as_str(), w.lease.attempt);

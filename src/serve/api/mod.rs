@@ -524,19 +524,41 @@ async fn adopt(
     Ok(answer.await)
 }
 
+/// `?shard=K` of a route that may name one shard of a period.
+#[derive(Deserialize)]
+struct OneShard {
+    shard: Option<String>,
+}
+
+impl OneShard {
+    /// The shard named, if one is: a whole number from 0.
+    fn shard(&self) -> Result<Option<u32>, Reply> {
+        self.shard
+            .as_deref()
+            .map(|k| {
+                k.parse::<u32>()
+                    .map_err(|_| Reply::bad("shard", "?shard= takes a whole number from 0"))
+            })
+            .transpose()
+    }
+}
+
 async fn release(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Path((name, label)): Path<(String, String)>,
+    Query(one): Query<OneShard>,
     body: Body,
 ) -> Answer {
     let (config, token) = authorize(&api, &headers, Need::Operate)?;
     let value = empty_body(&read_body(body).await?)?;
+    let shard = one.shard()?;
+    let asked = shard.map(|k| format!("?shard={k}")).unwrap_or_default();
     let idempotent = Idempotent {
         api: &api,
         token: &token,
         route: "POST /v1/jobs/{job}/periods/{label}/release",
-        path: format!("/v1/jobs/{name}/periods/{label}/release"),
+        path: format!("/v1/jobs/{name}/periods/{label}/release{asked}"),
         bound: BODY_TIMEOUT,
         run_id: None,
     };
@@ -545,30 +567,32 @@ async fn release(
     let answer = idempotent.answer(&headers, &value, |_| async move {
         let job = find_job(&config, &name)?;
         let period = manual::periods_between(job, (&label, &label), 1, Names::PATH)?.remove(0);
-        Ok(match operate::release(&store, job, &period, None).await? {
-            (key, Some(Released { owner, lease_until })) => {
-                tracing::info!(period_key = %key, by = %by, "released over the API");
-                Reply::ok(
-                    StatusCode::OK,
+        Ok(
+            match operate::release(&store, job, &period, (shard, "shard")).await? {
+                (key, Some(Released { owner, lease_until })) => {
+                    tracing::info!(period_key = %key, by = %by, "released over the API");
+                    Reply::ok(
+                        StatusCode::OK,
+                        json!({
+                            "key": key,
+                            "released": true,
+                            "owner": owner,
+                            "claimable_by": lease_until.map(utc_text),
+                        }),
+                    )
+                }
+                // As `scheduler release` exits 2: the period named is not
+                // running, which the caller must be told.
+                (key, None) => Reply::ok(
+                    StatusCode::CONFLICT,
                     json!({
+                        "error": format!("{key} has no running claim to release"),
                         "key": key,
-                        "released": true,
-                        "owner": owner,
-                        "claimable_by": lease_until.map(utc_text),
+                        "released": false,
                     }),
-                )
-            }
-            // As `scheduler release` exits 2: the period named is not
-            // running, which the caller must be told.
-            (key, None) => Reply::ok(
-                StatusCode::CONFLICT,
-                json!({
-                    "error": format!("{key} has no running claim to release"),
-                    "key": key,
-                    "released": false,
-                }),
-            ),
-        })
+                ),
+            },
+        )
     });
     Ok(answer.await)
 }

@@ -18,7 +18,6 @@ use super::auth::{Need, authorize};
 use super::reply::Reply;
 use super::{Api, find_job};
 use crate::engine::manual::{self, Names};
-use crate::period::PeriodKey;
 use crate::state::AttemptOutcome;
 use crate::store::{Chunk, Store};
 
@@ -54,9 +53,10 @@ pub(super) async fn output(
     let job = find_job(&config, &name)?;
     let period = manual::parse_label(job, &label, Names::PATH.period).map_err(|e| Reply::of(&e))?;
     let shard = whole("shard", page.shard.as_deref(), 0)?.map(i32::unsigned_abs);
-    let shard =
-        crate::engine::labels::shard_of(job, shard, "shard", true).map_err(|e| Reply::of(&e))?;
-    let key = PeriodKey::of(&job.name, &period.label, shard).to_string();
+    let (key, _) = crate::engine::shards::key_of(api.store(), job, &period, (shard, "shard", true))
+        .await
+        .map_err(|e| Reply::of(&e))?;
+    let key = key.to_string();
     let attempt = whole("attempt", Some(&n), 1)?.unwrap_or(1);
     let after = whole("after", page.after.as_deref(), -1)?.unwrap_or(-1);
     let limit =

@@ -320,6 +320,14 @@ pub(super) fn claimable(manual: &str, force: &str, hold: &str) -> String {
 /// indexes: without statistics SQLite would count the released claims
 /// through the job's index, every claim of the job, which grows with
 /// history.
+/// How many shards claim row `o`'s key is one of: 1 for a period's own key
+/// (`billing:2026-11`), 8 for `billing:2026-11#3/8` (labels and job names
+/// hold no `#`).
+const SHARD_COUNT: &str = "(CASE WHEN instr(o.period_key, '#') = 0 THEN 1
+      ELSE CAST(substr(substr(o.period_key, instr(o.period_key, '#') + 1),
+                       instr(substr(o.period_key, instr(o.period_key, '#') + 1), '/') + 1)
+                AS INTEGER) END)";
+
 async fn claim(
     tx: &mut Transaction<'static, Sqlite>,
     r: &ClaimRequest<'_>,
@@ -337,6 +345,12 @@ async fn claim(
                   + (SELECT count(*) FROM scheduler_claims INDEXED BY scheduler_claims_released
                       WHERE job = ?2 AND state = 'released' AND lease_until >= {NOW}
                         AND period_key <> ?1) < ?11
+                -- A new key of a period claimed split another way is never
+                -- taken (see `scheduler_split_otherwise` on PostgreSQL).
+                AND (EXISTS (SELECT 1 FROM scheduler_claims WHERE period_key = ?1)
+                     OR NOT EXISTS (SELECT 1 FROM scheduler_claims o
+                                     WHERE o.job = ?2 AND o.period_start = ?4 AND o.period = ?3
+                                       AND {SHARD_COUNT} <> ?14))
              ON CONFLICT (period_key) DO UPDATE SET
                 state = 'running',
                 attempt = scheduler_claims.attempt + 1,
@@ -376,6 +390,7 @@ async fn claim(
         .bind(r.concurrency)
         .bind(ms(r.scheduled_at))
         .bind(hold)
+        .bind(r.shard.map_or(1, |s| s.of))
         .fetch_optional(&mut **tx)
         .await?;
     if let Some(row) = won {
