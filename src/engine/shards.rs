@@ -13,7 +13,7 @@ use crate::period::{Period, PeriodKey, Shard};
 use crate::store::{Claim, ClaimRow, ClaimState, Store};
 
 /// How many periods one statement reads.
-const PERIODS_PER_READ: usize = 1_000;
+pub const PERIODS_PER_READ: usize = 1_000;
 
 /// The claim rows of one period.
 #[derive(Debug, Clone, Default)]
