@@ -176,6 +176,19 @@ impl Template {
         }
     }
 
+    /// The text with each placeholder replaced by its value, percent-encoded
+    /// where it would change the URL's shape (`#` of a shard's key would
+    /// start a fragment): an `http` action's `url`.
+    pub fn render_in_url(&self, values: &dyn Values) -> String {
+        self.pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Text(text) => text.clone(),
+                Piece::Placeholder(name) => percent_encoded(&values.value(name), "/:@!$&'()*+,;="),
+            })
+            .collect()
+    }
+
     /// The text with each placeholder replaced by its value.
     pub fn render(&self, values: &dyn Values) -> String {
         self.pieces
@@ -601,6 +614,18 @@ mod tests {
             t.render(&Fixed),
             r#"{"k": "<period>"} s3cret ${HOME} <job>"#
         );
+    }
+
+    #[test]
+    fn a_shards_key_in_a_url_stays_in_its_query() {
+        struct Key;
+        impl Values for Key {
+            fn value(&self, _: &str) -> String {
+                "ns/b:2026-11#3/8".to_owned()
+            }
+        }
+        let t = Template::load("http://h/x?k={period_key}#top", &env).unwrap();
+        assert_eq!(t.render_in_url(&Key), "http://h/x?k=ns/b:2026-11%233/8#top");
     }
 
     #[test]

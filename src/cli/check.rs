@@ -63,10 +63,13 @@ pub fn check(config: &Config, now: DateTime<Utc>, out: &mut dyn Write) -> std::i
         if job.after.previous {
             after.push(&job.name);
         }
-        let after = match after.is_empty() {
+        let mut after = match after.is_empty() {
             true => String::new(),
             false => format!("  after {}", after.join(", ")),
         };
+        if job.shards > 1 {
+            after += &format!("  shards {}", job.shards);
+        }
         writeln!(
             out,
             "{}  zone {}  schedule `{}`  period {} ({})  next {}{after}",

@@ -27,7 +27,7 @@ pub(super) async fn send(
 ) -> ActionResult {
     let method = Method::from_bytes(request.method.as_bytes()).unwrap_or(Method::POST);
     let mut builder = client
-        .request(method, request.url.render(run))
+        .request(method, request.url.render_in_url(run))
         .timeout(request.timeout)
         .header("Idempotency-Key", run.key.as_str());
     // With traces on, the action's trace context goes along (W3C Trace

@@ -10,7 +10,7 @@ use super::Ask;
 use crate::config::Job;
 use crate::error::Error;
 use crate::period::{Period, PeriodKey, Shard};
-use crate::store::{Claim, ClaimRow, ClaimState, Store};
+use crate::store::{Claim, ClaimRow, ClaimState, Store, Trigger};
 
 /// How many periods one statement reads.
 pub const PERIODS_PER_READ: usize = 1_000;
@@ -88,11 +88,17 @@ pub async fn read(
 /// since part of the period was claimed, or since an earlier fire of it
 /// ran): a period is never split two ways. The first shard asked for
 /// stands for its period; a shard of the count that is no more is not
-/// asked for. One read, for the periods of jobs split into shards only.
+/// asked for. One read, for the periods of jobs split into shards and
+/// those asked for again (not a fire's own first ask of a job not split:
+/// the path of most claims).
 pub(crate) async fn resplit(store: &Store, units: Vec<Vec<Ask>>) -> Result<Vec<Vec<Ask>>, Error> {
     let mut asked: Vec<(&str, &Period, u32)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for ask in units.iter().flatten().filter(|ask| ask.job.shards > 1) {
+    // Asks of jobs split into shards, and every ask but a fire's first
+    // (a job's `shards` lowered to 1 meets a period claimed split when
+    // its fire's ask is refused and asked again as a catch-up).
+    let looked = |ask: &&Ask| ask.job.shards > 1 || ask.due.trigger != Trigger::Schedule;
+    for ask in units.iter().flatten().filter(looked) {
         if seen.insert(ask.key().period_key()) {
             asked.push((ask.job.name.as_str(), &ask.due.period, ask.job.shards));
         }

@@ -394,6 +394,41 @@ fn a_period_keeps_the_shard_count_it_was_claimed_with_after_shards_changes() {
         assert_eq!(runs(&ws), expected, "{}", db.url);
         assert_eq!(states(&ws, &db, "2026-01").1.len(), 4);
         assert_eq!(states(&ws, &db, "2026-02").1.len(), 2);
+        // Split eight ways now: shard 5 of January, split four ways, is
+        // no shard of it, and `run` says so.
+        std::fs::write(
+            ws.path().join("jobs.toml"),
+            jobs.replace("shards = 4", "shards = 8"),
+        )
+        .expect("jobs.toml");
+        let out = scheduler(
+            &ws,
+            &db,
+            &[
+                "run", "billing", "--period", "2026-01", "--shard", "5", "--force",
+            ],
+        );
+        assert_eq!(out.code(), 0, "{}", out.stderr());
+        assert!(
+            out.stdout()
+                .contains("billing:2026-01  skipped: no shard 5: the period was split 4 way(s)"),
+            "{}",
+            out.stdout()
+        );
+        // `logs` takes shard 3 of the four January was split into.
+        let logs = scheduler(
+            &ws,
+            &db,
+            &["logs", "billing", "--period", "2026-01", "--shard", "3"],
+        );
+        assert_eq!(logs.code(), 0, "{}", logs.stderr());
+        let history = scheduler(&ws, &db, &["history", "billing", "--period", "2026-01"]);
+        assert_eq!(
+            history.stdout().matches("billing:2026-01#").count(),
+            4,
+            "{}",
+            history.stdout()
+        );
     }
 }
 

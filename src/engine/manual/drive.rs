@@ -175,7 +175,12 @@ impl Backfill<'_> {
             if chunk.is_empty() {
                 return Ok(ControlFlow::Continue(()));
             }
-            let chunk = self.split(plan, chunk, asking.request.shard).await?;
+            let (chunk, absent) = self.split(plan, chunk, asking.request.shard).await?;
+            for line in &absent {
+                if let Err(stop) = self.emit(line) {
+                    return Ok(ControlFlow::Break(Err(stop)));
+                }
+            }
             if chunk.is_empty() {
                 continue;
             }
@@ -194,12 +199,30 @@ impl Backfill<'_> {
         plan: &Plan<'_>,
         chunk: Vec<Due>,
         shard: Option<u32>,
-    ) -> Result<Vec<Due>, Error> {
+    ) -> Result<(Vec<Due>, Vec<Line>), Error> {
         let chunk = super::plan::as_claimed(self.engine.store(), plan.job, chunk).await?;
-        Ok(chunk
+        let Some(k) = shard else {
+            return Ok((chunk, Vec::new()));
+        };
+        // A period split fewer ways than K (before `shards` grew) says so,
+        // rather than nothing.
+        let mut absent = Vec::new();
+        for due in chunk.iter().filter(|due| due.first_of_period()) {
+            let n = due.shard.map_or(1, |s| s.of);
+            if k >= n {
+                let key = PeriodKey::new(&plan.job.name, &due.period.label);
+                let detail = format!(
+                    "no shard {k}: the period was split {n} way(s) when first claimed (shards 0 to {})",
+                    n - 1
+                );
+                absent.push(Line::bare(key.as_str(), detail));
+            }
+        }
+        let kept = chunk
             .into_iter()
-            .filter(|due| shard.is_none_or(|k| due.shard.is_some_and(|s| s.index == k)))
-            .collect())
+            .filter(|due| due.shard.is_some_and(|s| s.index == k))
+            .collect();
+        Ok((kept, absent))
     }
 
     /// How many periods of `job` are claimed and run side by side.

@@ -328,53 +328,56 @@ const SHARD_COUNT: &str = "(CASE WHEN instr(o.period_key, '#') = 0 THEN 1
                        instr(substr(o.period_key, instr(o.period_key, '#') + 1), '/') + 1)
                 AS INTEGER) END)";
 
+/// The claim of one key: a new row, or a claimable one taken again.
+static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "INSERT INTO scheduler_claims
+            (period_key, job, period, period_start, period_end, scheduled_at, state, attempt,
+             failures, trigger, owner, lease_until, started_at)
+         SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
+          WHERE (SELECT count(*) FROM scheduler_claims INDEXED BY scheduler_claims_running
+                  WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
+                    AND period_key <> ?1)
+              + (SELECT count(*) FROM scheduler_claims INDEXED BY scheduler_claims_released
+                  WHERE job = ?2 AND state = 'released' AND lease_until >= {NOW}
+                    AND period_key <> ?1) < ?11
+            -- A new key of a period claimed split another way is never
+            -- taken (see `scheduler_split_otherwise` on PostgreSQL).
+            AND (EXISTS (SELECT 1 FROM scheduler_claims WHERE period_key = ?1)
+                 OR NOT EXISTS (SELECT 1 FROM scheduler_claims o
+                                 WHERE o.job = ?2 AND o.period_start = ?4 AND o.period = ?3
+                                   AND {SHARD_COUNT} <> ?14))
+         ON CONFLICT (period_key) DO UPDATE SET
+            state = 'running',
+            attempt = scheduler_claims.attempt + 1,
+            trigger = CASE
+                WHEN ?9 THEN ?6
+                WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
+                WHEN scheduler_claims.state = 'failed' THEN 'retry'
+                ELSE ?6 END,
+            owner = excluded.owner,
+            lease_until = excluded.lease_until,
+            retry_at = NULL,
+            started_at = excluded.started_at,
+            finished_at = NULL
+         WHERE {}
+         RETURNING attempt, failures, trigger",
+        claimable("?9", "?10", "?13")
+    )
+});
+/// A key's row as it stands, when the claim did not take it.
+static CURRENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT *, {} AS claimable, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1",
+        claimable("?2", "?3", "?4")
+    )
+});
+
 async fn claim(
     tx: &mut Transaction<'static, Sqlite>,
     r: &ClaimRequest<'_>,
     hold: bool,
 ) -> Result<Claim, sqlx::Error> {
-    static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
-            "INSERT INTO scheduler_claims
-                (period_key, job, period, period_start, period_end, scheduled_at, state, attempt,
-                 failures, trigger, owner, lease_until, started_at)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?12, 'running', 1, 0, ?6, ?7, {NOW} + ?8, {NOW}
-              WHERE (SELECT count(*) FROM scheduler_claims INDEXED BY scheduler_claims_running
-                      WHERE job = ?2 AND state = 'running' AND lease_until >= {NOW}
-                        AND period_key <> ?1)
-                  + (SELECT count(*) FROM scheduler_claims INDEXED BY scheduler_claims_released
-                      WHERE job = ?2 AND state = 'released' AND lease_until >= {NOW}
-                        AND period_key <> ?1) < ?11
-                -- A new key of a period claimed split another way is never
-                -- taken (see `scheduler_split_otherwise` on PostgreSQL).
-                AND (EXISTS (SELECT 1 FROM scheduler_claims WHERE period_key = ?1)
-                     OR NOT EXISTS (SELECT 1 FROM scheduler_claims o
-                                     WHERE o.job = ?2 AND o.period_start = ?4 AND o.period = ?3
-                                       AND {SHARD_COUNT} <> ?14))
-             ON CONFLICT (period_key) DO UPDATE SET
-                state = 'running',
-                attempt = scheduler_claims.attempt + 1,
-                trigger = CASE
-                    WHEN ?9 THEN ?6
-                    WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
-                    WHEN scheduler_claims.state = 'failed' THEN 'retry'
-                    ELSE ?6 END,
-                owner = excluded.owner,
-                lease_until = excluded.lease_until,
-                retry_at = NULL,
-                started_at = excluded.started_at,
-                finished_at = NULL
-             WHERE {}
-             RETURNING attempt, failures, trigger",
-            claimable("?9", "?10", "?13")
-        )
-    });
-    static CURRENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
-            "SELECT *, {} AS claimable, {NOW} AS now FROM scheduler_claims WHERE period_key = ?1",
-            claimable("?2", "?3", "?4")
-        )
-    });
     let key = r.key();
     let won = sqlx::query(&CLAIM)
         .bind(key.as_str())
