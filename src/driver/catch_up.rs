@@ -45,7 +45,8 @@ impl Service {
                 self.paused.insert(job.name.clone(), since);
                 continue;
             }
-            self.catch_up_job(job, since, now);
+            let partly = partly_claimed(&store, &job, window.max(owed)).await?;
+            self.catch_up_job(job, since, now, partly);
         }
         Ok(())
     }
@@ -53,7 +54,15 @@ impl Service {
     /// Dispatches the fires of `job` from `since` on that are due now, as
     /// `missed` has them, as catch-ups: oldest first, as many as the job
     /// may run at once now, the rest as its runs end.
-    pub(super) fn catch_up_job(&mut self, job: Arc<Job>, since: DateTime<Utc>, now: DateTime<Utc>) {
+    /// `partly` (the periods split into shards of which some were never
+    /// claimed) go first: their fires are older than `since`.
+    pub(super) fn catch_up_job(
+        &mut self,
+        job: Arc<Job>,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+        partly: Vec<Due>,
+    ) {
         // Nothing older than the window is listed: it would only be dropped,
         // and listing it first would hold the window's own fires back.
         let window = TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
@@ -61,9 +70,13 @@ impl Service {
             .max(now - window)
             .max(self.owed_since(&job).unwrap_or(since));
         let with_latest = job.missed != Missed::Skip;
-        let missed: Vec<Due> = due(&job, now, since, with_latest)
+        let missed: Vec<Due> = partly
             .into_iter()
-            .filter(|d| d.fire >= since)
+            .chain(
+                due(&job, now, since, with_latest)
+                    .into_iter()
+                    .filter(|d| d.fire >= since),
+            )
             .map(|d| Due {
                 trigger: Trigger::CatchUp,
                 ..d
@@ -111,8 +124,39 @@ impl Service {
             self.paused.remove(&name);
             if let Some(job) = self.job(&name) {
                 tracing::info!(job = name, since = %crate::period::utc_text(since), "resumed: catching up the fires skipped while paused");
-                self.catch_up_job(job, since, now);
+                self.catch_up_job(job, since, now, Vec::new());
             }
         }
     }
+}
+
+/// The shards never claimed of `job`'s periods whose fires are from
+/// `from` on and of which other shards were claimed: what a shutdown left
+/// waiting for a slot. Restart's catch-up starts after the newest fire
+/// claimed, and would pass them over. One statement, for a job split into
+/// shards only.
+async fn partly_claimed(
+    store: &crate::store::Store,
+    job: &Job,
+    from: DateTime<Utc>,
+) -> Result<Vec<Due>, Error> {
+    if job.shards <= 1 {
+        return Ok(Vec::new());
+    }
+    let timing = job.timing();
+    let Some(first) = timing.next(from - TimeDelta::nanoseconds(1)) else {
+        return Ok(Vec::new());
+    };
+    let start = timing.period_of(&first).start;
+    let mut partly = Vec::new();
+    for (period, fire, shards) in store.partly_claimed(&job.name, start).await? {
+        let due = Due {
+            period,
+            fire,
+            trigger: Trigger::CatchUp,
+            shard: None,
+        };
+        partly.extend(due.split(shards));
+    }
+    Ok(partly)
 }

@@ -93,7 +93,7 @@ impl Service {
             self.backlog.retain(|(queued, _)| queued.name != job.name);
         }
         for job in first_sighted.into_iter().chain(retimed).chain(returning) {
-            self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now);
+            self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now, Vec::new());
         }
         self.publish_next_fires();
         self.apply_settings(config.settings);

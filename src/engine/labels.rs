@@ -296,13 +296,14 @@ pub(super) fn refuse_not_due(
     }
 }
 
-/// Shard `k` of a period of job `job` split `shards` ways, given as
-/// `field`: refused for a period not split, or past its last shard; `None`
-/// without `k`, refused instead if the period is split and one is
-/// `needed` (the output of one attempt of one shard). Each message starts
-/// with `field` and a colon, as the API's `field` reads it.
+/// Shard `k` of `whose` (`this period`, or `its periods` for the job's
+/// `shards` now) of job `job`, split `shards` ways, given as `field`:
+/// refused for a period not split, or past its last shard; `None` without
+/// `k`, refused instead if the period is split and one is `needed` (the
+/// output of one attempt of one shard). Each message starts with `field`
+/// and a colon, as the API's `field` reads it.
 pub fn shard_of(
-    (job, shards): (&str, u32),
+    (job, shards, whose): (&str, u32, &str),
     k: Option<u32>,
     field: &'static str,
     needed: bool,
@@ -310,15 +311,15 @@ pub fn shard_of(
     let n = shards;
     match k {
         None if needed && n > 1 => Err(Error::Usage(format!(
-            "{field}: job `{job}` splits this period into {n} shards: give {field} K (0 to {})",
+            "{field}: job `{job}` splits {whose} into {n} shards: give {field} K (0 to {})",
             n - 1
         ))),
         None => Ok(None),
         Some(k) if n <= 1 => Err(Error::Usage(format!(
-            "{field}: job `{job}` does not split this period into shards (its `shards` is 1 or unset), so there is no shard {k}"
+            "{field}: job `{job}` does not split {whose} into shards (its `shards` is 1 or unset), so there is no shard {k}"
         ))),
         Some(k) if k >= n => Err(Error::Usage(format!(
-            "{field}: {k} is out of range: job `{job}` splits this period into {n} shards, 0 to {}",
+            "{field}: {k} is out of range: job `{job}` splits {whose} into {n} shards, 0 to {}",
             n - 1
         ))),
         Some(index) => Ok(Some(crate::period::Shard { index, of: n })),

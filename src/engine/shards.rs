@@ -154,7 +154,8 @@ pub async fn key_of(
         .await?
         .pop()
         .unwrap_or_default();
-    let shard = super::labels::shard_of((&job.name, claims.shards), k, field, needed)?;
+    let split = (job.name.as_str(), claims.shards, "this period");
+    let shard = super::labels::shard_of(split, k, field, needed)?;
     Ok((PeriodKey::of(&job.name, &period.label, shard), claims))
 }
 

@@ -393,6 +393,18 @@ impl Store {
         Ok(of_periods)
     }
 
+    /// The periods of `job` from `from` on (by start) split into shards of
+    /// which some were never claimed (a shutdown while the rest waited for
+    /// a slot): each period, its newest fire and its count of shards,
+    /// oldest first, a thousand at most.
+    pub async fn partly_claimed(
+        &self,
+        job: &str,
+        from: DateTime<Utc>,
+    ) -> Result<Vec<(Period, DateTime<Utc>, u32)>, Error> {
+        bounded!(self.partly_claimed(job, from))
+    }
+
     /// Periods of `jobs` that can be claimed again now, oldest first, then
     /// those that waited for upstream periods and may be ready now
     /// ([`Store::ready`], with `sweep` every waiting one looked at):

@@ -176,7 +176,7 @@ fn a_shard_the_job_does_not_have_is_refused_with_the_range() {
     assert_eq!(out.code(), 2, "{}", out.stderr());
     assert!(
         out.stderr().contains(
-            "--shard: 4 is out of range: job `billing` splits this period into 4 shards, 0 to 3"
+            "--shard: 4 is out of range: job `billing` splits its periods into 4 shards, 0 to 3"
         ),
         "{}",
         out.stderr()
@@ -192,7 +192,7 @@ fn a_shard_the_job_does_not_have_is_refused_with_the_range() {
     assert_eq!(out.code(), 2, "{}", out.stderr());
     assert!(
         out.stderr()
-            .contains("--shard: job `billing` does not split this period into shards"),
+            .contains("--shard: job `billing` does not split its periods into shards"),
         "{}",
         out.stderr()
     );
@@ -780,5 +780,44 @@ fn replicas_that_disagree_about_shards_split_each_period_one_way() {
                 db.url
             );
         }
+    }
+}
+
+/// A `serve` stopped while a period's shards wait for a slot (`concurrency`
+/// below `shards`) leaves the period partly claimed; the next `serve`'s
+/// catch-up, which starts after the newest fire claimed, runs the rest.
+#[test]
+fn shards_left_waiting_for_a_slot_at_a_shutdown_run_after_the_restart() {
+    for db in databases() {
+        let ws = Workspace::new(
+            "[scheduler]\nlease = \"6s\"\nscan_interval = \"1s\"\nshutdown_grace = \"5s\"\n\n\
+             [[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nshards = 3\nconcurrency = 1\n\
+             shell = \"sleep 0.2; echo $SCHEDULER_PERIOD_KEY >> runs\"\n",
+        );
+        let first = crate::serve::serve(&ws, &db.url);
+        crate::support::eventually("a few shards", BOUND, || keys_ran(&ws).len() >= 4);
+        assert_eq!(crate::serve::stop(first), 0);
+        let before: std::collections::BTreeSet<String> = keys_ran(&ws)
+            .iter()
+            .filter_map(|k| k.split_once('#').map(|(p, _)| p.to_owned()))
+            .collect();
+        let whole = |ws: &Workspace| {
+            let keys = keys_ran(ws);
+            before.iter().all(|period| {
+                keys.iter()
+                    .filter(|k| k.starts_with(&format!("{period}#")))
+                    .count()
+                    == 3
+            })
+        };
+        let second = crate::serve::serve(&ws, &db.url);
+        crate::support::eventually("every period begun before the stop, whole", BOUND, || {
+            whole(&ws)
+        });
+        assert_eq!(crate::serve::stop(second), 0);
+        let keys = keys_ran(&ws);
+        let mut once = keys.clone();
+        once.dedup();
+        assert_eq!(keys.len(), once.len(), "a shard ran twice: {keys:?}");
     }
 }

@@ -335,6 +335,35 @@ impl PgStore {
         rows.iter().map(claim_row).collect()
     }
 
+    pub(in crate::store) async fn partly_claimed(
+        &self,
+        job: &str,
+        from: DateTime<Utc>,
+    ) -> Result<Vec<(Period, DateTime<Utc>, u32)>, sqlx::Error> {
+        /// Label, start, end, newest fire, count of shards.
+        type Row = (String, DateTime<Utc>, DateTime<Utc>, DateTime<Utc>, i32);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT period, period_start, period_end, max(scheduled_at),
+                    max(scheduler_shard_count(period_key))
+               FROM scheduler_claims
+              WHERE job = $1 AND period_start >= $2
+              GROUP BY period, period_start, period_end
+             HAVING count(*) < max(scheduler_shard_count(period_key))
+              ORDER BY period_start LIMIT 1000",
+        )
+        .bind(job)
+        .bind(from)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(label, start, end, fire, shards)| {
+                let period = Period { label, start, end };
+                (period, fire, u32::try_from(shards).unwrap_or(1))
+            })
+            .collect())
+    }
+
     pub(in crate::store) async fn reclaimable(
         &self,
         jobs: &[String],

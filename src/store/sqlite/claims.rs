@@ -199,6 +199,36 @@ impl SqliteStore {
         rows.iter().map(claim_row).collect()
     }
 
+    pub(in crate::store) async fn partly_claimed(
+        &self,
+        job: &str,
+        from: DateTime<Utc>,
+    ) -> Result<Vec<(Period, DateTime<Utc>, u32)>, sqlx::Error> {
+        let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(&format!(
+            "SELECT o.period, o.period_start, o.period_end, max(o.scheduled_at), max({SHARD_COUNT})
+               FROM scheduler_claims o
+              WHERE o.job = ?1 AND o.period_start >= ?2
+              GROUP BY o.period, o.period_start, o.period_end
+             HAVING count(*) < max({SHARD_COUNT})
+              ORDER BY o.period_start LIMIT 1000"
+        ))
+        .bind(job)
+        .bind(ms(from))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(label, start, end, fire, shards)| {
+                let period = Period {
+                    label,
+                    start: time(start),
+                    end: time(end),
+                };
+                (period, time(fire), u32::try_from(shards).unwrap_or(1))
+            })
+            .collect())
+    }
+
     pub(in crate::store) async fn reclaimable(
         &self,
         jobs: &[String],
