@@ -34,15 +34,6 @@ impl PeriodClaims {
     pub fn claimed(&self) -> bool {
         self.row.is_some() || !self.shard_rows.is_empty()
     }
-
-    /// The period's shards that failed, by index.
-    pub fn failed_shards(&self) -> Vec<u32> {
-        self.shard_rows
-            .iter()
-            .filter(|(_, row)| row.state == ClaimState::Failed)
-            .map(|(shard, _)| shard.index)
-            .collect()
-    }
 }
 
 /// The claims of each of `periods`, in their order, in one statement per
