@@ -719,6 +719,11 @@ fn library_replica_process() {
     });
 }
 
+/// The rows of the periods replica `pid` runs, as `select` reads them.
+fn running_on(pid: u32, select: &str) -> String {
+    format!("{select} FROM scheduler_claims WHERE state = 'running' AND owner LIKE '%:{pid}:%'")
+}
+
 /// Issue 42, "must show": two replicas of a service embedding the
 /// scheduler, a transaction-scoped handler, `kill -9` of one while its
 /// handlers are mid-transaction: the other takes the killed one's periods
@@ -759,28 +764,57 @@ fn two_embedded_replicas_one_killed_mid_handler_run_every_period_once() {
         );
         let survivor = start();
         let count = |sql: &str| crate::support::count(&db.url, sql);
-        crate::support::eventually(
-            "a period running on the first replica",
-            Duration::from_secs(60),
-            || {
-                count(&format!(
-                    "SELECT count(*) FROM scheduler_claims WHERE state = 'running' AND owner LIKE '%:{}:%'",
-                    killed.id()
-                )) >= 1
-                    && count("SELECT count(*) FROM scheduler_claims WHERE state = 'succeeded'") >= 3
-            },
-        );
-        killed.kill().unwrap();
-        killed.wait().unwrap();
-        crate::support::eventually(
-            &format!("the killed replica's periods taken over ({})", db.url),
-            Duration::from_secs(90),
-            || {
-                count(
-                    "SELECT count(*) FROM scheduler_claims WHERE attempt >= 2 AND state = 'succeeded'",
-                ) >= 1
-            },
-        );
+        crate::support::eventually("three periods run", Duration::from_secs(60), || {
+            count("SELECT count(*) FROM scheduler_claims WHERE state = 'succeeded'") >= 3
+        });
+        // The replica is killed mid-handler: frozen first, so that it
+        // cannot end the periods it runs, and killed then. A run that ended between the look and the freeze, or whose
+        // commit was on its way as it froze, leaves nothing to take over:
+        // then another replica is started and killed.
+        count("CREATE TABLE killed_keys (period_key TEXT NOT NULL)");
+        let mut taken_over = false;
+        for _ in 0..5 {
+            crate::support::eventually(
+                "a period running on the replica to kill",
+                Duration::from_secs(60),
+                || count(&running_on(killed.id(), "SELECT count(*)")) >= 1,
+            );
+            let pid = nix::unistd::Pid::from_raw(killed.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+            let id = killed.id();
+            killed.kill().unwrap();
+            killed.wait().unwrap();
+            // Read once the frozen replica is gone (on SQLite its handler's
+            // transaction held the write lock); its rows stay running until
+            // their leases run out, seconds after.
+            count("DELETE FROM killed_keys");
+            count(&format!(
+                "INSERT INTO killed_keys {}",
+                running_on(id, "SELECT period_key")
+            ));
+            if count("SELECT count(*) FROM killed_keys") == 0 {
+                killed = start();
+                continue;
+            }
+            crate::support::eventually(
+                &format!("the killed replica's periods ended ({})", db.url),
+                Duration::from_secs(90),
+                || {
+                    count(
+                        "SELECT count(*) FROM scheduler_claims c JOIN killed_keys k ON k.period_key = c.period_key WHERE c.state <> 'succeeded'",
+                    ) == 0
+                },
+            );
+            taken_over = count(
+                "SELECT count(*) FROM scheduler_claims c JOIN killed_keys k ON k.period_key = c.period_key WHERE c.attempt >= 2",
+            ) >= 1;
+            if taken_over {
+                break;
+            }
+            killed = start();
+        }
+        assert!(taken_over, "no replica was killed mid-handler in 5 tries");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(survivor.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
