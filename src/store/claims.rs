@@ -315,6 +315,8 @@ impl Store {
                 claims.len()
             )));
         }
+        let won = claims.iter().filter(|c| matches!(c, Claim::Won(_))).count();
+        self.wrote(won as u64);
         Ok(claims)
     }
 

@@ -80,7 +80,8 @@ impl Store {
     /// Deletes finished claims of `job` (and their attempts) that finished
     /// more than `keep` ago and whose fire lies before the catch-up
     /// `window` (a pruned period inside it could be claimed again); returns
-    /// how many claims went (`dry_run`: would go; nothing is deleted).
+    /// how many claims went (`dry_run`: would go; nothing is deleted). In
+    /// batches of [`PRUNE_BATCH`](super::PRUNE_BATCH) claims, a transaction each.
     pub async fn prune(
         &self,
         job: &str,
@@ -88,6 +89,10 @@ impl Store {
         window: Duration,
         dry_run: bool,
     ) -> Result<u64, Error> {
-        dispatch!(self.prune(job, keep, window, dry_run)).map_err(query_error)
+        let pruned = dispatch!(self.prune(job, keep, window, dry_run)).map_err(query_error)?;
+        if !dry_run {
+            self.wrote_last(pruned).await;
+        }
+        Ok(pruned)
     }
 }

@@ -114,6 +114,8 @@ mod output;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "postgres")]
+mod statistics;
 mod waiting;
 
 pub use api::{ApiRun, KeyClaim, KeyRecord};
@@ -158,6 +160,10 @@ pub enum Store {
 /// failed: a stalled connection (the server alive, the path to it not)
 /// would otherwise hold a claim, a scan or a release forever.
 pub const STATEMENT_BOUND: Duration = Duration::from_secs(10);
+
+/// How many claims (with their attempts and output) one transaction of a
+/// prune deletes: what another process's claim may wait for at most.
+pub(crate) const PRUNE_BATCH: u32 = 1_000;
 
 /// How many running, released or failed periods of one job `status` shows
 /// at most, besides the newest ones.
@@ -289,6 +295,31 @@ impl Store {
             Store::Sqlite(s) => &s.outage,
             #[cfg(feature = "postgres")]
             Store::Postgres(s) => &s.outage,
+        }
+    }
+
+    /// Counts `rows` of the claims table this process wrote (claimed new,
+    /// or pruned); on PostgreSQL, once they are a large share of it, the
+    /// tables' statistics are refreshed beside the caller ([`statistics`]).
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    fn wrote(&self, rows: u64) {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(_) => {}
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.wrote(rows),
+        }
+    }
+
+    /// [`Store::wrote`] by a writer that ends with its write (a prune,
+    /// run as a command): the refresh is made before it returns.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    async fn wrote_last(&self, rows: u64) {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(_) => {}
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.wrote_last(rows).await,
         }
     }
 

@@ -25,6 +25,7 @@ mod one_meaning;
 mod ops;
 mod output;
 mod properties;
+mod scale;
 mod schema;
 mod secrets;
 mod serve;

@@ -86,40 +86,56 @@ impl PgStore {
         window: Duration,
         dry_run: bool,
     ) -> Result<u64, sqlx::Error> {
-        // A large delete may outlast the control pool's statement timeout.
-        let mut tx = self.actions.begin().await?;
-        let pruned: Option<i64> = sqlx::query_scalar(
-            "WITH c AS (
-                DELETE FROM scheduler_claims
-                 WHERE job = $1 AND state IN ('succeeded', 'failed')
-                   AND finished_at < now() - $2 * interval '1 millisecond'
-                   AND scheduled_at < now() - $3 * interval '1 millisecond'
-                   -- A period still waiting may need it, however long it
-                   -- waits: a pruned claim reads as a period never run.
-                   AND NOT EXISTS (
-                       SELECT 1 FROM scheduler_waiting w
-                        WHERE w.period_start <= (extract(epoch from scheduler_claims.period_end) * 1000)::bigint
-                          AND w.period_end >= (extract(epoch from scheduler_claims.period_start) * 1000)::bigint
-                          AND NOT EXISTS (SELECT 1 FROM scheduler_claims o
-                                           WHERE o.period_key = w.period_key))
-             RETURNING period_key),
-             a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key),
-             o AS (DELETE FROM scheduler_output o USING c WHERE o.period_key = c.period_key),
-             -- A waiting row a crash left beside its claim would, the claim
-             -- gone, read as a period never run.
-             w AS (DELETE FROM scheduler_waiting w USING c WHERE w.period_key = c.period_key)
-             SELECT count(*) FROM c",
-        )
-        .bind(job)
-        .bind(millis(keep))
-        .bind(millis(window))
-        .fetch_one(&mut *tx)
-        .await?;
+        // The claims to go, oldest first. A period still waiting may need
+        // one, however long it waits: a pruned claim reads as a period
+        // never run.
+        const DOOMED: &str = "SELECT period_key FROM scheduler_claims
+              WHERE job = $1 AND state IN ('succeeded', 'failed')
+                AND finished_at < now() - $2 * interval '1 millisecond'
+                AND scheduled_at < now() - $3 * interval '1 millisecond'
+                AND NOT EXISTS (
+                    SELECT 1 FROM scheduler_waiting w
+                     WHERE w.period_start <= (extract(epoch from scheduler_claims.period_end) * 1000)::bigint
+                       AND w.period_end >= (extract(epoch from scheduler_claims.period_start) * 1000)::bigint
+                       AND NOT EXISTS (SELECT 1 FROM scheduler_claims o
+                                        WHERE o.period_key = w.period_key))";
+        // On the actions' pool: a large count may outlast the control
+        // pool's statement timeout.
         if dry_run {
-            tx.rollback().await?;
-        } else {
-            tx.commit().await?;
+            let doomed: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM ({DOOMED}) d"))
+                .bind(job)
+                .bind(millis(keep))
+                .bind(millis(window))
+                .fetch_one(&self.actions)
+                .await?;
+            return Ok(doomed as u64);
         }
-        Ok(pruned.unwrap_or(0) as u64)
+        let mut pruned = 0;
+        loop {
+            // A batch per transaction: each holds its rows' locks briefly,
+            // and what it deleted stays deleted if a later one fails.
+            let batch: i64 = sqlx::query_scalar(&format!(
+                "WITH c AS (
+                    DELETE FROM scheduler_claims
+                     WHERE period_key IN ({DOOMED} ORDER BY period_start LIMIT $4)
+                 RETURNING period_key),
+                 a AS (DELETE FROM scheduler_attempts a USING c WHERE a.period_key = c.period_key),
+                 o AS (DELETE FROM scheduler_output o USING c WHERE o.period_key = c.period_key),
+                 -- A waiting row a crash left beside its claim would, the
+                 -- claim gone, read as a period never run.
+                 w AS (DELETE FROM scheduler_waiting w USING c WHERE w.period_key = c.period_key)
+                 SELECT count(*) FROM c"
+            ))
+            .bind(job)
+            .bind(millis(keep))
+            .bind(millis(window))
+            .bind(i64::from(crate::store::PRUNE_BATCH))
+            .fetch_one(&self.actions)
+            .await?;
+            pruned += batch as u64;
+            if batch < i64::from(crate::store::PRUNE_BATCH) {
+                return Ok(pruned);
+            }
+        }
     }
 }

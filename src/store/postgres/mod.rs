@@ -81,6 +81,7 @@ pub struct PgStore {
     /// `sql` actions only, each holding a connection for its statement.
     actions: PgPool,
     pub(super) outage: std::sync::Arc<super::outage::Outage>,
+    statistics: std::sync::Arc<super::statistics::Statistics>,
 }
 
 /// The most connections `sql` actions of one process hold at once; more
@@ -118,6 +119,7 @@ impl PgStore {
             actions: pool.clone(),
             pool,
             outage: Default::default(),
+            statistics: Default::default(),
         }
     }
 
@@ -163,7 +165,58 @@ impl PgStore {
             pool,
             actions,
             outage: Default::default(),
+            statistics: Default::default(),
         })
+    }
+
+    /// Counts `rows` written; when they call for it, refreshes the
+    /// statistics in a task of its own, never in front of the writer.
+    pub(super) fn wrote(&self, rows: u64) {
+        if self.statistics.wrote(rows) {
+            let store = self.clone();
+            tokio::spawn(async move { store.analyze().await });
+        }
+    }
+
+    /// [`PgStore::wrote`] for a writer that ends with its write (a
+    /// prune): the refresh is made before it returns.
+    pub(super) async fn wrote_last(&self, rows: u64) {
+        if self.statistics.wrote(rows) {
+            self.analyze().await;
+        }
+    }
+
+    /// `ANALYZE` of the tables a claim and a prune write, skipping one
+    /// another session is analysing (another replica's refresh, or
+    /// autovacuum's); a role that does not own them is warned by the
+    /// server and changes nothing.
+    async fn analyze(&self) {
+        let started = std::time::Instant::now();
+        let refreshed = async {
+            sqlx::query(
+                "ANALYZE (SKIP_LOCKED) scheduler_claims, scheduler_attempts, scheduler_output",
+            )
+            .execute(&self.pool)
+            .await?;
+            sqlx::query_scalar::<_, f32>(
+                "SELECT reltuples FROM pg_class WHERE oid = 'scheduler_claims'::regclass",
+            )
+            .fetch_one(&self.pool)
+            .await
+        }
+        .await;
+        match refreshed {
+            Ok(rows) => {
+                let rows = rows.max(0.0) as u64;
+                let ms = started.elapsed().as_millis() as u64;
+                tracing::debug!(rows, ms, "statistics of the scheduler's tables refreshed");
+                self.statistics.refreshed(Some(rows));
+            }
+            Err(e) => {
+                tracing::warn!("cannot refresh the statistics of the scheduler's tables: {e}");
+                self.statistics.refreshed(None);
+            }
+        }
     }
 
     pub(super) async fn has_schema(&self) -> Result<bool, sqlx::Error> {

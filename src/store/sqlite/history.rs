@@ -86,18 +86,10 @@ impl SqliteStore {
         window: Duration,
         dry_run: bool,
     ) -> Result<u64, sqlx::Error> {
-        let mut tx = self.begin().await?;
-        // One cutoff for both statements: SQLite's clock moves between
-        // them, and claims deleted without their attempts would leave rows
-        // that block the period's next claim.
-        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW}"))
-            .fetch_one(&mut *tx)
-            .await?;
-        let finished_before = now.saturating_sub(keep.as_millis() as i64);
-        let fired_before = now.saturating_sub(window.as_millis() as i64);
-        // A period still waiting may need one, however long it waits: a
-        // pruned claim reads as a period never run.
-        let doomed = "SELECT period_key FROM scheduler_claims c
+        // The claims to go, oldest first. A period still waiting may need
+        // one, however long it waits: a pruned claim reads as a period
+        // never run.
+        const DOOMED: &str = "SELECT period_key FROM scheduler_claims c
                        WHERE job = ?1 AND state IN ('succeeded', 'failed')
                          AND finished_at < ?2 AND scheduled_at < ?3
                          AND NOT EXISTS (
@@ -106,35 +98,58 @@ impl SqliteStore {
                                 AND w.period_end >= c.period_start
                                 AND NOT EXISTS (SELECT 1 FROM scheduler_claims o
                                                  WHERE o.period_key = w.period_key))";
-        // A waiting row a crash left beside its claim would, the claim
-        // gone, read as a period never run.
-        for table in [
-            "scheduler_output",
-            "scheduler_attempts",
-            "scheduler_waiting",
-        ] {
-            sqlx::query(&format!(
-                "DELETE FROM {table} WHERE period_key IN ({doomed})"
-            ))
-            .bind(job)
-            .bind(finished_before)
-            .bind(fired_before)
-            .execute(&mut *tx)
+        // One cutoff for every batch: SQLite's clock moves between them,
+        // and claims deleted without their attempts would leave rows that
+        // block the period's next claim.
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW}"))
+            .fetch_one(&self.pool)
             .await?;
-        }
-        let done = sqlx::query(&format!(
-            "DELETE FROM scheduler_claims WHERE period_key IN ({doomed})"
-        ))
-        .bind(job)
-        .bind(finished_before)
-        .bind(fired_before)
-        .execute(&mut *tx)
-        .await?;
+        let finished_before = now.saturating_sub(keep.as_millis() as i64);
+        let fired_before = now.saturating_sub(window.as_millis() as i64);
         if dry_run {
-            tx.rollback().await?;
-        } else {
-            tx.commit().await?;
+            let doomed: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM ({DOOMED})"))
+                .bind(job)
+                .bind(finished_before)
+                .bind(fired_before)
+                .fetch_one(&self.pool)
+                .await?;
+            return Ok(doomed as u64);
         }
-        Ok(done.rows_affected())
+        // A batch per transaction, so that the claims of other processes
+        // wait for one batch at most, never for the whole prune. Within
+        // one, each table's delete picks the same keys: the same oldest
+        // ones, and nothing else writes meanwhile.
+        let batch = format!(
+            "{DOOMED} ORDER BY period_start, period_key LIMIT {}",
+            crate::store::PRUNE_BATCH
+        );
+        let mut pruned = 0;
+        loop {
+            let mut tx = self.begin().await?;
+            let mut claims = 0;
+            // A waiting row a crash left beside its claim would, the claim
+            // gone, read as a period never run. The claims go last.
+            for table in [
+                "scheduler_output",
+                "scheduler_attempts",
+                "scheduler_waiting",
+                "scheduler_claims",
+            ] {
+                claims = sqlx::query(&format!(
+                    "DELETE FROM {table} WHERE period_key IN ({batch})"
+                ))
+                .bind(job)
+                .bind(finished_before)
+                .bind(fired_before)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            }
+            tx.commit().await?;
+            pruned += claims;
+            if claims < u64::from(crate::store::PRUNE_BATCH) {
+                return Ok(pruned);
+            }
+        }
     }
 }
