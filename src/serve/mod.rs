@@ -10,6 +10,7 @@ use crate::error::Error;
 
 pub mod api;
 mod console;
+mod metrics;
 pub mod server;
 
 /// Serves `listener` beside `service`'s loop (`serve --listen`): the probes

@@ -17,11 +17,12 @@ use axum::routing::get;
 use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use super::api::Api;
+use super::metrics::{Metrics, Recorder};
 use crate::driver::health::Health;
 use crate::error::Error;
 
@@ -73,36 +74,35 @@ pub fn start(
     health: Arc<Health>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
-    let handle = recorder()
-        .and_then(PrometheusBuilder::install_recorder)
-        .map_err(|e| {
-            Error::Environment(anyhow::anyhow!("cannot install the metrics recorder: {e}"))
-        })?;
+    let metrics = install_recorder()?;
     describe_metrics();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving the console at /, /healthz, /readyz, /metrics and /v1/");
     }
-    tokio::spawn(upkeep(handle.clone(), shutdown.clone()));
+    tokio::spawn(upkeep(metrics.clone(), shutdown.clone()));
     tokio::spawn(prune_keys(api.clone(), shutdown.clone()));
-    tokio::spawn(serve(listener, router(handle, api, health), shutdown));
+    tokio::spawn(serve(listener, router(metrics, api, health), shutdown));
     Ok(())
 }
 
-/// The recorder, with durations as Prometheus histograms of fixed buckets:
-/// a few hundred bytes per job, summed across replicas by
+/// Installs the recorder, with durations as Prometheus histograms of fixed
+/// buckets: a few hundred bytes per job, summed across replicas by
 /// `histogram_quantile`. The exporter's default summaries keep sketches of
 /// up to 256 KB per job and 20 s window, and cannot be added up across
 /// replicas.
-fn recorder() -> Result<PrometheusBuilder, BuildError> {
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("scheduler_fire_lateness_seconds".to_owned()),
-            &LATENESS_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full("scheduler_run_duration_seconds".to_owned()),
-            &DURATION_BUCKETS,
-        )
+fn install_recorder() -> Result<Metrics, Error> {
+    let recorder = Recorder::new(
+        PrometheusBuilder::new().build_recorder(),
+        &[
+            ("scheduler_fire_lateness_seconds", &LATENESS_BUCKETS),
+            ("scheduler_run_duration_seconds", &DURATION_BUCKETS),
+        ],
+    );
+    let metrics = recorder.metrics();
+    metrics::set_global_recorder(recorder).map_err(|e| {
+        Error::Environment(anyhow::anyhow!("cannot install the metrics recorder: {e}"))
+    })?;
+    Ok(metrics)
 }
 
 /// The `# HELP` line of every metric.
@@ -185,18 +185,19 @@ fn describe_metrics() {
     metrics::counter!("scheduler_claims_taken_over_total").increment(0);
 }
 
-/// Deletes expired Idempotency-Keys and API runs now and then.
-/// Drains the recorded durations into their rolling summaries every
-/// [`METRICS_UPKEEP`], scraped or not, so that their memory stays bounded.
-async fn upkeep(handle: PrometheusHandle, mut shutdown: watch::Receiver<bool>) {
+/// Moves the samples of the exporter's histograms (any not a job's) into
+/// them every [`METRICS_UPKEEP`], scraped or not, so that their memory
+/// stays bounded.
+async fn upkeep(metrics: Metrics, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
-            () = tokio::time::sleep(METRICS_UPKEEP) => handle.run_upkeep(),
+            () = tokio::time::sleep(METRICS_UPKEEP) => metrics.run_upkeep(),
             _ = shutdown.wait_for(|down| *down) => return,
         }
     }
 }
 
+/// Deletes expired Idempotency-Keys and API runs now and then.
 async fn prune_keys(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
@@ -222,7 +223,7 @@ fn give_back_freed_memory() {
     }
 }
 
-fn router(handle: PrometheusHandle, api: Arc<Api>, health: Arc<Health>) -> Router {
+fn router(metrics: Metrics, api: Arc<Api>, health: Arc<Health>) -> Router {
     let probes = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -232,7 +233,7 @@ fn router(handle: PrometheusHandle, api: Arc<Api>, health: Arc<Health>) -> Route
         .route(
             "/metrics",
             get(move || {
-                let body = handle.render();
+                let body = metrics.render();
                 async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
             }),
         )

@@ -1,0 +1,442 @@
+//! The metrics recorder of `serve --listen`: each job's series in a table
+//! of their own, the rest in `metrics-exporter-prometheus`'s registry.
+//!
+//! Most series are per job (`job` their first label, and at most one label
+//! after it): five for every idle job, more once it runs. The exporter
+//! keeps each series under a key of its own (the name, a list of labels,
+//! an owned copy of the job's name) and renders a scrape through a
+//! snapshot that copies every key into new maps: for 10,000 idle jobs,
+//! 50,000 series cost 97 ms of CPU a scrape and megabytes of memory for
+//! good. Here a job's name is held once, each family keeps a slot per job
+//! (one pointer, to the value's atomic), and a scrape writes the text
+//! straight from the atomics.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+
+/// The recorder installed by `serve --listen`.
+pub(super) struct Recorder {
+    exporter: PrometheusRecorder,
+    jobs: Arc<JobSeries>,
+}
+
+/// What `/metrics` renders from, and keeps up.
+#[derive(Clone)]
+pub(super) struct Metrics {
+    exporter: PrometheusHandle,
+    jobs: Arc<JobSeries>,
+}
+
+impl Recorder {
+    /// `exporter` for the series that are not a job's; a histogram of a
+    /// job's with the buckets of `buckets` (by name), else the exporter's.
+    pub(super) fn new(exporter: PrometheusRecorder, buckets: &[(&str, &[f64])]) -> Recorder {
+        let jobs = JobSeries {
+            buckets: buckets
+                .iter()
+                .map(|(name, bounds)| ((*name).to_owned(), Arc::from(*bounds)))
+                .collect(),
+            ..JobSeries::default()
+        };
+        Recorder {
+            exporter,
+            jobs: Arc::new(jobs),
+        }
+    }
+
+    /// What renders and keeps up this recorder's series.
+    pub(super) fn metrics(&self) -> Metrics {
+        Metrics {
+            exporter: self.exporter.handle(),
+            jobs: self.jobs.clone(),
+        }
+    }
+}
+
+impl Metrics {
+    /// The text exposition of every series.
+    pub(super) fn render(&self) -> String {
+        let mut text = self.exporter.render();
+        self.jobs.render(&mut text);
+        text
+    }
+
+    /// Moves recorded samples of the exporter's histograms into them.
+    pub(super) fn run_upkeep(&self) {
+        self.exporter.run_upkeep();
+    }
+}
+
+/// A job's series: the job's name, and the label after it, if any.
+fn of_job(key: &Key) -> Option<(&str, Option<(&str, &str)>)> {
+    let mut labels = key.labels();
+    let first = labels.next()?;
+    if first.key() != "job" {
+        return None;
+    }
+    let extra = labels.next().map(|l| (l.key(), l.value()));
+    match labels.next() {
+        Some(_) => None,
+        None => Some((first.value(), extra)),
+    }
+}
+
+impl metrics::Recorder for Recorder {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.jobs.describe(key.as_str(), Kind::Counter, &help);
+        self.exporter.describe_counter(key, unit, help);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.jobs.describe(key.as_str(), Kind::Gauge, &help);
+        self.exporter.describe_gauge(key, unit, help);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.jobs.describe(key.as_str(), Kind::Histogram, &help);
+        self.exporter.describe_histogram(key, unit, help);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        match of_job(key) {
+            Some((job, extra)) => match self.jobs.cell(key.name(), Kind::Counter, job, extra) {
+                Cell::Number(value) => Counter::from_arc(value),
+                Cell::Histogram(_) => Counter::noop(),
+            },
+            None => self.exporter.register_counter(key, metadata),
+        }
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        match of_job(key) {
+            Some((job, extra)) => match self.jobs.cell(key.name(), Kind::Gauge, job, extra) {
+                Cell::Number(value) => Gauge::from_arc(value),
+                Cell::Histogram(_) => Gauge::noop(),
+            },
+            None => self.exporter.register_gauge(key, metadata),
+        }
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        match of_job(key).filter(|_| self.jobs.buckets.contains_key(key.name())) {
+            Some((job, extra)) => match self.jobs.cell(key.name(), Kind::Histogram, job, extra) {
+                Cell::Histogram(buckets) => Histogram::from_arc(buckets),
+                Cell::Number(_) => Histogram::noop(),
+            },
+            None => self.exporter.register_histogram(key, metadata),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One series' value: a counter's count or a gauge's `f64` bits, or a
+/// histogram's buckets.
+#[derive(Clone)]
+enum Cell {
+    Number(Arc<AtomicU64>),
+    Histogram(Arc<Buckets>),
+}
+
+/// The jobs' series: families by name, each job's name held once.
+#[derive(Default)]
+struct JobSeries {
+    names: RwLock<Names>,
+    families: RwLock<BTreeMap<String, Family>>,
+    /// The bucket bounds of each histogram family kept here.
+    buckets: HashMap<String, Arc<[f64]>>,
+}
+
+/// The jobs' names, each numbered once, the number a slot in every family.
+#[derive(Default)]
+struct Names {
+    numbers: HashMap<Arc<str>, usize>,
+    /// Each name as a label value, escaped.
+    labels: Vec<Arc<str>>,
+}
+
+/// One metric's series: per value of the label after `job`, a slot per
+/// job's number.
+struct Family {
+    kind: Kind,
+    help: Option<String>,
+    series: Vec<Slots>,
+}
+
+/// The label after `job` (`None`: no such label, the usual case), and a
+/// slot per job's number.
+type Slots = (Option<(String, String)>, Vec<Option<Cell>>);
+
+impl JobSeries {
+    fn describe(&self, name: &str, kind: Kind, help: &str) {
+        let Ok(mut families) = self.families.write() else {
+            return;
+        };
+        let family = families.entry(name.to_owned()).or_insert_with(|| Family {
+            kind,
+            help: None,
+            series: Vec::new(),
+        });
+        family.help = Some(escape(help, false));
+    }
+
+    /// The number of job `job`, numbered now if it is new.
+    fn number(&self, job: &str) -> usize {
+        if let Ok(names) = self.names.read()
+            && let Some(n) = names.numbers.get(job)
+        {
+            return *n;
+        }
+        let mut names = self.names.write().unwrap_or_else(|e| e.into_inner());
+        let next = names.labels.len();
+        if let Some(n) = names.numbers.get(job) {
+            return *n;
+        }
+        names.numbers.insert(Arc::from(job), next);
+        names.labels.push(Arc::from(escape(job, true)));
+        next
+    }
+
+    /// The cell of job `job`'s series of metric `name` (with the label
+    /// `extra`), made now if it is new.
+    fn cell(&self, name: &str, kind: Kind, job: &str, extra: Option<(&str, &str)>) -> Cell {
+        let n = self.number(job);
+        let same = |e: &Option<(String, String)>| {
+            e.as_ref().map(|(k, v)| (k.as_str(), v.as_str())) == extra
+        };
+        if let Ok(families) = self.families.read()
+            && let Some(family) = families.get(name)
+            && let Some((_, slots)) = family.series.iter().find(|(e, _)| same(e))
+            && let Some(Some(cell)) = slots.get(n)
+        {
+            return cell.clone();
+        }
+        let mut families = self.families.write().unwrap_or_else(|e| e.into_inner());
+        let family = families.entry(name.to_owned()).or_insert_with(|| Family {
+            kind,
+            help: None,
+            series: Vec::new(),
+        });
+        let at = match family.series.iter().position(|(e, _)| same(e)) {
+            Some(at) => at,
+            None => {
+                let extra = extra.map(|(k, v)| (k.to_owned(), escape(v, true)));
+                family.series.push((extra, Vec::new()));
+                family.series.len() - 1
+            }
+        };
+        let slots = &mut family.series[at].1;
+        if slots.len() <= n {
+            slots.resize(n + 1, None);
+        }
+        slots[n]
+            .get_or_insert_with(|| match kind {
+                Kind::Histogram => {
+                    let bounds = self
+                        .buckets
+                        .get(name)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::from([]));
+                    Cell::Histogram(Arc::new(Buckets::new(bounds)))
+                }
+                Kind::Counter | Kind::Gauge => Cell::Number(Arc::new(AtomicU64::new(0))),
+            })
+            .clone()
+    }
+
+    /// Appends every family with a series, in name order, as the text
+    /// exposition has it.
+    fn render(&self, text: &mut String) {
+        let names = self.names.read().unwrap_or_else(|e| e.into_inner());
+        let families = self.families.read().unwrap_or_else(|e| e.into_inner());
+        for (name, family) in families.iter() {
+            let mut cells = family.series.iter().flat_map(|(extra, slots)| {
+                slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(n, cell)| Some((extra, n, cell.as_ref()?)))
+            });
+            let Some(first) = cells.next() else {
+                continue;
+            };
+            if let Some(help) = &family.help {
+                let _ = writeln!(text, "# HELP {name} {help}");
+            }
+            let _ = writeln!(text, "# TYPE {name} {}", family.kind.as_str());
+            for (extra, n, cell) in std::iter::once(first).chain(cells) {
+                let labels = Labels {
+                    job: &names.labels[n],
+                    extra: extra.as_ref(),
+                };
+                match (family.kind, cell) {
+                    (Kind::Counter, Cell::Number(v)) => {
+                        let _ = writeln!(text, "{name}{{{labels}}} {}", v.load(Ordering::Relaxed));
+                    }
+                    (_, Cell::Number(v)) => {
+                        let value = f64::from_bits(v.load(Ordering::Relaxed));
+                        let _ = writeln!(text, "{name}{{{labels}}} {value}");
+                    }
+                    (_, Cell::Histogram(buckets)) => buckets.render(text, name, &labels),
+                }
+            }
+            text.push('\n');
+        }
+    }
+}
+
+/// A series' labels, as the text exposition writes them.
+struct Labels<'a> {
+    job: &'a str,
+    extra: Option<&'a (String, String)>,
+}
+
+impl std::fmt::Display for Labels<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job=\"{}\"", self.job)?;
+        match self.extra {
+            Some((key, value)) => write!(f, ",{key}=\"{value}\""),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A label value (`label`) or a help text, escaped as the text exposition
+/// needs.
+fn escape(text: &str, label: bool) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '\n' => escaped.push_str("\\n"),
+            '"' if label => escaped.push_str("\\\""),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+/// A histogram of fixed buckets: a count per bucket (not cumulative), the
+/// sum's `f64` bits and the count of samples.
+struct Buckets {
+    bounds: Arc<[f64]>,
+    /// One per bound, and one for the samples above the last.
+    counts: Box<[AtomicU64]>,
+    sum: AtomicU64,
+}
+
+impl Buckets {
+    fn new(bounds: Arc<[f64]>) -> Buckets {
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Buckets {
+            bounds,
+            counts,
+            sum: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    fn render(&self, text: &mut String, name: &str, labels: &Labels<'_>) {
+        let mut below = 0;
+        for (bound, count) in self.bounds.iter().zip(self.counts.iter()) {
+            below += count.load(Ordering::Relaxed);
+            let _ = writeln!(text, "{name}_bucket{{{labels},le=\"{bound}\"}} {below}");
+        }
+        let all = below + self.counts[self.bounds.len()].load(Ordering::Relaxed);
+        let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
+        let _ = writeln!(text, "{name}_bucket{{{labels},le=\"+Inf\"}} {all}");
+        let _ = writeln!(text, "{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(text, "{name}_count{{{labels}}} {all}");
+    }
+}
+
+impl metrics::HistogramFn for Buckets {
+    fn record(&self, value: f64) {
+        let at = self.bounds.partition_point(|bound| *bound < value);
+        self.counts[at].fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .sum
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |sum| {
+                Some((f64::from_bits(sum) + value).to_bits())
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics::Recorder as _;
+
+    fn recorder() -> Recorder {
+        let exporter = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        Recorder::new(exporter, &[("late_seconds", &[0.1, 1.0])])
+    }
+
+    #[test]
+    fn a_jobs_series_render_from_the_table_and_the_rest_from_the_exporter() {
+        let recorder = recorder();
+        let metadata = Metadata::new("t", metrics::Level::INFO, None);
+        recorder.describe_gauge("paused".into(), None, "1 while \"paused\"".into());
+        let key = |name: &'static str, labels: &[(&'static str, &str)]| {
+            let labels: Vec<metrics::Label> = labels
+                .iter()
+                .map(|(k, v)| metrics::Label::new(*k, v.to_string()))
+                .collect();
+            Key::from_parts(name, labels)
+        };
+        recorder
+            .register_gauge(&key("paused", &[("job", "a")]), &metadata)
+            .set(1.0);
+        recorder
+            .register_gauge(&key("paused", &[("job", "b")]), &metadata)
+            .set(0.5);
+        let runs = key("runs_total", &[("job", "a"), ("outcome", "failed")]);
+        recorder.register_counter(&runs, &metadata).increment(2);
+        recorder.register_counter(&runs, &metadata).increment(1);
+        let late = recorder.register_histogram(&key("late_seconds", &[("job", "b")]), &metadata);
+        for value in [0.0625, 0.125, 0.5, 7.0] {
+            late.record(value);
+        }
+        recorder
+            .register_counter(&key("wakeups_total", &[]), &metadata)
+            .increment(4);
+        recorder
+            .register_counter(&key("errors_total", &[("kind", "x")]), &metadata)
+            .increment(1);
+        let text = recorder.metrics().render();
+        for line in [
+            "# HELP paused 1 while \"paused\"\n# TYPE paused gauge\npaused{job=\"a\"} 1\npaused{job=\"b\"} 0.5\n",
+            "# TYPE runs_total counter\nruns_total{job=\"a\",outcome=\"failed\"} 3\n",
+            "late_seconds_bucket{job=\"b\",le=\"0.1\"} 1\nlate_seconds_bucket{job=\"b\",le=\"1\"} 3\nlate_seconds_bucket{job=\"b\",le=\"+Inf\"} 4\nlate_seconds_sum{job=\"b\"} 7.6875\nlate_seconds_count{job=\"b\"} 4\n",
+            "wakeups_total 4\n",
+            "errors_total{kind=\"x\"} 1\n",
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+        assert_eq!(text.matches("# TYPE paused").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn label_values_and_help_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd", true), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape("say \"x\"\n", false), "say \"x\"\\n");
+    }
+}
