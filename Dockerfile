@@ -9,7 +9,7 @@ RUN mkdir -p src/bin benches \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > src/bin/scheduler-supervise.rs \
  && touch src/lib.rs \
- && for b in core claims serve spawn burst api embed notify after console output shards; do echo 'fn main() {}' > "benches/$b.rs"; done \
+ && for b in core claims serve spawn burst api embed notify after console output shards history; do echo 'fn main() {}' > "benches/$b.rs"; done \
  && cargo build --release --locked --bin scheduler --bin scheduler-supervise \
  && rm -rf src benches
 COPY build.rs ./

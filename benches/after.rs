@@ -133,7 +133,7 @@ async fn measure(backend: &str, url: &str) {
     store.migrate().await.unwrap();
     let config = Config::parse(std::path::Path::new("jobs.toml"), &jobs_toml(), &|_| None)
         .expect("valid jobs");
-    let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
+    let jobs: Vec<Arc<Job>> = config.jobs;
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
     record_days(&store, &jobs, 7, 1..=30).await;
     let engine = Engine::new(store.clone(), Duration::from_secs(60), "bench".into()).unwrap();

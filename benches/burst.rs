@@ -30,10 +30,12 @@ struct Setup {
     minutes: u32,
 }
 
-/// What a replica used: peak RSS and CPU seconds.
+/// What a replica used: peak RSS, the peak of its whole life (VmHWM),
+/// and CPU seconds.
 #[derive(Default, Clone, Copy)]
 struct Usage {
     rss_kib: u64,
+    hwm_kib: u64,
     cpu_ticks: u64,
 }
 
@@ -69,13 +71,19 @@ fn usage(pid: u32) -> Usage {
                 + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
         })
         .unwrap_or(0);
-    let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    Usage { rss_kib, cpu_ticks }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    Usage {
+        rss_kib: kib("VmRSS:"),
+        hwm_kib: kib("VmHWM:"),
+        cpu_ticks,
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -186,6 +194,7 @@ fn burst(setup: &Setup, url: &str) {
             if bursting {
                 peak[i].rss_kib = peak[i].rss_kib.max(u.rss_kib);
             }
+            peak[i].hwm_kib = peak[i].hwm_kib.max(u.hwm_kib);
             peak[i].cpu_ticks = u.cpu_ticks;
         }
         if !counted && Utc::now() >= first {
@@ -249,9 +258,10 @@ fn burst(setup: &Setup, url: &str) {
     let minutes = f64::from(setup.minutes);
     for (i, u) in peak.iter().enumerate() {
         println!(
-            "  replica {}: peak RSS during the bursts {:.1} MiB, CPU {:.2} s per minute",
+            "  replica {}: peak RSS during the bursts {:.1} MiB, over its whole life (VmHWM) {:.1} MiB, CPU {:.2} s per minute",
             i + 1,
             u.rss_kib as f64 / 1024.0,
+            u.hwm_kib as f64 / 1024.0,
             (u.cpu_ticks - cpu_at_first[i]) as f64 / 100.0 / minutes
         );
     }

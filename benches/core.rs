@@ -17,10 +17,11 @@ fn at(s: &str) -> DateTime<Utc> {
 
 fn job(body: &str) -> scheduler::config::Job {
     let text = format!("[[job]]\nname = \"b\"\ncommand = [\"true\"]\n{body}\n");
-    Config::parse(Path::new("bench.toml"), &text, &|_| None)
+    let job = Config::parse(Path::new("bench.toml"), &text, &|_| None)
         .unwrap()
         .jobs
-        .remove(0)
+        .remove(0);
+    std::sync::Arc::unwrap_or_clone(job)
 }
 
 fn fires_per_second(zone: &str) {

@@ -2,7 +2,9 @@
 //! PostgreSQL beside a bare croner + tokio loop, in one shared window;
 //! 10,000 idle jobs (startup, RSS, CPU per idle minute, timer wake-ups),
 //! without and with deadlines and a notifier. Run with `cargo bench --bench
-//! serve` (about 6 minutes). Bursts
+//! serve` (about 6 minutes). `SERVE_MANY=1` runs only 100,000 jobs (check,
+//! start-up, idle memory, a scrape, an every-minute job's lateness among
+//! them; about 4 minutes). Bursts
 //! of every-minute jobs on several replicas are `benches/burst.rs`.
 
 mod support;
@@ -234,8 +236,107 @@ fn ten_thousand_idle_jobs(url: &str, deadlines: bool) {
     );
 }
 
+/// How many jobs the large run loads.
+const MANY: usize = 100_000;
+
+/// `check`, then `serve --listen` of 100,000 jobs, half hourly, half
+/// daily (a no-op `sql` statement each, so that the fires in the window
+/// cost no process), and an every-minute job among them: start-up, idle
+/// RSS, CPU per minute, a scrape's CPU, and the every-minute job's fire
+/// lateness over `IDLE_MINUTES`.
+fn hundred_thousand_jobs(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::from(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * *\"\nsql = { statement = \"SELECT 1\" }\n\n",
+    );
+    for i in 0..MANY - 1 {
+        let schedule = match i % 2 {
+            0 => format!("{} * * * *", i % 60),
+            _ => format!("{} {} * * *", i % 60, i % 24),
+        };
+        text.push_str(&format!(
+            "[[job]]\nname = \"job-{i}\"\nschedule = \"{schedule}\"\nsql = {{ statement = \"SELECT 1\" }}\n\n"
+        ));
+    }
+    std::fs::write(dir.path().join("jobs.toml"), text).unwrap();
+    let started = Instant::now();
+    let check = Command::new(env!("CARGO_BIN_EXE_scheduler"))
+        .arg("check")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(check.success(), "check failed");
+    let checked = started.elapsed();
+    let started = Instant::now();
+    let serve = scheduler(dir.path(), url, &["serve", "--listen", "127.0.0.1:19192"]);
+    let pid = serve.id();
+    while Command::new("curl")
+        .args(["-sf", "http://127.0.0.1:19192/healthz"])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listening = started.elapsed();
+    std::thread::sleep(Duration::from_secs(SETTLE));
+    let cpu0 = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(60 * IDLE_MINUTES));
+    let cpu1 = cpu_ticks(pid);
+    let rss = rss_kib(pid);
+    let peak = peak_kib(pid);
+    let before = cpu_ticks(pid);
+    for _ in 0..SCRAPES {
+        metric(19192, "scheduler_wakeups_total");
+    }
+    let scrape_ms = (cpu_ticks(pid) - before) as f64 * 10.0 / SCRAPES as f64;
+    let logs = stop(serve, dir.path());
+    let mut tick: Vec<f64> = logs
+        .iter()
+        .filter(|l| l["fields"]["message"] == "claim won" && l["fields"]["trigger"] == "schedule")
+        .filter(|l| {
+            l["fields"]["period_key"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("tick:"))
+        })
+        .filter_map(|l| l["fields"]["lateness_ms"].as_f64())
+        .collect();
+    tick.sort_by(f64::total_cmp);
+    println!(
+        "{MANY} jobs (hourly and daily, and one every minute): `check` {:.2} s; listening after {:.2} s; RSS {:.1} MiB idle, peak {:.1} MiB; CPU {:.2} s per minute (over {IDLE_MINUTES}); a /metrics scrape {scrape_ms:.0} ms CPU",
+        checked.as_secs_f64(),
+        listening.as_secs_f64(),
+        rss as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        (cpu1 - cpu0) as f64 / 100.0 / IDLE_MINUTES as f64,
+    );
+    say(
+        "the every-minute job among them",
+        "claim start after the fire",
+        &tick,
+    );
+}
+
+fn peak_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    if std::env::var_os("SERVE_MANY").is_some() {
+        let dir = tempfile::tempdir().unwrap();
+        hundred_thousand_jobs(&format!(
+            "sqlite://{}",
+            dir.path().join("many.db").display()
+        ));
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -33,6 +33,7 @@ pub async fn status(
         .jobs
         .iter()
         .filter(|j| only.is_none_or(|name| config.full_name(name) == j.name))
+        .map(|j| &**j)
         .collect();
     let all = overview::of_jobs(store, &jobs, RECENT, now).await?;
     if as_json {

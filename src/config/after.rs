@@ -3,6 +3,7 @@
 //! name a job, no cycle, and nothing that could never be satisfied.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -134,6 +135,8 @@ impl Config {
             })
             .collect();
         for ((job, upstream), previous) in self.jobs.iter_mut().zip(upstream).zip(previous) {
+            // Unshared while the file is read: no copy is made.
+            let job = Arc::make_mut(job);
             job.after.upstream = upstream;
             job.after.previous = previous;
         }

@@ -3,6 +3,7 @@
 //! secrets.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use super::locator::Locator;
 use super::sections::{Sections, notifiers};
@@ -146,6 +147,7 @@ impl Config {
         // the database.
         if let Some(namespace) = &settings.namespace {
             for job in &mut jobs {
+                let job = Arc::make_mut(job);
                 job.name = format!("{namespace}/{}", job.name);
             }
             for named in notifiers.iter_mut().filter_map(|n| n.jobs.as_mut()) {
@@ -185,7 +187,7 @@ impl Config {
 /// a secret, and so is the database password: each job masks them, and a
 /// job's process never inherits a variable that holds one.
 fn seal(
-    jobs: &mut [Job],
+    jobs: &mut [Arc<Job>],
     vars: &Vars<'_>,
     api_vars: &Vars<'_>,
     env: &dyn Fn(&str) -> Option<String>,
@@ -200,6 +202,8 @@ fn seal(
             .chain(database_passwords(env)),
     );
     for job in jobs {
+        // Unshared while the file is read: no copy is made.
+        let job = Arc::make_mut(job);
         job.derive();
         job.secrets = secrets.clone();
         if let Action::Process(process) = &mut job.action {

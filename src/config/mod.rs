@@ -2,6 +2,7 @@
 //! step, and every mistake is reported with its file:line:column.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::suggest::nearest;
 use crate::template::Secrets;
@@ -105,7 +106,7 @@ pub struct Config {
     /// `[api]`; `None` without it (`/v1/` answers 404).
     pub api: Option<ApiSettings>,
     /// `[[job]]`s in file order.
-    pub jobs: Vec<Job>,
+    pub jobs: Vec<Arc<Job>>,
     /// Every secret it holds (each `${NAME}`'s value, the tokens, the
     /// database password), masked in every message about any job.
     pub secrets: Secrets,
@@ -139,7 +140,7 @@ impl Config {
     pub fn mask_also(&mut self, more: &[String]) {
         self.secrets = self.secrets.with(more);
         for job in &mut self.jobs {
-            job.secrets = self.secrets.clone();
+            Arc::make_mut(job).secrets = self.secrets.clone();
         }
     }
 
@@ -241,6 +242,7 @@ impl Config {
         self.jobs
             .iter()
             .find(|j| j.name == full)
+            .map(|j| &**j)
             .ok_or_else(|| nearest(name, self.jobs.iter().map(|j| self.short_name(j))))
     }
 

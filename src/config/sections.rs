@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -172,10 +173,10 @@ impl<'t> Sections<'t> {
         settings: &Settings,
         vars: &Vars<'_>,
         errors: &mut Vec<ConfigError>,
-    ) -> (Vec<Job>, Vec<(String, String)>) {
+    ) -> (Vec<Arc<Job>>, Vec<(String, String)>) {
         use serde::de::IntoDeserializer;
         let calendars = self.calendars(at, errors);
-        let mut jobs: Vec<Job> = Vec::with_capacity(self.jobs.len());
+        let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(self.jobs.len());
         let mut incomplete: Vec<(String, String)> = Vec::new();
         let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
         // Every job's name as written, its own mistakes or not: what an
@@ -226,7 +227,7 @@ impl<'t> Sections<'t> {
             for name in vars.missed_since(mark) {
                 incomplete.push((job.name.clone(), name));
             }
-            jobs.push(job);
+            jobs.push(Arc::new(job));
         }
         // With other mistakes in the file, an `after` that names no job is
         // told now, with them, not in a later round (linking the jobs waits
@@ -245,7 +246,7 @@ pub(super) fn notifiers(
     values: Vec<toml::Spanned<toml::de::DeValue<'_>>>,
     at: &Locator<'_>,
     vars: &Vars<'_>,
-    jobs: &[Job],
+    jobs: &[Arc<Job>],
     errors: &mut Vec<ConfigError>,
 ) -> (Vec<notify::Notifier>, Vec<(String, String)>) {
     use serde::de::IntoDeserializer;

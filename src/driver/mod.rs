@@ -187,8 +187,9 @@ impl Service {
         shutdown: watch::Receiver<bool>,
     ) -> Service {
         let events = mpsc::unbounded_channel();
-        let notify = watch::Sender::new(Arc::new(config.clone()));
-        let jobs = shared(config.jobs);
+        let jobs = config.jobs.clone();
+        let (settings, secrets) = (config.settings.clone(), config.secrets.clone());
+        let notify = watch::Sender::new(Arc::new(config));
         let clock = engine.clock();
         let now = clock.now();
         Service {
@@ -201,8 +202,8 @@ impl Service {
             swept: None,
             regate: true,
             stop_now: watch::Sender::new(false),
-            settings: config.settings,
-            secrets: config.secrets,
+            settings,
+            secrets,
             timer: Timer::new(&jobs, now),
             fired_until: now,
             by_name: Index::new(&jobs),
@@ -502,15 +503,6 @@ fn upstream_jobs(jobs: &[Arc<Job>]) -> HashSet<String> {
 /// serve loop's future stays `Send`).
 async fn down(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|down| *down).await;
-}
-
-/// The jobs, each behind an `Arc`, in a list of their own size: collected
-/// in place, the list would keep the allocation of the jobs themselves
-/// (3.4 MB for 10,000 jobs) to hold their pointers (80 KB).
-fn shared(jobs: Vec<Job>) -> Vec<Arc<Job>> {
-    let mut shared: Vec<Arc<Job>> = jobs.into_iter().map(Arc::new).collect();
-    shared.shrink_to_fit();
-    shared
 }
 
 /// Finds a job by name: the positions of the jobs, in the order of their

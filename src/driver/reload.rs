@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 
 use super::gauges::retire_gauges;
 use super::timer::Timer;
-use super::{Index, Service, shared, upstream_jobs};
+use super::{Index, Service, upstream_jobs};
 use crate::config::{Config, Job, Settings};
 
 impl Service {
@@ -68,15 +68,16 @@ impl Service {
         if let Some(companion) = &self.companion {
             companion.reconfigure(&config);
         }
-        self.notify.send_replace(Arc::new(config.clone()));
-        let jobs = shared(config.jobs);
+        let jobs = config.jobs.clone();
+        let settings = config.settings.clone();
+        self.notify.send_replace(Arc::new(config));
         // Without the database's answer a retimed job goes on as the
         // timer has it; the next sighting records the change.
         let (first_sighted, paused, retimed) = match self.see_jobs_again(&jobs).await {
             Some((first_sighted, paused)) => (first_sighted, paused, self.retimed(&jobs)),
             None => (Vec::new(), HashSet::new(), Vec::new()),
         };
-        if config.settings.database_url != self.settings.database_url {
+        if settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
         }
         let returning = self.returning(&jobs, &first_sighted, &paused);
@@ -96,7 +97,7 @@ impl Service {
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now, Vec::new());
         }
         self.publish_next_fires();
-        self.apply_settings(config.settings);
+        self.apply_settings(settings);
     }
 
     /// The jobs of `jobs` that the loop had under another timing, not
@@ -295,7 +296,7 @@ mod tests {
         step(&mut service, 2_800);
         // ... when a reload takes its jitter down to nothing: now past.
         let reloaded = Config::parse(path, &text("1s"), &|_| None).expect("valid jobs");
-        service.replace_jobs(shared(reloaded.jobs));
+        service.replace_jobs(reloaded.jobs);
         step(&mut service, 100);
         let label = crate::period::utc_text(p);
         assert!(fired.contains(&format!("h:{label}")), "{fired:?}");
@@ -338,7 +339,7 @@ mod tests {
         assert!(service.pending.is_empty(), "a holiday fired");
         // The holiday is taken back out five seconds after the sighting.
         let reloaded = Config::parse(path, &text(""), &|_| None).expect("valid jobs");
-        service.replace_jobs(shared(reloaded.jobs));
+        service.replace_jobs(reloaded.jobs);
         clock.advance(TimeDelta::seconds(1));
         service.fire();
         let fired = |service: &mut Service| -> Vec<String> {
@@ -390,7 +391,7 @@ mod tests {
         let recovery = old(now - TimeDelta::seconds(3), Trigger::Recovery);
         // Odd seconds from now on.
         let reloaded = Config::parse(path, &text("1-59/2 * * * * *"), &|_| None).expect("a job");
-        service.replace_jobs(shared(reloaded.jobs));
+        service.replace_jobs(reloaded.jobs);
         service.handle(Event::Again("h".into(), even));
         service.handle(Event::Again("h".into(), recovery.clone()));
         let waiting: Vec<&Due> = service

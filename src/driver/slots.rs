@@ -399,7 +399,7 @@ mod tests {
         let text = "[[job]]\nname = \"j\"\nschedule = \"* * * * *\"\ncommand = [\"true\"]\n";
         let mut config =
             Config::parse(std::path::Path::new("jobs.toml"), text, &|_| None).expect("a valid job");
-        let job = Arc::new(config.jobs.remove(0));
+        let job = config.jobs.remove(0);
         let now = Utc::now();
         let dues = due(&job, now, now - TimeDelta::minutes(3), true);
         // The latest period runs, and its claim holds the job's one slot ...

@@ -93,7 +93,7 @@ mod tests {
 
     fn jobs(toml: &str) -> Vec<Arc<Job>> {
         let config = Config::parse(Path::new("jobs.toml"), toml, &|_| None).unwrap();
-        config.jobs.into_iter().map(Arc::new).collect()
+        config.jobs
     }
 
     fn at(s: &str) -> DateTime<Utc> {

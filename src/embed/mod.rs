@@ -502,7 +502,7 @@ impl Builder {
                     ),
                 }));
             }
-            config.jobs.push(job);
+            config.jobs.push(Arc::new(job));
         }
         config.link_after()?;
         #[cfg(feature = "process-actions")]
@@ -593,6 +593,7 @@ impl Builder {
             (None, Some(code)) => {
                 settings.namespace = Some(code.clone());
                 for job in &mut config.jobs {
+                    let job = Arc::make_mut(job);
                     job.name = format!("{code}/{}", job.name);
                 }
             }

@@ -25,7 +25,7 @@ impl Scheduler {
     pub async fn status(&self, job: Option<&str>) -> Result<Vec<JobOverview<'_>>, Error> {
         let jobs = match job {
             Some(name) => vec![self.job(name)?],
-            None => self.config.jobs.iter().collect(),
+            None => self.config.jobs.iter().map(|j| &**j).collect(),
         };
         overview::of_jobs(self.engine.store(), &jobs, RECENT, self.engine.now()).await
     }

@@ -473,7 +473,7 @@ mod tests {
         );
         let mut config = Config::parse(std::path::Path::new("jobs.toml"), &text, &|_| None)
             .expect("a valid job");
-        config.jobs.remove(0)
+        std::sync::Arc::unwrap_or_clone(config.jobs.remove(0))
     }
 
     #[test]

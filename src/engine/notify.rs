@@ -110,7 +110,7 @@ impl Engine {
             .jobs
             .iter()
             .filter(|job| job.shards > 1)
-            .map(|job| (job.name.as_str(), job))
+            .map(|job| (job.name.as_str(), &**job))
             .collect();
         if sharded.is_empty() {
             return Ok(recovered);
@@ -228,6 +228,7 @@ impl Engine {
             .jobs
             .iter()
             .filter(|j| job.is_none_or(|name| config.full_name(name) == j.name))
+            .map(|j| &**j)
             .collect();
         // Nothing stops a run's delivery but its budget.
         let (_running, stop) = watch::channel(false);
@@ -754,7 +755,7 @@ pub fn follow(
             let due = last_round.is_none_or(|at| at.elapsed() >= ROUND_EVERY);
             if !current.notifiers.is_empty() && (late || due) {
                 let work = async {
-                    let jobs: Vec<&Job> = current.jobs.iter().collect();
+                    let jobs: Vec<&Job> = current.jobs.iter().map(|j| &**j).collect();
                     engine
                         .check_deadlines(&current, &jobs, now, checked, late)
                         .await?;

@@ -18,7 +18,7 @@ pub fn job(body: &str) -> Job {
     let text = format!("[[job]]\nname = \"t\"\ncommand = [\"true\"]\n{body}\n");
     let config =
         Config::parse(Path::new("jobs.toml"), &text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
-    config.jobs.into_iter().next().expect("one job")
+    std::sync::Arc::unwrap_or_clone(config.jobs.into_iter().next().expect("one job"))
 }
 
 /// A temp dir holding a jobs.toml, where the binary runs.

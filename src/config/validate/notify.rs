@@ -1,6 +1,7 @@
 //! `[[notify]]` checked: its name, URL, events, jobs and secret.
 
 use serde::Deserialize;
+use std::sync::Arc;
 use toml::Spanned;
 
 use crate::config::locator::Locator;
@@ -33,7 +34,7 @@ impl RawNotify {
         self,
         at: &Locator,
         env: &Vars<'_>,
-        jobs: &[Job],
+        jobs: &[Arc<Job>],
     ) -> Result<Notifier, ConfigError> {
         let name = self.name.get_ref();
         if let Some(problem) = job_name_problem(name) {
@@ -131,7 +132,7 @@ fn events(
 fn job_names(
     at: &Locator,
     named: Spanned<Vec<Spanned<String>>>,
-    jobs: &[Job],
+    jobs: &[Arc<Job>],
     name: &str,
 ) -> Result<Vec<String>, ConfigError> {
     if named.get_ref().is_empty() {

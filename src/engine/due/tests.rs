@@ -13,6 +13,9 @@ fn jobs(text: &str) -> Vec<Job> {
     Config::parse(std::path::Path::new("jobs.toml"), text, &|_| None)
         .expect("valid jobs")
         .jobs
+        .into_iter()
+        .map(Arc::unwrap_or_clone)
+        .collect()
 }
 
 /// A claim row of `label` in `state` at attempt `attempt`, its lease
@@ -463,7 +466,7 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
                     [[job]]\nname = \"slow-all\"\nschedule = \"*/2 * * * * *\"\nsql = { statement = \"SELECT nope\" }\n";
     let config =
         Config::parse(std::path::Path::new("jobs.toml"), text, &|_| None).expect("valid jobs");
-    let jobs: Vec<Arc<Job>> = config.jobs.into_iter().map(Arc::new).collect();
+    let jobs: Vec<Arc<Job>> = config.jobs;
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
     store.see_jobs(&names).await.expect("jobs seen");
     let catch_up = std::time::Duration::from_secs(3600);
@@ -542,7 +545,7 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
     // A fire of two seconds ago: after the first sighting, run at step 2.
     let mut fires = due(&jobs[0], now, now - TimeDelta::seconds(3), true);
     let rerun = fires.remove(fires.len() - 3);
-    let mut ask = Ask::scheduled(Arc::new(failing), rerun);
+    let mut ask = Ask::scheduled(failing, rerun);
     ask.mode.manual = true;
     ask.mode.force = true;
     let taken = engine

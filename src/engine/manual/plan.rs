@@ -4,6 +4,7 @@
 //! downstream periods the run makes ready.
 
 use chrono::{DateTime, Utc};
+use std::sync::Arc;
 
 use super::Sink;
 use super::request::{Request, manual_range};
@@ -325,10 +326,10 @@ fn downstream_of<'a>(config: &'a Config, name: &str) -> Vec<&'a Job> {
 }
 
 /// `jobs`, each after every job of its `after`, otherwise in their order.
-fn in_dependency_order(jobs: &[Job]) -> Vec<&Job> {
+fn in_dependency_order(jobs: &[Arc<Job>]) -> Vec<&Job> {
     let mut ordered: Vec<&Job> = Vec::with_capacity(jobs.len());
     let mut done: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    let mut left: Vec<&Job> = jobs.iter().collect();
+    let mut left: Vec<&Job> = jobs.iter().map(|j| &**j).collect();
     while !left.is_empty() {
         let before = left.len();
         left.retain(|job| {

@@ -119,7 +119,7 @@ pub(super) async fn jobs(
 
 async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
     let now = api.now();
-    let all: Vec<&Job> = config.jobs.iter().collect();
+    let all: Vec<&Job> = config.jobs.iter().map(|j| &**j).collect();
     // The one overview `status` shows, with the API's few fields more.
     let overviews = overview::of_jobs(api.store(), &all, 1, now).await?;
     let mut jobs = Vec::with_capacity(config.jobs.len());
@@ -136,7 +136,7 @@ async fn list_jobs(api: &Api, config: &Config, recent: usize) -> Answer {
             .jobs
             .iter()
             .zip(&listed)
-            .map(|(job, periods)| (job, periods.as_slice()))
+            .map(|(job, periods)| (&**job, periods.as_slice()))
             .collect();
         let views = view::of_jobs(api.store(), &asked, now).await?;
         for (entry, views) in jobs.iter_mut().zip(views) {
