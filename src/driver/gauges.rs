@@ -79,17 +79,17 @@ impl Service {
                     true => 0,
                     false => counts.get(&job.name).copied().unwrap_or(0),
                 };
-                let of_job = gauges.of(job);
-                of_job.overdue.set(open(&overdue) as f64);
-                if let Some(gauge) = &of_job.late {
-                    gauge.set(open(&late) as f64);
-                }
+                let gauge = |name: &'static str| metrics::gauge!(name, "job" => job.name.clone());
+                gauge("scheduler_overdue_periods").set(open(&overdue) as f64);
                 let spent = exhausted.get(&job.name).copied().unwrap_or(0);
-                of_job.exhausted.set(spent as f64);
-                if let Some((waiting_gauge, ready_gauge)) = &of_job.waiting {
+                gauge("scheduler_retries_exhausted_periods").set(spent as f64);
+                if gauges.late(job) {
+                    gauge("scheduler_late_periods").set(open(&late) as f64);
+                }
+                if gauges.waiting(job) {
                     let (w, r) = waiting.get(&job.name).copied().unwrap_or_default();
-                    waiting_gauge.set(w as f64);
-                    ready_gauge.set(r as f64);
+                    gauge("scheduler_waiting_periods").set(w as f64);
+                    gauge("scheduler_ready_periods").set(r as f64);
                 }
             }
         });
@@ -113,47 +113,32 @@ pub(super) fn retire_gauges(job: &str) {
     }
 }
 
-/// The gauges of each job the minute's count sets, registered once: a
-/// labelled gauge looked up again each minute made a job name, a key and
-/// a registry search for each of them, three times per job.
+/// The jobs that have a late gauge (they had a `deadline`), and those
+/// that have waiting and ready gauges (they had `after`): a reload that
+/// takes the setting away leaves the gauge, counted (at zero), rather than
+/// at its last value for good. Every job's other gauges are looked up in
+/// the recorder's table each minute, an index into a slot.
 #[derive(Default)]
-pub(super) struct JobGauges(HashMap<String, Gauges>);
-
-/// One job's gauges.
-struct Gauges {
-    overdue: metrics::Gauge,
-    /// For a job with a `deadline` only.
-    late: Option<metrics::Gauge>,
-    exhausted: metrics::Gauge,
-    /// For a job with `after` only: its waiting and its ready periods.
-    waiting: Option<(metrics::Gauge, metrics::Gauge)>,
+pub(super) struct JobGauges {
+    late: HashSet<String>,
+    waiting: HashSet<String>,
 }
 
 impl JobGauges {
-    /// The gauges of `job`; a reload that gives it a deadline adds its
-    /// late gauge.
-    fn of(&mut self, job: &Job) -> &Gauges {
-        let gauges = self.0.entry(job.name.clone()).or_insert_with(|| Gauges {
-            overdue: metrics::gauge!("scheduler_overdue_periods", "job" => job.name.clone()),
-            late: None,
-            waiting: None,
-            exhausted: metrics::gauge!(
-                "scheduler_retries_exhausted_periods",
-                "job" => job.name.clone()
-            ),
-        });
-        if job.deadline.is_some() && gauges.late.is_none() {
-            gauges.late = Some(metrics::gauge!(
-                "scheduler_late_periods",
-                "job" => job.name.clone()
-            ));
+    /// Whether `job` has a late gauge to set; one with a `deadline` gets it.
+    fn late(&mut self, job: &Job) -> bool {
+        if job.deadline.is_some() && !self.late.contains(&job.name) {
+            self.late.insert(job.name.clone());
         }
-        if job.after.any() && gauges.waiting.is_none() {
-            gauges.waiting = Some((
-                metrics::gauge!("scheduler_waiting_periods", "job" => job.name.clone()),
-                metrics::gauge!("scheduler_ready_periods", "job" => job.name.clone()),
-            ));
+        self.late.contains(&job.name)
+    }
+
+    /// Whether `job` has waiting and ready gauges to set; one with `after`
+    /// gets them.
+    fn waiting(&mut self, job: &Job) -> bool {
+        if job.after.any() && !self.waiting.contains(&job.name) {
+            self.waiting.insert(job.name.clone());
         }
-        gauges
+        self.waiting.contains(&job.name)
     }
 }
