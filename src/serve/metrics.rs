@@ -183,8 +183,8 @@ struct Family {
     series: Vec<Slots>,
 }
 
-/// The label after `job` (`None`: no such label, the usual case), and a
-/// slot per job's number.
+/// The label after `job` as recorded (`None`: no such label, the usual
+/// case), and a slot per job's number.
 type Slots = (Option<(String, String)>, Vec<Option<Cell>>);
 
 impl JobSeries {
@@ -240,7 +240,7 @@ impl JobSeries {
         let at = match family.series.iter().position(|(e, _)| same(e)) {
             Some(at) => at,
             None => {
-                let extra = extra.map(|(k, v)| (k.to_owned(), escape(v, true)));
+                let extra = extra.map(|(k, v)| (k.to_owned(), v.to_owned()));
                 family.series.push((extra, Vec::new()));
                 family.series.len() - 1
             }
@@ -314,8 +314,20 @@ impl std::fmt::Display for Labels<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "job=\"{}\"", self.job)?;
         match self.extra {
-            Some((key, value)) => write!(f, ",{key}=\"{value}\""),
+            Some((key, value)) => write!(f, ",{key}=\"{}\"", Escaped(value)),
             None => Ok(()),
+        }
+    }
+}
+
+/// A label value, escaped as it is written.
+struct Escaped<'a>(&'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.contains(['\\', '\n', '"']) {
+            true => f.write_str(&escape(self.0, true)),
+            false => f.write_str(self.0),
         }
     }
 }
@@ -415,6 +427,9 @@ mod tests {
         for value in [0.0625, 0.125, 0.5, 7.0] {
             late.record(value);
         }
+        let odd = key("runs_total", &[("job", "b"), ("outcome", "x\"y")]);
+        recorder.register_counter(&odd, &metadata).increment(1);
+        recorder.register_counter(&odd, &metadata).increment(1);
         recorder
             .register_counter(&key("wakeups_total", &[]), &metadata)
             .increment(4);
@@ -426,6 +441,7 @@ mod tests {
             "# HELP paused 1 while \"paused\"\n# TYPE paused gauge\npaused{job=\"a\"} 1\npaused{job=\"b\"} 0.5\n",
             "# TYPE runs_total counter\nruns_total{job=\"a\",outcome=\"failed\"} 3\n",
             "late_seconds_bucket{job=\"b\",le=\"0.1\"} 1\nlate_seconds_bucket{job=\"b\",le=\"1\"} 3\nlate_seconds_bucket{job=\"b\",le=\"+Inf\"} 4\nlate_seconds_sum{job=\"b\"} 7.6875\nlate_seconds_count{job=\"b\"} 4\n",
+            "runs_total{job=\"b\",outcome=\"x\\\"y\"} 2\n",
             "wakeups_total 4\n",
             "errors_total{kind=\"x\"} 1\n",
         ] {

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 const AT_LEAST: u64 = 10_000;
 
 /// The share of the claims table, as of the last refresh, that calls for
-/// the next; autovacuum's default is a tenth, for tables whose plans
-/// matter less.
+/// the next (autovacuum's default is a tenth): the plans that matter here
+/// change with the table's order of magnitude.
 const SHARE: f64 = 0.2;
 
 /// Rows written since the last refresh, and how many call for the next.
