@@ -105,8 +105,8 @@ impl metrics::Recorder for Recorder {
     fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
         match of_job(key) {
             Some((job, extra)) => match self.jobs.cell(key.name(), Kind::Counter, job, extra) {
-                Cell::Number(value) => Counter::from_arc(value),
-                Cell::Histogram(_) => Counter::noop(),
+                Some(Cell::Number(value)) => Counter::from_arc(value),
+                _ => Counter::noop(),
             },
             None => self.exporter.register_counter(key, metadata),
         }
@@ -115,8 +115,8 @@ impl metrics::Recorder for Recorder {
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
         match of_job(key) {
             Some((job, extra)) => match self.jobs.cell(key.name(), Kind::Gauge, job, extra) {
-                Cell::Number(value) => Gauge::from_arc(value),
-                Cell::Histogram(_) => Gauge::noop(),
+                Some(Cell::Number(value)) => Gauge::from_arc(value),
+                _ => Gauge::noop(),
             },
             None => self.exporter.register_gauge(key, metadata),
         }
@@ -125,8 +125,8 @@ impl metrics::Recorder for Recorder {
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
         match of_job(key).filter(|_| self.jobs.buckets.contains_key(key.name())) {
             Some((job, extra)) => match self.jobs.cell(key.name(), Kind::Histogram, job, extra) {
-                Cell::Histogram(buckets) => Histogram::from_arc(buckets),
-                Cell::Number(_) => Histogram::noop(),
+                Some(Cell::Histogram(buckets)) => Histogram::from_arc(buckets),
+                _ => Histogram::noop(),
             },
             None => self.exporter.register_histogram(key, metadata),
         }
@@ -218,8 +218,10 @@ impl JobSeries {
     }
 
     /// The cell of job `job`'s series of metric `name` (with the label
-    /// `extra`), made now if it is new.
-    fn cell(&self, name: &str, kind: Kind, job: &str, extra: Option<(&str, &str)>) -> Cell {
+    /// `extra`), made now if it is new; none for a metric described or
+    /// registered before as another kind (one family, one type, as the
+    /// text exposition has it).
+    fn cell(&self, name: &str, kind: Kind, job: &str, extra: Option<(&str, &str)>) -> Option<Cell> {
         let n = self.number(job);
         let same = |e: &Option<(String, String)>| {
             e.as_ref().map(|(k, v)| (k.as_str(), v.as_str())) == extra
@@ -229,7 +231,7 @@ impl JobSeries {
             && let Some((_, slots)) = family.series.iter().find(|(e, _)| same(e))
             && let Some(Some(cell)) = slots.get(n)
         {
-            return cell.clone();
+            return Some(cell.clone());
         }
         let mut families = self.families.write().unwrap_or_else(|e| e.into_inner());
         let family = families.entry(name.to_owned()).or_insert_with(|| Family {
@@ -237,6 +239,14 @@ impl JobSeries {
             help: None,
             series: Vec::new(),
         });
+        if family.kind != kind {
+            debug_assert!(
+                false,
+                "{name} recorded as a {kind:?} and as a {:?}",
+                family.kind
+            );
+            return None;
+        }
         let at = match family.series.iter().position(|(e, _)| same(e)) {
             Some(at) => at,
             None => {
@@ -249,19 +259,18 @@ impl JobSeries {
         if slots.len() <= n {
             slots.resize(n + 1, None);
         }
-        slots[n]
-            .get_or_insert_with(|| match kind {
-                Kind::Histogram => {
-                    let bounds = self
-                        .buckets
-                        .get(name)
-                        .cloned()
-                        .unwrap_or_else(|| Arc::from([]));
-                    Cell::Histogram(Arc::new(Buckets::new(bounds)))
-                }
-                Kind::Counter | Kind::Gauge => Cell::Number(Arc::new(AtomicU64::new(0))),
-            })
-            .clone()
+        slots[n].get_or_insert_with(|| match kind {
+            Kind::Histogram => {
+                let bounds = self
+                    .buckets
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from([]));
+                Cell::Histogram(Arc::new(Buckets::new(bounds)))
+            }
+            Kind::Counter | Kind::Gauge => Cell::Number(Arc::new(AtomicU64::new(0))),
+        });
+        slots[n].clone()
     }
 
     /// Appends every family with a series, in name order, as the text
