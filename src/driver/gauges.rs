@@ -97,8 +97,8 @@ impl Service {
 }
 
 /// Sets the gauges of a job that a reload removed to zero, so that no alert
-/// goes on firing for it. The exporter cannot forget a series: they stay, at
-/// zero, until the process restarts.
+/// goes on firing for it. The series stay, at zero, until the process
+/// restarts.
 pub(super) fn retire_gauges(job: &str) {
     for gauge in [
         "scheduler_overdue_periods",
