@@ -89,10 +89,20 @@ impl Store {
             .await
             .map(|_| ())
         })?;
-        // A watched key that succeeded before the row above was committed
-        // woke nothing: woken here. On PostgreSQL the claim rows are read
-        // under a share lock, so a success being written meanwhile is
-        // waited for and seen; one written after this wakes the row itself.
+        self.wake_noted(waiting).await
+    }
+
+    /// Wakes the rows of `waiting` just noted whose watched key has
+    /// succeeded.
+    async fn wake_noted(&self, waiting: &[Waiting<'_>]) -> Result<(), Error> {
+        // A watched key that succeeded before its row was noted woke
+        // nothing: woken here. On PostgreSQL the watched claim rows are
+        // locked whatever their state, and their state read as the lock
+        // finds it: a success being written meanwhile (its wake-up ran
+        // before the row was there) is waited for and seen.
+        // Its state tested before the lock would be the state before it,
+        // and the row would sleep until the minute's sweep. One written
+        // after this wakes the row itself.
         let keys: Vec<String> = waiting
             .iter()
             .map(|w| crate::period::PeriodKey::new(w.job, &w.period.label).to_string())
@@ -101,7 +111,9 @@ impl Store {
         let listed = keys_in(self);
         let lock = match self {
             #[cfg(feature = "postgres")]
-            Store::Postgres(_) => "FOR SHARE",
+            // `OFFSET 0` keeps the state's test out of the locking scan:
+            // the planner would push it down, below the lock.
+            Store::Postgres(_) => "OFFSET 0 FOR SHARE OF c",
             #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => "",
         };
@@ -109,10 +121,13 @@ impl Store {
             sqlx::query(&format!(
                 "UPDATE scheduler_waiting SET ready = TRUE
                   WHERE period_key IN ({listed}) AND NOT ready
-                    AND watch IN (SELECT c.period_key FROM scheduler_claims c
-                                   WHERE c.period_key IN (SELECT w.watch FROM scheduler_waiting w
-                                                           WHERE w.period_key IN ({listed}))
-                                     AND c.state = 'succeeded' {lock})"
+                    AND watch IN (SELECT l.period_key
+                                    FROM (SELECT c.period_key, c.state FROM scheduler_claims c
+                                           WHERE c.period_key IN (SELECT w.watch
+                                                                    FROM scheduler_waiting w
+                                                                   WHERE w.period_key IN ({listed}))
+                                           {lock}) AS l
+                                   WHERE l.state = 'succeeded')"
             ))
             .bind(&keys)
             .execute(pool)

@@ -1595,3 +1595,53 @@ async fn a_database_migrated_by_a_newer_version_is_refused() {
     );
     assert_eq!(scheduler::cli::exit_code(&err), 3);
 }
+
+/// A success committed while a period waiting for it is being noted wakes
+/// the period at once: the note waits for the success's transaction
+/// instead of reading the claim as it stood before it (PostgreSQL; SQLite
+/// writes one transaction at a time). Before, the period slept until the
+/// minute's sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_committed_while_its_waiting_period_is_noted_wakes_it() {
+    use sqlx::Connection;
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let store = db.store().await;
+    let june = month("2026-06");
+    won(&store, &request(&june, "u")).await;
+    // billing:2026-06 succeeds in a transaction left open: its wake-up
+    // runs before the waiting row is there.
+    let mut success = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut success).await.unwrap();
+    sqlx::query(
+        "UPDATE scheduler_claims SET state = 'succeeded', finished_at = now()
+          WHERE period_key = 'billing:2026-06'",
+    )
+    .execute(&mut success)
+    .await
+    .unwrap();
+    let noting = tokio::spawn(async move {
+        let july = month("2026-07");
+        let waiting = scheduler::store::Waiting {
+            job: "report",
+            period: &july,
+            fire: july.end,
+            watch: "billing:2026-06".to_owned(),
+            waits: "billing: 0/1".to_owned(),
+        };
+        store.note_waiting(&[waiting]).await.unwrap();
+        store
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sqlx::query("COMMIT").execute(&mut success).await.unwrap();
+    let store = noting.await.unwrap();
+    let ready: Vec<String> = store
+        .ready(&["report".to_owned()], 10, false)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.period.label)
+        .collect();
+    assert_eq!(ready, ["2026-07"], "woken by the success");
+}
