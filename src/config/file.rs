@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::locator::Locator;
+use super::parts::{Parts, Whole};
 use super::sections::{Sections, notifiers};
 use super::vars::Vars;
 use super::{Action, Config, ConfigError, Job, Settings, address, environment};
@@ -127,18 +128,70 @@ impl Config {
         link: bool,
     ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
         let at = Locator { path, text };
+        let reading = Reading {
+            at: &at,
+            env,
+            lenient,
+            adjust,
+            link,
+        };
+        // A part at a time, for a file that reads so without a mistake;
+        // else whole, which says what is wrong and where.
+        match reading.in_parts() {
+            Some(read) => Ok(read),
+            None => reading.whole(),
+        }
+    }
+}
+
+/// How a file is read, whichever way its tables were parsed.
+struct Reading<'a> {
+    at: &'a Locator<'a>,
+    env: &'a dyn Fn(&str) -> Option<String>,
+    lenient: Lenient,
+    adjust: &'a dyn Fn(&mut Settings),
+    link: bool,
+}
+
+impl Reading<'_> {
+    /// The file read a part at a time ([`Parts`]); `None` if it cannot be,
+    /// or has a mistake.
+    fn in_parts(&self) -> Option<(Config, Vec<ConfigError>)> {
+        let (at, text) = (self.at, self.at.text);
+        let parts = Parts::of(text)?;
+        let mut errors: Vec<ConfigError> = Vec::new();
+        let sections = Sections::of_parts(text, parts, at, &mut errors).ok()?;
+        self.sections(sections, errors).ok()
+    }
+
+    /// The file read whole.
+    fn whole(&self) -> Result<(Config, Vec<ConfigError>), ConfigError> {
+        let at = self.at;
+        let root = toml::de::DeTable::parse(at.text).map_err(|e| at.toml_error(&e))?;
+        let mut errors: Vec<ConfigError> = Vec::new();
+        let sections = Sections::of(root, at, &mut errors);
+        self.sections(sections, errors)
+    }
+
+    /// The file's sections checked and made one [`Config`], with the
+    /// warnings of a lenient read.
+    fn sections(
+        &self,
+        mut sections: Sections<'_>,
+        mut errors: Vec<ConfigError>,
+    ) -> Result<(Config, Vec<ConfigError>), ConfigError> {
+        let (at, env, lenient) = (self.at, self.env, self.lenient);
         let vars = Vars::new(env, lenient.jobs);
         let api_vars = Vars::new(env, lenient.api);
-        let root = toml::de::DeTable::parse(text).map_err(|e| at.toml_error(&e))?;
-        let mut errors: Vec<ConfigError> = Vec::new();
-        let mut sections = Sections::of(root, &at, &mut errors);
-        let mut settings = sections.settings(&at, &vars, &mut errors)?;
-        adjust(&mut settings);
-        let api = sections.api(&at, &api_vars, &mut errors);
+        let mut settings = sections.settings(at, &vars, &mut errors)?;
+        (self.adjust)(&mut settings);
+        let api = sections.api(at, &api_vars, &mut errors);
         let notify = std::mem::take(&mut sections.notify);
-        let (mut jobs, incomplete) = sections.jobs(&at, &settings, &vars, &mut errors);
+        let (mut jobs, incomplete) = sections
+            .jobs(at, &settings, &vars, &mut errors)
+            .map_err(|Whole| at.error(0..0, "this file is read whole".into()))?;
         let (mut notifiers, incomplete_notifiers) =
-            notifiers(notify, &at, &vars, &jobs, &mut errors);
+            notifiers(notify, at, &vars, &jobs, &mut errors);
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
@@ -165,8 +218,8 @@ impl Config {
             }
         }
         let warnings = unset.into_iter().map(|name| at.unset(&name)).collect();
-        let config = Config {
-            path: path.to_owned(),
+        let mut config = Config {
+            path: at.path.to_owned(),
             settings,
             api,
             jobs,
@@ -175,8 +228,7 @@ impl Config {
             notifiers,
             incomplete_notifiers,
         };
-        let mut config = config;
-        if link {
+        if self.link {
             config.link_after()?;
         }
         Ok((config, warnings))
@@ -211,4 +263,89 @@ fn seal(
         }
     }
     secrets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each way of reading a file, and what it read, in words.
+    fn both(text: &str) -> (Option<String>, String) {
+        let env = |name: &str| (name == "TOKEN").then(|| "s3cret-token-value".to_owned());
+        let at = Locator {
+            path: Path::new("jobs.toml"),
+            text,
+        };
+        let reading = Reading {
+            at: &at,
+            env: &env,
+            lenient: Lenient::NOTHING,
+            adjust: &|_| {},
+            link: true,
+        };
+        let parts = reading.in_parts().map(|(config, _)| format!("{config:?}"));
+        let whole = reading.whole().map(|(config, _)| format!("{config:?}"));
+        (parts, whole.unwrap())
+    }
+
+    #[test]
+    fn a_file_read_a_part_at_a_time_reads_as_it_does_whole() {
+        let text = r#"
+# [[job]] in a comment
+[[calendar]]
+name = "business"
+holidays = ["2027-01-01"]
+
+[[job]]
+name = "billing"
+schedule = "0 2 1 * *"
+period = "month"
+covers = "previous"
+calendar = "business"
+on_day_off = "next"
+shell = """
+echo '[[job]]'
+echo {period}
+"""
+[job.env]
+TOKEN = "${TOKEN}"
+[job.retry]
+attempts = 3
+backoff = "1s"
+
+[[job]]   # the report
+name = "report"
+schedule = "0 3 1 * *"
+period = "month"
+covers = "previous"
+after = ["billing"]
+[job.http]
+url = "http://127.0.0.1:9/{period}"
+method = "POST"
+[job.http.headers]
+X-Token = "${TOKEN}"
+
+[[notify]]
+name = "oncall"
+url = "http://127.0.0.1:9/hook"
+
+[scheduler]
+lease = "30s"
+namespace = "team"
+"#;
+        let (parts, whole) = both(text);
+        assert_eq!(parts.as_deref(), Some(whole.as_str()));
+        assert!(whole.contains("report"), "{whole}");
+    }
+
+    #[test]
+    fn a_file_whose_parts_do_not_read_apart_is_read_whole() {
+        // Notifiers on both sides of a job name one table from two parts.
+        let text = "[[notify]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/\"\n\n\
+                    [[job]]\nname = \"j\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n\n\
+                    [[notify]]\nname = \"b\"\nurl = \"http://127.0.0.1:9/\"\n";
+        let (parts, whole) = both(text);
+        assert_eq!(parts, None);
+        assert!(whole.contains("\"b\""), "{whole}");
+    }
 }

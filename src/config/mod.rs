@@ -25,6 +25,8 @@ mod job;
 mod locator;
 pub mod notify;
 #[cfg(feature = "config-file")]
+mod parts;
+#[cfg(feature = "config-file")]
 mod raw;
 mod rules;
 mod secret;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::locator::Locator;
+use super::parts::{Parts, Whole};
 use super::raw::{Calendars, RawApi, RawCalendar, RawJob, RawSettings};
 use super::vars::Vars;
 use super::{Action, ApiSettings, ConfigError, Job, Settings, notify};
@@ -41,13 +42,26 @@ fn move_into<'t>(
     }
 }
 
+/// The `[[job]]` tables: parsed with the whole file, or each part of the
+/// file that holds them, parsed as its jobs are checked.
+enum JobTables<'t> {
+    Parsed(Vec<toml::Spanned<toml::de::DeValue<'t>>>),
+    Parts(&'t str, Vec<Range<usize>>),
+}
+
+impl Default for JobTables<'_> {
+    fn default() -> Self {
+        JobTables::Parsed(Vec::new())
+    }
+}
+
 /// The top-level tables of jobs.toml, as written: `[scheduler]`, `[api]`
 /// and every `[[job]]`.
 #[derive(Default)]
 pub(super) struct Sections<'t> {
     settings: Option<toml::Spanned<toml::de::DeValue<'t>>>,
     api: Option<toml::Spanned<toml::de::DeValue<'t>>>,
-    jobs: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
+    jobs: JobTables<'t>,
     pub(super) notify: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
     calendars: Vec<toml::Spanned<toml::de::DeValue<'t>>>,
 }
@@ -65,9 +79,10 @@ impl<'t> Sections<'t> {
             match key.get_ref().as_ref() {
                 "scheduler" => sections.settings = Some(value),
                 "api" => sections.api = Some(value),
-                "job" => match tables(value) {
-                    Ok(jobs) => move_into(&mut sections.jobs, jobs),
-                    Err(value) => {
+                "job" => match (tables(value), &mut sections.jobs) {
+                    (Ok(jobs), JobTables::Parsed(into)) => move_into(into, jobs),
+                    (Ok(_), JobTables::Parts(..)) => {}
+                    (Err(value), _) => {
                         if let Err(e) = Vec::<RawJob>::deserialize(value.into_deserializer()) {
                             errors.push(at.toml_error(&e));
                         }
@@ -107,6 +122,21 @@ impl<'t> Sections<'t> {
             }
         }
         sections
+    }
+
+    /// The sections of the file cut into `parts`: the rest parsed now, each
+    /// part of jobs as its jobs are checked; [`Whole`] if the rest cannot
+    /// be read apart from the jobs.
+    pub(super) fn of_parts(
+        text: &'t str,
+        parts: Parts,
+        at: &Locator<'_>,
+        errors: &mut Vec<ConfigError>,
+    ) -> Result<Self, Whole> {
+        let root = super::parts::rest(text, &parts)?;
+        let mut sections = Sections::of(root, at, errors);
+        sections.jobs = JobTables::Parts(text, parts.jobs);
+        Ok(sections)
     }
 
     /// `[scheduler]`, validated; a bad one is an error, and the jobs are
@@ -192,78 +222,120 @@ impl<'t> Sections<'t> {
     }
 
     /// Every `[[job]]`, validated, names unique; with the `${VAR}`s each
-    /// one names that are not set (job, variable).
+    /// one names that are not set (job, variable). [`Whole`] if a part of
+    /// jobs cannot be read on its own.
     pub(super) fn jobs(
         mut self,
         at: &Locator<'_>,
         settings: &Settings,
         vars: &Vars<'_>,
         errors: &mut Vec<ConfigError>,
-    ) -> (Vec<Arc<Job>>, Vec<(String, String)>) {
-        use serde::de::IntoDeserializer;
+    ) -> Result<(Vec<Arc<Job>>, Incomplete), Whole> {
         let calendars = self.calendars(at, errors);
-        let mut jobs: Vec<Arc<Job>> = Vec::with_capacity(self.jobs.len());
-        let mut incomplete: Vec<(String, String)> = Vec::new();
-        let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
-        // Every job's name as written, its own mistakes or not: what an
-        // `after` may name.
-        let names: Vec<String> = self
-            .jobs
-            .iter()
-            .filter_map(|value| match value.get_ref() {
-                toml::de::DeValue::Table(table) => match table.get("name")?.get_ref() {
-                    toml::de::DeValue::String(name) => Some(name.to_string()),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect();
-        for value in self.jobs {
-            let raw_job = match RawJob::deserialize(value.into_deserializer()) {
-                Ok(raw_job) => raw_job,
-                Err(e) => {
-                    errors.push(at.toml_error(&e));
-                    continue;
+        let mut read = JobsRead {
+            at,
+            settings,
+            vars,
+            calendars: &calendars,
+            jobs: Vec::new(),
+            incomplete: Vec::new(),
+            seen: BTreeMap::new(),
+            names: Vec::new(),
+        };
+        match self.jobs {
+            JobTables::Parsed(values) => {
+                read.jobs.reserve(values.len());
+                for value in values {
+                    read.job(value, errors);
                 }
-            };
-            let name_span = raw_job.name.span();
-            let mark = vars.mark();
-            let mut job = match raw_job.validate(at, settings, vars, &calendars) {
-                Ok(job) => job,
-                Err(e) => {
-                    errors.push(e);
-                    continue;
+            }
+            JobTables::Parts(text, parts) => {
+                read.jobs.reserve(parts.len());
+                for part in parts {
+                    for value in super::parts::jobs(text, part)? {
+                        read.job(value, errors);
+                    }
                 }
-            };
-            if let Some(first) = seen.get(&job.name) {
-                let line = at.line_col(first.start).0;
-                errors.push(at.error(
-                    name_span,
-                    format!(
-                        "job name `{}` is already used at line {line}; job names must be unique",
-                        job.name
-                    ),
-                ));
-                continue;
             }
-            seen.insert(job.name.clone(), name_span);
-            if let Action::Process(process) = &mut job.action {
-                process.inherit.named = vars.names_since(mark);
-            }
-            for name in vars.missed_since(mark) {
-                incomplete.push((job.name.clone(), name));
-            }
-            jobs.push(Arc::new(job));
         }
         // With other mistakes in the file, an `after` that names no job is
         // told now, with them, not in a later round (linking the jobs waits
         // for a file without mistakes).
         if !errors.is_empty() {
-            for job in &jobs {
-                errors.extend(job.after.unknown_names(&names));
+            for job in &read.jobs {
+                errors.extend(job.after.unknown_names(&read.names));
             }
         }
-        (jobs, incomplete)
+        Ok((read.jobs, read.incomplete))
+    }
+}
+
+/// The jobs, or notifiers, a lenient read left with `${VAR}`s unset:
+/// (name, variable).
+type Incomplete = Vec<(String, String)>;
+
+/// The jobs read so far, one table at a time.
+struct JobsRead<'a> {
+    at: &'a Locator<'a>,
+    settings: &'a Settings,
+    vars: &'a Vars<'a>,
+    calendars: &'a Calendars,
+    jobs: Vec<Arc<Job>>,
+    incomplete: Incomplete,
+    /// Each job's name, with where it is first.
+    seen: BTreeMap<String, Range<usize>>,
+    /// Every job's name as written, its own mistakes or not: what an
+    /// `after` may name.
+    names: Vec<String>,
+}
+
+impl JobsRead<'_> {
+    /// One `[[job]]` table, validated.
+    fn job(&mut self, value: toml::Spanned<toml::de::DeValue<'_>>, errors: &mut Vec<ConfigError>) {
+        use serde::de::IntoDeserializer;
+        let at = self.at;
+        if let toml::de::DeValue::Table(table) = value.get_ref()
+            && let Some(name) = table.get("name")
+            && let toml::de::DeValue::String(name) = name.get_ref()
+        {
+            self.names.push(name.to_string());
+        }
+        let raw_job = match RawJob::deserialize(value.into_deserializer()) {
+            Ok(raw_job) => raw_job,
+            Err(e) => {
+                errors.push(at.toml_error(&e));
+                return;
+            }
+        };
+        let name_span = raw_job.name.span();
+        let vars = self.vars;
+        let mark = vars.mark();
+        let mut job = match raw_job.validate(at, self.settings, vars, self.calendars) {
+            Ok(job) => job,
+            Err(e) => {
+                errors.push(e);
+                return;
+            }
+        };
+        if let Some(first) = self.seen.get(&job.name) {
+            let line = at.line_col(first.start).0;
+            errors.push(at.error(
+                name_span,
+                format!(
+                    "job name `{}` is already used at line {line}; job names must be unique",
+                    job.name
+                ),
+            ));
+            return;
+        }
+        self.seen.insert(job.name.clone(), name_span);
+        if let Action::Process(process) = &mut job.action {
+            process.inherit.named = vars.names_since(mark);
+        }
+        for name in vars.missed_since(mark) {
+            self.incomplete.push((job.name.clone(), name));
+        }
+        self.jobs.push(Arc::new(job));
     }
 }
 

@@ -54,6 +54,7 @@ impl Service {
         let store = self.engine.store().clone();
         let catch_up = self.settings.catch_up;
         let clock = self.clock.clone();
+        let trim = self.trim;
         tokio::spawn(async move {
             let (count, gauges) = &mut *held;
             let now = clock.now();
@@ -91,6 +92,10 @@ impl Service {
                     gauge("scheduler_waiting_periods").set(w as f64);
                     gauge("scheduler_ready_periods").set(r as f64);
                 }
+            }
+            // The count read every job's periods, and freed them.
+            if trim {
+                super::release_free_memory();
             }
         });
     }

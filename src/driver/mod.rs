@@ -154,7 +154,8 @@ pub struct Service {
     /// The overdue gauge's count and the gauges it sets, kept from one
     /// minute to the next; held by the count running now.
     overdue: Arc<tokio::sync::Mutex<(OverdueCount, JobGauges)>>,
-    /// Whether freed heap is handed back after start-up.
+    /// Whether freed heap is handed back after start-up, after a reload
+    /// and after each minute's gauges.
     trim: bool,
     /// What time it is: the engine's clock (the system's but in tests).
     clock: Arc<dyn Clock>,
@@ -238,8 +239,9 @@ impl Service {
         self
     }
 
-    /// Hands the heap that start-up freed back to the system once it is
-    /// over (`malloc_trim`; the binary's choice, not a library's).
+    /// Hands the heap that start-up, a reload or a minute's gauges freed
+    /// back to the system once each is over (`malloc_trim`; the binary's
+    /// choice, not a library's).
     pub fn trimming_memory(mut self) -> Service {
         self.trim = true;
         self
@@ -560,7 +562,7 @@ async fn finish_notifying(notifying: JoinHandle<()>) {
 /// Hands freed heap back to the system once start-up is over: parsing a
 /// large jobs.toml leaves tens of MB that glibc would otherwise keep for the
 /// life of the process (10,000 jobs: 36 MB resident for 9.5 MB live).
-fn release_free_memory() {
+pub(super) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free pages; no live allocation moves.
     unsafe {

@@ -98,6 +98,9 @@ impl Service {
         }
         self.publish_next_fires();
         self.apply_settings(settings);
+        if self.trim {
+            super::release_free_memory();
+        }
     }
 
     /// The jobs of `jobs` that the loop had under another timing, not
