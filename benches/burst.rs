@@ -12,11 +12,20 @@
 //! `Dockerfile` does; `BURST_MAX_RUNNING=N` sets `max_running` (default 16);
 //! `BURST_JITTER=30s` gives every job that `jitter` (lateness is then
 //! counted from each job's own delayed fire).
+//!
+//! `graphile` as the backend (`BURST=graphile:1000:3,pg:1000:3`) runs the
+//! same items under graphile-worker 0.17.3, side by side in one run: each
+//! item a crontab line of its own, the task the same insert on the same
+//! PostgreSQL server, `concurrency` the scheduler's `max_running`. Its npm
+//! package is installed by the bench itself, once, under cargo's
+//! `CARGO_TARGET_TMPDIR` (Node.js and the npm registry needed; without
+//! them the run is skipped and says why).
 
 mod support;
 use support::postgres_database;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,15 +48,28 @@ struct Usage {
     cpu_ticks: u64,
 }
 
+/// The insert each item runs: its key, its fire, the statement's start.
+const PG_INSERT: &str = "INSERT INTO burst_runs VALUES ($1, $2::timestamptz, clock_timestamp())";
+
+/// graphile-worker's version, as the issue's figures had it.
+const GRAPHILE: &str = "graphile-worker@0.17.3";
+
+fn max_running() -> usize {
+    std::env::var("BURST_MAX_RUNNING")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(16)
+}
+
 fn jobs_toml(jobs: usize, backend: &str) -> String {
     let statement = if backend == "pg" {
-        "INSERT INTO burst_runs VALUES ($1, $2::timestamptz, clock_timestamp())"
+        PG_INSERT
     } else {
         "INSERT INTO burst_runs VALUES ($1, $2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
     };
     let mut text = String::new();
-    if let Ok(n) = std::env::var("BURST_MAX_RUNNING") {
-        text.push_str(&format!("[scheduler]\nmax_running = {n}\n\n"));
+    if std::env::var_os("BURST_MAX_RUNNING").is_some() {
+        text.push_str(&format!("[scheduler]\nmax_running = {}\n\n", max_running()));
     }
     let jitter = std::env::var("BURST_JITTER")
         .map(|j| format!("jitter = \"{j}\"\n"))
@@ -95,7 +117,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// (period key, fire, statement start) of every run, by reading the table.
 async fn runs(url: &str, backend: &str) -> Vec<(String, DateTime<Utc>, DateTime<Utc>)> {
-    if backend == "pg" {
+    if backend != "sqlite" {
         let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
         sqlx::query_as("SELECT period_key, scheduled_at, started_at FROM burst_runs")
             .fetch_all(&mut conn)
@@ -121,7 +143,7 @@ fn parse(text: &str) -> DateTime<Utc> {
 }
 
 async fn create_table(url: &str, backend: &str) {
-    if backend == "pg" {
+    if backend != "sqlite" {
         let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
         sqlx::query("CREATE TABLE burst_runs (period_key TEXT, scheduled_at TIMESTAMPTZ, started_at TIMESTAMPTZ)")
             .execute(&mut conn)
@@ -141,32 +163,125 @@ async fn create_table(url: &str, backend: &str) {
     }
 }
 
+/// The replicas' commands: `serve` with the items as `jobs.toml`, or
+/// graphile-worker with them as a crontab; `None` (said why) when the
+/// replicas cannot start here.
+fn replicas(setup: &Setup, url: &str, dir: &Path) -> Option<Vec<Command>> {
+    if setup.backend == "graphile" {
+        return graphile(setup, url, dir);
+    }
+    std::fs::write(dir.join("jobs.toml"), jobs_toml(setup.jobs, &setup.backend)).unwrap();
+    let listen: Vec<&str> = match std::env::var_os("BURST_LISTEN") {
+        Some(_) => vec!["--listen", "127.0.0.1:0"],
+        None => Vec::new(),
+    };
+    let serve = |_| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_scheduler"));
+        command
+            .args(["--database-url", url, "serve"])
+            .args(listen.iter())
+            .env("SCHEDULER_LOG", "warn")
+            .current_dir(dir);
+        command
+    };
+    Some((0..setup.replicas).map(serve).collect())
+}
+
+/// graphile-worker's runner: the items as crontab lines, each running
+/// [`PG_INSERT`] through the worker's own pool.
+const WORKER_JS: &str = r#"const { run, runMigrations, Logger } = require("graphile-worker");
+const connectionString = process.env.DATABASE_URL;
+const concurrency = Number(process.env.BURST_CONCURRENCY);
+const logger = new Logger(() => (level, message) => {
+  if (level === "error") console.error(message);
+});
+async function main() {
+  if (process.argv[2] === "migrate") {
+    await runMigrations({ connectionString, logger });
+    return;
+  }
+  const runner = await run({
+    connectionString,
+    concurrency,
+    maxPoolSize: Math.max(concurrency, 10),
+    crontabFile: process.env.BURST_CRONTAB,
+    logger,
+    taskList: {
+      burst: async (payload, helpers) => {
+        await helpers.query(process.env.BURST_INSERT, [payload.key, payload._cron.ts]);
+      },
+    },
+  });
+  await runner.promise;
+}
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
+"#;
+
+/// graphile-worker's replicas, its package installed on first use and its
+/// schema migrated before they start (three at once would race for it).
+fn graphile(setup: &Setup, url: &str, dir: &Path) -> Option<Vec<Command>> {
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join(GRAPHILE.replace('@', "-"));
+    if !home
+        .join("node_modules/graphile-worker/package.json")
+        .exists()
+    {
+        let installed = Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&home)
+            .arg(GRAPHILE)
+            .stdout(Stdio::null())
+            .status();
+        if !installed.is_ok_and(|s| s.success()) {
+            println!(
+                "graphile-worker: `npm install {GRAPHILE}` failed (Node.js and the npm registry are needed): skipping"
+            );
+            return None;
+        }
+    }
+    std::fs::write(home.join("worker.js"), WORKER_JS).unwrap();
+    let crontab: String = (0..setup.jobs)
+        .map(|i| format!("* * * * * burst ?id=job-{i} {{\"key\":\"job-{i}\"}}\n"))
+        .collect();
+    std::fs::write(dir.join("crontab"), crontab).unwrap();
+    let worker = |_| {
+        let mut command = Command::new("node");
+        command
+            .arg(home.join("worker.js"))
+            .env("DATABASE_URL", url)
+            .env("BURST_CONCURRENCY", max_running().to_string())
+            .env("BURST_CRONTAB", dir.join("crontab"))
+            .env("BURST_INSERT", PG_INSERT)
+            .current_dir(dir);
+        command
+    };
+    let migrated = worker(()).arg("migrate").status();
+    if !migrated.is_ok_and(|s| s.success()) {
+        println!("graphile-worker: its migration failed: skipping");
+        return None;
+    }
+    Some((0..setup.replicas).map(|_| worker(())).collect())
+}
+
 fn burst(setup: &Setup, url: &str) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(create_table(url, &setup.backend));
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("jobs.toml"),
-        jobs_toml(setup.jobs, &setup.backend),
-    )
-    .unwrap();
+    let Some(commands) = replicas(setup, url, dir.path()) else {
+        return;
+    };
     // Start 20 s before a minute, so that every replica is up for its first fire.
     let now = Utc::now();
     let to_minute = 60 - now.second() as u64;
     if to_minute < 20 {
         std::thread::sleep(Duration::from_secs(to_minute + 1));
     }
-    let listen: Vec<&str> = match std::env::var_os("BURST_LISTEN") {
-        Some(_) => vec!["--listen", "127.0.0.1:0"],
-        None => Vec::new(),
-    };
-    let mut replicas: Vec<Child> = (0..setup.replicas)
-        .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_scheduler"))
-                .args(["--database-url", url, "serve"])
-                .args(listen.iter())
-                .env("SCHEDULER_LOG", "warn")
-                .current_dir(dir.path())
+    let mut replicas: Vec<Child> = commands
+        .into_iter()
+        .map(|mut command| {
+            command
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -228,10 +343,10 @@ fn burst(setup: &Setup, url: &str) {
         "{} jobs firing every minute, an sql insert each, {} replicas on {} ({:.0} s):",
         setup.jobs,
         setup.replicas,
-        if setup.backend == "pg" {
-            "PostgreSQL"
-        } else {
-            "SQLite"
+        match setup.backend.as_str() {
+            "pg" => "PostgreSQL",
+            "graphile" => "PostgreSQL, graphile-worker",
+            _ => "SQLite",
         },
         took.as_secs_f64()
     );
@@ -290,7 +405,7 @@ fn main() {
             minutes,
         };
         let dir = tempfile::tempdir().unwrap();
-        let url = if backend == "pg" {
+        let url = if backend != "sqlite" {
             match runtime.block_on(postgres_database(&format!("scheduler_bench_burst_{n}"))) {
                 Some(url) => url,
                 None => {
