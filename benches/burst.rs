@@ -19,7 +19,8 @@
 //! PostgreSQL server, `concurrency` the scheduler's `max_running`. Its npm
 //! package is installed by the bench itself, once, under cargo's
 //! `CARGO_TARGET_TMPDIR` (Node.js and the npm registry needed; without
-//! them the run is skipped and says why).
+//! them the run is skipped and says why). Both connect without TLS
+//! (`sslmode=disable`), as node-postgres does unless asked.
 
 mod support;
 use support::postgres_database;
@@ -407,7 +408,12 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         let url = if backend != "sqlite" {
             match runtime.block_on(postgres_database(&format!("scheduler_bench_burst_{n}"))) {
-                Some(url) => url,
+                // Both sides over plain connections: node-postgres does
+                // not use TLS unless asked, sqlx prefers it.
+                Some(url) => {
+                    let join = if url.contains('?') { '&' } else { '?' };
+                    format!("{url}{join}sslmode=disable")
+                }
                 None => {
                     println!("no PostgreSQL server: skipping {item}");
                     continue;
