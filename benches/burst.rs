@@ -399,6 +399,10 @@ fn main() {
         let [backend, jobs, replicas] = parts[..] else {
             panic!("BURST: expected backend:jobs:replicas, got {item}");
         };
+        assert!(
+            ["pg", "sqlite", "graphile"].contains(&backend),
+            "BURST: the backend is pg, sqlite or graphile, not {backend}"
+        );
         let setup = Setup {
             backend: backend.to_owned(),
             jobs: jobs.parse().unwrap(),
