@@ -604,15 +604,15 @@ fn three_replicas_through_kill_freeze_and_cut_run_every_shard_once() {
         let most = if in_a_fault(key) { 2 } else { 1 };
         assert!(times <= most, "{key} ran to its end {times} times");
     }
-    // Whatever ran again, each shard's success is recorded once: the
-    // claim and the attempt's fence.
+    // Whatever ran again, each shard's and each report's success is
+    // recorded once: the claim and the attempt's fence.
     let recorded_twice = crate::support::count(
         &db.url,
         "SELECT count(*) FROM (SELECT period_key FROM scheduler_attempts
-                                 WHERE job = 'billing' AND outcome = 'succeeded'
+                                 WHERE outcome = 'succeeded'
                                  GROUP BY period_key HAVING count(*) > 1) AS twice",
     );
-    assert_eq!(recorded_twice, 0, "a shard's success recorded twice");
+    assert_eq!(recorded_twice, 0, "a success recorded twice");
     let periods: std::collections::BTreeSet<String> = ran
         .iter()
         .filter(|k| judged(k))
@@ -651,7 +651,7 @@ fn three_replicas_through_kill_freeze_and_cut_run_every_shard_once() {
             .count();
         assert_eq!(shards, 8, "{period}: {shards} shards ran");
     }
-    // Each judged period succeeded, and its report ran once, after its
+    // Each judged period succeeded, and its report ran, after its
     // last shard ended. A report is judged when its period's last shard
     // ended a lease and two scans before the stop: on a busy machine the
     // shards fall behind the every-second fires, and one that ends just
@@ -681,7 +681,10 @@ fn three_replicas_through_kill_freeze_and_cut_run_every_shard_once() {
             continue;
         }
         let times = reports.lines().filter(|l| *l == report).count();
-        if times != 1 {
+        // As for a shard: a report that ended just as its runner was
+        // killed, frozen or cut off may run once more after its lease.
+        let most = if in_a_fault(&report) { 2 } else { 1 };
+        if !(1..=most).contains(&times) {
             let rows = |sql: String| {
                 let out = std::process::Command::new("psql")
                     .args([db.url.as_str(), "-Atc", sql.as_str()])
