@@ -68,6 +68,9 @@ enum Event {
     Answered(String),
     /// A run (or an `sql` group) ended; its `max_running` slot is free.
     Free,
+    /// The claims of these periods (job, fire) were answered: a newer
+    /// period of their jobs may be asked for.
+    Asked(Vec<(Arc<Job>, DateTime<Utc>)>),
     /// A job was paused (`true`) or resumed through this engine (the API,
     /// the library): this loop follows at once, other processes at their
     /// next scan.
@@ -136,6 +139,9 @@ pub struct Service {
     /// database: by job, oldest fire first. A job's new fires queue behind
     /// them, never overtaking.
     waiting: HashMap<String, BTreeMap<(DateTime<Utc>, String), Due>>,
+    /// Periods whose claims were asked for here and are not answered yet:
+    /// by job, their fires. A newer period of a job waits for them.
+    asking: HashMap<slots::ByName, Vec<DateTime<Utc>>>,
     /// Fires that found all of this process's `max_running` slots taken,
     /// in fire order; each freed slot takes the next.
     backlog: VecDeque<(Arc<Job>, Due)>,
@@ -213,6 +219,7 @@ impl Service {
             owed: HashMap::new(),
             engine,
             waiting: HashMap::new(),
+            asking: HashMap::new(),
             backlog: VecDeque::new(),
             pending: Vec::new(),
             events,
@@ -476,6 +483,7 @@ impl Service {
             }
             Event::Answered(name) => self.release_waiting(&name, 1),
             Event::Free => self.slot_freed(),
+            Event::Asked(asked) => self.answered(asked),
             Event::Paused(name, paused) => {
                 let mut now_paused: HashSet<String> = self.paused.keys().cloned().collect();
                 match paused {

@@ -1,7 +1,10 @@
 //! The driver's slots: `max_running` slots of this process, each held by a
 //! run (or an `sql` group) from its claim to its end, and the periods that
 //! wait for one (the backlog) or for a slot of their job's `concurrency`
-//! (`waiting`). What waited past the catch-up window is dropped.
+//! (`waiting`). A job's periods are asked for in fire order: none while an
+//! older one waits here, or while as many older ones as the job may run at
+//! once are being claimed here (`asking`). What waited past the catch-up
+//! window is dropped.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,29 +33,74 @@ impl Service {
         self.waiting.entry(job).or_default().insert(key, due);
     }
 
-    /// Dispatches the `n` oldest waiting periods of job `name`.
-    /// What waited past the catch-up window is dropped on the way and
-    /// takes no slot.
+    /// Dispatches the `n` oldest waiting periods of job `name`, ahead of
+    /// every fire queued here: a fire of the job queued since is newer,
+    /// and must not take the slot they waited for (behind them in the
+    /// backlog, it did, again and again, while the burst lasted). What
+    /// waited past the catch-up window is dropped on the way and takes no
+    /// slot.
     pub(super) fn release_waiting(&mut self, name: &str, n: usize) {
         let now = self.clock.now();
-        let mut released = 0;
-        while released < n {
+        let mut released = Vec::new();
+        let mut asked = 0;
+        while asked < n {
             let Some(queue) = self.waiting.get_mut(name) else {
-                return;
+                break;
             };
             let oldest = queue.pop_first();
             if queue.is_empty() {
                 self.waiting.remove(name);
             }
             let Some((_, due)) = oldest else {
-                return;
+                break;
             };
             let Some(job) = self.job(name) else {
                 continue;
             };
-            if !self.too_old(&job, &due, now) {
-                self.dispatch(job, due, now);
-                released += 1;
+            if self.too_old(&job, &due, now) {
+                continue;
+            }
+            asked += 1;
+            if self.admits(&job, &due, now) {
+                released.push((job, due));
+            }
+        }
+        // Oldest first at the front.
+        for first in released.into_iter().rev() {
+            self.backlog.push_front(first);
+        }
+    }
+
+    /// Whether `due` would overtake older periods of its job: one waiting
+    /// here for a slot, or as many as the job may run at once being asked
+    /// for here. Asked for now, it could take the slot they are owed. So a
+    /// replica asks for a job's periods in fire order, and as every
+    /// replica does, a period is claimed before any newer one of its job
+    /// is asked for anywhere (but on a replica that never saw it fire).
+    fn overtakes(&self, job: &Job, due: &Due) -> bool {
+        let waits = self
+            .waiting
+            .get(&job.name)
+            .and_then(|queue| queue.first_key_value())
+            .is_some_and(|((oldest, _), _)| *oldest < due.fire);
+        let asked = self.asking.get(job.name.as_str()).map_or(0, |fires| {
+            fires.iter().filter(|fire| **fire < due.fire).count()
+        });
+        waits || asked >= job.concurrency as usize
+    }
+
+    /// The claims of `asked` were answered (what they found is handled
+    /// already): they are no longer being asked for.
+    pub(super) fn answered(&mut self, asked: Vec<(Arc<Job>, DateTime<Utc>)>) {
+        for (job, fire) in asked {
+            let Some(fires) = self.asking.get_mut(job.name.as_str()) else {
+                continue;
+            };
+            if let Some(at) = fires.iter().position(|f| *f == fire) {
+                fires.swap_remove(at);
+            }
+            if fires.is_empty() {
+                self.asking.remove(job.name.as_str());
             }
         }
     }
@@ -168,19 +216,29 @@ impl Service {
             if self.paused.contains_key(&job.name) || self.too_old(&job, &due, now) {
                 continue;
             }
-            let ask = Ask::timed(job, due);
-            if let Some(i) = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP) {
-                units[i].push(ask);
+            // Fired before an older period of its job found no slot: it
+            // waits behind that period, as a fire after it does.
+            if self.overtakes(&job, &due) {
+                self.wait(job.name.clone(), due);
                 continue;
             }
-            if self.running + units.len() >= self.settings.max_running {
+            let ask = Ask::timed(job, due);
+            let joins = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP);
+            if joins.is_none() && self.running + units.len() >= self.settings.max_running {
                 self.backlog.push_front((ask.job, ask.due));
                 break;
             }
-            if ask.is_sql() {
-                sql = Some(units.len());
+            let asking = self.asking.entry(ByName(ask.job.clone())).or_default();
+            asking.push(ask.due.fire);
+            match joins {
+                Some(i) => units[i].push(ask),
+                None => {
+                    if ask.is_sql() {
+                        sql = Some(units.len());
+                    }
+                    units.push(vec![ask]);
+                }
             }
-            units.push(vec![ask]);
         }
         if self.backlog.is_empty() {
             // A burst's backlog (10,000 fires) is not kept for the next.
@@ -211,11 +269,14 @@ impl Service {
                     engine: self.engine.clone(),
                     units: Vec::new(),
                     slots: Vec::new(),
+                    asked: AnsweredOnDrop::new(self.events.0.clone()),
                     stop_now: self.stop_now.subscribe(),
                     events: self.events.0.clone(),
                 });
             }
             if let Some(batch) = batches.last_mut() {
+                let asked = unit.iter().map(|ask| (ask.job.clone(), ask.due.fire));
+                batch.asked.0.extend(asked);
                 batch.units.push(unit);
                 batch.slots.push(FreeOnDrop(self.events.0.clone()));
             }
@@ -248,6 +309,30 @@ impl Service {
     }
 }
 
+/// A job as a key, by its name: found by `&str`, kept without a copy of
+/// the name.
+pub(super) struct ByName(Arc<Job>);
+
+impl PartialEq for ByName {
+    fn eq(&self, other: &ByName) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for ByName {}
+
+impl std::hash::Hash for ByName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.name.as_str().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for ByName {
+    fn borrow(&self) -> &str {
+        &self.0.name
+    }
+}
+
 /// Whether `due` is still a period of `job` as it is timed now. A fire
 /// asked for under a timing a reload has since changed (its claim answered
 /// after the reload: busy, or held up by the database) is not, and is not
@@ -273,6 +358,8 @@ struct Batch {
     engine: Engine,
     units: Vec<Vec<Ask>>,
     slots: Vec<FreeOnDrop>,
+    /// Its periods, being asked for until it has answered them.
+    asked: AnsweredOnDrop,
     stop_now: watch::Receiver<bool>,
     events: mpsc::UnboundedSender<Event>,
 }
@@ -284,6 +371,40 @@ struct FreeOnDrop(mpsc::UnboundedSender<Event>);
 impl Drop for FreeOnDrop {
     fn drop(&mut self) {
         let _ = self.0.send(Event::Free);
+    }
+}
+
+/// Periods (job, fire) being asked for: said to be answered when dropped,
+/// after what their claims found was sent, however the batch ends.
+struct AnsweredOnDrop(Vec<(Arc<Job>, DateTime<Utc>)>, mpsc::UnboundedSender<Event>);
+
+impl AnsweredOnDrop {
+    fn new(events: mpsc::UnboundedSender<Event>) -> AnsweredOnDrop {
+        AnsweredOnDrop(Vec::new(), events)
+    }
+
+    /// Those of `periods` among these, taken out: answered when the
+    /// returned guard is dropped, not this one.
+    fn split(&mut self, periods: &[(String, Due)]) -> AnsweredOnDrop {
+        let mut split = AnsweredOnDrop::new(self.1.clone());
+        for (job, due) in periods {
+            let at = self
+                .0
+                .iter()
+                .position(|(j, f)| j.name == *job && *f == due.fire);
+            if let Some(at) = at {
+                split.0.push(self.0.swap_remove(at));
+            }
+        }
+        split
+    }
+}
+
+impl Drop for AnsweredOnDrop {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            let _ = self.1.send(Event::Asked(std::mem::take(&mut self.0)));
+        }
     }
 }
 
@@ -313,6 +434,7 @@ impl Batch {
             "the engine answers every unit, and each unit holds a slot"
         );
         let mut contended = Vec::new();
+        let mut runs = Vec::new();
         for (claimed, slot) in claimed.into_iter().zip(slots) {
             for (ask, taken) in claimed.not_won {
                 if let Taken::Not(Claim::Contended) = taken {
@@ -322,35 +444,45 @@ impl Batch {
                     self.not_won(ask, taken);
                 }
             }
-            if claimed.won.is_empty() {
-                continue;
+            if !claimed.won.is_empty() {
+                runs.push((claimed.won, slot));
             }
+        }
+        self.ask_again(contended);
+        // Answered, before a run can end and free its job's slot for the
+        // next period.
+        drop(std::mem::replace(
+            &mut self.asked,
+            AnsweredOnDrop::new(self.events.clone()),
+        ));
+        for (won, slot) in runs {
             let engine = self.engine.clone();
             let stop_now = self.stop_now.clone();
             let events = self.events.clone();
             tokio::spawn(async move {
                 let _slot = slot;
-                for report in engine.run_won(claimed.won, stop_now).await {
+                for report in engine.run_won(won, stop_now).await {
                     let (job, _) = report.key.parts();
                     let succeeded = matches!(report.status, Status::Succeeded);
                     let _ = events.send(Event::Done(job.to_owned(), succeeded));
                 }
             });
         }
-        self.ask_again(contended);
     }
 
     /// Asks again for what another claim of the same jobs kept undecided,
     /// once that claim is likely committed (and its keys answered without
-    /// a lock).
-    fn ask_again(&self, contended: Vec<(String, Due)>) {
+    /// a lock). They count as being asked for until then.
+    fn ask_again(&mut self, contended: Vec<(String, Due)>) {
         if contended.is_empty() {
             return;
         }
+        let asked = self.asked.split(&contended);
         let events = self.events.clone();
         tokio::spawn(async move {
             tokio::time::sleep(CONTENDED_AGAIN).await;
             let _ = events.send(Event::Contended(contended));
+            drop(asked);
         });
     }
 
@@ -387,6 +519,128 @@ mod tests {
     use crate::config::Config;
     use crate::engine::due::due;
     use crate::store::Store;
+    use chrono::SubsecRound;
+
+    /// A service of one every-second `command` job `j` on a migrated
+    /// SQLite store, with one `max_running` slot, its clock stopped at
+    /// `now`; and the schedule's due of `j` firing at `fire`.
+    async fn one_slot(
+        dir: &tempfile::TempDir,
+        now: DateTime<Utc>,
+    ) -> (Service, impl Fn(DateTime<Utc>) -> Due) {
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        store.migrate().await.expect("migrated");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let text = "[scheduler]\nmax_running = 1\n\n[[job]]\nname = \"j\"\n\
+                    schedule = \"* * * * * *\"\ncommand = [\"true\"]\n";
+        let path = std::path::Path::new("jobs.toml");
+        let config = Config::parse(path, text, &|_| None).expect("a valid job");
+        let job = config.jobs[0].clone();
+        let clock = Arc::new(crate::clock::StoppedClock::at(now));
+        let (_down, shutdown) = watch::channel(false);
+        let service = Service::on(path.into(), config, engine, shutdown).with_clock(clock);
+        let at = move |fire: DateTime<Utc>| Due {
+            period: job.timing().period_of(&crate::fires::Fire {
+                nominal: fire,
+                at: fire,
+            }),
+            fire,
+            trigger: Trigger::Schedule,
+            shard: None,
+        };
+        (service, at)
+    }
+
+    /// What of job `j` waits for a slot, by period label.
+    fn waiting(service: &Service) -> Vec<String> {
+        let queue = service
+            .waiting
+            .get("j")
+            .into_iter()
+            .flat_map(|q| q.values());
+        queue.map(|due| due.period.label.clone()).collect()
+    }
+
+    /// A fire queued for a `max_running` slot before an older period of
+    /// its job came back without a concurrency slot is not asked for ahead
+    /// of it: it waits behind it (two replicas under load ran each job's
+    /// newer periods while an older one waited, until the load passed).
+    #[tokio::test]
+    async fn a_fire_queued_before_an_older_period_found_no_slot_waits_behind_it() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let now = Utc::now().trunc_subsecs(0);
+        let (mut service, at) = one_slot(&dir, now).await;
+        let (older, newer) = (
+            at(now - TimeDelta::seconds(2)),
+            at(now - TimeDelta::seconds(1)),
+        );
+        let job = service.jobs[0].clone();
+        service.backlog.push_back((job, newer.clone()));
+        service.wait("j".into(), older.clone());
+        service.flush();
+        assert_eq!(service.running, 0, "the newer fire was asked for");
+        assert_eq!(waiting(&service), [older.period.label, newer.period.label]);
+    }
+
+    /// The oldest waiting period of a job, released when a slot of the job
+    /// frees, goes ahead of the job's newer fires already queued for a
+    /// `max_running` slot, and takes the slot.
+    #[tokio::test]
+    async fn a_period_released_from_waiting_goes_ahead_of_the_fires_queued_before() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let now = Utc::now().trunc_subsecs(0);
+        let (mut service, at) = one_slot(&dir, now).await;
+        let (older, newer) = (
+            at(now - TimeDelta::seconds(2)),
+            at(now - TimeDelta::seconds(1)),
+        );
+        let job = service.jobs[0].clone();
+        service.backlog.push_back((job, newer.clone()));
+        service.wait("j".into(), older.clone());
+        service.release_waiting("j", 1);
+        service.flush();
+        assert_eq!(service.running, 1, "the released period was not asked for");
+        assert_eq!(service.asking.get("j"), Some(&vec![older.fire]));
+        assert_eq!(waiting(&service), [newer.period.label]);
+    }
+
+    /// A period of a job is not asked for while an older one of it is
+    /// being asked for here (the job may run one at a time): the two
+    /// claims, in different statements, raced, and the newer could win.
+    /// The older's claim is answered before its run can end.
+    #[tokio::test]
+    async fn a_newer_period_waits_while_an_older_one_of_its_job_is_being_asked_for() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let now = Utc::now().trunc_subsecs(0);
+        let (mut service, at) = one_slot(&dir, now).await;
+        service.settings.max_running = 2;
+        let (older, newer) = (
+            at(now - TimeDelta::seconds(2)),
+            at(now - TimeDelta::seconds(1)),
+        );
+        let job = service.jobs[0].clone();
+        service.backlog.push_back((job.clone(), older));
+        service.flush();
+        assert_eq!(service.running, 1, "the older period was not asked for");
+        service.backlog.push_back((job, newer.clone()));
+        service.flush();
+        assert_eq!(
+            service.running, 1,
+            "the newer period was asked for beside it"
+        );
+        assert_eq!(waiting(&service), [newer.period.label]);
+        // The older one's claim is answered, then its run ends.
+        let mut answered = false;
+        loop {
+            match service.events.1.recv().await.expect("an event") {
+                Event::Asked(_) => answered = true,
+                Event::Done(..) => break,
+                _ => {}
+            }
+        }
+        assert!(answered, "its run ended before its claim was answered");
+    }
 
     #[tokio::test]
     async fn a_recovery_that_finds_no_free_slot_waits_as_a_recovery() {
@@ -420,6 +674,7 @@ mod tests {
             engine,
             units: vec![vec![Ask::scheduled(job, recovery)]],
             slots: vec![FreeOnDrop(events.clone())],
+            asked: AnsweredOnDrop::new(events.clone()),
             stop_now,
             events,
         };
@@ -431,7 +686,7 @@ mod tests {
                     assert_eq!(due.trigger, Trigger::Recovery);
                     break;
                 }
-                Event::Free => {}
+                Event::Free | Event::Asked(_) => {}
                 _ => panic!("neither waiting nor a freed slot"),
             }
         }

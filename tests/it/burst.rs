@@ -183,8 +183,14 @@ fn a_burst_of_500_every_second_sql_jobs_on_several_replicas_runs_every_period_on
                     .filter(|l| l.contains(&format!(":{label}")) && !l.contains("succeeded"))
                     .take(20)
                     .collect();
+                // The whole log, kept past the workspace for a reader.
+                let kept = std::env::temp_dir().join(format!("burst-{}.log", std::process::id()));
+                let kept = match std::fs::write(&kept, &log) {
+                    Ok(()) => format!("the replicas' whole log is kept in {}", kept.display()),
+                    Err(e) => format!("the replicas' log could not be kept: {e}"),
+                };
                 panic!(
-                    "{label}: {ran} of {JOBS} periods ran ({replicas} replicas); its claims: {}\n{}\n…\n{}\n…\n{}",
+                    "{label}: {ran} of {JOBS} periods ran ({replicas} replicas; {kept}); its claims: {}\n{}\n…\n{}\n…\n{}",
                     states.join(", "),
                     warned.join("\n"),
                     said.join("\n"),
