@@ -6,7 +6,7 @@
 //! once are being claimed here (`asking`). What waited past the catch-up
 //! window is dropped.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,6 +102,10 @@ impl Service {
             if fires.is_empty() {
                 self.asking.remove(job.name.as_str());
             }
+        }
+        // A burst's 10,000 entries are not kept for the next.
+        if self.asking.is_empty() && self.asking.capacity() > 1024 {
+            self.asking = HashMap::new();
         }
     }
 
@@ -228,7 +232,8 @@ impl Service {
                 self.backlog.push_front((ask.job, ask.due));
                 break;
             }
-            let asking = self.asking.entry(ByName(ask.job.clone())).or_default();
+            let asking = self.asking.entry(ByName(ask.job.clone()));
+            let asking = asking.or_insert_with(|| Vec::with_capacity(1));
             asking.push(ask.due.fire);
             match joins {
                 Some(i) => units[i].push(ask),

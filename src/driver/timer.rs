@@ -48,6 +48,11 @@ impl Timer {
         Timer { heap }
     }
 
+    /// Each job's next fire, by the job's index, in no order.
+    pub(super) fn nexts(&self) -> impl Iterator<Item = (usize, DateTime<Utc>)> + '_ {
+        self.heap.iter().map(|Reverse((at, i, _))| (*i, *at))
+    }
+
     pub(super) fn next(&self) -> Option<DateTime<Utc>> {
         self.heap.peek().map(|Reverse((at, _, _))| *at)
     }
