@@ -13,7 +13,7 @@
 //! what a paused job skipped; `reload` jobs.toml read again; `gauges` the
 //! per-job gauges; [`health`] what the probes report.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +32,7 @@ use crate::error::{Error, Outcome};
 use crate::store::Store;
 use crate::template::Secrets;
 
+mod backlog;
 mod catch_up;
 mod gauges;
 pub mod health;
@@ -144,7 +145,7 @@ pub struct Service {
     asking: HashMap<slots::ByName, Vec<DateTime<Utc>>>,
     /// Fires that found all of this process's `max_running` slots taken,
     /// in fire order; each freed slot takes the next.
-    backlog: VecDeque<(Arc<Job>, Due)>,
+    backlog: backlog::Backlog,
     /// Periods dispatched since the last batch went to the engine.
     pending: Vec<(Arc<Job>, Due)>,
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
@@ -220,7 +221,7 @@ impl Service {
             engine,
             waiting: HashMap::new(),
             asking: HashMap::new(),
-            backlog: VecDeque::new(),
+            backlog: backlog::Backlog::default(),
             pending: Vec::new(),
             events,
             shutdown,
@@ -468,7 +469,9 @@ impl Service {
                         && !self.paused.contains_key(&name)
                         && slots::still_timed(&job, &due)
                     {
-                        self.pending.push((job, due));
+                        // Ahead of the fires queued since, its job's newer
+                        // ones among them.
+                        self.backlog.push_ahead((job, due));
                     }
                 }
             }

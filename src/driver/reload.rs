@@ -91,7 +91,8 @@ impl Service {
         // woken by its upstream) comes back with the next scan.
         for job in &retimed {
             self.waiting.remove(&job.name);
-            self.backlog.retain(|(queued, _)| queued.name != job.name);
+            self.backlog
+                .retain_mut(|(queued, _)| queued.name != job.name);
         }
         for job in first_sighted.into_iter().chain(retimed).chain(returning) {
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now, Vec::new());

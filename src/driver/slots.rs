@@ -6,7 +6,7 @@
 //! once are being claimed here (`asking`). What waited past the catch-up
 //! window is dropped.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,9 +65,8 @@ impl Service {
                 released.push((job, due));
             }
         }
-        // Oldest first at the front.
-        for first in released.into_iter().rev() {
-            self.backlog.push_front(first);
+        for first in released {
+            self.backlog.push_ahead(first);
         }
     }
 
@@ -134,16 +133,10 @@ impl Service {
     }
 
     /// Moves what was dispatched since the last flush behind the backlog
-    /// (older fires go first). Into an empty backlog (the common case: a
-    /// burst) the buffer itself moves, not its 10,000 fires one by one into
-    /// a second buffer of the same size.
+    /// (older fires go first).
     pub(super) fn take_pending(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        if self.backlog.is_empty() {
-            self.backlog = VecDeque::from(pending);
-        } else {
-            self.backlog.extend(pending);
-        }
+        self.backlog.push_back_all(pending);
     }
 
     /// Whether `due` waited past the catch-up window (for a free slot):
@@ -214,7 +207,11 @@ impl Service {
         // transaction per job, side by side.
         let mut sql = None;
         let now = self.clock.now();
-        while let Some((job, due)) = self.backlog.pop_front() {
+        loop {
+            let ahead = self.backlog.front_is_ahead();
+            let Some((job, due)) = self.backlog.pop_front() else {
+                break;
+            };
             // What waited for `max_running` past the window is dropped as
             // what waited for `concurrency` is.
             if self.paused.contains_key(&job.name) || self.too_old(&job, &due, now) {
@@ -229,7 +226,7 @@ impl Service {
             let ask = Ask::timed(job, due);
             let joins = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP);
             if joins.is_none() && self.running + units.len() >= self.settings.max_running {
-                self.backlog.push_front((ask.job, ask.due));
+                self.backlog.put_back((ask.job, ask.due), ahead);
                 break;
             }
             let asking = self.asking.entry(ByName(ask.job.clone()));
@@ -244,10 +241,6 @@ impl Service {
                     units.push(vec![ask]);
                 }
             }
-        }
-        if self.backlog.is_empty() {
-            // A burst's backlog (10,000 fires) is not kept for the next.
-            self.backlog = VecDeque::new();
         }
         debug_assert!(
             units
@@ -297,7 +290,7 @@ impl Service {
 
     /// The oldest fire of job `name` that waits here for a slot.
     pub(super) fn oldest_queued_fire(&self, name: &str) -> Option<DateTime<Utc>> {
-        let queued = self.pending.iter().chain(&self.backlog);
+        let queued = self.pending.iter().chain(self.backlog.iter());
         let queued = queued.map(|(job, due)| (job.name.as_str(), due));
         let queued = queued
             .filter(|(job, _)| *job == name)
@@ -440,13 +433,14 @@ impl Batch {
         );
         let mut contended = Vec::new();
         let mut runs = Vec::new();
+        let mut answered_elsewhere = Vec::new();
         for (claimed, slot) in claimed.into_iter().zip(slots) {
             for (ask, taken) in claimed.not_won {
                 if let Taken::Not(Claim::Contended) = taken {
                     Report::not_run(&ask, taken).log();
                     contended.push((ask.job.name.clone(), ask.due));
-                } else {
-                    self.not_won(ask, taken);
+                } else if let Some(answered) = self.not_won(ask, taken) {
+                    answered_elsewhere.push(answered);
                 }
             }
             if !claimed.won.is_empty() {
@@ -460,6 +454,11 @@ impl Batch {
             &mut self.asked,
             AnsweredOnDrop::new(self.events.clone()),
         ));
+        // A job's next waiting period is asked for once these are no
+        // longer being asked for, not deferred behind them.
+        for answered in answered_elsewhere {
+            let _ = self.events.send(answered);
+        }
         for (won, slot) in runs {
             let engine = self.engine.clone();
             let stop_now = self.stop_now.clone();
@@ -496,25 +495,29 @@ impl Batch {
     /// a recovery, whatever its age. Its period was claimed once and must
     /// still be finished, and, as the oldest fire waiting, it takes the
     /// next free slot (turned into a catch-up, a short `catch_up` dropped
-    /// it, and newer fires took the slot at every scan).
-    fn not_won(&self, ask: Ask, taken: Taken) {
+    /// it, and newer fires took the slot at every scan). One answered
+    /// elsewhere (run, or running elsewhere) is returned, to be said once
+    /// the batch's periods are no longer being asked for.
+    fn not_won(&self, ask: Ask, taken: Taken) -> Option<Event> {
         let report = Report::not_run(&ask, taken);
         report.log();
         let name = ask.job.name.clone();
-        let event = match report.status {
+        match report.status {
             Status::NotWon(Claim::Busy) => {
                 let trigger = match ask.due.trigger {
                     Trigger::Recovery => Trigger::Recovery,
                     _ => Trigger::CatchUp,
                 };
-                Event::Again(name, Due { trigger, ..ask.due })
+                let _ = self
+                    .events
+                    .send(Event::Again(name, Due { trigger, ..ask.due }));
+                None
             }
             // Waiting for its upstream periods, or running here already:
             // it holds the job's turn.
-            Status::Waiting(_) | Status::RunningHere => return,
-            _ => Event::Answered(name),
-        };
-        let _ = self.events.send(event);
+            Status::Waiting(_) | Status::RunningHere => None,
+            _ => Some(Event::Answered(name)),
+        }
     }
 }
 
@@ -581,7 +584,7 @@ mod tests {
             at(now - TimeDelta::seconds(1)),
         );
         let job = service.jobs[0].clone();
-        service.backlog.push_back((job, newer.clone()));
+        service.backlog.push_back_all(vec![(job, newer.clone())]);
         service.wait("j".into(), older.clone());
         service.flush();
         assert_eq!(service.running, 0, "the newer fire was asked for");
@@ -601,7 +604,7 @@ mod tests {
             at(now - TimeDelta::seconds(1)),
         );
         let job = service.jobs[0].clone();
-        service.backlog.push_back((job, newer.clone()));
+        service.backlog.push_back_all(vec![(job, newer.clone())]);
         service.wait("j".into(), older.clone());
         service.release_waiting("j", 1);
         service.flush();
@@ -625,10 +628,10 @@ mod tests {
             at(now - TimeDelta::seconds(1)),
         );
         let job = service.jobs[0].clone();
-        service.backlog.push_back((job.clone(), older));
+        service.backlog.push_back_all(vec![(job.clone(), older)]);
         service.flush();
         assert_eq!(service.running, 1, "the older period was not asked for");
-        service.backlog.push_back((job, newer.clone()));
+        service.backlog.push_back_all(vec![(job, newer.clone())]);
         service.flush();
         assert_eq!(
             service.running, 1,
