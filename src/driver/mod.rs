@@ -7,9 +7,10 @@
 //! beside it ([`Companion`]) and reports its [`Health`].
 //!
 //! By concern: this file holds [`Service`] and its event loop; `timer` every
-//! job's next fire (pure); `slots` the `max_running` slots, the backlog,
-//! the periods waiting for a `concurrency` slot and the batches of claims;
-//! `scan` the regular scan; `catch_up` what was missed while nothing ran and
+//! job's next fire (pure); `slots` the `max_running` slots, the periods
+//! waiting for a `concurrency` slot, those being claimed and the batches of
+//! claims; `backlog` the fires waiting for a `max_running` slot; `scan` the
+//! regular scan; `catch_up` what was missed while nothing ran and
 //! what a paused job skipped; `reload` jobs.toml read again; `gauges` the
 //! per-job gauges; [`health`] what the probes report.
 
