@@ -265,6 +265,15 @@ pub struct Job {
 }
 
 impl Job {
+    /// Whether its periods run in an `sql` group: an `sql` statement, or
+    /// a code job's transaction-scoped handler.
+    pub fn is_sql(&self) -> bool {
+        matches!(
+            self.action,
+            Action::Sql { .. } | Action::Code(crate::handler::Handler::Transaction(_))
+        )
+    }
+
     /// Its fires as they run: the one answer to when a period is due.
     pub fn timing(&self) -> Timing<'_> {
         Timing::new(&self.name, &self.schedule, &self.period, &self.fires)

@@ -202,6 +202,7 @@ impl Service {
         let clock = engine.clock();
         let now = clock.now();
         Service {
+            backlog: backlog::Backlog::new(settings.catch_up),
             path,
             running: 0,
             scanning: false,
@@ -222,7 +223,6 @@ impl Service {
             engine,
             waiting: HashMap::new(),
             asking: HashMap::new(),
-            backlog: backlog::Backlog::default(),
             pending: Vec::new(),
             events,
             shutdown,

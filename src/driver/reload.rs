@@ -91,14 +91,18 @@ impl Service {
         // woken by its upstream) comes back with the next scan.
         for job in &retimed {
             self.waiting.remove(&job.name);
+        }
+        if !retimed.is_empty() {
+            let retimed: HashSet<&str> = retimed.iter().map(|job| job.name.as_str()).collect();
             self.backlog
-                .retain_mut(|(queued, _)| queued.name != job.name);
+                .retain_mut(|(queued, _)| !retimed.contains(queued.name.as_str()));
         }
         for job in first_sighted.into_iter().chain(retimed).chain(returning) {
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now, Vec::new());
         }
         self.publish_next_fires();
         self.apply_settings(settings);
+        self.backlog.rekey(self.settings.catch_up);
         if self.trim {
             super::release_free_memory();
         }

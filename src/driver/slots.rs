@@ -132,11 +132,11 @@ impl Service {
             && !self.too_old(job, due, now)
     }
 
-    /// Moves what was dispatched since the last flush behind the backlog
-    /// (older fires go first).
+    /// Moves what was dispatched since the last flush into the backlog,
+    /// each fire by its deadline.
     pub(super) fn take_pending(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        self.backlog.push_back_all(pending);
+        self.backlog.push_fires(pending);
     }
 
     /// Whether `due` waited past the catch-up window (for a free slot):
@@ -186,9 +186,10 @@ impl Service {
         }
     }
 
-    /// With every `max_running` slot taken: oldest first, what waited past
-    /// the window goes, so that the backlog of slots that never free stays
-    /// within the window.
+    /// With every `max_running` slot taken: from the front, what waited
+    /// past the window goes, so that the backlog of slots that never free
+    /// stays within the window (a fire past it has its deadline past, and
+    /// so is near the front).
     fn drop_too_old_backlog(&mut self) {
         let now = self.clock.now();
         while let Some((job, due)) = self.backlog.front()
@@ -207,28 +208,29 @@ impl Service {
         // transaction per job, side by side.
         let mut sql = None;
         let now = self.clock.now();
-        loop {
-            let ahead = self.backlog.front_is_ahead();
+        while let Some((job, due)) = self.backlog.front() {
+            // What waited for `max_running` past the window is dropped as
+            // what waited for `concurrency` is.
+            let dropped = self.paused.contains_key(&job.name) || self.too_old(job, due, now);
+            // Fired before an older period of its job found no slot: it
+            // waits behind that period, as a fire after it does.
+            let waits = !dropped && self.overtakes(job, due);
+            let joins = sql.filter(|i: &usize| job.is_sql() && units[*i].len() < SQL_GROUP);
+            let fits = joins.is_some() || self.running + units.len() < self.settings.max_running;
+            if !dropped && !waits && !fits {
+                break;
+            }
             let Some((job, due)) = self.backlog.pop_front() else {
                 break;
             };
-            // What waited for `max_running` past the window is dropped as
-            // what waited for `concurrency` is.
-            if self.paused.contains_key(&job.name) || self.too_old(&job, &due, now) {
+            if dropped {
                 continue;
             }
-            // Fired before an older period of its job found no slot: it
-            // waits behind that period, as a fire after it does.
-            if self.overtakes(&job, &due) {
+            if waits {
                 self.wait(job.name.clone(), due);
                 continue;
             }
             let ask = Ask::timed(job, due);
-            let joins = sql.filter(|i: &usize| ask.is_sql() && units[*i].len() < SQL_GROUP);
-            if joins.is_none() && self.running + units.len() >= self.settings.max_running {
-                self.backlog.put_back((ask.job, ask.due), ahead);
-                break;
-            }
             let asking = self.asking.entry(ByName(ask.job.clone()));
             let asking = asking.or_insert_with(|| Vec::with_capacity(1));
             asking.push(ask.due.fire);
@@ -584,7 +586,7 @@ mod tests {
             at(now - TimeDelta::seconds(1)),
         );
         let job = service.jobs[0].clone();
-        service.backlog.push_back_all(vec![(job, newer.clone())]);
+        service.backlog.push_fires(vec![(job, newer.clone())]);
         service.wait("j".into(), older.clone());
         service.flush();
         assert_eq!(service.running, 0, "the newer fire was asked for");
@@ -604,7 +606,7 @@ mod tests {
             at(now - TimeDelta::seconds(1)),
         );
         let job = service.jobs[0].clone();
-        service.backlog.push_back_all(vec![(job, newer.clone())]);
+        service.backlog.push_fires(vec![(job, newer.clone())]);
         service.wait("j".into(), older.clone());
         service.release_waiting("j", 1);
         service.flush();
@@ -628,10 +630,10 @@ mod tests {
             at(now - TimeDelta::seconds(1)),
         );
         let job = service.jobs[0].clone();
-        service.backlog.push_back_all(vec![(job.clone(), older)]);
+        service.backlog.push_fires(vec![(job.clone(), older)]);
         service.flush();
         assert_eq!(service.running, 1, "the older period was not asked for");
-        service.backlog.push_back_all(vec![(job, newer.clone())]);
+        service.backlog.push_fires(vec![(job, newer.clone())]);
         service.flush();
         assert_eq!(
             service.running, 1,

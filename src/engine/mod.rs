@@ -44,7 +44,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Action, Job};
+use crate::config::Job;
 use crate::error::Error;
 use crate::period::PeriodKey;
 use crate::store::{Asked, Claim, ClaimRequest, Lease, Store, Trigger};
@@ -133,10 +133,7 @@ impl Ask {
     /// Whether it runs in an `sql` group: an `sql` statement, or a code
     /// job's transaction-scoped handler.
     pub fn is_sql(&self) -> bool {
-        matches!(
-            self.job.action,
-            Action::Sql { .. } | Action::Code(crate::handler::Handler::Transaction(_))
-        )
+        self.job.is_sql()
     }
 
     fn request<'a>(&'a self, owner: &'a str, lease: Duration) -> ClaimRequest<'a> {

@@ -124,3 +124,39 @@ fn a_big_backfill_and_a_big_prune_refresh_the_tables_statistics_with_autovacuum_
         analysed() == 2
     });
 }
+
+/// At start-up 100,000 hourly and daily jobs each owed their latest fire,
+/// and an every-minute job's fire waited 10 to 20 s behind their catch-ups.
+/// Here one `max_running` slot serves 100 hourly jobs whose catch-ups take
+/// at least 20 s in all, and an every-second job's fires run between
+/// them, each ahead of the catch-ups of jobs that fire later.
+#[test]
+fn an_every_second_jobs_fires_go_ahead_of_the_start_ups_catch_ups_of_hourly_jobs() {
+    let db = TestDb::sqlite();
+    let mut jobs = "[scheduler]\nmax_running = 1\nshutdown_grace = \"1s\"\n".to_owned();
+    for i in 0..100 {
+        jobs += &format!(
+            "\n[[job]]\nname = \"h{i:03}\"\nschedule = \"0 * * * *\"\ncommand = [\"sleep\", \"0.2\"]\n"
+        );
+    }
+    jobs += "\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nperiod = \"fire\"\ncommand = [\"true\"]\n";
+    let ws = Workspace::new(&jobs);
+    let migrated = ws.run(&["--database-url", &db.url, "migrate"]);
+    assert_eq!(migrated.code(), 0, "{}", migrated.stderr());
+    let replica = crate::serve::serve(&ws, &db.url);
+    let claims = |like: &str| {
+        count(
+            &db.url,
+            &format!("SELECT count(*) FROM scheduler_claims WHERE period_key LIKE '{like}'"),
+        )
+    };
+    eventually("three runs of tick", Duration::from_secs(60), || {
+        claims("tick:%") >= 3
+    });
+    let hourly = claims("h%");
+    assert_eq!(crate::serve::stop(replica), 0);
+    assert!(
+        hourly < 100,
+        "tick's third fire waited behind every hourly job's catch-up"
+    );
+}
