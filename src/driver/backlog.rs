@@ -3,12 +3,15 @@
 //! for again (released from waiting for their job's slot, or kept
 //! undecided by another claim of their job) queue ahead of every fire, in
 //! fire order among themselves: each was owed before the fires queued
-//! behind it. The fires go by deadline, the soonest first: a fire's
-//! deadline is its job's next fire, when the period is overtaken by the
-//! next, or the end of its catch-up window if that comes sooner. An
+//! behind it. The fires go by when they are needed, the soonest first: a
+//! fire is needed by its job's next fire, when the period is overtaken by
+//! the next, or halfway through its catch-up window if that comes sooner. An
 //! every-minute job's fire does not wait behind 100,000 hourly and daily
-//! jobs' catch-ups at start-up; a job's own periods still go in fire
-//! order, as its deadlines follow its fires.
+//! jobs' catch-ups at start-up; a fire past its next one but still in its
+//! window (not dropped) does not keep an infrequent job's fire waiting
+//! until it is dropped: that goes first from halfway through its window.
+//! A job's own periods still go in fire order, as when they are needed
+//! follows their fires.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
@@ -25,25 +28,25 @@ pub(super) type Queued = (Arc<Job>, Due);
 pub(super) struct Backlog {
     /// Periods queued ahead of the fires, in fire order.
     again: VecDeque<Queued>,
-    /// The fires, the soonest deadline on top.
+    /// The fires, the one needed soonest on top.
     fires: BinaryHeap<Reverse<Fire>>,
-    /// Fires queued so far: those with one deadline and fire instant
+    /// Fires queued so far: those needed by one instant, of one fire
     /// (a burst's, a period's shards) go in the order they came.
     queued: u64,
-    /// The catch-up window: no fire's deadline is later than its end.
-    window: TimeDelta,
+    /// Half the catch-up window: no fire is needed by later after it.
+    halfway: TimeDelta,
 }
 
 /// A queued fire and the order it goes in.
 struct Fire {
-    deadline: DateTime<Utc>,
+    needed_by: DateTime<Utc>,
     queued: u64,
     period: Queued,
 }
 
 impl Fire {
     fn order(&self) -> (DateTime<Utc>, DateTime<Utc>, u64) {
-        (self.deadline, self.period.1.fire, self.queued)
+        (self.needed_by, self.period.1.fire, self.queued)
     }
 }
 
@@ -67,16 +70,24 @@ impl Ord for Fire {
     }
 }
 
-/// When `due` of `job` is overtaken: the job's next fire after it, or the
-/// end of the catch-up window `window` if that comes sooner. It never
-/// comes before a later fire's of the same job, so a job's periods go in
+/// When `due` of `job` is needed by: the job's next fire after it (when
+/// its period is overtaken), or `halfway` through the catch-up window if
+/// that comes sooner (with the window's end instead, the fires of an
+/// every-second job that had passed their next fires went ahead of an
+/// every-minute job's until it was dropped: adversarial review). It never
+/// comes after a later fire's of the same job, so a job's periods go in
 /// fire order.
-fn deadline(job: &Job, due: &Due, window: TimeDelta) -> DateTime<Utc> {
-    let end = due.fire.checked_add_signed(window);
+fn needed_by(job: &Job, due: &Due, halfway: TimeDelta) -> DateTime<Utc> {
+    let end = due.fire.checked_add_signed(halfway);
     let end = end.unwrap_or(DateTime::<Utc>::MAX_UTC);
     job.timing()
         .next(due.fire)
         .map_or(end, |next| next.at.min(end))
+}
+
+/// Half the catch-up window `window`.
+fn halfway(window: std::time::Duration) -> TimeDelta {
+    TimeDelta::from_std(window / 2).unwrap_or(TimeDelta::MAX)
 }
 
 impl Backlog {
@@ -86,7 +97,7 @@ impl Backlog {
             again: VecDeque::new(),
             fires: BinaryHeap::new(),
             queued: 0,
-            window: TimeDelta::from_std(window).unwrap_or(TimeDelta::MAX),
+            halfway: halfway(window),
         }
     }
 
@@ -128,14 +139,14 @@ impl Backlog {
         self.again.insert(at, queued);
     }
 
-    /// Queues `fires` by their deadlines.
+    /// Queues `fires` by when they are needed.
     pub(super) fn push_fires(&mut self, fires: Vec<Queued>) {
-        let (window, first) = (self.window, self.queued);
+        let (halfway, first) = (self.halfway, self.queued);
         let count = fires.len() as u64;
         let fires = fires.into_iter().zip(first..).map(|(period, queued)| {
-            let deadline = deadline(&period.0, &period.1, window);
+            let needed_by = needed_by(&period.0, &period.1, halfway);
             Reverse(Fire {
-                deadline,
+                needed_by,
                 queued,
                 period,
             })
@@ -157,14 +168,14 @@ impl Backlog {
         self.fires = BinaryHeap::from(fires);
     }
 
-    /// Orders the fires by their deadlines under their jobs' timings as
+    /// Orders the fires by when they are needed under their jobs' timings as
     /// they are now and the catch-up window `window` (a reload may have
     /// changed both), keeping the order they came in among equals.
     pub(super) fn rekey(&mut self, window: std::time::Duration) {
-        self.window = TimeDelta::from_std(window).unwrap_or(TimeDelta::MAX);
+        self.halfway = halfway(window);
         let mut fires = std::mem::take(&mut self.fires).into_vec();
         for Reverse(fire) in &mut fires {
-            fire.deadline = deadline(&fire.period.0, &fire.period.1, self.window);
+            fire.needed_by = needed_by(&fire.period.0, &fire.period.1, self.halfway);
         }
         self.fires = BinaryHeap::from(fires);
     }
@@ -268,14 +279,31 @@ mod tests {
         );
     }
 
+    /// With a catch-up window of 5 s, an every-minute job's fire goes
+    /// ahead of an every-second job's fires from halfway through it on,
+    /// whether or not they have passed their next fires. With the window's
+    /// end instead, it went behind every one of them still in
+    /// their windows, and under a steady load it was dropped each minute
+    /// while the every-second job's fires ran (adversarial review).
+    #[test]
+    fn a_fire_halfway_through_its_window_goes_ahead_of_more_frequent_jobs_fires() {
+        let jobs = jobs();
+        let (j, m) = (&jobs[0], &jobs[1]);
+        let mut backlog = Backlog::new(Duration::from_secs(5));
+        backlog.push_fires((0..5).map(|s| queued(j, at(s))).collect());
+        backlog.push_fires(vec![queued(m, at(0))]);
+        assert_eq!(order(backlog), ["j@0", "j@1", "m@0", "j@2", "j@3", "j@4"]);
+    }
+
     /// A job's own periods go in fire order, whatever came first: its
-    /// deadline follows its fire, cut off by the catch-up window or not.
-    /// Fires with the same deadline and instant go in the order they came.
+    /// needed-by instant follows its fire, cut off by the catch-up window
+    /// or not. Fires needed by one instant, of one fire, go in the order
+    /// they came.
     #[test]
     fn a_jobs_periods_go_in_fire_order_and_equals_in_the_order_they_came() {
         let jobs = jobs();
         let (m, h, d) = (&jobs[1], &jobs[2], &jobs[3]);
-        // A window of 30 minutes cuts off the hourly and daily deadlines.
+        // A window of 30 minutes cuts off when the hourly and daily are needed.
         let mut backlog = Backlog::new(Duration::from_secs(1800));
         backlog.push_fires(vec![queued(d, at(86400)), queued(h, at(7200))]);
         backlog.push_fires(vec![queued(h, at(3600)), queued(d, at(0))]);

@@ -133,7 +133,7 @@ impl Service {
     }
 
     /// Moves what was dispatched since the last flush into the backlog,
-    /// each fire by its deadline.
+    /// each by when it is needed.
     pub(super) fn take_pending(&mut self) {
         let pending = std::mem::take(&mut self.pending);
         self.backlog.push_fires(pending);
@@ -188,7 +188,7 @@ impl Service {
 
     /// With every `max_running` slot taken: from the front, what waited
     /// past the window goes, so that the backlog of slots that never free
-    /// stays within the window (a fire past it has its deadline past, and
+    /// stays within the window (a fire past it was needed before now, and
     /// so is near the front).
     fn drop_too_old_backlog(&mut self) {
         let now = self.clock.now();
