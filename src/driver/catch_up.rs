@@ -53,7 +53,11 @@ impl Service {
 
     /// Dispatches the fires of `job` from `since` on that are due now, as
     /// `missed` has them, as catch-ups: oldest first, as many as the job
-    /// may run at once now, the rest as its runs end.
+    /// may run at once now, the rest as its runs end. When more are due
+    /// than that, they all wait, and the oldest are released from waiting
+    /// ahead of the fires: dispatched among the fires, the oldest went
+    /// behind a newer one released by the next scan, and a stop before it
+    /// came up left it to no `serve` (adversarial review).
     /// `partly` (the periods split into shards of which some were never
     /// claimed) go first: their fires are older than `since`.
     pub(super) fn catch_up_job(
@@ -82,13 +86,17 @@ impl Service {
                 ..d
             })
             .collect();
-        for (n, d) in missed.into_iter().enumerate() {
-            if n < job.concurrency as usize {
+        let at_once = job.concurrency as usize;
+        if missed.len() <= at_once {
+            for d in missed {
                 self.dispatch(job.clone(), d, now);
-            } else {
-                self.wait(job.name.clone(), d);
             }
+            return;
         }
+        for d in missed {
+            self.wait(job.name.clone(), d);
+        }
+        self.release_waiting(&job.name, at_once);
     }
 
     /// The instant from which `job`'s fires are owed; `None` for a job

@@ -652,6 +652,30 @@ mod tests {
         assert!(answered, "its run ended before its claim was answered");
     }
 
+    /// A catch-up of more periods than the job may run at once asks for
+    /// the oldest first, also after a scan releases the next from waiting:
+    /// dispatched among the fires, the oldest went behind the newer one
+    /// the scan released, and a restart before it came up left it unrun
+    /// by `serve` (adversarial review).
+    #[tokio::test]
+    async fn a_catch_up_of_more_periods_than_the_job_runs_at_once_asks_for_the_oldest_first() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let now = Utc::now().trunc_subsecs(0);
+        let (mut service, _) = one_slot(&dir, now).await;
+        let job = service.jobs[0].clone();
+        let oldest = now - TimeDelta::seconds(3);
+        service.catch_up_job(job, oldest, now, Vec::new());
+        // A scan releases the job's oldest waiting period.
+        service.release_waiting("j", 1);
+        service.take_pending();
+        let mut fires = Vec::new();
+        while let Some((_, due)) = service.backlog.pop_front() {
+            fires.push(due.fire);
+        }
+        assert_eq!(fires.first(), Some(&oldest), "{fires:?}");
+        assert!(fires.is_sorted(), "not in fire order: {fires:?}");
+    }
+
     #[tokio::test]
     async fn a_recovery_that_finds_no_free_slot_waits_as_a_recovery() {
         let dir = tempfile::tempdir().expect("a temp dir");
