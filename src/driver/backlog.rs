@@ -131,6 +131,16 @@ impl Backlog {
         front
     }
 
+    /// Whether `due` of job `job` is queued ahead of the fires.
+    pub(super) fn holds_ahead(&self, job: &str, due: &Due) -> bool {
+        self.again.iter().any(|(queued, ahead)| {
+            queued.name == job
+                && ahead.fire == due.fire
+                && ahead.shard == due.shard
+                && ahead.period.label == due.period.label
+        })
+    }
+
     /// Queues `queued` ahead of every fire, behind what is queued ahead
     /// with an older or the same fire.
     pub(super) fn push_ahead(&mut self, queued: Queued) {

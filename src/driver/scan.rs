@@ -133,7 +133,7 @@ impl Service {
                             shard: r.shard,
                         };
                         for due in Due::sharded(&job, due) {
-                            self.dispatch(job.clone(), due, now);
+                            self.bring_back(job.clone(), due, now);
                         }
                     }
                 }

@@ -124,6 +124,18 @@ impl Service {
         }
     }
 
+    /// Queues `due`, a period a scan found claimed before (to take over,
+    /// to retry, or waiting for its upstream periods), ahead of every fire
+    /// in fire order, once however many scans find it. Among the fires,
+    /// a recovery never got a slot while the job's periods released from
+    /// waiting kept coming ahead of it, and a replica killed under a
+    /// steady load left its periods unrun (adversarial review).
+    pub(super) fn bring_back(&mut self, job: Arc<Job>, due: Due, now: DateTime<Utc>) {
+        if self.admits(&job, &due, now) && !self.backlog.holds_ahead(&job.name, &due) {
+            self.backlog.push_ahead((job, due));
+        }
+    }
+
     /// Whether a fire is dispatched: not while shutting down, not for a
     /// paused job, not past the catch-up window.
     pub(super) fn admits(&self, job: &Job, due: &Due, now: DateTime<Utc>) -> bool {
@@ -674,6 +686,41 @@ mod tests {
         }
         assert_eq!(fires.first(), Some(&oldest), "{fires:?}");
         assert!(fires.is_sorted(), "not in fire order: {fires:?}");
+    }
+
+    /// A claim a scan finds to take over goes ahead of the fires and of
+    /// the job's newer periods released from waiting, once however many
+    /// scans find it: among the fires, a steady load of released periods
+    /// kept it from every slot, and a replica killed under load left its
+    /// periods unrun (adversarial review).
+    #[tokio::test]
+    async fn a_claim_to_take_over_goes_ahead_of_the_fires_and_of_newer_released_periods_once() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let now = Utc::now().trunc_subsecs(0);
+        let (mut service, at) = one_slot(&dir, now).await;
+        let job = service.jobs[0].clone();
+        service.backlog.push_fires(vec![(job.clone(), at(now))]);
+        service.wait("j".into(), at(now - TimeDelta::seconds(1)));
+        service.release_waiting("j", 1);
+        let recovery = Due {
+            trigger: Trigger::Recovery,
+            ..at(now - TimeDelta::seconds(5))
+        };
+        for _scan in 0..2 {
+            service.bring_back(job.clone(), recovery.clone(), now);
+        }
+        let mut queued = Vec::new();
+        while let Some((_, due)) = service.backlog.pop_front() {
+            queued.push(((now - due.fire).num_seconds(), due.trigger));
+        }
+        assert_eq!(
+            queued,
+            [
+                (5, Trigger::Recovery),
+                (1, Trigger::Schedule),
+                (0, Trigger::Schedule)
+            ]
+        );
     }
 
     #[tokio::test]
