@@ -65,10 +65,11 @@ const FOLD_HORIZON: TimeDelta = TimeDelta::hours(26);
 /// A parsed cron pattern in a time zone with a daylight-saving rule.
 ///
 /// Identical patterns share one parsed `Cron` (about 5.6 KB of bitfields
-/// each), so ten thousand jobs on `* * * * *` hold one copy.
+/// each), so ten thousand jobs on `* * * * *` hold one copy, and the
+/// answers of its latest walks.
 #[derive(Debug, Clone)]
 pub struct Schedule {
-    cron: Arc<Cron>,
+    cron: Arc<Pattern>,
     source: Arc<str>,
     zone: Tz,
     dst: DstRule,
@@ -90,7 +91,7 @@ impl Schedule {
         };
         // A pattern such as `0 0 30 2 *` parses but never fires.
         let probe = (DateTime::UNIX_EPOCH + TimeDelta::days(365 * 56)).naive_utc();
-        if schedule.cron.find_next_occurrence(&probe, false).is_err() {
+        if schedule.cron.after(probe).is_none() {
             return Err(CronPatternError(format!(
                 "`{pattern}` never matches a real date"
             )));
@@ -118,7 +119,7 @@ impl Schedule {
     /// The pattern in English words (`At 02:00 AM, on day 1 of the
     /// month`), as croner describes it.
     pub fn describe(&self) -> String {
-        self.cron.describe()
+        self.cron.cron.describe()
     }
 
     /// The zone the pattern is read in.
@@ -145,7 +146,7 @@ impl Schedule {
         let mut cursor = local(self.zone, t).checked_sub_signed(slack)?;
         let mut best: Option<(NaiveDateTime, DateTime<Utc>)> = None;
         loop {
-            let wall = self.cron.find_next_occurrence(&cursor, false).ok();
+            let wall = self.cron.after(cursor);
             let Some(wall) = wall else {
                 return best.map(|(_, at)| at);
             };
@@ -195,7 +196,7 @@ impl Schedule {
         let mut cursor = local(self.zone, t).checked_add_signed(slack)?;
         let mut best: Option<(NaiveDateTime, DateTime<Utc>)> = None;
         loop {
-            let wall = self.cron.find_previous_occurrence(&cursor, false).ok();
+            let wall = self.cron.before(cursor);
             let Some(wall) = wall else {
                 return best.map(|(_, at)| at);
             };
@@ -243,8 +244,8 @@ impl Schedule {
         if wall - before <= TimeDelta::seconds(1) {
             return wall;
         }
-        match self.cron.find_previous_occurrence(&wall, false) {
-            Ok(matched) if matched > before => matched,
+        match self.cron.before(wall) {
+            Some(matched) if matched > before => matched,
             _ => wall,
         }
     }
@@ -321,9 +322,80 @@ fn end_of_gap(zone: Tz, wall: NaiveDateTime) -> DateTime<Utc> {
     at(high)
 }
 
+/// How many of a pattern's latest walks are kept.
+const WALKS_KEPT: usize = 8;
+
+/// A parsed pattern, shared by every job written with it, and its latest
+/// walks. The jobs of one pattern ask it the same questions (the fire after
+/// the same instant: at start-up, after a burst's fire), and each walk of
+/// croner's counts every field's values first, some microseconds: 100,000
+/// jobs on 1,500 patterns walked 100,000 times where 1,500 answer.
+#[derive(Debug)]
+struct Pattern {
+    cron: Cron,
+    walks: Mutex<Walks>,
+}
+
+/// A pattern's latest walks, the oldest replaced first.
+#[derive(Debug, Default)]
+struct Walks {
+    kept: [Option<Walk>; WALKS_KEPT],
+    next: usize,
+}
+
+/// One walk: the wall-clock time found strictly after (or before) `from`.
+#[derive(Debug, Clone, Copy)]
+struct Walk {
+    from: NaiveDateTime,
+    forward: bool,
+    found: Option<NaiveDateTime>,
+}
+
+impl Pattern {
+    /// The first matching wall-clock time strictly after `from`.
+    fn after(&self, from: NaiveDateTime) -> Option<NaiveDateTime> {
+        self.walk(from, true)
+    }
+
+    /// The last matching wall-clock time strictly before `from`.
+    fn before(&self, from: NaiveDateTime) -> Option<NaiveDateTime> {
+        self.walk(from, false)
+    }
+
+    fn walk(&self, from: NaiveDateTime, forward: bool) -> Option<NaiveDateTime> {
+        let kept =
+            self.walks().kept.iter().flatten().find_map(|walk| {
+                (walk.from == from && walk.forward == forward).then_some(walk.found)
+            });
+        if let Some(found) = kept {
+            return found;
+        }
+        let found = if forward {
+            self.cron.find_next_occurrence(&from, false).ok()
+        } else {
+            self.cron.find_previous_occurrence(&from, false).ok()
+        };
+        let mut walks = self.walks();
+        let at = walks.next;
+        walks.kept[at] = Some(Walk {
+            from,
+            forward,
+            found,
+        });
+        walks.next = (at + 1) % WALKS_KEPT;
+        found
+    }
+
+    /// The kept walks. A panic cannot leave them half-written (each is
+    /// written whole, in one assignment), so a poisoned lock's are used.
+    fn walks(&self) -> std::sync::MutexGuard<'_, Walks> {
+        self.walks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Parses a pattern once per distinct text, for the life of the process.
-fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Cron>>>> = OnceLock::new();
+fn shared_cron(pattern: &str) -> Result<Arc<Pattern>, CronPatternError> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Pattern>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(cron) = cache.lock().map_err(poisoned)?.get(pattern) {
         return Ok(cron.clone());
@@ -341,7 +413,10 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, CronPatternError> {
                 reason.trim_end_matches('.')
             ))
         })?;
-    let cron = Arc::new(cron);
+    let cron = Arc::new(Pattern {
+        cron,
+        walks: Mutex::default(),
+    });
     cache
         .lock()
         .map_err(poisoned)?
@@ -492,6 +567,34 @@ mod tests {
             .fires_between(at(from), at(to))
             .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_patterns_kept_walks_answer_as_a_walk_of_its_own_does() {
+        let pattern = shared_cron("7 */5 * * 1-5").unwrap();
+        let fresh = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse("7 */5 * * 1-5")
+            .unwrap();
+        let start = at("2026-03-27T21:13:09Z").naive_utc();
+        // Three times as many instants as are kept, asked in order, then
+        // backwards: the newest are found kept, the oldest were replaced.
+        let mut froms: Vec<NaiveDateTime> = (0..3 * WALKS_KEPT as i64)
+            .map(|i| start + TimeDelta::minutes(i * 97))
+            .collect();
+        for _ in 0..2 {
+            froms.reverse();
+            for &from in &froms {
+                let after = fresh.find_next_occurrence(&from, false).ok();
+                let before = fresh.find_previous_occurrence(&from, false).ok();
+                assert_eq!(pattern.after(from), after, "after {from}");
+                assert_eq!(pattern.before(from), before, "before {from}");
+                assert_eq!(pattern.after(from), after, "after {from}, kept");
+                assert_eq!(pattern.before(from), before, "before {from}, kept");
+            }
+        }
     }
 
     #[test]

@@ -169,3 +169,22 @@ fn a_year_label_has_four_digits_whatever_the_unit() {
         );
     }
 }
+
+#[test]
+fn instants_are_written_to_the_second_in_utc_with_a_z_at_every_year() {
+    use chrono::{DateTime, TimeDelta, Utc};
+    let cases = [
+        (at("2026-07-15T14:05:30.999Z"), "2026-07-15T14:05:30Z"),
+        (DateTime::UNIX_EPOCH, "1970-01-01T00:00:00Z"),
+        (at("0000-01-01T00:00:00Z"), "0000-01-01T00:00:00Z"),
+        (
+            at("0000-01-01T00:00:00Z") - TimeDelta::seconds(1),
+            "-0001-12-31T23:59:59Z",
+        ),
+        (DateTime::<Utc>::MAX_UTC, "+262142-12-31T23:59:59Z"),
+        (DateTime::<Utc>::MIN_UTC, "-262143-01-01T00:00:00Z"),
+    ];
+    for (t, text) in cases {
+        assert_eq!(utc_text(t), text);
+    }
+}
