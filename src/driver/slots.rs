@@ -130,7 +130,16 @@ impl Service {
     /// a recovery never got a slot while the job's periods released from
     /// waiting kept coming ahead of it, and a replica killed under a
     /// steady load left its periods unrun (adversarial review).
+    /// One that waits here for its job's slot keeps its place there, as
+    /// what the scan found it to be (queued again, it was asked for from
+    /// both places: adversarial review).
     pub(super) fn bring_back(&mut self, job: Arc<Job>, due: Due, now: DateTime<Utc>) {
+        let key = (due.fire, due.key(&job.name).to_string());
+        let waits = self.waiting.get_mut(&job.name);
+        if let Some(waits) = waits.and_then(|queue| queue.get_mut(&key)) {
+            waits.trigger = due.trigger;
+            return;
+        }
         if self.admits(&job, &due, now) && !self.backlog.holds_ahead(&job.name, &due) {
             self.backlog.push_ahead((job, due));
         }

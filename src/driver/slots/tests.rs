@@ -284,3 +284,31 @@ async fn replicas_ask_for_a_bursts_fires_each_from_a_place_of_its_own() {
     }
     assert_ne!(firsts[0], firsts[1], "both replicas start at the same fire");
 }
+
+/// A claim a scan finds again while it waits here for its job's slot (it
+/// came back as a recovery that found the slot taken, behind an older
+/// period of the job) is not queued a second time: asked for from both
+/// places, it took a claim of its own each time (adversarial review).
+#[tokio::test]
+async fn a_claim_found_again_while_it_waits_for_its_jobs_slot_is_queued_once() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let now = Utc::now().trunc_subsecs(0);
+    let (mut service, at) = one_slot(&dir, now).await;
+    let job = service.jobs[0].clone();
+    let recovery = Due {
+        trigger: Trigger::Recovery,
+        ..at(now - TimeDelta::seconds(5))
+    };
+    service.wait("j".into(), at(now - TimeDelta::seconds(6)));
+    service.wait("j".into(), recovery.clone());
+    // The next scan releases the oldest, and finds the claim again.
+    service.release_waiting("j", 1);
+    service.bring_back(job, recovery.clone(), now);
+    let mut queued = Vec::new();
+    while let Some((_, due)) = service.backlog.pop_front() {
+        queued.push(due.period.label);
+    }
+    queued.extend(waiting(&service));
+    let times = queued.iter().filter(|l| **l == recovery.period.label);
+    assert_eq!(times.count(), 1, "{queued:?}");
+}
