@@ -27,7 +27,11 @@ BEGIN
         ON CONFLICT (period_key) DO UPDATE SET
             state = 'running',
             attempt = excluded.attempt,
-            trigger = excluded.trigger,
+            -- A period an upstream rerun reopened is taken as that rerun
+            -- by any claim but a manual one.
+            trigger = CASE WHEN c.state = 'released' AND c.trigger = 'upstream'
+                                AND excluded.trigger = 'recovery' THEN 'upstream'
+                           ELSE excluded.trigger END,
             owner = excluded.owner,
             lease_until = excluded.lease_until,
             retry_at = NULL,

@@ -146,10 +146,11 @@ impl Ask {
             trigger: self.due.trigger,
             concurrency: self.job.concurrency,
             force: self.mode.force,
-            // A period that waited, or was reopened, for its upstream
-            // periods keeps its trigger `upstream` (a claim otherwise
-            // calls the taking of a released claim a recovery).
-            manual: self.mode.manual || self.due.trigger == Trigger::Upstream,
+            // A period that waited for its upstream periods is claimed as
+            // the schedule claims (another replica may have run it and
+            // failed it for good); one an upstream rerun reopened keeps its
+            // trigger `upstream` by the claim's own rule.
+            manual: self.mode.manual,
             scheduled_at: self.due.fire,
             asked: self.by.as_deref().map(|by| Asked {
                 how: self.mode.words(),

@@ -1240,6 +1240,83 @@ async fn a_stale_period_is_reopened_once_by_its_attempt(store: Store) {
     assert_eq!(again.attempt, 3);
 }
 
+/// A period asked for as `upstream` (one that waited for its upstream
+/// periods, or that an upstream rerun reopened) takes a reopened period
+/// as that rerun, but a failed one only when its retry is due: meanwhile
+/// another replica may have run it and failed for good, and a retry
+/// budget spent is not spent again. Before, the ask was made as a manual
+/// one, which takes any failed period.
+async fn an_upstream_ask_takes_a_failed_period_only_when_its_retry_is_due(store: Store) {
+    use scheduler::engine::{Ask, Engine, Taken, due::Due};
+    let job = std::sync::Arc::new(job("schedule = \"0 2 1 * *\"\nperiod = \"month\""));
+    let engine = Engine::new(store.clone(), Duration::from_secs(60), "w".into()).unwrap();
+    let period = month("2026-07");
+    let ask = Ask::scheduled(
+        job.clone(),
+        Due {
+            fire: period.end,
+            period: period.clone(),
+            trigger: Trigger::Upstream,
+            shard: None,
+        },
+    );
+    let claim = async || {
+        engine
+            .claim(std::slice::from_ref(&ask))
+            .await
+            .unwrap()
+            .remove(0)
+    };
+    // A lease from each won ask: the ask's mark of its period as running
+    // here ends with it.
+    let won_ask = async || match claim().await {
+        Taken::Won(won) => won.lease.clone(),
+        _ => panic!("expected to win"),
+    };
+    let first = won_ask().await;
+    assert_eq!(first.trigger, Trigger::Upstream);
+    assert!(
+        store
+            .finish(&first, &failed(Some(Duration::from_secs(3600))))
+            .await
+            .unwrap()
+    );
+    assert!(
+        matches!(
+            claim().await,
+            Taken::Not(Claim::Failed {
+                retry_at: Some(_),
+                ..
+            })
+        ),
+        "a retry not due yet is not taken"
+    );
+    let by_hand = ClaimRequest {
+        job: "t",
+        manual: true,
+        trigger: Trigger::Manual,
+        ..request(&period, "m")
+    };
+    let second = won(&store, &by_hand).await;
+    assert!(store.finish(&second, &failed(None)).await.unwrap());
+    assert!(
+        matches!(
+            claim().await,
+            Taken::Not(Claim::Failed { retry_at: None, .. })
+        ),
+        "a spent retry budget is not spent again"
+    );
+    let forced = ClaimRequest {
+        force: true,
+        ..by_hand
+    };
+    let third = won(&store, &forced).await;
+    assert!(store.finish(&third, &succeeded()).await.unwrap());
+    assert!(store.reopen("t:2026-07", third.attempt).await.unwrap());
+    let reopened = won_ask().await;
+    assert_eq!((reopened.attempt, reopened.trigger), (4, Trigger::Upstream));
+}
+
 /// An Idempotency-Key is new once; after that it is known, in progress
 /// and then with its answer; a key in progress past its bound is taken
 /// over by the same request only; freeing one in progress makes it new
@@ -1572,6 +1649,7 @@ conformance!(
     an_outcome_written_just_after_a_release_is_kept,
     a_waiting_period_is_woken_by_the_success_of_the_key_it_watches,
     a_stale_period_is_reopened_once_by_its_attempt,
+    an_upstream_ask_takes_a_failed_period_only_when_its_retry_is_due,
     prune_keeps_what_a_waiting_period_needs,
 );
 

@@ -382,6 +382,8 @@ static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             attempt = scheduler_claims.attempt + 1,
             trigger = CASE
                 WHEN ?9 THEN ?6
+                WHEN scheduler_claims.state = 'released'
+                     AND scheduler_claims.trigger = 'upstream' THEN 'upstream'
                 WHEN scheduler_claims.state IN ('running', 'released') THEN 'recovery'
                 WHEN scheduler_claims.state = 'failed' THEN 'retry'
                 ELSE ?6 END,
