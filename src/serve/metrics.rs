@@ -346,8 +346,13 @@ impl JobSeries {
         if let Some(n) = names.numbers.get(job) {
             return *n;
         }
-        names.numbers.insert(Arc::from(job), next);
-        names.labels.push(Arc::from(escape(job, true)));
+        let name: Arc<str> = Arc::from(job);
+        let label = match plain(job) {
+            true => name.clone(),
+            false => Arc::from(escape(job, true)),
+        };
+        names.numbers.insert(name, next);
+        names.labels.push(label);
         next
     }
 
@@ -455,11 +460,16 @@ struct Escaped<'a>(&'a str);
 
 impl std::fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0.contains(['\\', '\n', '"']) {
-            true => f.write_str(&escape(self.0, true)),
-            false => f.write_str(self.0),
+        match plain(self.0) {
+            true => f.write_str(self.0),
+            false => f.write_str(&escape(self.0, true)),
         }
     }
+}
+
+/// Whether label value `value` is written as it is, with nothing to escape.
+fn plain(value: &str) -> bool {
+    !value.contains(['\\', '\n', '"'])
 }
 
 /// A label value (`label`) or a help text, escaped as the text exposition
