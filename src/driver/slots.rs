@@ -520,10 +520,11 @@ impl Batch {
 
     /// Logs an ask not won; one that found no concurrency slot waits for
     /// one: a fire as a catch-up, inside the catch-up window; a recovery as
-    /// a recovery, whatever its age. Its period was claimed once and must
-    /// still be finished, and, as the oldest fire waiting, it takes the
-    /// next free slot (turned into a catch-up, a short `catch_up` dropped
-    /// it, and newer fires took the slot at every scan). One answered
+    /// a recovery, and a period that waited for its upstream periods as
+    /// such, whatever its age. A recovery's period was claimed once and
+    /// must still be finished, and, as the oldest fire waiting, it takes
+    /// the next free slot (turned into a catch-up, a short `catch_up`
+    /// dropped it, and newer fires took the slot at every scan). One answered
     /// elsewhere (run, or running elsewhere) is returned, to be said once
     /// the batch's periods are no longer being asked for.
     fn not_won(&self, ask: Ask, taken: Taken) -> Option<Event> {
@@ -533,7 +534,7 @@ impl Batch {
         match report.status {
             Status::NotWon(Claim::Busy) => {
                 let trigger = match ask.due.trigger {
-                    Trigger::Recovery => Trigger::Recovery,
+                    kept @ (Trigger::Recovery | Trigger::Upstream) => kept,
                     _ => Trigger::CatchUp,
                 };
                 let _ = self

@@ -275,12 +275,12 @@ impl Cells {
         match self {
             Cells::Numbers { blocks, recorded } => {
                 Box::new(recorded.iter().enumerate().flat_map(move |(word, bits)| {
-                    (0..64)
-                        .filter(move |bit| bits & (1 << bit) != 0)
-                        .map(move |bit| {
-                            let n = word * 64 + bit;
-                            (n, Value::Number(&blocks[n / BLOCK].0[n % BLOCK]))
-                        })
+                    let mut left = *bits;
+                    std::iter::from_fn(move || {
+                        let n = word * 64 + left.trailing_zeros() as usize;
+                        left &= left.checked_sub(1)?;
+                        Some((n, Value::Number(&blocks[n / BLOCK].0[n % BLOCK])))
+                    })
                 }))
             }
             Cells::Histograms(all) => Box::new(

@@ -1315,6 +1315,11 @@ async fn an_upstream_ask_takes_a_failed_period_only_when_its_retry_is_due(store:
     assert!(store.reopen("t:2026-07", third.attempt).await.unwrap());
     let reopened = won_ask().await;
     assert_eq!((reopened.attempt, reopened.trigger), (4, Trigger::Upstream));
+    let soon = failed(Some(Duration::from_millis(50)));
+    assert!(store.finish(&reopened, &soon).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let retried = won_ask().await;
+    assert_eq!((retried.attempt, retried.trigger), (5, Trigger::Retry));
 }
 
 /// An Idempotency-Key is new once; after that it is known, in progress
