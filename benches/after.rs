@@ -59,7 +59,7 @@ async fn record_days(
             days.clone().map(move |day| {
                 let fire = at(&format!("2026-{month:02}-{day:02}T01:00:00Z"));
                 let period = job.period.period_of(&job.schedule, fire);
-                (job.name.clone(), period, fire)
+                (job.name.to_string(), period, fire)
             })
         })
         .collect();
@@ -134,7 +134,7 @@ async fn measure(backend: &str, url: &str) {
     let config = Config::parse(std::path::Path::new("jobs.toml"), &jobs_toml(), &|_| None)
         .expect("valid jobs");
     let jobs: Vec<Arc<Job>> = config.jobs;
-    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let names: Vec<String> = jobs.iter().map(|j| j.name.to_string()).collect();
     record_days(&store, &jobs, 7, 1..=30).await;
     let engine = Engine::new(store.clone(), Duration::from_secs(60), "bench".into()).unwrap();
     let fire = at("2026-08-01T02:00:00Z");
@@ -195,7 +195,7 @@ async fn measure(backend: &str, url: &str) {
     let asks: Vec<Ask> = found
         .into_iter()
         .map(|r| {
-            let job = jobs.iter().find(|j| j.name == r.job).unwrap().clone();
+            let job = jobs.iter().find(|j| *j.name == *r.job).unwrap().clone();
             Ask::scheduled(
                 job,
                 Due {

@@ -32,7 +32,7 @@ pub async fn status(
     let jobs: Vec<&Job> = config
         .jobs
         .iter()
-        .filter(|j| only.is_none_or(|name| config.full_name(name) == j.name))
+        .filter(|j| only.is_none_or(|name| config.full_name(name) == *j.name))
         .map(|j| &**j)
         .collect();
     let all = overview::of_jobs(store, &jobs, RECENT, now).await?;
@@ -245,7 +245,7 @@ fn cells(job: &JobOverview<'_>, look: &Look, now: DateTime<Utc>) -> Vec<comfy_ta
     let mut overdue = job.overdue.clone();
     overdue.extend(job.ready.iter().cloned());
     vec![
-        look.cell(job.job.name.clone(), None),
+        look.cell(job.job.name.to_string(), None),
         look.cell(schedule, None),
         next,
         last,

@@ -266,7 +266,7 @@ impl Plan {
         let defined = config.job(&asked.job)?;
         let period = manual::parse_label(defined, &asked.period, Names::FLAGS.period)?;
         Ok(Plan::Logs {
-            job: defined.name.clone(),
+            job: defined.name.to_string(),
             asked: super::logs::Asked {
                 key: PeriodKey::new(&defined.name, &period.label).to_string(),
                 attempt: asked.attempt,

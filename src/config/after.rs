@@ -124,7 +124,7 @@ impl Config {
                     .map(|(up, _)| {
                         let up = &self.jobs[*up];
                         Upstream {
-                            job: up.name.clone(),
+                            job: up.name.to_string(),
                             schedule: up.schedule.clone(),
                             period: up.period,
                             fires: up.fires.clone(),
@@ -151,14 +151,14 @@ impl Config {
             .jobs
             .iter()
             .enumerate()
-            .map(|(i, job)| (job.name.as_str(), i))
+            .map(|(i, job)| (job.name.as_ref(), i))
             .collect();
         let mut edges: Edges = vec![Vec::new(); self.jobs.len()];
         let mut previous = vec![false; self.jobs.len()];
         for (i, job) in self.jobs.iter().enumerate() {
             for named in &job.after.named {
                 let full = self.full_name(&named.name);
-                if full == job.name {
+                if full == *job.name {
                     if job.missed != super::Missed::All {
                         errors.push(named.error(format!(
                             "`after`: `{}` waits for its own previous period, but `missed = \"{}\"` skips the periods missed while nothing ran: the one after a skipped period would wait for it for ever; use `missed = \"all\"` (the default)",

@@ -242,7 +242,7 @@ impl CodeJob {
         }
         let concurrency = self.slots();
         let mut job = Job {
-            name: self.name,
+            name: self.name.into(),
             schedule,
             period: self.period,
             fires: Default::default(),

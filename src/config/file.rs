@@ -201,7 +201,7 @@ impl Reading<'_> {
         if let Some(namespace) = &settings.namespace {
             for job in &mut jobs {
                 let job = Arc::make_mut(job);
-                job.name = format!("{namespace}/{}", job.name);
+                job.name = format!("{namespace}/{}", job.name).into();
             }
             for named in notifiers.iter_mut().filter_map(|n| n.jobs.as_mut()) {
                 for job in named {

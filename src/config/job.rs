@@ -1,6 +1,7 @@
 //! A validated job: when it fires, what a fire covers, what it does and
 //! what becomes of its failures; its definition's fingerprint.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -207,8 +208,10 @@ impl std::fmt::Display for Fingerprint {
 /// A validated job.
 #[derive(Debug, Clone)]
 pub struct Job {
-    /// `[a-z0-9][a-z0-9_-]{0,62}`, unique.
-    pub name: String,
+    /// `[a-z0-9][a-z0-9_-]{0,62}`, unique. Shared: the service's tables
+    /// of each job (its next fire, what it owes, its series) key on it,
+    /// and a clone costs no copy.
+    pub name: Arc<str>,
     /// When it fires.
     pub schedule: Schedule,
     /// What a fire covers.

@@ -243,7 +243,7 @@ impl Config {
         let full = self.full_name(name);
         self.jobs
             .iter()
-            .find(|j| j.name == full)
+            .find(|j| *j.name == *full)
             .map(|j| &**j)
             .ok_or_else(|| nearest(name, self.jobs.iter().map(|j| self.short_name(j))))
     }
@@ -295,7 +295,7 @@ sql = { statement = "SELECT $1", params = ["{period_key}"] }
         let definitions: Vec<(&str, &str)> = config
             .jobs
             .iter()
-            .map(|job| (job.name.as_str(), job.definition.as_str()))
+            .map(|job| (&*job.name, job.definition.as_str()))
             .collect();
         assert_eq!(
             definitions,

@@ -317,7 +317,7 @@ impl JobsRead<'_> {
                 return;
             }
         };
-        if let Some(first) = self.seen.get(&job.name) {
+        if let Some(first) = self.seen.get(&*job.name) {
             let line = at.line_col(first.start).0;
             errors.push(at.error(
                 name_span,
@@ -328,12 +328,12 @@ impl JobsRead<'_> {
             ));
             return;
         }
-        self.seen.insert(job.name.clone(), name_span);
+        self.seen.insert(job.name.to_string(), name_span);
         if let Action::Process(process) = &mut job.action {
             process.inherit.named = vars.names_since(mark);
         }
         for name in vars.missed_since(mark) {
-            self.incomplete.push((job.name.clone(), name));
+            self.incomplete.push((job.name.to_string(), name));
         }
         self.jobs.push(Arc::new(job));
     }

@@ -134,7 +134,7 @@ impl Backlog {
     /// Whether `due` of job `job` is queued ahead of the fires.
     pub(super) fn holds_ahead(&self, job: &str, due: &Due) -> bool {
         self.again.iter().any(|(queued, ahead)| {
-            queued.name == job
+            *queued.name == *job
                 && ahead.fire == due.fire
                 && ahead.shard == due.shard
                 && ahead.period.label == due.period.label

@@ -18,7 +18,7 @@ impl Service {
     /// whose fires fall after the newest one ever claimed, within the
     /// catch-up window and not before the job was first seen.
     pub(super) async fn catch_up(&mut self) -> Result<(), Error> {
-        let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
+        let names: Vec<String> = self.jobs.iter().map(|j| j.name.to_string()).collect();
         let store = self.engine.store().clone();
         let records = store.see_jobs(&names).await?;
         let last_fires = store.last_fires(&names).await?;
@@ -27,10 +27,10 @@ impl Service {
         let sighted = self
             .jobs
             .iter()
-            .filter_map(|job| Some((&**job, records.get(&job.name)?)));
+            .filter_map(|job| Some((&**job, records.get(&*job.name)?)));
         self.owed = crate::engine::owed::owed_from_all(&store, sighted, now).await;
         for job in self.jobs.clone() {
-            let (Some(record), Some(&owed)) = (records.get(&job.name), self.owed.get(&job.name))
+            let (Some(record), Some(&owed)) = (records.get(&*job.name), self.owed.get(&*job.name))
             else {
                 continue;
             };
@@ -38,11 +38,11 @@ impl Service {
                 crate::engine::due::log_first_sighting(&job, owed);
             }
             let mut since = window.max(owed);
-            if let Some(last) = last_fires.get(&job.name) {
+            if let Some(last) = last_fires.get(&*job.name) {
                 since = since.max(*last + TimeDelta::nanoseconds(1));
             }
             if record.paused {
-                self.paused.insert(job.name.clone(), since);
+                self.paused.insert(job.name.to_string(), since);
                 continue;
             }
             let partly = partly_claimed(&store, &job, window.max(owed)).await?;
@@ -103,7 +103,7 @@ impl Service {
     /// whose first sighting is not known here yet (the database did not
     /// answer the reload that brought it).
     pub(super) fn owed_since(&self, job: &Job) -> Option<DateTime<Utc>> {
-        self.owed.get(&job.name).copied()
+        self.owed.get(&*job.name).copied()
     }
 
     /// Follows the pauses in the database (a scan) or the API's: a newly

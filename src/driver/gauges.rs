@@ -3,6 +3,7 @@
 //! waiting and ready periods; a removed job's are set to zero.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Service;
@@ -45,7 +46,7 @@ impl Service {
     pub(super) fn show_paused(&mut self, paused: &HashSet<String>) {
         if self.paused_shown.as_ref() != Some(paused) {
             for job in &self.jobs {
-                let on = f64::from(u8::from(paused.contains(&job.name)));
+                let on = f64::from(u8::from(paused.contains(&*job.name)));
                 metrics::gauge!("scheduler_paused", "job" => job.name.clone()).set(on);
             }
             self.paused_shown = Some(paused.clone());
@@ -72,7 +73,7 @@ impl Service {
             let exhausted = store.exhausted().await;
             // Waiting and ready as `status` has them: the one rule over
             // the periods noted waiting, for the jobs with `after`.
-            let mut waiting: HashMap<String, (usize, usize)> = HashMap::new();
+            let mut waiting: HashMap<Arc<str>, (usize, usize)> = HashMap::new();
             for job in jobs.iter().filter(|job| job.after.any()) {
                 match crate::engine::overview::waiting_and_ready(&store, job, now).await {
                     Ok((w, r)) => waiting.insert(job.name.clone(), (w.len(), r.len())),
@@ -86,19 +87,19 @@ impl Service {
             for job in &jobs {
                 // A paused job skips its fires by design, as `status` has
                 // it: none is overdue, none late.
-                let open = |counts: &HashMap<String, usize>| match paused.contains(&job.name) {
+                let open = |counts: &HashMap<Arc<str>, usize>| match paused.contains(&*job.name) {
                     true => 0,
-                    false => counts.get(&job.name).copied().unwrap_or(0),
+                    false => counts.get(&*job.name).copied().unwrap_or(0),
                 };
                 let gauge = |name: &'static str| metrics::gauge!(name, "job" => job.name.clone());
                 gauge("scheduler_overdue_periods").set(open(&overdue) as f64);
-                let spent = exhausted.get(&job.name).copied().unwrap_or(0);
+                let spent = exhausted.get(&*job.name).copied().unwrap_or(0);
                 gauge("scheduler_retries_exhausted_periods").set(spent as f64);
                 if gauges.late(job) {
                     gauge("scheduler_late_periods").set(open(&late) as f64);
                 }
                 if gauges.waiting(job) {
-                    let (w, r) = waiting.get(&job.name).copied().unwrap_or_default();
+                    let (w, r) = waiting.get(&*job.name).copied().unwrap_or_default();
                     gauge("scheduler_waiting_periods").set(w as f64);
                     gauge("scheduler_ready_periods").set(r as f64);
                 }
@@ -135,25 +136,25 @@ pub(super) fn retire_gauges(job: &str) {
 /// the recorder's table each minute, an index into a slot.
 #[derive(Default)]
 pub(super) struct JobGauges {
-    late: HashSet<String>,
-    waiting: HashSet<String>,
+    late: HashSet<Arc<str>>,
+    waiting: HashSet<Arc<str>>,
 }
 
 impl JobGauges {
     /// Whether `job` has a late gauge to set; one with a `deadline` gets it.
     fn late(&mut self, job: &Job) -> bool {
-        if job.deadline.is_some() && !self.late.contains(&job.name) {
+        if job.deadline.is_some() && !self.late.contains(&*job.name) {
             self.late.insert(job.name.clone());
         }
-        self.late.contains(&job.name)
+        self.late.contains(&*job.name)
     }
 
     /// Whether `job` has waiting and ready gauges to set; one with `after`
     /// gets them.
     fn waiting(&mut self, job: &Job) -> bool {
-        if job.after.any() && !self.waiting.contains(&job.name) {
+        if job.after.any() && !self.waiting.contains(&*job.name) {
             self.waiting.insert(job.name.clone());
         }
-        self.waiting.contains(&job.name)
+        self.waiting.contains(&*job.name)
     }
 }

@@ -57,17 +57,17 @@ enum Event {
     Scanned(Box<Scanned>),
     /// No concurrency slot (or no database): try again at the next scan,
     /// or, for a slot, when a run of the job ends here.
-    Again(String, Due),
+    Again(Arc<str>, Due),
     /// Claims not decided because another claim of their jobs was under
     /// way: asked for again now, whatever the catch-up window.
-    Contended(Vec<(String, Due)>),
+    Contended(Vec<(Arc<str>, Due)>),
     /// A run of this job ended here (`true`: it succeeded); its slot is
     /// free.
     Done(String, bool),
     /// A period of this job was answered without a run here and without
     /// waiting (it runs elsewhere, or ran): the next of its periods
     /// waiting here is asked for.
-    Answered(String),
+    Answered(Arc<str>),
     /// A run (or an `sql` group) ended; its `max_running` slot is free.
     Free,
     /// The claims of these periods (job, fire) were answered: a newer
@@ -91,6 +91,10 @@ pub trait Companion: Send + Sync {
     fn finish_runs(&self) -> crate::handler::BoxFuture<'_, ()>;
 }
 
+/// A job's periods waiting for a slot or for the database, by fire and
+/// period key.
+type Waiting = BTreeMap<(DateTime<Utc>, String), Due>;
+
 /// The long-running scheduler: the loop a front end drives
 /// ([`Service::serve`]) until shutdown.
 pub struct Service {
@@ -108,7 +112,7 @@ pub struct Service {
     /// From when each job owes its fires, as its first sighting fixed it
     /// ([`crate::engine::due::owed_from`]), whatever finds them (the timer
     /// resumed by a reload, a catch-up, a resume).
-    owed: HashMap<String, DateTime<Utc>>,
+    owed: HashMap<Arc<str>, DateTime<Utc>>,
     timer: Timer,
     /// Every fire up to this instant has been dispatched: a timer built
     /// anew (a reload) goes on from here for the jobs it had, so a fire that
@@ -124,7 +128,7 @@ pub struct Service {
     /// that others wait for succeeded here.
     scan_now: bool,
     /// The jobs whose periods other jobs wait for (`after`).
-    upstream: HashSet<String>,
+    upstream: HashSet<Arc<str>>,
     /// Upstream successes from here on may make periods of jobs that
     /// rerun on them stale: the next scan looks from here.
     reruns_since: Option<DateTime<Utc>>,
@@ -140,7 +144,7 @@ pub struct Service {
     /// Periods waiting for a concurrency slot of their job or for the
     /// database: by job, oldest fire first. A job's new fires queue behind
     /// them, never overtaking.
-    waiting: HashMap<String, BTreeMap<(DateTime<Utc>, String), Due>>,
+    waiting: HashMap<Arc<str>, Waiting>,
     /// Periods whose claims were asked for here and are not answered yet:
     /// by job, their fires. A newer period of a job waits for them.
     asking: HashMap<slots::ByName, Vec<DateTime<Utc>>>,
@@ -428,7 +432,7 @@ impl Service {
             if !self.admits(job, due, now) {
                 return false;
             }
-            if self.waiting.contains_key(&job.name) {
+            if self.waiting.contains_key(&*job.name) {
                 behind.push((job.name.clone(), due.clone()));
                 return false;
             }
@@ -467,7 +471,7 @@ impl Service {
                 for (name, due) in asks {
                     if let Some(job) = self.job(&name)
                         && !*self.shutdown.borrow()
-                        && !self.paused.contains_key(&name)
+                        && !self.paused.contains_key(&*name)
                         && slots::still_timed(&job, &due)
                     {
                         // Ahead of the fires queued since, its job's newer
@@ -480,7 +484,7 @@ impl Service {
             Event::Done(name, succeeded) => {
                 // A success of a job others wait for: the scan that claims
                 // what waited on it runs now, not at its interval.
-                if succeeded && self.upstream.contains(&name) {
+                if succeeded && self.upstream.contains(&*name) {
                     self.scan_now = true;
                 }
                 self.release_waiting(&name, 1);
@@ -502,10 +506,10 @@ impl Service {
 
 /// The jobs whose periods other jobs (or, by naming themselves, they
 /// themselves) wait for.
-fn upstream_jobs(jobs: &[Arc<Job>]) -> HashSet<String> {
+fn upstream_jobs(jobs: &[Arc<Job>]) -> HashSet<Arc<str>> {
     let mut upstream = HashSet::new();
     for job in jobs {
-        upstream.extend(job.after.upstream.iter().map(|up| up.job.clone()));
+        upstream.extend(job.after.upstream.iter().map(|up| up.job.as_str().into()));
         if job.after.previous {
             upstream.insert(job.name.clone());
         }
@@ -535,7 +539,7 @@ impl Index {
     fn find(&self, jobs: &[Arc<Job>], name: &str) -> Option<usize> {
         let at = self
             .0
-            .binary_search_by(|i| jobs[*i].name.as_str().cmp(name))
+            .binary_search_by(|i| jobs[*i].name.as_ref().cmp(name))
             .ok()?;
         Some(self.0[at])
     }

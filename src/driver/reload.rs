@@ -90,12 +90,12 @@ impl Service {
         // owes is taken afresh, and a claimed one (a recovery, a retry, one
         // woken by its upstream) comes back with the next scan.
         for job in &retimed {
-            self.waiting.remove(&job.name);
+            self.waiting.remove(&*job.name);
         }
         if !retimed.is_empty() {
-            let retimed: HashSet<&str> = retimed.iter().map(|job| job.name.as_str()).collect();
+            let retimed: HashSet<&str> = retimed.iter().map(|job| job.name.as_ref()).collect();
             self.backlog
-                .retain_mut(|(queued, _)| !retimed.contains(queued.name.as_str()));
+                .retain_mut(|(queued, _)| !retimed.contains(queued.name.as_ref()));
         }
         for job in first_sighted.into_iter().chain(retimed).chain(returning) {
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now, Vec::new());
@@ -116,7 +116,7 @@ impl Service {
                 self.by_name
                     .find(&self.jobs, &job.name)
                     .is_some_and(|i| self.jobs[i].when != job.when)
-                    && !self.paused.contains_key(&job.name)
+                    && !self.paused.contains_key(&*job.name)
             })
             .cloned()
             .collect()
@@ -137,8 +137,8 @@ impl Service {
             .filter(|job| {
                 self.by_name.find(&self.jobs, &job.name).is_none()
                     && !first_sighted.iter().any(|new| new.name == job.name)
-                    && !paused.contains(&job.name)
-                    && !self.paused.contains_key(&job.name)
+                    && !paused.contains(&*job.name)
+                    && !self.paused.contains_key(&*job.name)
             })
             .cloned()
             .collect()
@@ -182,7 +182,7 @@ impl Service {
         &mut self,
         jobs: &[Arc<Job>],
     ) -> Option<(Vec<Arc<Job>>, HashSet<String>)> {
-        let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        let names: Vec<String> = jobs.iter().map(|j| j.name.to_string()).collect();
         // A job this reload shows the database for the first time owes its
         // latest fire within catch_up, as at a start (docs/commands.md).
         let mut first_sighted = Vec::new();
@@ -192,17 +192,17 @@ impl Service {
             Ok(records) => {
                 let sighted = jobs
                     .iter()
-                    .filter_map(|job| Some((&**job, records.get(&job.name)?)));
+                    .filter_map(|job| Some((&**job, records.get(&*job.name)?)));
                 self.owed =
                     crate::engine::owed::owed_from_all(&store, sighted, self.clock.now()).await;
                 for job in jobs {
                     let (Some(record), Some(&owed)) =
-                        (records.get(&job.name), self.owed.get(&job.name))
+                        (records.get(&*job.name), self.owed.get(&*job.name))
                     else {
                         continue;
                     };
                     if record.paused {
-                        paused.insert(job.name.clone());
+                        paused.insert(job.name.to_string());
                     }
                     if record.new {
                         crate::engine::due::log_first_sighting(job, owed);

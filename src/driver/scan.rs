@@ -34,7 +34,7 @@ pub(super) struct Scanned {
     found: Result<Vec<Reclaimable>, Error>,
     /// Succeeded periods reopened because a period they needed succeeded
     /// again (`on_upstream_rerun = "rerun"`).
-    reopened: Result<(Vec<(String, Due)>, bool), Error>,
+    reopened: Result<(crate::engine::rerun::Reopened, bool), Error>,
     /// Where the scan's look for upstream successes began.
     reruns_since: DateTime<Utc>,
     /// Every waiting period was to go to the gate and could not be read:
@@ -54,7 +54,7 @@ impl Service {
         self.scanning = true;
         self.scan_now = false;
         let store = self.engine.store().clone();
-        let names: Vec<String> = self.jobs.iter().map(|j| j.name.clone()).collect();
+        let names: Vec<String> = self.jobs.iter().map(|j| j.name.to_string()).collect();
         let events = self.events.0.clone();
         let rerun: Vec<Arc<Job>> = self
             .jobs
@@ -114,7 +114,7 @@ impl Service {
             }
             Err(e) => tracing::warn!("scan: cannot read paused jobs: {e}"),
         }
-        let waiting: Vec<String> = self.waiting.keys().cloned().collect();
+        let waiting: Vec<String> = self.waiting.keys().map(|name| name.to_string()).collect();
         for name in waiting {
             let slots = self.job(&name).map_or(1, |job| job.concurrency as usize);
             self.release_waiting(&name, slots);

@@ -28,7 +28,7 @@ const CONTENDED_AGAIN: Duration = Duration::from_millis(100);
 impl Service {
     /// Queues `due` of job `job` to wait for a concurrency slot (or the
     /// database), in fire order behind the job's other waiting periods.
-    pub(super) fn wait(&mut self, job: String, due: Due) {
+    pub(super) fn wait(&mut self, job: Arc<str>, due: Due) {
         let key = (due.fire, due.key(&job).to_string());
         self.waiting.entry(job).or_default().insert(key, due);
     }
@@ -79,10 +79,10 @@ impl Service {
     fn overtakes(&self, job: &Job, due: &Due) -> bool {
         let waits = self
             .waiting
-            .get(&job.name)
+            .get(&*job.name)
             .and_then(|queue| queue.first_key_value())
             .is_some_and(|((oldest, _), _)| *oldest < due.fire);
-        let asked = self.asking.get(job.name.as_str()).map_or(0, |fires| {
+        let asked = self.asking.get(job.name.as_ref()).map_or(0, |fires| {
             fires.iter().filter(|fire| **fire < due.fire).count()
         });
         waits || asked >= job.concurrency as usize
@@ -92,14 +92,14 @@ impl Service {
     /// already): they are no longer being asked for.
     pub(super) fn answered(&mut self, asked: Vec<(Arc<Job>, DateTime<Utc>)>) {
         for (job, fire) in asked {
-            let Some(fires) = self.asking.get_mut(job.name.as_str()) else {
+            let Some(fires) = self.asking.get_mut(job.name.as_ref()) else {
                 continue;
             };
             if let Some(at) = fires.iter().position(|f| *f == fire) {
                 fires.swap_remove(at);
             }
             if fires.is_empty() {
-                self.asking.remove(job.name.as_str());
+                self.asking.remove(job.name.as_ref());
             }
         }
         // A burst's 10,000 entries are not kept for the next.
@@ -135,7 +135,7 @@ impl Service {
     /// both places: adversarial review).
     pub(super) fn bring_back(&mut self, job: Arc<Job>, due: Due, now: DateTime<Utc>) {
         let key = (due.fire, due.key(&job.name).to_string());
-        let waits = self.waiting.get_mut(&job.name);
+        let waits = self.waiting.get_mut(&*job.name);
         if let Some(waits) = waits.and_then(|queue| queue.get_mut(&key)) {
             waits.trigger = due.trigger;
             return;
@@ -149,7 +149,7 @@ impl Service {
     /// paused job, not past the catch-up window.
     pub(super) fn admits(&self, job: &Job, due: &Due, now: DateTime<Utc>) -> bool {
         !*self.shutdown.borrow()
-            && !self.paused.contains_key(&job.name)
+            && !self.paused.contains_key(&*job.name)
             && !self.too_old(job, due, now)
     }
 
@@ -175,7 +175,7 @@ impl Service {
         let old = !kept && due.fire < now - window;
         if old {
             tracing::warn!(
-                job = job.name,
+                job = &*job.name,
                 period = due.period.label,
                 "dropped: older than the catch-up window"
             );
@@ -237,7 +237,7 @@ impl Service {
         while let Some((job, due)) = self.backlog.front() {
             // What waited for `max_running` past the window is dropped as
             // what waited for `concurrency` is.
-            let dropped = self.paused.contains_key(&job.name) || self.too_old(job, due, now);
+            let dropped = self.paused.contains_key(&*job.name) || self.too_old(job, due, now);
             // Fired before an older period of its job found no slot: it
             // waits behind that period, as a fire after it does.
             let waits = !dropped && self.overtakes(job, due);
@@ -319,7 +319,7 @@ impl Service {
     /// The oldest fire of job `name` that waits here for a slot.
     pub(super) fn oldest_queued_fire(&self, name: &str) -> Option<DateTime<Utc>> {
         let queued = self.pending.iter().chain(self.backlog.iter());
-        let queued = queued.map(|(job, due)| (job.name.as_str(), due));
+        let queued = queued.map(|(job, due)| (job.name.as_ref(), due));
         let queued = queued
             .filter(|(job, _)| *job == name)
             .map(|(_, due)| due.fire)
@@ -349,7 +349,7 @@ impl Eq for ByName {}
 
 impl std::hash::Hash for ByName {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.name.as_str().hash(state);
+        self.0.name.as_ref().hash(state);
     }
 }
 
@@ -411,13 +411,13 @@ impl AnsweredOnDrop {
 
     /// Those of `periods` among these, taken out: answered when the
     /// returned guard is dropped, not this one.
-    fn split(&mut self, periods: &[(String, Due)]) -> AnsweredOnDrop {
+    fn split(&mut self, periods: &[(Arc<str>, Due)]) -> AnsweredOnDrop {
         let mut split = AnsweredOnDrop::new(self.1.clone());
         for (job, due) in periods {
             let at = self
                 .0
                 .iter()
-                .position(|(j, f)| j.name == *job && *f == due.fire);
+                .position(|(j, f)| *j.name == **job && *f == due.fire);
             if let Some(at) = at {
                 split.0.push(self.0.swap_remove(at));
             }
@@ -437,7 +437,7 @@ impl Drop for AnsweredOnDrop {
 impl Batch {
     async fn go(mut self) {
         let units = std::mem::take(&mut self.units);
-        let periods: Vec<(String, Due)> = units
+        let periods: Vec<(Arc<str>, Due)> = units
             .iter()
             .flatten()
             .map(|ask| (ask.job.name.clone(), ask.due.clone()))
@@ -505,7 +505,7 @@ impl Batch {
     /// Asks again for what another claim of the same jobs kept undecided,
     /// once that claim is likely committed (and its keys answered without
     /// a lock). They count as being asked for until then.
-    fn ask_again(&mut self, contended: Vec<(String, Due)>) {
+    fn ask_again(&mut self, contended: Vec<(Arc<str>, Due)>) {
         if contended.is_empty() {
             return;
         }

@@ -180,7 +180,7 @@ mod tests {
         let jobs = jobs(TWO_JOBS);
         let mut timer = Timer::resumed(
             &jobs,
-            |job| (job.name == "a").then(|| at("2026-07-15T10:00:30Z")),
+            |job| (&*job.name == "a").then(|| at("2026-07-15T10:00:30Z")),
             at("2026-07-15T10:03:30Z"),
         );
         let mut due = popped(&mut timer, &jobs, "2026-07-15T10:03:30Z");

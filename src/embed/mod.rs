@@ -303,7 +303,7 @@ impl Scheduler {
 
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let jobs: Vec<&str> = self.config.jobs.iter().map(|j| j.name.as_str()).collect();
+        let jobs: Vec<&str> = self.config.jobs.iter().map(|j| j.name.as_ref()).collect();
         f.debug_struct("Scheduler")
             .field("owner", &self.engine.owner())
             .field("jobs", &jobs)
@@ -492,7 +492,7 @@ impl Builder {
         config.settings.check()?;
         for job in self.jobs {
             let mut job = job.validate(&config.settings)?;
-            job.name = config.full_name(&job.name).into_owned();
+            job.name = config.full_name(&job.name).into();
             if config.jobs.iter().any(|j| j.name == job.name) {
                 return Err(Error::Config(ConfigError {
                     place: format!("code job `{}`", job.name),
@@ -594,7 +594,7 @@ impl Builder {
                 settings.namespace = Some(code.clone());
                 for job in &mut config.jobs {
                     let job = Arc::make_mut(job);
-                    job.name = format!("{code}/{}", job.name);
+                    job.name = format!("{code}/{}", job.name).into();
                 }
             }
             _ => {}

@@ -29,7 +29,7 @@ pub struct Run<'a> {
 impl Values for Run<'_> {
     fn value(&self, name: &str) -> String {
         match name {
-            "job" => self.job.name.clone(),
+            "job" => self.job.name.to_string(),
             "period" => self.period.label.clone(),
             "period_key" => self.key.to_string(),
             "period_start" => utc_text(self.period.start),

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -157,7 +158,7 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
         needed.push(Needed {
             key: PeriodKey::new(&job.name, &p.label).to_string(),
             fire: job.timing().of(&p),
-            job: job.name.clone(),
+            job: job.name.to_string(),
             label: p.label.clone(),
             period: p,
             shards: job.shards,
@@ -175,7 +176,7 @@ pub fn upstream_of(job: &Job, period: &Period) -> Vec<(String, String)> {
     let mut seen = HashSet::new();
     needed(job, period)
         .into_iter()
-        .filter(|n| n.job != job.name && seen.insert(n.key.clone()))
+        .filter(|n| n.job != *job.name && seen.insert(n.key.clone()))
         .map(|n| (n.job, n.label))
         .collect()
 }
@@ -232,12 +233,12 @@ pub async fn look(
     // From when each of them owes its fires (docs/commands.md).
     let mut previous: Vec<&Job> = Vec::new();
     for (job, _) in asked {
-        if jobs.contains(&job.name) && !previous.iter().any(|p| p.name == job.name) {
+        if jobs.iter().any(|j| *j == *job.name) && !previous.iter().any(|p| p.name == job.name) {
             previous.push(job);
         }
     }
     let owing = super::owed::owing(store, previous, now).await?;
-    let owed: HashMap<String, DateTime<Utc>> = asked
+    let owed: HashMap<Arc<str>, DateTime<Utc>> = asked
         .iter()
         .filter_map(|(job, _)| Some((job.name.clone(), owing.owed_from(&job.name)?)))
         .collect();
@@ -264,7 +265,7 @@ pub async fn look(
 fn standing(
     needs: Vec<Needed>,
     rows: &HashMap<String, PeriodClaims>,
-    owed: &HashMap<String, DateTime<Utc>>,
+    owed: &HashMap<Arc<str>, DateTime<Utc>>,
     noted: &HashMap<String, String>,
     now: DateTime<Utc>,
 ) -> Upstream {
@@ -285,7 +286,7 @@ fn standing(
             && !noted.contains_key(&need.key)
             && need
                 .fire
-                .is_some_and(|fire| fire < owed.get(&need.job).copied().unwrap_or(now));
+                .is_some_and(|fire| fire < owed.get(need.job.as_str()).copied().unwrap_or(now));
         if before_first_seen {
             continue;
         }

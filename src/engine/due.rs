@@ -87,7 +87,7 @@ pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
     match job.timing().latest(first_seen).filter(|f| f.at == owed) {
         Some(fire) => tracing::info!(
             target: "scheduler::sighting",
-            job = job.name,
+            job = &*job.name,
             owes_from = since,
             "first seen: its latest fire ({}, period {}) is within catch_up and runs; nothing older runs on its own (an adopt — `scheduler adopt`, `Scheduler::adopt` — records what an earlier system ran)",
             crate::period::utc_text(fire.at),
@@ -95,7 +95,7 @@ pub fn log_first_sighting(job: &Job, first_seen: DateTime<Utc>) {
         ),
         None => tracing::info!(
             target: "scheduler::sighting",
-            job = job.name,
+            job = &*job.name,
             owes_from = since,
             "first seen: its latest fire is older than catch_up, so nothing runs before its next fire; older periods run only by hand"
         ),
@@ -279,7 +279,7 @@ pub(crate) fn fires_since(
 /// then fails shows by then.
 #[derive(Default)]
 pub struct OverdueCount {
-    jobs: HashMap<String, Open>,
+    jobs: HashMap<Arc<str>, Open>,
     /// When every period of the window was last listed.
     listed: Option<DateTime<Utc>>,
 }
@@ -321,7 +321,7 @@ impl OverdueCount {
         jobs: &[Arc<Job>],
         catch_up: std::time::Duration,
         now: DateTime<Utc>,
-    ) -> Result<HashMap<String, usize>, Error> {
+    ) -> Result<HashMap<Arc<str>, usize>, Error> {
         let counted = self.count_on(store, jobs, catch_up, now).await;
         if counted.is_err() {
             *self = OverdueCount::default();
@@ -332,7 +332,7 @@ impl OverdueCount {
     /// How many of the periods the last count left open are late, by job
     /// name: a job with a `deadline` whose period's fire is that long ago
     /// and has not succeeded (running ones included).
-    pub fn late(&self, now: DateTime<Utc>) -> HashMap<String, usize> {
+    pub fn late(&self, now: DateTime<Utc>) -> HashMap<Arc<str>, usize> {
         self.jobs
             .iter()
             .filter_map(|(name, open)| {
@@ -353,7 +353,7 @@ impl OverdueCount {
         jobs: &[Arc<Job>],
         catch_up: std::time::Duration,
         now: DateTime<Utc>,
-    ) -> Result<HashMap<String, usize>, Error> {
+    ) -> Result<HashMap<Arc<str>, usize>, Error> {
         let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
         let owing = super::owed::owing(store, jobs.iter().map(|job| &**job), now).await?;
         self.jobs.retain(|name, _| owing.owed_from(name).is_some());
@@ -361,7 +361,7 @@ impl OverdueCount {
             self.jobs.clear();
             self.listed = Some(now);
         }
-        let mut counted: HashMap<String, usize> = HashMap::new();
+        let mut counted: HashMap<Arc<str>, usize> = HashMap::new();
         // Periods to look up, a statement's worth at a time: the new fires
         // of a minute (60 of an every-second job) are never all held.
         let mut asked: Vec<Looked> = Vec::new();
@@ -427,7 +427,7 @@ impl OverdueCount {
         &mut self,
         store: &Store,
         asked: &mut Vec<Looked>,
-        counted: &mut HashMap<String, usize>,
+        counted: &mut HashMap<Arc<str>, usize>,
     ) -> Result<(), Error> {
         if asked.is_empty() {
             return Ok(());
@@ -435,7 +435,7 @@ impl OverdueCount {
         let keys: Vec<String> = asked.iter().map(|a| a.key.clone()).collect();
         let periods: Vec<(&str, &Period, u32)> = asked
             .iter()
-            .map(|a| (a.job.name.as_str(), &a.period, a.job.shards))
+            .map(|a| (a.job.name.as_ref(), &a.period, a.job.shards))
             .collect();
         let claims = super::shards::read(store, &periods).await?;
         let waiting = waiting_among(store, &keys, |name| {
@@ -455,7 +455,7 @@ impl OverdueCount {
             if !matches!(claim, Some(Claim::Held { .. })) && !waiting.contains_key(&key) {
                 *counted.entry(name.clone()).or_default() += 1;
             }
-            if let Some(open) = self.jobs.get_mut(name)
+            if let Some(open) = self.jobs.get_mut(&**name)
                 && let Err(at) = open.fires.binary_search(&fire)
             {
                 open.fires.insert(at, fire);
@@ -562,7 +562,7 @@ async fn were_late_in(
             .filter(|d| d.fire >= since && d.first_of_period())
         {
             asked.push(Asked {
-                job: job.name.clone(),
+                job: job.name.to_string(),
                 key: PeriodKey::new(&job.name, &d.period.label).to_string(),
                 period: d.period.clone(),
                 shards: job.shards,

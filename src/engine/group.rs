@@ -3,6 +3,7 @@
 //! committed together, so 10,000 in-database jobs are not 10,000 commits.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -349,7 +350,7 @@ pub(super) struct Quick(Mutex<Learned>);
 struct Learned {
     /// Job name → what its statements showed here, under the definition
     /// they ran under (a reload that changes the job starts it afresh).
-    jobs: HashMap<String, Record>,
+    jobs: HashMap<Arc<str>, Record>,
     /// Statement texts that proved quick here.
     statements: HashSet<String>,
 }
@@ -365,7 +366,7 @@ impl Learned {
     /// What `job`, as it is defined now, showed here.
     fn record(&self, job: &Job) -> Option<&Record> {
         self.jobs
-            .get(&job.name)
+            .get(&*job.name)
             .filter(|record| record.definition == job.definition)
     }
 }

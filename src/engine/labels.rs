@@ -180,7 +180,7 @@ pub(super) fn bounds(
         if is_empty(&first) || (first.start >= last.start && is_empty(&last)) {
             return Err(Error::NoSuchPeriod {
                 field: names.from,
-                job: job.name.clone(),
+                job: job.name.to_string(),
                 message: format!(
                     "the range holds no period: a spring-forward skips {skipped} in {}",
                     job.schedule.zone().name()
@@ -195,7 +195,7 @@ pub(super) fn bounds(
     if last.start < first.start || reversed {
         return Err(Error::NoSuchPeriod {
             field: names.to,
-            job: job.name.clone(),
+            job: job.name.to_string(),
             message: format!("{} comes before {} {}", last.label, names.from, first.label),
             label: last.label,
         });
@@ -219,7 +219,7 @@ pub fn parse_label(job: &Job, label: &str, flag: &'static str) -> Result<Period,
         .parse_label(&job.schedule, label)
         .map_err(|e| Error::NoSuchPeriod {
             field: flag,
-            job: job.name.clone(),
+            job: job.name.to_string(),
             label: label.to_owned(),
             message: format!("{e} (job `{}` has {} periods)", job.name, job.period.unit),
         })
@@ -256,7 +256,7 @@ pub(super) fn refuse_fireless(job: &Job, period: &Period, flag: &'static str) ->
     }
     Err(Error::NoSuchPeriod {
         field: flag,
-        job: job.name.clone(),
+        job: job.name.to_string(),
         label: period.label.clone(),
         message: format!(
             "no fire of job `{}` covers {}: it is not a period of the job ({} it out; its next fires say which periods it has)",

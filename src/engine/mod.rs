@@ -528,7 +528,7 @@ impl Engine {
                     metrics::counter!("scheduler_claims_taken_over_total").increment(1);
                 }
                 tracing::debug!(
-                    job = ask.job.name,
+                    job = &*ask.job.name,
                     period_key = %ask.key(),
                     result,
                     "claim answered"
@@ -714,7 +714,7 @@ impl Engine {
             metrics::histogram!("scheduler_fire_lateness_seconds", "job" => ask.job.name.clone())
                 .record(late.as_secs_f64());
             tracing::info!(
-                job = ask.job.name,
+                job = &*ask.job.name,
                 period_key = %lease.key,
                 trigger = lease.trigger.as_str(),
                 attempt = lease.attempt,
@@ -724,7 +724,7 @@ impl Engine {
             );
         } else {
             tracing::info!(
-                job = ask.job.name,
+                job = &*ask.job.name,
                 period_key = %lease.key,
                 trigger = lease.trigger.as_str(),
                 attempt = lease.attempt,

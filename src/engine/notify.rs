@@ -80,13 +80,13 @@ impl Engine {
         let jobs: Vec<&Job> = jobs
             .iter()
             .copied()
-            .filter(|job| !paused.contains(&job.name))
+            .filter(|job| !paused.iter().any(|p| *p == *job.name))
             .collect();
         let mut new = match late {
             true => self.late(config, &jobs, now, checked).await?,
             false => Vec::new(),
         };
-        let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_str(), *j)).collect();
+        let by_name: HashMap<&str, &Job> = jobs.iter().map(|j| (j.name.as_ref(), *j)).collect();
         new.extend(failed_told(config, &by_name, failed));
         let mut made = self.store().notify_new(&new).await?;
         // Read again once the `late` and `failed` above exist: a period
@@ -110,7 +110,7 @@ impl Engine {
             .jobs
             .iter()
             .filter(|job| job.shards > 1)
-            .map(|job| (job.name.as_str(), &**job))
+            .map(|job| (job.name.as_ref(), &**job))
             .collect();
         if sharded.is_empty() {
             return Ok(recovered);
@@ -163,7 +163,7 @@ impl Engine {
         let late = super::due::were_late(self.store(), &told, catch_up, now, checked).await?;
         let mut new = Vec::new();
         for job in told {
-            let Some(periods) = late.get(&job.name) else {
+            let Some(periods) = late.get(&*job.name) else {
                 continue;
             };
             let newest = &periods[periods.len().saturating_sub(LATE_PER_JOB)..];
@@ -227,7 +227,7 @@ impl Engine {
         let jobs: Vec<&Job> = config
             .jobs
             .iter()
-            .filter(|j| job.is_none_or(|name| config.full_name(name) == j.name))
+            .filter(|j| job.is_none_or(|name| config.full_name(name) == *j.name))
             .map(|j| &**j)
             .collect();
         // Nothing stops a run's delivery but its budget.
@@ -647,7 +647,7 @@ impl Told<'_> {
                 notifier: n.name.clone(),
                 period_key: self.key.to_owned(),
                 event: event.as_str(),
-                job: self.job.name.clone(),
+                job: self.job.name.to_string(),
                 payload: self.payload(n, event),
             })
             .collect()

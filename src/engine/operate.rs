@@ -306,11 +306,11 @@ pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Prun
             let n = store
                 .prune(&job.name, keep, config.settings.catch_up, dry_run)
                 .await?;
-            pruned.jobs.push((job.name.clone(), keep, n));
+            pruned.jobs.push((job.name.to_string(), keep, n));
         }
         if let Some(keep) = job.keep_output {
             let n = store.prune_output(&job.name, keep, dry_run).await?;
-            pruned.output.push((job.name.clone(), keep, n));
+            pruned.output.push((job.name.to_string(), keep, n));
         }
     }
     if let Some(api) = &config.api {

@@ -94,7 +94,7 @@ pub async fn of_jobs<'a>(
     let owing = super::owed::owing(store, jobs.iter().copied(), now).await?;
     let mut all = Vec::with_capacity(jobs.len());
     for job in jobs.iter().copied() {
-        let paused = paused.contains(&job.name);
+        let paused = paused.iter().any(|p| *p == *job.name);
         let rows = store.recent(&job.name, recent).await?;
         all.push(JobOverview {
             job,
@@ -125,7 +125,7 @@ pub async fn of_jobs<'a>(
         }
         if job.after.any() {
             let noted = store
-                .waiting_periods(std::slice::from_ref(&job.name), NOTED_LOOKED_AT)
+                .waiting_periods(&[job.name.to_string()], NOTED_LOOKED_AT)
                 .await?;
             for w in noted
                 .into_iter()
@@ -242,7 +242,7 @@ pub async fn waiting_and_ready(
         return Ok((Vec::new(), Vec::new()));
     }
     let noted = store
-        .waiting_periods(std::slice::from_ref(&job.name), NOTED_LOOKED_AT)
+        .waiting_periods(&[job.name.to_string()], NOTED_LOOKED_AT)
         .await?;
     let periods: Vec<Period> = noted.into_iter().map(|w| w.period).collect();
     let mut waiting = Vec::new();

@@ -4,6 +4,7 @@
 //! it, writing nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -58,7 +59,7 @@ pub async fn owed_from(
     now: DateTime<Utc>,
 ) -> DateTime<Utc> {
     let owed = owed_from_all(store, [(job, record)], now).await;
-    owed[&job.name]
+    owed[&*job.name]
 }
 
 /// From when each of `sighted` owes its fires at `now` ([`owed_from_sighting`]),
@@ -71,7 +72,7 @@ pub async fn owed_from_all<'a>(
     store: &Store,
     sighted: impl IntoIterator<Item = (&'a Job, &'a crate::store::JobRecord)>,
     now: DateTime<Utc>,
-) -> HashMap<String, DateTime<Utc>> {
+) -> HashMap<Arc<str>, DateTime<Utc>> {
     let sighted: Vec<(&Job, Sighted)> = sighted
         .into_iter()
         .map(|(job, record)| (job, record.sighted()))
@@ -79,7 +80,7 @@ pub async fn owed_from_all<'a>(
     let changed: Vec<String> = sighted
         .iter()
         .filter(|(job, seen)| timing_changed(job, seen))
-        .map(|(job, _)| job.name.clone())
+        .map(|(job, _)| job.name.to_string())
         .collect();
     // A change is recorded only knowing the newest fire claimed: without
     // it, the next sighting records it, and until then the job owes
@@ -104,12 +105,12 @@ pub async fn owed_from_all<'a>(
         let from = match (&newest, seen.owed_from) {
             (None, Some(_)) if changed => now,
             (newest, _) => {
-                let newest = newest.as_ref().and_then(|n| n.get(&job.name)).copied();
+                let newest = newest.as_ref().and_then(|n| n.get(&*job.name)).copied();
                 let from = owed_from_sighting(job, Some(seen), newest, now);
                 if changed {
                     tracing::info!(
                         target: "scheduler::sighting",
-                        job = job.name,
+                        job = &*job.name,
                         owes_from = crate::period::utc_text(from),
                         "its schedule, period, calendar, dates or jitter changed: it owes its fires as they are timed now from {} (after the newest fire claimed for it); a fire the new timing would have made before that runs only by hand",
                         crate::period::utc_text(from)
@@ -117,7 +118,7 @@ pub async fn owed_from_all<'a>(
                 }
                 if seen.owed_from.is_none() || seen.timing.as_deref() != Some(job.when.as_str()) {
                     unrecorded.push(Owes {
-                        job: job.name.clone(),
+                        job: job.name.to_string(),
                         from,
                         period: job.owed_period(from),
                         timing: job.when.to_string(),
@@ -149,12 +150,12 @@ pub async fn owing<'a>(
     if jobs.is_empty() {
         return Ok(Owing::default());
     }
-    let names: Vec<String> = jobs.iter().map(|job| job.name.clone()).collect();
+    let names: Vec<String> = jobs.iter().map(|job| job.name.to_string()).collect();
     let seen = store.first_seen(&names).await?;
     let changed: Vec<String> = jobs
         .iter()
-        .filter(|job| seen.get(&job.name).is_some_and(|s| timing_changed(job, s)))
-        .map(|job| job.name.clone())
+        .filter(|job| seen.get(&*job.name).is_some_and(|s| timing_changed(job, s)))
+        .map(|job| job.name.to_string())
         .collect();
     let newest = match changed.is_empty() {
         true => HashMap::new(),
@@ -163,8 +164,8 @@ pub async fn owing<'a>(
     let owing = jobs
         .iter()
         .filter_map(|job| {
-            let seen = seen.get(&job.name)?;
-            let from = owed_from_sighting(job, Some(seen), newest.get(&job.name).copied(), now);
+            let seen = seen.get(&*job.name)?;
+            let from = owed_from_sighting(job, Some(seen), newest.get(&*job.name).copied(), now);
             Some((job.name.clone(), (seen.first_seen, from)))
         })
         .collect();
@@ -174,7 +175,7 @@ pub async fn owing<'a>(
 /// What [`owing`] found: by job name, when it was first seen and from when
 /// it owes its fires.
 #[derive(Debug, Default)]
-pub struct Owing(HashMap<String, (DateTime<Utc>, DateTime<Utc>)>);
+pub struct Owing(HashMap<Arc<str>, (DateTime<Utc>, DateTime<Utc>)>);
 
 impl Owing {
     /// When `job` was first seen; `None`: never.

@@ -137,7 +137,7 @@ fn read(
         store: store.clone(),
         key: run.key.to_string(),
         attempt: run.lease.attempt,
-        job: run.job.name.clone(),
+        job: run.job.name.to_string(),
         output_max: run.job.output_max,
     });
     let readers = [

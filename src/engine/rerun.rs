@@ -3,6 +3,7 @@
 //! trigger `upstream`.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -13,6 +14,9 @@ use crate::config::after::OnRerun;
 use crate::error::Error;
 use crate::period::{Period, PeriodKey};
 use crate::store::{ClaimRow, ClaimState, Store, Trigger};
+
+/// Periods reopened: by job name, each as due.
+pub type Reopened = Vec<(Arc<str>, Due)>;
 
 /// The succeeded periods of the jobs of `jobs` that rerun when a period
 /// they needed succeeds again (`on_upstream_rerun = "rerun"`), made stale
@@ -28,7 +32,7 @@ pub async fn reopen_stale(
     jobs: &[&Job],
     since: DateTime<Utc>,
     now: DateTime<Utc>,
-) -> Result<(Vec<(String, Due)>, bool), Error> {
+) -> Result<(Reopened, bool), Error> {
     let rerun: Vec<&Job> = jobs
         .iter()
         .copied()
@@ -58,7 +62,7 @@ fn upstream_jobs(rerun: &[&Job]) -> Vec<String> {
     for job in rerun {
         upstream.extend(job.after.upstream.iter().map(|up| up.job.clone()));
         if job.after.previous {
-            upstream.push(job.name.clone());
+            upstream.push(job.name.to_string());
         }
     }
     upstream.sort_unstable();
@@ -84,7 +88,7 @@ fn needing<'j, 's>(
                     done_period.end,
                 ));
             }
-            if job.after.previous && job.name == done_job {
+            if job.after.previous && *job.name == *done_job {
                 let next = job.period.following(&job.schedule, done_period);
                 if job.period.fire_for(&job.schedule, &next).is_some() {
                     needing.push(next);
@@ -134,7 +138,7 @@ async fn reopen(
     store: &Store,
     done: Vec<(&Job, Period, ClaimRow)>,
     now: DateTime<Utc>,
-) -> Result<Vec<(String, Due)>, Error> {
+) -> Result<Reopened, Error> {
     let asked: Vec<(&Job, &Period)> = done.iter().map(|(job, p, _)| (*job, p)).collect();
     let looked = look(store, &asked, now).await?;
     let mut reopened = Vec::new();
@@ -143,7 +147,7 @@ async fn reopen(
             continue;
         }
         tracing::info!(
-            job = job.name,
+            job = &*job.name,
             period_key = row.period_key,
             attempt = row.attempt,
             "stale: a period it needed succeeded again; reopened for a new attempt (on_upstream_rerun = \"rerun\")"

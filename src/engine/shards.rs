@@ -44,7 +44,7 @@ pub async fn claims(
 ) -> Result<Vec<PeriodClaims>, Error> {
     let asked: Vec<(&str, &Period, u32)> = periods
         .iter()
-        .map(|(job, period)| (job.name.as_str(), *period, job.shards))
+        .map(|(job, period)| (job.name.as_ref(), *period, job.shards))
         .collect();
     read(store, &asked).await
 }
@@ -91,7 +91,7 @@ pub(crate) async fn resplit(store: &Store, units: Vec<Vec<Ask>>) -> Result<Vec<V
     let looked = |ask: &&Ask| ask.job.shards > 1 || ask.due.trigger != Trigger::Schedule;
     for ask in units.iter().flatten().filter(looked) {
         if seen.insert(ask.key().period_key()) {
-            asked.push((ask.job.name.as_str(), &ask.due.period, ask.job.shards));
+            asked.push((ask.job.name.as_ref(), &ask.due.period, ask.job.shards));
         }
     }
     if asked.is_empty() {
@@ -145,7 +145,7 @@ pub async fn key_of(
         .await?
         .pop()
         .unwrap_or_default();
-    let split = (job.name.as_str(), claims.shards, "this period");
+    let split = (job.name.as_ref(), claims.shards, "this period");
     let shard = super::labels::shard_of(split, k, field, needed)?;
     Ok((PeriodKey::of(&job.name, &period.label, shard), claims))
 }

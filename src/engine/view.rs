@@ -202,13 +202,13 @@ pub async fn of_jobs(
     let waiting_jobs: Vec<&str> = asked
         .iter()
         .filter(|(job, _)| job.after.any())
-        .map(|(job, _)| job.name.as_str())
+        .map(|(job, _)| job.name.as_ref())
         .collect();
     if !waiting_jobs.is_empty() {
         let keys: Vec<String> = pairs
             .iter()
             .zip(&names_of_keys(&pairs))
-            .filter(|((job, _), _)| waiting_jobs.contains(&job.name.as_str()))
+            .filter(|((job, _), _)| waiting_jobs.contains(&job.name.as_ref()))
             .map(|(_, key)| key.clone())
             .collect();
         for chunk in keys.chunks(VIEWS_PER_READ) {
@@ -220,7 +220,7 @@ pub async fn of_jobs(
             let sighting = super::due::Sighting {
                 owed_from: owing.owed_from(&job.name),
                 noted: noted.contains(key.as_str()),
-                paused: paused.contains(&job.name),
+                paused: paused.contains(&*job.name),
             };
             let stands = |row: Option<&ClaimRow>| {
                 super::due::standing(job, period, row, sighting, &upstream, now)

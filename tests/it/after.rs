@@ -201,7 +201,7 @@ fn a_day_waits_for_its_month_and_hours_map_across_dst_in_berlin() {
     let rollup = config
         .jobs
         .iter()
-        .find(|j| j.name == "rollup")
+        .find(|j| &*j.name == "rollup")
         .expect("rollup");
     let needs = |from: &str, to: &str| -> Vec<(String, String)> {
         let from = crate::support::at(from);

@@ -416,7 +416,7 @@ proptest! {
         let job = job(&format!(
             "schedule = \"{schedule}\"\ntimezone = \"Europe/Berlin\"\njitter = \"{bound}s\""
         ));
-        let job = scheduler::config::Job { name, ..job };
+        let job = scheduler::config::Job { name: name.into(), ..job };
         let timing = job.timing();
         let from = at("2026-01-01T00:00:00Z") + TimeDelta::seconds(start);
         let mut t = from;

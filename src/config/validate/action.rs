@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use toml::Spanned;
 
-use super::{duration, no_nul, template, templates};
+use super::{duration, fitted, no_nul, template, templates};
 use crate::config::environment::Inherit;
 use crate::config::locator::Locator;
 use crate::config::raw::{RawHttp, RawJob, RawSql};
@@ -173,7 +173,8 @@ impl RawJob {
             .get_ref()
             .iter()
             .map(|a| template(at, a, env))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .map(fitted)?;
         // Empty as written, or after expansion unless a lenient load
         // left a variable empty.
         let empty = program.get_ref().trim().is_empty()
@@ -352,7 +353,8 @@ fn sql_action(at: &Locator, env: Env, sql: &RawSql) -> Result<Action, ConfigErro
             .params
             .iter()
             .map(|p| template(at, p, env))
-            .collect::<Result<_, _>>()?,
+            .collect::<Result<_, _>>()
+            .map(fitted)?,
     })
 }
 

@@ -74,7 +74,7 @@ impl RawJob {
             return Err(ConfigError::joined(errors));
         }
         Ok(Job {
-            name: name.clone(),
+            name: name.as_str().into(),
             schedule,
             period: PeriodRule {
                 unit: self.period,

@@ -117,7 +117,16 @@ fn templates<'a>(
     values
         .into_iter()
         .map(|(k, v)| Ok((k.clone(), template(at, v, env)?)))
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(fitted)
+}
+
+/// `items` without room to spare. A collect through `Result` cannot know
+/// its length and starts with room for four; a job keeps its vectors for
+/// the process's life, and a configuration may hold 100,000 jobs.
+fn fitted<T>(mut items: Vec<T>) -> Vec<T> {
+    items.shrink_to_fit();
+    items
 }
 
 /// The value of `result`, or `None` with its error added to `errors`.

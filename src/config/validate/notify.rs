@@ -148,10 +148,10 @@ fn job_names(
         .into_iter()
         .map(|job| {
             let written = job.get_ref();
-            if jobs.iter().any(|j| j.name == *written) {
+            if jobs.iter().any(|j| *j.name == **written) {
                 return Ok(written.clone());
             }
-            let hint = nearest(written, jobs.iter().map(|j| j.name.as_str()))
+            let hint = nearest(written, jobs.iter().map(|j| j.name.as_ref()))
                 .map(|n| format!("; did you mean `{n}`?"))
                 .unwrap_or_default();
             Err(at.error(

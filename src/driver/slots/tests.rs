@@ -239,7 +239,7 @@ async fn comes_back_for_a_slot_as_itself(trigger: Trigger) {
     loop {
         match received.recv().await.expect("an event") {
             Event::Again(name, due) => {
-                assert_eq!(name, "j");
+                assert_eq!(&*name, "j");
                 assert_eq!(due.trigger, trigger);
                 break;
             }
@@ -290,7 +290,7 @@ async fn replicas_ask_for_a_bursts_fires_each_from_a_place_of_its_own() {
         service.take_pending();
         let mut order = Vec::new();
         while let Some((job, _)) = service.backlog.pop_front() {
-            order.push(job.name.clone());
+            order.push(job.name.to_string());
         }
         // The order they came in (jobs.toml's), from this replica's place.
         let place = crate::engine::start_at(owner, 10);

@@ -467,7 +467,7 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
     let config =
         Config::parse(std::path::Path::new("jobs.toml"), text, &|_| None).expect("valid jobs");
     let jobs: Vec<Arc<Job>> = config.jobs;
-    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let names: Vec<String> = jobs.iter().map(|j| j.name.to_string()).collect();
     store.see_jobs(&names).await.expect("jobs seen");
     let catch_up = std::time::Duration::from_secs(3600);
     let mut kept = OverdueCount::default();
@@ -490,7 +490,7 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
             all.into_iter()
                 .filter(|o| !o.overdue.is_empty())
                 .map(|o| (o.job.name.clone(), o.overdue.len()))
-                .collect::<HashMap<String, usize>>()
+                .collect::<HashMap<Arc<str>, usize>>()
         }
     };
     let afresh = |now| afresh_within(now, catch_up);

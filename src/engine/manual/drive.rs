@@ -317,11 +317,11 @@ impl Backfill<'_> {
     async fn made_ready(&self, job: &Job, now: DateTime<Utc>) -> Result<Option<Vec<Due>>, Error> {
         let store = self.engine.store();
         // A paused job runs only by hand.
-        if store.paused_jobs().await?.contains(&job.name) {
+        if store.paused_jobs().await?.iter().any(|p| *p == *job.name) {
             return Ok(None);
         }
         let noted = store
-            .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
+            .waiting_periods(&[job.name.to_string()], RECLAIM_LIMIT)
             .await?;
         let asked: Vec<(&Job, &Period)> = noted.iter().map(|w| (job, &w.period)).collect();
         let standing = crate::engine::after::look(store, &asked, now).await?;
@@ -338,10 +338,10 @@ impl Backfill<'_> {
             .config
             .incomplete
             .iter()
-            .find(|(name, _)| *name == job.name)
+            .find(|(name, _)| *name == *job.name)
         {
             tracing::warn!(
-                job = job.name,
+                job = &*job.name,
                 ready = ready.len(),
                 "ready: its upstream periods are done, but this run was not given {var}, which the job needs; `scheduler run {}` runs them (so does any `serve`, within a scan)",
                 job.name

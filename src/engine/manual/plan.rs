@@ -121,12 +121,12 @@ async fn sighting(
     dry_run: bool,
     now: DateTime<Utc>,
 ) -> Result<Option<crate::store::JobRecord>, Error> {
-    let name = std::slice::from_ref(&job.name);
+    let name = &[job.name.to_string()];
     if !dry_run {
-        return Ok(store.see_jobs(name).await?.remove(&job.name));
+        return Ok(store.see_jobs(name).await?.remove(&*job.name));
     }
-    let seen = store.first_seen(name).await?.remove(&job.name);
-    let paused = store.paused_jobs().await?.contains(&job.name);
+    let seen = store.first_seen(name).await?.remove(&*job.name);
+    let paused = store.paused_jobs().await?.iter().any(|p| *p == *job.name);
     Ok(Some(crate::store::JobRecord {
         first_seen: seen.as_ref().map_or(now, |s| s.first_seen),
         owed_from: seen.as_ref().and_then(|s| s.owed_from),
@@ -258,7 +258,7 @@ async fn taken_again(
     // take them, however old: a platform cron container may be all
     // there is, and `catch_up` bounds only periods never claimed.
     let again = store
-        .reclaimable(std::slice::from_ref(&job.name), RECLAIM_LIMIT, true)
+        .reclaimable(&[job.name.to_string()], RECLAIM_LIMIT, true)
         .await?;
     // A period that waited for its upstream runs as `upstream`,
     // whether or not it is also among the due ones.
@@ -267,7 +267,7 @@ async fn taken_again(
     // gate, which claims the ready ones: what it waits for may
     // have changed with jobs.toml since it was noted.
     let noted = store
-        .waiting_periods(std::slice::from_ref(&job.name), RECLAIM_LIMIT)
+        .waiting_periods(&[job.name.to_string()], RECLAIM_LIMIT)
         .await?;
     let again = again.into_iter().chain(noted).flat_map(|r| {
         let due = Due {
@@ -446,7 +446,7 @@ pub(super) async fn as_claimed(
     }
     let asked: Vec<(&str, &Period, u32)> = periods
         .iter()
-        .map(|period| (job.name.as_str(), *period, job.shards))
+        .map(|period| (job.name.as_ref(), *period, job.shards))
         .collect();
     let counts: std::collections::HashMap<String, u32> = crate::engine::shards::read(store, &asked)
         .await?

@@ -103,7 +103,7 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
         if request
             .job
             .as_ref()
-            .is_none_or(|name| config.full_name(name) == job.name)
+            .is_none_or(|name| config.full_name(name) == *job.name)
         {
             one_shard(job, request)?;
             manual_range(job, request, now)?;
@@ -115,7 +115,7 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
 /// Refuses a shard the job does not have: any, for a job whose periods are
 /// not split.
 fn one_shard(job: &Job, request: &Request) -> Result<(), Error> {
-    let job = (job.name.as_str(), job.shards, "its periods");
+    let job = (job.name.as_ref(), job.shards, "its periods");
     crate::engine::labels::shard_of(job, request.shard, request.names.shard, false).map(|_| ())
 }
 
@@ -135,7 +135,7 @@ pub(super) fn manual_range(
             if is_empty(&period) {
                 return Err(Error::NoSuchPeriod {
                     field: n.period,
-                    job: job.name.clone(),
+                    job: job.name.to_string(),
                     message: format!(
                         "period {} does not exist in {}: a spring-forward skips it",
                         period.label,

@@ -386,7 +386,7 @@ fn run_request(
         (None, Some(_), None) => return Err(Reply::bad("to", "`to` is missing")),
     };
     let request = Request {
-        job: Some(job.name.clone()),
+        job: Some(job.name.to_string()),
         periods,
         force: asked.force,
         only_failed: asked.only_failed,
