@@ -27,15 +27,18 @@ fn main() -> ExitCode {
     if serving && !matches!(cli.command, Command::Serve { .. }) {
         hangup(SigHandler::SigDfl);
     }
+    // Before the log's writer thread starts: a thread that allocates
+    // before the limit is set gets an arena of its own, which the runtime's
+    // threads then share with the main one.
+    if matches!(cli.command, Command::Serve { .. }) {
+        tune_malloc();
+    }
     let logging = init_logging(&cli);
     // `serve` runs many jobs at once on every core; the other commands do
     // one thing at a time, and a single thread spares them the hand-offs
     // between threads (a backfill of /bin/true runs ~15 % faster).
     let runtime = match cli.command {
-        Command::Serve { .. } => {
-            tune_malloc();
-            tokio::runtime::Runtime::new()
-        }
+        Command::Serve { .. } => tokio::runtime::Runtime::new(),
         _ => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),

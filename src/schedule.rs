@@ -65,12 +65,11 @@ const FOLD_HORIZON: TimeDelta = TimeDelta::hours(26);
 /// A parsed cron pattern in a time zone with a daylight-saving rule.
 ///
 /// Identical patterns share one parsed `Cron` (about 5.6 KB of bitfields
-/// each), so ten thousand jobs on `* * * * *` hold one copy, and the
-/// answers of its latest walks.
+/// each), so ten thousand jobs on `* * * * *` hold one copy, its text and
+/// the answers of its latest walks.
 #[derive(Debug, Clone)]
 pub struct Schedule {
     cron: Arc<Pattern>,
-    source: Arc<str>,
     zone: Tz,
     dst: DstRule,
     /// The dates whose fires exist: an active window, working days.
@@ -84,7 +83,6 @@ impl Schedule {
         let cron = shared_cron(pattern)?;
         let schedule = Schedule {
             cron,
-            source: pattern.into(),
             zone,
             dst,
             days: None,
@@ -113,7 +111,7 @@ impl Schedule {
 
     /// The pattern as written.
     pub fn source(&self) -> &str {
-        &self.source
+        &self.cron.source
     }
 
     /// The pattern in English words (`At 02:00 AM, on day 1 of the
@@ -332,6 +330,8 @@ const WALKS_KEPT: usize = 8;
 /// jobs on 1,500 patterns walked 100,000 times where 1,500 answer.
 #[derive(Debug)]
 struct Pattern {
+    /// As written, trimmed: the cache's key too.
+    source: Arc<str>,
     cron: Cron,
     walks: Mutex<Walks>,
 }
@@ -395,7 +395,7 @@ impl Pattern {
 
 /// Parses a pattern once per distinct text, for the life of the process.
 fn shared_cron(pattern: &str) -> Result<Arc<Pattern>, CronPatternError> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Pattern>>>> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<HashMap<Arc<str>, Arc<Pattern>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(cron) = cache.lock().map_err(poisoned)?.get(pattern) {
         return Ok(cron.clone());
@@ -413,14 +413,13 @@ fn shared_cron(pattern: &str) -> Result<Arc<Pattern>, CronPatternError> {
                 reason.trim_end_matches('.')
             ))
         })?;
+    let source: Arc<str> = pattern.into();
     let cron = Arc::new(Pattern {
+        source: source.clone(),
         cron,
         walks: Mutex::default(),
     });
-    cache
-        .lock()
-        .map_err(poisoned)?
-        .insert(pattern.to_owned(), cron.clone());
+    cache.lock().map_err(poisoned)?.insert(source, cron.clone());
     Ok(cron)
 }
 
