@@ -7,10 +7,11 @@
 //! an owned copy of the job's name) and renders a scrape through a
 //! snapshot that copies every key into new maps: for 10,000 idle jobs,
 //! 50,000 series cost 97 ms of CPU a scrape and megabytes of memory for
-//! good. Here a job's name is held once, each family keeps its counters and
-//! gauges as one atomic per job in shared blocks (8 bytes a series: a
-//! handle onto one is made when a series is recorded, and dropped with
-//! it), and a scrape writes the text straight from the atomics.
+//! good. Here a job's name is held once, each family keeps its values as
+//! atomics in blocks shared by 128 jobs (8 bytes a counter or gauge; a
+//! histogram's buckets and sum, 8 bytes each: a handle onto a series is
+//! made when it is recorded, and dropped with it), and a scrape writes the
+//! text straight from the atomics.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -128,7 +129,7 @@ impl metrics::Recorder for Recorder {
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
         match of_job(key).filter(|_| self.jobs.buckets.contains_key(key.name())) {
             Some((job, extra)) => match self.jobs.cell(key.name(), Kind::Histogram, job, extra) {
-                Some(Cell::Histogram(buckets)) => Histogram::from_arc(buckets),
+                Some(Cell::Histogram(row)) => Histogram::from_arc(Arc::new(row)),
                 _ => Histogram::noop(),
             },
             None => self.exporter.register_histogram(key, metadata),
@@ -153,27 +154,27 @@ impl Kind {
     }
 }
 
-/// A handle onto one series' value, as recording it is given.
+/// A handle onto one series' values, as recording it is given.
 enum Cell {
     Number(Slot),
-    Histogram(Arc<Buckets>),
+    Histogram(Row),
 }
 
-/// How many series' values one block holds.
+/// How many jobs' values one block holds.
 const BLOCK: usize = 128;
 
-/// Counters' counts or gauges' `f64` bits, one per job's number.
-struct Block([AtomicU64; BLOCK]);
-
-/// One value in a block.
+/// Where a series' values are: a block of its family's, and the first of
+/// them in it. A counter's count or a gauge's `f64` bits is one value; a
+/// histogram's are a count per bucket (not cumulative, one above the last
+/// bound too) and its sum's `f64` bits.
 struct Slot {
-    block: Arc<Block>,
+    block: Arc<[AtomicU64]>,
     at: usize,
 }
 
 impl Slot {
     fn value(&self) -> &AtomicU64 {
-        &self.block.0[self.at]
+        &self.block[self.at]
     }
 }
 
@@ -201,94 +202,113 @@ impl GaugeFn for Slot {
     }
 }
 
-/// One series of a family: per job's number, its value, if recorded.
-enum Cells {
-    /// A counter's or gauge's values in blocks, and which numbers were
-    /// recorded (a bit each).
-    Numbers {
-        blocks: Vec<Arc<Block>>,
-        recorded: Vec<u64>,
-    },
-    Histograms(Vec<Option<Arc<Buckets>>>),
+/// A histogram's series: its values, and its family's bucket bounds.
+struct Row {
+    slot: Slot,
+    bounds: Arc<[f64]>,
 }
 
-/// One recorded value of a series, as a scrape reads it.
+impl metrics::HistogramFn for Row {
+    fn record(&self, value: f64) {
+        let Slot { block, at } = &self.slot;
+        let bucket = self.bounds.partition_point(|bound| *bound < value);
+        block[at + bucket].fetch_add(1, Ordering::Relaxed);
+        let sum = &block[at + self.bounds.len() + 1];
+        let _ = sum.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |sum| {
+            Some((f64::from_bits(sum) + value).to_bits())
+        });
+    }
+}
+
+/// One series of a family: its values per job's number, in blocks of
+/// [`BLOCK`] jobs, and which numbers were recorded (a bit each).
+struct Cells {
+    /// A histogram's bucket bounds; none for a counter or a gauge.
+    bounds: Option<Arc<[f64]>>,
+    blocks: Vec<Arc<[AtomicU64]>>,
+    recorded: Vec<u64>,
+}
+
+/// One recorded series' values, as a scrape reads them.
 enum Value<'a> {
     Number(&'a AtomicU64),
-    Histogram(&'a Buckets),
+    Histogram(&'a [AtomicU64], &'a [f64]),
 }
 
 impl Cells {
-    fn new(kind: Kind) -> Cells {
-        match kind {
-            Kind::Histogram => Cells::Histograms(Vec::new()),
-            Kind::Counter | Kind::Gauge => Cells::Numbers {
-                blocks: Vec::new(),
-                recorded: Vec::new(),
-            },
+    fn new(bounds: Option<Arc<[f64]>>) -> Cells {
+        Cells {
+            bounds,
+            blocks: Vec::new(),
+            recorded: Vec::new(),
         }
+    }
+
+    /// How many values a job's series has.
+    fn width(&self) -> usize {
+        self.bounds.as_ref().map_or(1, |bounds| bounds.len() + 2)
     }
 
     /// Job number `n`'s cell, if recorded.
     fn get(&self, n: usize) -> Option<Cell> {
-        match self {
-            Cells::Numbers { blocks, recorded } => {
-                let set = recorded
-                    .get(n / 64)
-                    .is_some_and(|bits| bits & (1 << (n % 64)) != 0);
-                set.then(|| {
-                    Cell::Number(Slot {
-                        block: blocks[n / BLOCK].clone(),
-                        at: n % BLOCK,
-                    })
-                })
-            }
-            Cells::Histograms(all) => all.get(n)?.clone().map(Cell::Histogram),
+        let set = self
+            .recorded
+            .get(n / 64)
+            .is_some_and(|bits| bits & (1 << (n % 64)) != 0);
+        if !set {
+            return None;
         }
+        let slot = Slot {
+            block: self.blocks[n / BLOCK].clone(),
+            at: n % BLOCK * self.width(),
+        };
+        Some(match &self.bounds {
+            None => Cell::Number(slot),
+            Some(bounds) => Cell::Histogram(Row {
+                slot,
+                bounds: bounds.clone(),
+            }),
+        })
     }
 
-    /// Job number `n`'s cell, recorded now if it was not; a histogram's
-    /// with the bucket bounds of `bounds`.
-    fn make(&mut self, n: usize, bounds: impl FnOnce() -> Arc<[f64]>) -> Cell {
-        match self {
-            Cells::Numbers { blocks, recorded } => {
-                while blocks.len() <= n / BLOCK {
-                    blocks.push(Arc::new(Block(std::array::from_fn(|_| AtomicU64::new(0)))));
-                }
-                if recorded.len() <= n / 64 {
-                    recorded.resize(n / 64 + 1, 0);
-                }
-                recorded[n / 64] |= 1 << (n % 64);
-            }
-            Cells::Histograms(all) => {
-                if all.len() <= n {
-                    all.resize(n + 1, None);
-                }
-                all[n].get_or_insert_with(|| Arc::new(Buckets::new(bounds())));
-            }
+    /// Job number `n`'s cell, recorded now if it was not.
+    fn make(&mut self, n: usize) -> Cell {
+        let width = self.width();
+        while self.blocks.len() <= n / BLOCK {
+            // Zero is a count of 0 and the bits of 0.0.
+            let block = (0..BLOCK * width).map(|_| AtomicU64::new(0)).collect();
+            self.blocks.push(block);
         }
+        if self.recorded.len() <= n / 64 {
+            self.recorded.resize(n / 64 + 1, 0);
+        }
+        self.recorded[n / 64] |= 1 << (n % 64);
         self.get(n).expect("recorded just now")
     }
 
-    /// Every recorded value, with its job's number.
-    fn values(&self) -> Box<dyn Iterator<Item = (usize, Value<'_>)> + '_> {
-        match self {
-            Cells::Numbers { blocks, recorded } => {
-                Box::new(recorded.iter().enumerate().flat_map(move |(word, bits)| {
-                    let mut left = *bits;
-                    std::iter::from_fn(move || {
-                        let n = word * 64 + left.trailing_zeros() as usize;
-                        left &= left.checked_sub(1)?;
-                        Some((n, Value::Number(&blocks[n / BLOCK].0[n % BLOCK])))
-                    })
-                }))
-            }
-            Cells::Histograms(all) => Box::new(
-                all.iter()
-                    .enumerate()
-                    .filter_map(|(n, b)| Some((n, Value::Histogram(b.as_ref()?)))),
-            ),
-        }
+    /// Every recorded series' values, with its job's number.
+    fn values(&self) -> impl Iterator<Item = (usize, Value<'_>)> + '_ {
+        let width = self.width();
+        self.recorded
+            .iter()
+            .enumerate()
+            .flat_map(move |(word, bits)| {
+                let mut left = *bits;
+                std::iter::from_fn(move || {
+                    let n = word * 64 + left.trailing_zeros() as usize;
+                    left &= left.checked_sub(1)?;
+                    Some(n)
+                })
+            })
+            .map(move |n| {
+                let block = &self.blocks[n / BLOCK];
+                let at = n % BLOCK * width;
+                let value = match &self.bounds {
+                    None => Value::Number(&block[at]),
+                    Some(bounds) => Value::Histogram(&block[at..at + width], bounds),
+                };
+                (n, value)
+            })
     }
 }
 
@@ -390,15 +410,15 @@ impl JobSeries {
             Some(at) => at,
             None => {
                 let extra = extra.map(|(k, v)| (k.to_owned(), v.to_owned()));
-                family.series.push((extra, Cells::new(kind)));
+                let bounds = (kind == Kind::Histogram).then(|| {
+                    let bounds = self.buckets.get(name).cloned();
+                    bounds.unwrap_or_else(|| Arc::from([]))
+                });
+                family.series.push((extra, Cells::new(bounds)));
                 family.series.len() - 1
             }
         };
-        let bounds = || {
-            let bounds = self.buckets.get(name).cloned();
-            bounds.unwrap_or_else(|| Arc::from([]))
-        };
-        Some(family.series[at].1.make(n, bounds))
+        Some(family.series[at].1.make(n))
     }
 
     /// Appends every family with a series, in name order, as the text
@@ -431,7 +451,9 @@ impl JobSeries {
                         let value = f64::from_bits(v.load(Ordering::Relaxed));
                         let _ = writeln!(text, "{name}{{{labels}}} {value}");
                     }
-                    (_, Value::Histogram(buckets)) => buckets.render(text, name, &labels),
+                    (_, Value::Histogram(values, bounds)) => {
+                        render_histogram(text, name, &labels, values, bounds);
+                    }
                 }
             }
             text.push('\n');
@@ -487,49 +509,25 @@ fn escape(text: &str, label: bool) -> String {
     escaped
 }
 
-/// A histogram of fixed buckets: a count per bucket (not cumulative), the
-/// sum's `f64` bits and the count of samples.
-struct Buckets {
-    bounds: Arc<[f64]>,
-    /// One per bound, and one for the samples above the last.
-    counts: Box<[AtomicU64]>,
-    sum: AtomicU64,
-}
-
-impl Buckets {
-    fn new(bounds: Arc<[f64]>) -> Buckets {
-        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
-        Buckets {
-            bounds,
-            counts,
-            sum: AtomicU64::new(0f64.to_bits()),
-        }
+/// Writes a histogram's series: its counts per bucket in `values`
+/// (bucket bounds `bounds`, and one above the last), then its sum's bits.
+fn render_histogram(
+    text: &mut String,
+    name: &str,
+    labels: &Labels<'_>,
+    values: &[AtomicU64],
+    bounds: &[f64],
+) {
+    let mut below = 0;
+    for (bound, count) in bounds.iter().zip(values) {
+        below += count.load(Ordering::Relaxed);
+        let _ = writeln!(text, "{name}_bucket{{{labels},le=\"{bound}\"}} {below}");
     }
-
-    fn render(&self, text: &mut String, name: &str, labels: &Labels<'_>) {
-        let mut below = 0;
-        for (bound, count) in self.bounds.iter().zip(self.counts.iter()) {
-            below += count.load(Ordering::Relaxed);
-            let _ = writeln!(text, "{name}_bucket{{{labels},le=\"{bound}\"}} {below}");
-        }
-        let all = below + self.counts[self.bounds.len()].load(Ordering::Relaxed);
-        let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
-        let _ = writeln!(text, "{name}_bucket{{{labels},le=\"+Inf\"}} {all}");
-        let _ = writeln!(text, "{name}_sum{{{labels}}} {sum}");
-        let _ = writeln!(text, "{name}_count{{{labels}}} {all}");
-    }
-}
-
-impl metrics::HistogramFn for Buckets {
-    fn record(&self, value: f64) {
-        let at = self.bounds.partition_point(|bound| *bound < value);
-        self.counts[at].fetch_add(1, Ordering::Relaxed);
-        let _ = self
-            .sum
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |sum| {
-                Some((f64::from_bits(sum) + value).to_bits())
-            });
-    }
+    let all = below + values[bounds.len()].load(Ordering::Relaxed);
+    let sum = f64::from_bits(values[bounds.len() + 1].load(Ordering::Relaxed));
+    let _ = writeln!(text, "{name}_bucket{{{labels},le=\"+Inf\"}} {all}");
+    let _ = writeln!(text, "{name}_sum{{{labels}}} {sum}");
+    let _ = writeln!(text, "{name}_count{{{labels}}} {all}");
 }
 
 #[cfg(test)]
@@ -590,9 +588,9 @@ mod tests {
         assert_eq!(text.matches("# TYPE paused").count(), 1, "{text}");
     }
 
-    /// Values in several blocks render each under its own job, and a
-    /// family renders only the jobs recorded in it (the numbers are
-    /// shared by every family).
+    /// Values in several blocks (counters, gauges and histograms) render
+    /// each under its own job, and a family renders only the jobs recorded
+    /// in it (the numbers are shared by every family).
     #[test]
     fn a_familys_values_across_blocks_render_each_once_under_its_job() {
         let recorder = recorder();
@@ -609,6 +607,11 @@ mod tests {
                 counter.increment(job as u64);
                 counter.increment(1);
             }
+            if job % 5 == 0 {
+                let late = recorder.register_histogram(&key("late_seconds", job), &metadata);
+                late.record(0.0625);
+                late.record(job as f64);
+            }
         }
         let text = recorder.metrics().render();
         for job in 0..jobs {
@@ -622,6 +625,24 @@ mod tests {
             );
         }
         assert_eq!(text.matches("runs_total{").count(), jobs.div_ceil(3));
+        for job in (0..jobs).step_by(5) {
+            let below = |bound: f64| 1 + usize::from(job as f64 <= bound);
+            let series = format!(
+                "late_seconds_bucket{{job=\"j{job}\",le=\"0.1\"}} {}\n\
+                 late_seconds_bucket{{job=\"j{job}\",le=\"1\"}} {}\n\
+                 late_seconds_bucket{{job=\"j{job}\",le=\"+Inf\"}} 2\n\
+                 late_seconds_sum{{job=\"j{job}\"}} {}\n\
+                 late_seconds_count{{job=\"j{job}\"}} 2\n",
+                below(0.1),
+                below(1.0),
+                job as f64 + 0.0625
+            );
+            assert_eq!(text.matches(&series).count(), 1, "{series}");
+        }
+        assert_eq!(
+            text.matches("late_seconds_count{").count(),
+            jobs.div_ceil(5)
+        );
     }
 
     #[test]
