@@ -190,25 +190,11 @@ impl Reading<'_> {
         let (mut jobs, incomplete) = sections
             .jobs(at, &settings, &vars, &mut errors)
             .map_err(|Whole| at.error(0..0, "this file is read whole".into()))?;
-        let (mut notifiers, incomplete_notifiers) =
-            notifiers(notify, at, &vars, &jobs, &mut errors);
+        let (notifiers, incomplete_notifiers) = notifiers(notify, at, &vars, &jobs, &mut errors);
         if !errors.is_empty() {
             return Err(ConfigError::joined(errors));
         }
         let secrets = seal(&mut jobs, &vars, &api_vars, env);
-        // Names are unique within the file; the namespace makes them so in
-        // the database.
-        if let Some(namespace) = &settings.namespace {
-            for job in &mut jobs {
-                let job = Arc::make_mut(job);
-                job.name = format!("{namespace}/{}", job.name).into();
-            }
-            for named in notifiers.iter_mut().filter_map(|n| n.jobs.as_mut()) {
-                for job in named {
-                    *job = format!("{namespace}/{job}");
-                }
-            }
-        }
         let mut unset = vars.unset();
         if lenient.jobs {
             for name in api_vars.unset() {
@@ -228,6 +214,11 @@ impl Reading<'_> {
             notifiers,
             incomplete_notifiers,
         };
+        // Names are unique within the file; the namespace makes them so in
+        // the database.
+        if let Some(namespace) = config.settings.namespace.clone() {
+            config.put_in_namespace(&namespace);
+        }
         if self.link {
             config.link_after()?;
         }

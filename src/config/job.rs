@@ -208,9 +208,10 @@ impl std::fmt::Display for Fingerprint {
 /// A validated job.
 #[derive(Debug, Clone)]
 pub struct Job {
-    /// `[a-z0-9][a-z0-9_-]{0,62}`, unique. Shared: the service's tables
-    /// of each job (its next fire, what it owes, its series) key on it,
-    /// and a clone costs no copy.
+    /// `[a-z0-9][a-z0-9_-]{0,62}` as written, unique; under a namespace,
+    /// `NAMESPACE/NAME`. Shared: the service's tables of each job (what it
+    /// owes, its overdue periods, its periods waiting for a slot) key on
+    /// it, and a clone costs no copy.
     pub name: Arc<str>,
     /// When it fires.
     pub schedule: Schedule,

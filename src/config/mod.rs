@@ -137,6 +137,25 @@ impl Config {
         }
     }
 
+    /// Puts every job in `namespace` (`NAMESPACE/NAME`, unique in the
+    /// database), and every name that refers to one: a notifier's `jobs`,
+    /// the jobs left incomplete.
+    pub(crate) fn put_in_namespace(&mut self, namespace: &str) {
+        let full = |name: &str| format!("{namespace}/{name}");
+        for job in &mut self.jobs {
+            let job = Arc::make_mut(job);
+            job.name = full(&job.name).into();
+        }
+        for named in self.notifiers.iter_mut().filter_map(|n| n.jobs.as_mut()) {
+            for job in named {
+                *job = full(job);
+            }
+        }
+        for (job, _) in &mut self.incomplete {
+            *job = full(job);
+        }
+    }
+
     /// Masks `more` too in every message about any job: the password of a
     /// database URL given on the command line.
     pub fn mask_also(&mut self, more: &[String]) {

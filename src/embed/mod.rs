@@ -592,10 +592,7 @@ impl Builder {
             }
             (None, Some(code)) => {
                 settings.namespace = Some(code.clone());
-                for job in &mut config.jobs {
-                    let job = Arc::make_mut(job);
-                    job.name = format!("{code}/{}", job.name).into();
-                }
+                config.put_in_namespace(code);
             }
             _ => {}
         }

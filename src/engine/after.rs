@@ -233,7 +233,8 @@ pub async fn look(
     // From when each of them owes its fires (docs/commands.md).
     let mut previous: Vec<&Job> = Vec::new();
     for (job, _) in asked {
-        if jobs.iter().any(|j| *j == *job.name) && !previous.iter().any(|p| p.name == job.name) {
+        let named = jobs.binary_search_by(|j| j.as_str().cmp(&job.name)).is_ok();
+        if named && !previous.iter().any(|p| p.name == job.name) {
             previous.push(job);
         }
     }

@@ -86,7 +86,8 @@ pub fn start(
 }
 
 /// Installs the recorder, with durations as Prometheus histograms of fixed
-/// buckets: about a hundred bytes per job, summed across replicas by
+/// buckets: about a hundred bytes per job and histogram (in blocks of 128
+/// jobs, allocated once one of them has run), summed across replicas by
 /// `histogram_quantile`. The exporter's default summaries keep sketches of
 /// up to 256 KB per job and 20 s window, and cannot be added up across
 /// replicas.

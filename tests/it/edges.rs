@@ -375,6 +375,21 @@ fn commands_that_run_no_action_need_no_variables_and_check_warns_unless_strict()
     assert_says(&run.stderr(), &["jobs.toml:5:41", "`HOOK_PATH` is not set"]);
 }
 
+/// A job left incomplete by an unset variable is held back under its
+/// namespace too: it was listed by its name in the file, and looked for by
+/// its name in the database (`NAMESPACE/NAME`), so it ran with the variable
+/// empty.
+#[test]
+fn a_namespaced_job_with_an_unset_variable_does_not_run() {
+    let ws = Workspace::new(
+        "[scheduler]\nnamespace = \"prod\"\n\n[[job]]\nname = \"hook\"\nschedule = \"0 2 1 * *\"\nperiod = \"month\"\nshell = \"echo ran > ran.txt; echo ${HOOK_PATH}\"\n",
+    );
+    let run = ws.run(&["run", "hook", "--period", "2026-07"]);
+    assert_eq!(run.code(), 2, "{}{}", run.stdout(), run.stderr());
+    assert_says(&run.stderr(), &["jobs.toml:8:", "`HOOK_PATH` is not set"]);
+    assert!(!ws.path().join("ran.txt").exists(), "the job ran");
+}
+
 // 7. Variables in shell scripts
 
 #[test]
