@@ -139,7 +139,7 @@ impl Calendar {
 }
 
 /// What a fire that lands on a day off does (`on_day_off`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnDayOff {
     /// It does not exist: no period, never missing, never late.

@@ -18,7 +18,7 @@ use crate::period::{Covers, Period, PeriodKey, PeriodRule, Unit};
 use crate::schedule::{Schedule, earliest_instant};
 
 /// How a job's fires are moved and delayed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct FireRules {
     /// Fires on a day off of this calendar go to a working day.
     pub shift: Option<Shift>,
@@ -33,6 +33,16 @@ pub struct Shift {
     pub calendar: Arc<Calendar>,
     /// [`OnDayOff::Next`] or [`OnDayOff::Previous`].
     pub to: OnDayOff,
+}
+
+/// By the calendar's name and the direction: a hash to find equal rules
+/// by (the jobs of a file share equal policies) without walking the
+/// holidays; equal rules compare them.
+impl std::hash::Hash for Shift {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.calendar.name.hash(state);
+        self.to.hash(state);
+    }
 }
 
 /// One fire: the instant its period is named by, and the instant it runs.

@@ -27,6 +27,7 @@ pub fn fire_line(job: &Job, fire: Fire) -> String {
         notes += &format!("  jitter +{}s", jitter.num_seconds());
     }
     if let Some(d) = job
+        .policy
         .deadline
         .and_then(|d| chrono::TimeDelta::from_std(d).ok())
     {
@@ -67,8 +68,8 @@ pub fn check(config: &Config, now: DateTime<Utc>, out: &mut dyn Write) -> std::i
             true => String::new(),
             false => format!("  after {}", after.join(", ")),
         };
-        if job.shards > 1 {
-            after += &format!("  shards {}", job.shards);
+        if job.policy.shards > 1 {
+            after += &format!("  shards {}", job.policy.shards);
         }
         writeln!(
             out,

@@ -186,7 +186,7 @@ fn failed_line(job: &JobOverview<'_>, row: &ClaimRow) -> String {
             if left == 1 { "y" } else { "ies" },
             utc_text(at)
         ),
-        None if job.job.retry.attempts <= 1 => {
+        None if job.job.policy.retry.attempts <= 1 => {
             format!("{}: failed, no retry configured", row.period_key)
         }
         None => format!("{}: retries exhausted", row.period_key),
@@ -295,7 +295,7 @@ pub async fn range(
                     time(view.fire),
                     match view
                         .fire
-                        .zip(chrono::TimeDelta::from_std(job.catch_up).ok())
+                        .zip(chrono::TimeDelta::from_std(job.policy.catch_up).ok())
                     {
                         Some((fire, window)) if fire >= now - window => {
                             "passed over by `missed` (a newer fire was taken)"

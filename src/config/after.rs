@@ -127,8 +127,8 @@ impl Config {
                             job: up.name.to_string(),
                             schedule: up.schedule.clone(),
                             period: up.period,
-                            fires: up.fires.clone(),
-                            shards: up.shards,
+                            fires: up.policy.fires.clone(),
+                            shards: up.policy.shards,
                         }
                     })
                     .collect()
@@ -159,11 +159,11 @@ impl Config {
             for named in &job.after.named {
                 let full = self.full_name(&named.name);
                 if full == *job.name {
-                    if job.missed != super::Missed::All {
+                    if job.policy.missed != super::Missed::All {
                         errors.push(named.error(format!(
                             "`after`: `{}` waits for its own previous period, but `missed = \"{}\"` skips the periods missed while nothing ran: the one after a skipped period would wait for it for ever; use `missed = \"all\"` (the default)",
                             job.name,
-                            match job.missed {
+                            match job.policy.missed {
                                 super::Missed::Latest => "latest",
                                 _ => "skip",
                             }
@@ -242,7 +242,7 @@ fn never_satisfied(job: &Job, up: &Job, catch_up: Duration) -> Option<String> {
             job.name, job.period.unit, up.name, up.period.unit, up.name
         ));
     }
-    let keep = up.keep?;
+    let keep = up.policy.keep?;
     // A period of `job` is due up to one of its periods after its upstream
     // periods began (a fire covering the period before it), and waits in
     // the catch-up window; its upstream claims must last that long.

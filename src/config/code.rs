@@ -2,6 +2,7 @@
 //! `jobs.toml` as typed builder methods, checked by the same rules
 //! (those of `jobs.toml`) into the same [`Job`] and [`Settings`] values.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono_tz::Tz;
@@ -11,7 +12,7 @@ use super::rules::{
     SHORTEST_LEASE, SHORTEST_SCAN, count_problem, duration_problem, floor_problem,
     job_name_problem, keep_problem, namespace_problem, schedule,
 };
-use super::{Action, ConfigError, Fingerprint, Job, Missed, Retry, Settings, short};
+use super::{Action, ConfigError, Fingerprint, Job, Missed, Policy, Retry, Settings, short};
 use crate::handler::{BoxFuture, Context, Handled, Handler, Transaction};
 use crate::period::{Covers, PeriodRule, Unit};
 use crate::schedule::DstRule;
@@ -245,17 +246,20 @@ impl CodeJob {
             name: self.name.into(),
             schedule,
             period: self.period,
-            fires: Default::default(),
             action: Action::Code(handler),
-            timeout: self.timeout,
-            concurrency,
-            shards: self.shards,
-            missed: self.missed,
-            retry: self.retry,
-            keep: self.keep,
-            output_max: super::OUTPUT_MAX,
-            keep_output: None,
-            deadline: self.deadline,
+            policy: Arc::new(Policy {
+                fires: Default::default(),
+                timeout: self.timeout,
+                concurrency,
+                shards: self.shards,
+                missed: self.missed,
+                retry: self.retry,
+                keep: self.keep,
+                output_max: super::OUTPUT_MAX,
+                keep_output: None,
+                deadline: self.deadline,
+                catch_up: settings.catch_up,
+            }),
             after: After {
                 named: self
                     .after
@@ -268,7 +272,6 @@ impl CodeJob {
                 on_rerun: self.on_upstream_rerun.unwrap_or_default(),
                 ..After::default()
             },
-            catch_up: settings.catch_up,
             definition: Fingerprint::default(),
             when: Fingerprint::default(),
             secrets: Default::default(),

@@ -1,6 +1,7 @@
 //! A validated job: when it fires, what a fire covers, what it does and
 //! what becomes of its failures; its definition's fingerprint.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use crate::schedule::Schedule;
 use crate::template::{Secrets, Template};
 
 /// What to do with periods missed while nothing ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Missed {
     /// Run every missed period within the catch-up window.
@@ -27,7 +28,7 @@ pub enum Missed {
 }
 
 /// Retry policy for failures a run reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Retry {
     /// Attempts in all, the first included (1 = no retry).
     pub attempts: u32,
@@ -217,12 +218,37 @@ pub struct Job {
     pub schedule: Schedule,
     /// What a fire covers.
     pub period: PeriodRule,
+    /// What it does.
+    pub action: Action,
+    /// How it runs, retries, is kept and judged: one value shared by the
+    /// jobs of a file that set the same.
+    pub policy: Arc<Policy>,
+    /// The upstream periods each of its periods waits for.
+    pub after: after::After,
+    /// A fingerprint of what it does and when (schedule, zone, period
+    /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
+    /// recorded on every attempt, so `history` shows where it changed. A
+    /// hash, never the values themselves.
+    pub definition: Fingerprint,
+    /// A fingerprint of when it fires (schedule, zone, daylight-saving
+    /// rule, period rule, active dates, calendars, jitter), recorded with
+    /// its sighting: a change of it is a new sighting of its fires
+    /// ([`Job::owed_after_change`]).
+    pub when: Fingerprint,
+    /// The values `${NAME}` put into its action, masked in every message
+    /// about it.
+    pub secrets: Secrets,
+}
+
+/// How a job runs, retries, is kept and judged. Most jobs of a large file
+/// set the same, so a file's jobs share one value per distinct policy:
+/// 100,000 jobs hold a few, not 100,000 copies of 176 bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Policy {
     /// How its fires move to working days and are delayed (which fires
     /// exist at all is the schedule's: its active window, a skipping
     /// calendar).
     pub fires: FireRules,
-    /// What it does.
-    pub action: Action,
     /// Killed and counted failed past this.
     pub timeout: Option<Duration>,
     /// Periods (shards, for a sharded job) of this job running at once,
@@ -247,25 +273,25 @@ pub struct Job {
     /// A period must have succeeded this long after its fire, or it is
     /// late.
     pub deadline: Option<Duration>,
-    /// The upstream periods each of its periods waits for.
-    pub after: after::After,
     /// How far back missed periods are owed: `[scheduler].catch_up`,
     /// copied here so that the one rule of what a job owes
     /// ([`Job::owed_since`]) needs nothing but the job.
     pub catch_up: Duration,
-    /// A fingerprint of what it does and when (schedule, zone, period
-    /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
-    /// recorded on every attempt, so `history` shows where it changed. A
-    /// hash, never the values themselves.
-    pub definition: Fingerprint,
-    /// A fingerprint of when it fires (schedule, zone, daylight-saving
-    /// rule, period rule, active dates, calendars, jitter), recorded with
-    /// its sighting: a change of it is a new sighting of its fires
-    /// ([`Job::owed_after_change`]).
-    pub when: Fingerprint,
-    /// The values `${NAME}` put into its action, masked in every message
-    /// about it.
-    pub secrets: Secrets,
+}
+
+/// The distinct policies of the jobs read so far, each held once.
+#[derive(Debug, Default)]
+pub(super) struct Policies(HashSet<Arc<Policy>>);
+
+impl Policies {
+    /// The policy held equal to `policy`, held now if there is none.
+    pub(super) fn share(&mut self, policy: &Arc<Policy>) -> Arc<Policy> {
+        if let Some(held) = self.0.get(policy) {
+            return held.clone();
+        }
+        self.0.insert(policy.clone());
+        policy.clone()
+    }
 }
 
 impl Job {
@@ -280,7 +306,7 @@ impl Job {
 
     /// Its fires as they run: the one answer to when a period is due.
     pub fn timing(&self) -> Timing<'_> {
-        Timing::new(&self.name, &self.schedule, &self.period, &self.fires)
+        Timing::new(&self.name, &self.schedule, &self.period, &self.policy.fires)
     }
 
     /// The instant from which the job's fires are owed, given when a
@@ -292,7 +318,7 @@ impl Job {
     /// as missed, late or waiting. One rule for the timer, the scan, a
     /// reload, a resume, `run JOB`, `--dry-run` and every view.
     pub fn owed_since(&self, first_seen: DateTime<Utc>) -> DateTime<Utc> {
-        let window = TimeDelta::from_std(self.catch_up).unwrap_or(TimeDelta::MAX);
+        let window = TimeDelta::from_std(self.policy.catch_up).unwrap_or(TimeDelta::MAX);
         self.timing()
             .latest(first_seen)
             .map(|fire| fire.at)
@@ -375,8 +401,8 @@ impl Job {
             self.action.exact(),
             self.fire_rules_text(),
             // Only where set: an unsharded job keeps the fingerprint it had.
-            if self.shards > 1 {
-                format!("\nshards {}", self.shards)
+            if self.policy.shards > 1 {
+                format!("\nshards {}", self.policy.shards)
             } else {
                 String::new()
             }
@@ -409,10 +435,10 @@ impl Job {
             let working = days.working.as_deref().map(calendar);
             text += &format!("\n{:?} {:?} {working:?}", days.from, days.until);
         }
-        if let Some(shift) = &self.fires.shift {
+        if let Some(shift) = &self.policy.fires.shift {
             text += &format!("\n{} {}", shift.to, calendar(&shift.calendar));
         }
-        if let Some(jitter) = self.fires.jitter {
+        if let Some(jitter) = self.policy.fires.jitter {
             text += &format!("\njitter {}", jitter.as_secs());
         }
         text

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use crate::suggest::nearest;
 use crate::template::Secrets;
 pub use address::DatabaseUrl;
-pub use job::{Action, Fingerprint, HttpAction, Job, Missed, ProcessAction, Program, Retry};
+pub use job::{
+    Action, Fingerprint, HttpAction, Job, Missed, Policy, ProcessAction, Program, Retry,
+};
 pub(crate) use rules::short;
 pub use secret::Secret;
 pub use settings::{Allow, ApiSettings, Settings, Token};

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::job::Policies;
 use super::locator::Locator;
 use super::parts::{Parts, Whole};
 use super::raw::{Calendars, RawApi, RawCalendar, RawJob, RawSettings};
@@ -241,6 +242,7 @@ impl<'t> Sections<'t> {
             incomplete: Vec::new(),
             seen: BTreeMap::new(),
             names: Vec::new(),
+            policies: Policies::default(),
         };
         match self.jobs {
             JobTables::Parsed(values) => {
@@ -287,6 +289,8 @@ struct JobsRead<'a> {
     /// Every job's name as written, its own mistakes or not: what an
     /// `after` may name.
     names: Vec<String>,
+    /// The jobs' policies, each held once.
+    policies: Policies,
 }
 
 impl JobsRead<'_> {
@@ -329,6 +333,7 @@ impl JobsRead<'_> {
             return;
         }
         self.seen.insert(job.name.to_string(), name_span);
+        job.policy = self.policies.share(&job.policy);
         if let Action::Process(process) = &mut job.action {
             process.inherit.named = vars.names_since(mark);
         }

@@ -73,7 +73,7 @@ impl Service {
         let since = since
             .max(now - window)
             .max(self.owed_since(&job).unwrap_or(since));
-        let with_latest = job.missed != Missed::Skip;
+        let with_latest = job.policy.missed != Missed::Skip;
         let missed: Vec<Due> = partly
             .into_iter()
             .chain(
@@ -86,7 +86,7 @@ impl Service {
                 ..d
             })
             .collect();
-        let at_once = job.concurrency as usize;
+        let at_once = job.policy.concurrency as usize;
         if missed.len() <= at_once {
             for d in missed {
                 self.dispatch(job.clone(), d, now);
@@ -148,7 +148,7 @@ async fn partly_claimed(
     job: &Job,
     from: DateTime<Utc>,
 ) -> Result<Vec<Due>, Error> {
-    if job.shards <= 1 {
+    if job.policy.shards <= 1 {
         return Ok(Vec::new());
     }
     let timing = job.timing();

@@ -143,7 +143,7 @@ pub(super) struct JobGauges {
 impl JobGauges {
     /// Whether `job` has a late gauge to set; one with a `deadline` gets it.
     fn late(&mut self, job: &Job) -> bool {
-        if job.deadline.is_some() && !self.late.contains(&*job.name) {
+        if job.policy.deadline.is_some() && !self.late.contains(&*job.name) {
             self.late.insert(job.name.clone());
         }
         self.late.contains(&*job.name)

@@ -116,7 +116,9 @@ impl Service {
         }
         let waiting: Vec<String> = self.waiting.keys().map(|name| name.to_string()).collect();
         for name in waiting {
-            let slots = self.job(&name).map_or(1, |job| job.concurrency as usize);
+            let slots = self
+                .job(&name)
+                .map_or(1, |job| job.policy.concurrency as usize);
             self.release_waiting(&name, slots);
         }
         let now = self.clock.now();

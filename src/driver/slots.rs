@@ -85,7 +85,7 @@ impl Service {
         let asked = self.asking.get(job.name.as_ref()).map_or(0, |fires| {
             fires.iter().filter(|fire| **fire < due.fire).count()
         });
-        waits || asked >= job.concurrency as usize
+        waits || asked >= job.policy.concurrency as usize
     }
 
     /// The claims of `asked` were answered (what they found is handled

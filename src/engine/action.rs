@@ -93,7 +93,7 @@ impl Run<'_> {
     /// When a failure of this run is retried, if it is.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         let failures = u32::try_from(self.lease.failures).unwrap_or(0) + 1;
-        self.job.retry.backoff_after(failures)
+        self.job.policy.retry.backoff_after(failures)
     }
 }
 

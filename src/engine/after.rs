@@ -161,7 +161,7 @@ fn needed(job: &Job, period: &Period) -> Vec<Needed> {
             job: job.name.to_string(),
             label: p.label.clone(),
             period: p,
-            shards: job.shards,
+            shards: job.policy.shards,
             previous: true,
         });
     }

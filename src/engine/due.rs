@@ -44,7 +44,7 @@ impl Due {
     pub fn sharded(job: &Job, due: Due) -> Vec<Due> {
         match due.shard {
             Some(_) => vec![due],
-            None => due.split(job.shards),
+            None => due.split(job.policy.shards),
         }
     }
 
@@ -113,7 +113,7 @@ pub fn due(job: &Job, now: DateTime<Utc>, since: DateTime<Utc>, with_latest: boo
     let Some(latest) = timing.latest(now) else {
         return Vec::new();
     };
-    let mut fires = match job.missed {
+    let mut fires = match job.policy.missed {
         Missed::All => timing.between(since - tick, latest.at - tick),
         _ => Vec::new(),
     };
@@ -140,7 +140,7 @@ pub fn of_fires(job: &Job, fires: &[Fire]) -> Vec<Due> {
     for fire in fires.iter().rev() {
         let trigger = if fire.at == latest {
             Trigger::Schedule
-        } else if job.missed == Missed::All {
+        } else if job.policy.missed == Missed::All {
             Trigger::CatchUp
         } else {
             continue;
@@ -197,7 +197,7 @@ pub fn standing(
 ) -> Standing {
     let fire = job.timing().of(period);
     let owed = sighting.owed_from.unwrap_or_else(|| job.owed_since(now));
-    let window = TimeDelta::from_std(job.catch_up)
+    let window = TimeDelta::from_std(job.policy.catch_up)
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
@@ -212,7 +212,7 @@ pub fn standing(
     // passed over for good; only the latest is taken. Not an alarm: it
     // is never late.
     let passed_over = |f: DateTime<Utc>| {
-        job.missed != Missed::All
+        job.policy.missed != Missed::All
             && job.timing().latest(now).is_some_and(|latest| {
                 latest.at > f && job.timing().period_of(&latest).label != period.label
             })
@@ -244,6 +244,7 @@ pub fn standing(
         && !sighting.paused
         && fired_since(owed)
         && job
+            .policy
             .deadline
             .and_then(|d| TimeDelta::from_std(d).ok())
             .zip(fire)
@@ -336,7 +337,7 @@ impl OverdueCount {
         self.jobs
             .iter()
             .filter_map(|(name, open)| {
-                let deadline = TimeDelta::from_std(open.job.deadline?).ok()?;
+                let deadline = TimeDelta::from_std(open.job.policy.deadline?).ok()?;
                 let after = (
                     now - deadline + TimeDelta::nanoseconds(1),
                     DateTime::<Utc>::MIN_UTC,
@@ -381,7 +382,7 @@ impl OverdueCount {
             let quiet = same && open.next.is_some_and(|next| next > now);
             // Only `missed = "all"` keeps what was due before: with the
             // others only the latest fire is due, listed afresh each time.
-            let from = if same && (quiet || job.missed == Missed::All) {
+            let from = if same && (quiet || job.policy.missed == Missed::All) {
                 open.upto.max(since)
             } else {
                 open.fires.clear();
@@ -435,7 +436,7 @@ impl OverdueCount {
         let keys: Vec<String> = asked.iter().map(|a| a.key.clone()).collect();
         let periods: Vec<(&str, &Period, u32)> = asked
             .iter()
-            .map(|a| (a.job.name.as_ref(), &a.period, a.job.shards))
+            .map(|a| (a.job.name.as_ref(), &a.period, a.job.policy.shards))
             .collect();
         let claims = super::shards::read(store, &periods).await?;
         let waiting = waiting_among(store, &keys, |name| {
@@ -511,7 +512,7 @@ pub async fn were_late(
     let asked: Vec<Span> = jobs
         .iter()
         .filter_map(|job| {
-            let deadline = TimeDelta::from_std(job.deadline?).ok()?;
+            let deadline = TimeDelta::from_std(job.policy.deadline?).ok()?;
             let from = checked.map_or(window, |at| window.max(at - deadline));
             let until = now - deadline;
             // A job with no fire in its span has nothing to look up: most
@@ -565,9 +566,10 @@ async fn were_late_in(
                 job: job.name.to_string(),
                 key: PeriodKey::new(&job.name, &d.period.label).to_string(),
                 period: d.period.clone(),
-                shards: job.shards,
+                shards: job.policy.shards,
                 fire: d.fire,
                 deadline: job
+                    .policy
                     .deadline
                     .and_then(|d| TimeDelta::from_std(d).ok())
                     .map(|deadline| d.fire + deadline),

@@ -137,13 +137,14 @@ impl Engine {
                     // the action.
                     timeout: run
                         .job
+                        .policy
                         .timeout
                         .map_or(action.timeout, |job| job.min(action.timeout)),
                 };
                 http::send(&self.http, request, run, stop).await
             }
             Action::Code(Handler::Plain(plain)) => {
-                plain::run_plain(&**plain, run, run.job.timeout, stop).await
+                plain::run_plain(&**plain, run, run.job.policy.timeout, stop).await
             }
             // Run by the group path (`Engine::run_group`), never here.
             Action::Sql { .. } | Action::Code(Handler::Transaction(_)) => {

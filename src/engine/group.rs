@@ -258,7 +258,7 @@ impl Engine {
                 Some(GroupedSql {
                     lease: &won.lease,
                     work,
-                    timeout: ask.job.timeout,
+                    timeout: ask.job.policy.timeout,
                     failure: run.finish(Finish::default(), true),
                     secrets: &ask.job.secrets,
                 })

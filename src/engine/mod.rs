@@ -144,7 +144,7 @@ impl Ask {
             owner,
             lease,
             trigger: self.due.trigger,
-            concurrency: self.job.concurrency,
+            concurrency: self.job.policy.concurrency,
             force: self.mode.force,
             // A period that waited for its upstream periods is claimed as
             // the schedule claims (another replica may have run it and

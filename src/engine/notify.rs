@@ -109,7 +109,7 @@ impl Engine {
         let sharded: HashMap<&str, &Job> = config
             .jobs
             .iter()
-            .filter(|job| job.shards > 1)
+            .filter(|job| job.policy.shards > 1)
             .map(|job| (job.name.as_ref(), &**job))
             .collect();
         if sharded.is_empty() {
@@ -127,7 +127,9 @@ impl Engine {
             .collect();
         let asked: Vec<(&str, &crate::period::Period, u32)> = periods
             .iter()
-            .map(|((_, job, _), period)| (job.as_str(), period, sharded[job.as_str()].shards))
+            .map(|((_, job, _), period)| {
+                (job.as_str(), period, sharded[job.as_str()].policy.shards)
+            })
             .collect();
         let claims = super::shards::read(self.store(), &asked).await?;
         for ((told, _), claims) in periods.iter().zip(claims) {
@@ -192,6 +194,7 @@ impl Engine {
                     _ => None,
                 };
                 let deadline = job
+                    .policy
                     .deadline
                     .and_then(|d| TimeDelta::from_std(d).ok())
                     .map(|d| *fire + d);
@@ -712,7 +715,7 @@ fn next_deadline(config: &Config, after: DateTime<Utc>) -> Option<DateTime<Utc>>
                 .any(|n| n.wants(Event::Late, &job.name))
         })
         .filter_map(|job| {
-            let deadline = TimeDelta::from_std(job.deadline?).ok()?;
+            let deadline = TimeDelta::from_std(job.policy.deadline?).ok()?;
             Some(job.timing().next(after - deadline)?.at + deadline)
         })
         .min()

@@ -126,7 +126,9 @@ pub async fn adopt(
         }
     };
     let asked = adopted_periods(job, (&from, to), now, last_name, names)?;
-    let taken = store.adopt(&job.name, &asked, job.shards, by).await?;
+    let taken = store
+        .adopt(&job.name, &asked, job.policy.shards, by)
+        .await?;
     if !taken.is_empty() {
         let rows = store.rows(&taken).await?;
         let mut rows: Vec<_> = rows.into_values().collect();
@@ -223,7 +225,7 @@ async fn first_owed(
     // From the first fire the job owes (docs/commands.md): what a first
     // run would take, for a job not seen yet.
     let owing = super::owed::owing(store, [job], now).await?;
-    let window = chrono::TimeDelta::from_std(job.catch_up)
+    let window = chrono::TimeDelta::from_std(job.policy.catch_up)
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
         .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
@@ -302,13 +304,13 @@ pub struct Pruned {
 pub async fn prune(config: &Config, store: &Store, dry_run: bool) -> Result<Pruned, Error> {
     let mut pruned = Pruned::default();
     for job in &config.jobs {
-        if let Some(keep) = job.keep {
+        if let Some(keep) = job.policy.keep {
             let n = store
                 .prune(&job.name, keep, config.settings.catch_up, dry_run)
                 .await?;
             pruned.jobs.push((job.name.to_string(), keep, n));
         }
-        if let Some(keep) = job.keep_output {
+        if let Some(keep) = job.policy.keep_output {
             let n = store.prune_output(&job.name, keep, dry_run).await?;
             pruned.output.push((job.name.to_string(), keep, n));
         }

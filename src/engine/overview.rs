@@ -71,7 +71,13 @@ impl JobOverview<'_> {
     pub fn retries_left(&self, row: &ClaimRow) -> u32 {
         let failures = u32::try_from(row.failures).unwrap_or(0);
         match row.retry_at {
-            Some(_) => self.job.retry.attempts.saturating_sub(failures).max(1),
+            Some(_) => self
+                .job
+                .policy
+                .retry
+                .attempts
+                .saturating_sub(failures)
+                .max(1),
             None => 0,
         }
     }
@@ -206,7 +212,7 @@ async fn classify(
 
 /// The start of `job`'s catch-up window at `now`.
 fn window_start(job: &Job, now: DateTime<Utc>) -> DateTime<Utc> {
-    TimeDelta::from_std(job.catch_up)
+    TimeDelta::from_std(job.policy.catch_up)
         .ok()
         .and_then(|w| now.checked_sub_signed(w))
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
@@ -348,7 +354,7 @@ pub fn json(o: &JobOverview<'_>, config: &Config, now: DateTime<Utc>) -> serde_j
         "running": running,
         "failed": failed,
         "overdue": o.overdue,
-        "deadline": job.deadline.map(crate::config::short),
+        "deadline": job.policy.deadline.map(crate::config::short),
         "late": o.late,
         "waiting": o.waiting.len(),
         "waiting_periods": o
@@ -368,14 +374,17 @@ pub fn json(o: &JobOverview<'_>, config: &Config, now: DateTime<Utc>) -> serde_j
 /// A job's calendar, active dates and jitter, `null` where it has none.
 fn calendar_of(job: &Job) -> serde_json::Value {
     let days = job.schedule.days();
-    let (name, on_day_off) = match (&job.fires.shift, days.and_then(|d| d.working.as_ref())) {
+    let (name, on_day_off) = match (
+        &job.policy.fires.shift,
+        days.and_then(|d| d.working.as_ref()),
+    ) {
         (Some(shift), _) => (Some(shift.calendar.name.clone()), shift.to),
         (None, Some(calendar)) => (Some(calendar.name.clone()), Default::default()),
         (None, None) => (None, Default::default()),
     };
     let active_from = days.and_then(|d| d.from).map(|d| d.to_string());
     let active_until = days.and_then(|d| d.until).map(|d| d.to_string());
-    let jitter = job.fires.jitter.map(crate::config::short);
+    let jitter = job.policy.fires.jitter.map(crate::config::short);
     if name.is_none() && active_from.is_none() && active_until.is_none() && jitter.is_none() {
         return serde_json::Value::Null;
     }

@@ -85,7 +85,7 @@ pub(super) async fn run_supervised(
     };
 
     let timeout = async {
-        match run.job.timeout {
+        match run.job.policy.timeout {
             Some(limit) => tokio::time::sleep(limit).await,
             None => std::future::pending().await,
         }
@@ -94,7 +94,7 @@ pub(super) async fn run_supervised(
         ended = status.ended() => ended_result(ended),
         () = timeout => {
             terminate(&mut control, &mut status).await;
-            let limit = run.job.timeout.unwrap_or_default();
+            let limit = run.job.policy.timeout.unwrap_or_default();
             ActionResult::failed(format!("timed out after {}", humantime::format_duration(limit)))
         }
         why = stop => {
@@ -138,7 +138,7 @@ fn read(
         key: run.key.to_string(),
         attempt: run.lease.attempt,
         job: run.job.name.to_string(),
-        output_max: run.job.output_max,
+        output_max: run.job.policy.output_max,
     });
     let readers = [
         forward(

@@ -44,7 +44,7 @@ pub async fn claims(
 ) -> Result<Vec<PeriodClaims>, Error> {
     let asked: Vec<(&str, &Period, u32)> = periods
         .iter()
-        .map(|(job, period)| (job.name.as_ref(), *period, job.shards))
+        .map(|(job, period)| (job.name.as_ref(), *period, job.policy.shards))
         .collect();
     read(store, &asked).await
 }
@@ -88,10 +88,14 @@ pub(crate) async fn resplit(store: &Store, units: Vec<Vec<Ask>>) -> Result<Vec<V
     // Asks of jobs split into shards, and every ask but a fire's first
     // (a job's `shards` lowered to 1 meets a period claimed split when
     // its fire's ask is refused and asked again as a catch-up).
-    let looked = |ask: &&Ask| ask.job.shards > 1 || ask.due.trigger != Trigger::Schedule;
+    let looked = |ask: &&Ask| ask.job.policy.shards > 1 || ask.due.trigger != Trigger::Schedule;
     for ask in units.iter().flatten().filter(looked) {
         if seen.insert(ask.key().period_key()) {
-            asked.push((ask.job.name.as_ref(), &ask.due.period, ask.job.shards));
+            asked.push((
+                ask.job.name.as_ref(),
+                &ask.due.period,
+                ask.job.policy.shards,
+            ));
         }
     }
     if asked.is_empty() {

@@ -1,6 +1,7 @@
 //! A `[[job]]` checked: its name, schedule and zone, which of its fires
 //! exist and how they move, its retries, deadline, `keep` and `after`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono_tz::Tz;
@@ -13,7 +14,7 @@ use crate::config::locator::Locator;
 use crate::config::raw::{Calendars, RawJob};
 use crate::config::rules::{deadline_problem, job_name_problem, keep_problem, schedule};
 use crate::config::vars::Env;
-use crate::config::{ConfigError, Fingerprint, Job, Retry, Settings};
+use crate::config::{ConfigError, Fingerprint, Job, Policy, Retry, Settings};
 use crate::fires::{FireRules, Shift};
 use crate::period::{MAX_SHARDS, PeriodRule};
 use crate::schedule::{DstRule, Schedule};
@@ -80,19 +81,21 @@ impl RawJob {
                 unit: self.period,
                 covers: self.covers,
             },
-            fires: fires_rules,
             action,
-            timeout,
-            concurrency,
-            shards,
-            missed: self.missed,
-            retry,
-            keep,
-            output_max,
-            keep_output,
-            deadline,
+            policy: Arc::new(Policy {
+                fires: fires_rules,
+                timeout,
+                concurrency,
+                shards,
+                missed: self.missed,
+                retry,
+                keep,
+                output_max,
+                keep_output,
+                deadline,
+                catch_up: settings.catch_up,
+            }),
             after: after.unwrap_or_default(),
-            catch_up: settings.catch_up,
             definition: Fingerprint::default(),
             when: Fingerprint::default(),
             secrets: Default::default(),

@@ -478,7 +478,10 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
         let jobs: Vec<Job> = jobs
             .iter()
             .map(|j| Job {
-                catch_up,
+                policy: std::sync::Arc::new(crate::config::Policy {
+                    catch_up,
+                    ..(*j.policy).clone()
+                }),
                 ..(**j).clone()
             })
             .collect();

@@ -230,7 +230,7 @@ impl Backfill<'_> {
         // A batch runs its periods side by side: at most as many as
         // the job may run at once, and (but for an `sql` group, one
         // slot) as this process may.
-        let mut batch = (job.concurrency as usize).clamp(1, SQL_GROUP);
+        let mut batch = (job.policy.concurrency as usize).clamp(1, SQL_GROUP);
         if !matches!(job.action, crate::config::Action::Sql { .. }) {
             batch = batch.min(self.max_running.max(1));
         }
@@ -715,7 +715,7 @@ impl Backfill<'_> {
                 PeriodOutcome::Busy,
                 format!(
                     "not run: all {} concurrency slot(s) of `{}` are taken by running periods; {}",
-                    ask.job.concurrency, ask.job.name, self.request.names.busy
+                    ask.job.policy.concurrency, ask.job.name, self.request.names.busy
                 ),
                 None,
             );

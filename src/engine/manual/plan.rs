@@ -55,7 +55,7 @@ impl Periods {
         match self {
             Periods::Listed(dues) => dues.take(CHUNK).collect(),
             Periods::Range(walk) => std::iter::from_fn(|| walk.step(&job.period, &job.schedule))
-                .take((CHUNK / job.shards.max(1) as usize).max(1))
+                .take((CHUNK / job.policy.shards.max(1) as usize).max(1))
                 .flat_map(|p| manual_due(job, p, now))
                 .collect(),
         }
@@ -103,7 +103,7 @@ fn nothing_due(
             format!(
                 "nothing due now: first seen now, and its latest fire ({key}, at {}) is older than catch_up ({}), so it does not run on its own (`scheduler run {} --period {}` runs it by hand; `scheduler adopt` records it as run elsewhere); {next}",
                 utc_text(fire.at),
-                humantime::format_duration(job.catch_up),
+                humantime::format_duration(job.policy.catch_up),
                 job.name,
                 timing.period_of(&fire).label
             )
@@ -446,13 +446,13 @@ pub(super) async fn as_claimed(
     }
     let asked: Vec<(&str, &Period, u32)> = periods
         .iter()
-        .map(|period| (job.name.as_ref(), *period, job.shards))
+        .map(|period| (job.name.as_ref(), *period, job.policy.shards))
         .collect();
     let counts: std::collections::HashMap<String, u32> = crate::engine::shards::read(store, &asked)
         .await?
         .into_iter()
         .zip(&periods)
-        .filter(|(claims, _)| claims.shards != job.shards)
+        .filter(|(claims, _)| claims.shards != job.policy.shards)
         .map(|(claims, period)| (period.label.clone(), claims.shards))
         .collect();
     if counts.is_empty() {

@@ -115,7 +115,7 @@ pub fn check(config: &Config, request: &Request, now: DateTime<Utc>) -> Result<(
 /// Refuses a shard the job does not have: any, for a job whose periods are
 /// not split.
 fn one_shard(job: &Job, request: &Request) -> Result<(), Error> {
-    let job = (job.name.as_ref(), job.shards, "its periods");
+    let job = (job.name.as_ref(), job.policy.shards, "its periods");
     crate::engine::labels::shard_of(job, request.shard, request.names.shard, false).map(|_| ())
 }
 
