@@ -339,4 +339,31 @@ namespace = "team"
         assert_eq!(parts, None);
         assert!(whole.contains("\"b\""), "{whole}");
     }
+
+    #[test]
+    fn jobs_that_set_the_same_share_one_policy() {
+        let text = "[[job]]\nname = \"a\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n\n\
+                    [[job]]\nname = \"b\"\nschedule = \"@hourly\"\ncommand = [\"true\"]\n\n\
+                    [[job]]\nname = \"c\"\nschedule = \"@daily\"\ncommand = [\"true\"]\ntimeout = \"1m\"\n";
+        let env = |_: &str| None;
+        let at = Locator {
+            path: Path::new("jobs.toml"),
+            text,
+        };
+        let reading = Reading {
+            at: &at,
+            env: &env,
+            lenient: Lenient::NOTHING,
+            adjust: &|_| {},
+            link: true,
+        };
+        for (config, _) in [reading.in_parts().unwrap(), reading.whole().unwrap()] {
+            let [a, b, c] = &config.jobs[..] else {
+                panic!("three jobs: {config:?}");
+            };
+            assert!(Arc::ptr_eq(&a.policy, &b.policy), "{config:?}");
+            assert!(!Arc::ptr_eq(&a.policy, &c.policy), "{config:?}");
+            assert_eq!(c.policy.timeout, Some(std::time::Duration::from_secs(60)));
+        }
+    }
 }

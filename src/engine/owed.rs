@@ -147,28 +147,27 @@ pub async fn owing<'a>(
     now: DateTime<Utc>,
 ) -> Result<Owing, Error> {
     let jobs: Vec<&Job> = jobs.into_iter().collect();
-    if jobs.is_empty() {
-        return Ok(Owing::default());
-    }
-    let names: Vec<String> = jobs.iter().map(|job| job.name.to_string()).collect();
-    let seen = store.first_seen(&names).await?;
-    let changed: Vec<String> = jobs
-        .iter()
-        .filter(|job| seen.get(&*job.name).is_some_and(|s| timing_changed(job, s)))
-        .map(|job| job.name.to_string())
-        .collect();
-    let newest = match changed.is_empty() {
-        true => HashMap::new(),
-        false => store.last_fires(&changed).await?,
-    };
-    let owing = jobs
-        .iter()
-        .filter_map(|job| {
+    let mut owing = HashMap::with_capacity(jobs.len());
+    // A thousand jobs a statement: what is read of them is freed before the
+    // next thousand are read, and 100,000 jobs' rows are never held at once.
+    for jobs in jobs.chunks(1000) {
+        let names: Vec<String> = jobs.iter().map(|job| job.name.to_string()).collect();
+        let seen = store.first_seen(&names).await?;
+        let changed: Vec<String> = jobs
+            .iter()
+            .filter(|job| seen.get(&*job.name).is_some_and(|s| timing_changed(job, s)))
+            .map(|job| job.name.to_string())
+            .collect();
+        let newest = match changed.is_empty() {
+            true => HashMap::new(),
+            false => store.last_fires(&changed).await?,
+        };
+        owing.extend(jobs.iter().filter_map(|job| {
             let seen = seen.get(&*job.name)?;
             let from = owed_from_sighting(job, Some(seen), newest.get(&*job.name).copied(), now);
             Some((job.name.clone(), (seen.first_seen, from)))
-        })
-        .collect();
+        }));
+    }
     Ok(Owing(owing))
 }
 
