@@ -1,6 +1,7 @@
 //! A validated job: when it fires, what a fire covers, what it does and
 //! what becomes of its failures; its definition's fingerprint.
 
+#[cfg(feature = "config-file")]
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -279,10 +280,13 @@ pub struct Policy {
     pub catch_up: Duration,
 }
 
-/// The distinct policies of the jobs read so far, each held once.
+/// The distinct policies of the jobs read so far, each held once: a file's
+/// (code jobs are few, and each holds its own).
+#[cfg(feature = "config-file")]
 #[derive(Debug, Default)]
 pub(super) struct Policies(HashSet<Arc<Policy>>);
 
+#[cfg(feature = "config-file")]
 impl Policies {
     /// The policy held equal to `policy`, held now if there is none.
     pub(super) fn share(&mut self, policy: &Arc<Policy>) -> Arc<Policy> {
