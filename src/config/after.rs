@@ -30,6 +30,13 @@ pub struct After {
 }
 
 impl After {
+    /// Waiting for nothing: one value, shared by every job that waits for
+    /// nothing (56 bytes a job, 5.3 MiB for 100,000 jobs, otherwise).
+    pub fn nothing() -> Arc<After> {
+        static NOTHING: std::sync::LazyLock<Arc<After>> = std::sync::LazyLock::new(Arc::default);
+        NOTHING.clone()
+    }
+
     /// Whether the job's periods wait for anything.
     pub fn any(&self) -> bool {
         self.previous || !self.upstream.is_empty()
@@ -135,10 +142,13 @@ impl Config {
             })
             .collect();
         for ((job, upstream), previous) in self.jobs.iter_mut().zip(upstream).zip(previous) {
+            if upstream.is_empty() && !previous && !job.after.any() {
+                continue;
+            }
             // Unshared while the file is read: no copy is made.
-            let job = Arc::make_mut(job);
-            job.after.upstream = upstream;
-            job.after.previous = previous;
+            let after = Arc::make_mut(&mut Arc::make_mut(job).after);
+            after.upstream = upstream;
+            after.previous = previous;
         }
         Ok(())
     }

@@ -260,7 +260,7 @@ impl CodeJob {
                 deadline: self.deadline,
                 catch_up: settings.catch_up,
             }),
-            after: After {
+            after: Arc::new(After {
                 named: self
                     .after
                     .into_iter()
@@ -271,7 +271,7 @@ impl CodeJob {
                     .collect(),
                 on_rerun: self.on_upstream_rerun.unwrap_or_default(),
                 ..After::default()
-            },
+            }),
             definition: Fingerprint::default(),
             when: Fingerprint::default(),
             secrets: Default::default(),

@@ -340,6 +340,24 @@ namespace = "team"
         assert!(whole.contains("\"b\""), "{whole}");
     }
 
+    /// Jobs that wait for nothing share one `after`; one that waits holds
+    /// its own, linked to the job it names.
+    #[test]
+    fn jobs_that_wait_for_nothing_share_one_after() {
+        let text = "[[job]]\nname = \"a\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n\n\
+                    [[job]]\nname = \"b\"\nschedule = \"@hourly\"\ncommand = [\"true\"]\n\n\
+                    [[job]]\nname = \"c\"\nschedule = \"@daily\"\ncommand = [\"true\"]\nafter = [\"a\"]\n";
+        let config = Config::parse(Path::new("jobs.toml"), text, &|_| None).unwrap();
+        let [a, b, c] = &config.jobs[..] else {
+            panic!("three jobs, not {}", config.jobs.len());
+        };
+        assert!(Arc::ptr_eq(&a.after, &b.after));
+        assert!(!a.after.any());
+        assert!(!Arc::ptr_eq(&a.after, &c.after));
+        let upstream: Vec<&str> = c.after.upstream.iter().map(|up| up.job.as_str()).collect();
+        assert_eq!(upstream, ["a"]);
+    }
+
     #[test]
     fn jobs_that_set_the_same_share_one_policy() {
         let text = "[[job]]\nname = \"a\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n\n\

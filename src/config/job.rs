@@ -224,8 +224,9 @@ pub struct Job {
     /// How it runs, retries, is kept and judged: one value shared by the
     /// jobs of a file that set the same.
     pub policy: Arc<Policy>,
-    /// The upstream periods each of its periods waits for.
-    pub after: after::After,
+    /// The upstream periods each of its periods waits for. Shared: most
+    /// jobs wait for nothing, and hold one empty value between them.
+    pub after: Arc<after::After>,
     /// A fingerprint of what it does and when (schedule, zone, period
     /// rule, action after `${VAR}` expansion): 12 hex digits of a SHA-256,
     /// recorded on every attempt, so `history` shows where it changed. A

@@ -17,8 +17,8 @@ pub(super) struct Timer {
 }
 
 /// When a job's next fire is due, the job's index, and the instant its
-/// fires were last taken up to.
-type Next = (DateTime<Utc>, usize, DateTime<Utc>);
+/// fires were last taken up to: 28 bytes, 2.7 MiB for 100,000 jobs.
+type Next = (DateTime<Utc>, u32, DateTime<Utc>);
 
 impl Timer {
     /// A timer with each job's first fire after `now`.
@@ -35,22 +35,24 @@ impl Timer {
         known: impl Fn(&Job) -> Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Timer {
-        let heap = jobs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, job)| {
-                let from = known(job).unwrap_or(now);
-                job.timing()
-                    .next(from)
-                    .map(|fire| Reverse((fire.at, i, from)))
-            })
-            .collect();
-        Timer { heap }
+        // Sized once: grown by doubling, a third of it stayed unused.
+        let mut nexts = Vec::with_capacity(jobs.len());
+        nexts.extend(jobs.iter().zip(0..).filter_map(|(job, i)| {
+            let from = known(job).unwrap_or(now);
+            job.timing()
+                .next(from)
+                .map(|fire| Reverse((fire.at, i, from)))
+        }));
+        Timer {
+            heap: BinaryHeap::from(nexts),
+        }
     }
 
     /// Each job's next fire, by the job's index, in no order.
     pub(super) fn nexts(&self) -> impl Iterator<Item = (usize, DateTime<Utc>)> + '_ {
-        self.heap.iter().map(|Reverse((at, i, _))| (*i, *at))
+        self.heap
+            .iter()
+            .map(|Reverse((at, i, _))| (*i as usize, *at))
     }
 
     pub(super) fn next(&self) -> Option<DateTime<Utc>> {
@@ -75,7 +77,7 @@ impl Timer {
                 break;
             }
             self.heap.pop();
-            let job = &jobs[i];
+            let job = &jobs[i as usize];
             let timing = job.timing();
             let fires = timing.between(from, now);
             if let Some(next) = timing.next(now) {

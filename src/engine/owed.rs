@@ -138,6 +138,11 @@ pub async fn owed_from_all<'a>(
     owed
 }
 
+/// How many jobs' sightings a statement reads or writes: what is read of
+/// them is freed before the next are read, and 100,000 jobs' rows are
+/// never held at once.
+pub const SIGHTED_AT_ONCE: usize = 1000;
+
 /// From when each of `jobs` a `serve` or `run JOB` has seen owes its fires
 /// at `now`, and when it was first seen: what every view reads, writing
 /// nothing (a change of timing not recorded yet is read by the same rule).
@@ -148,9 +153,7 @@ pub async fn owing<'a>(
 ) -> Result<Owing, Error> {
     let jobs: Vec<&Job> = jobs.into_iter().collect();
     let mut owing = HashMap::with_capacity(jobs.len());
-    // A thousand jobs a statement: what is read of them is freed before the
-    // next thousand are read, and 100,000 jobs' rows are never held at once.
-    for jobs in jobs.chunks(1000) {
+    for jobs in jobs.chunks(SIGHTED_AT_ONCE) {
         let names: Vec<String> = jobs.iter().map(|job| job.name.to_string()).collect();
         let seen = store.first_seen(&names).await?;
         let changed: Vec<String> = jobs

@@ -22,8 +22,10 @@ pub fn listen(
     listener: tokio::net::TcpListener,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Service, Error> {
-    let view = api::view(&service.config());
+    let config = service.config();
+    let view = api::view(&config);
     let api = api::Api::new(view, service.engine().clone(), shutdown.clone());
-    server::start(listener, api.clone(), service.health(), shutdown)?;
+    let names = config.jobs.iter().map(|job| job.name.clone());
+    server::start(listener, api.clone(), service.health(), shutdown, names)?;
     Ok(service.with_gauges().beside(api))
 }

@@ -67,14 +67,17 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
 }
 
 /// Installs the Prometheus recorder and serves `listener` until `shutdown`:
-/// the probes (reporting `health`, the loop's own), the metrics and the API.
+/// the probes (reporting `health`, the loop's own), the metrics and the API;
+/// the series of the jobs named `jobs` hold those names, not copies.
 pub fn start(
     listener: TcpListener,
     api: Arc<Api>,
     health: Arc<Health>,
     shutdown: watch::Receiver<bool>,
+    jobs: impl Iterator<Item = Arc<str>>,
 ) -> Result<(), Error> {
     let metrics = install_recorder()?;
+    metrics.number_jobs(jobs);
     describe_metrics();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving the console at /, /healthz, /readyz, /metrics and /v1/");

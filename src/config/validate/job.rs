@@ -95,7 +95,7 @@ impl RawJob {
                 deadline,
                 catch_up: settings.catch_up,
             }),
-            after: after.unwrap_or_default(),
+            after: after.unwrap_or_else(After::nothing),
             definition: Fingerprint::default(),
             when: Fingerprint::default(),
             secrets: Default::default(),
@@ -328,7 +328,7 @@ impl RawJob {
     /// `after` as written, each name with its place; linked to the jobs it
     /// names once all are read. `on_upstream_rerun` without it says
     /// nothing, and is refused as the mistake it is.
-    fn after(&self, at: &Locator) -> Result<After, ConfigError> {
+    fn after(&self, at: &Locator) -> Result<Arc<After>, ConfigError> {
         let named = self.after.as_ref().map_or(&[][..], |a| a.get_ref());
         if let Some(on_rerun) = &self.on_upstream_rerun
             && named.is_empty()
@@ -338,7 +338,10 @@ impl RawJob {
                 "`on_upstream_rerun` without `after`: the job waits for no other job's periods, so no rerun upstream concerns it".into(),
             ));
         }
-        Ok(After {
+        if named.is_empty() {
+            return Ok(After::nothing());
+        }
+        Ok(Arc::new(After {
             named: named
                 .iter()
                 .map(|name| Named {
@@ -352,7 +355,7 @@ impl RawJob {
                 .map(|r| *r.get_ref())
                 .unwrap_or_default(),
             ..Default::default()
-        })
+        }))
     }
 
     /// `deadline`, which must be shorter than the catch-up window: a period
