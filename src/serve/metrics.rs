@@ -70,9 +70,9 @@ impl Metrics {
         text
     }
 
-    /// Numbers the jobs named `names` now, each under that name, shared:
-    /// numbered when first recorded, each took a copy (3 MiB for 100,000
-    /// jobs), made among the start-up's catch-up.
+    /// Numbers the jobs named `names` now, each under that name itself:
+    /// a job numbered when its first series is recorded holds a copy of
+    /// its name (3 MiB for 100,000 jobs, made during start-up's catch-up).
     pub(super) fn number_jobs(&self, names: impl Iterator<Item = Arc<str>>) {
         let mut table = self.jobs.names.write().unwrap_or_else(|e| e.into_inner());
         table.numbers.reserve(names.size_hint().0);
