@@ -240,4 +240,46 @@ mod tests {
             assert!(caught_up.contains(&latest), "{latest} not caught up");
         }
     }
+
+    /// The timer starts before start-up sights the jobs: a fire of a job
+    /// between the two, before the job owes its fires, is not run (every
+    /// view has it as no period of the job's), while the ones from then on
+    /// are (adversarial review).
+    #[tokio::test]
+    async fn fires_from_before_a_job_owes_its_fires_are_not_run() {
+        let text = "[[job]]\nname = \"k\"\nschedule = \"* * * * * *\"\nmissed = \"all\"\ncommand = [\"true\"]\n";
+        let path = std::path::Path::new("jobs.toml");
+        let config = Config::parse(path, text, &|_| None).expect("a valid job");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        let engine = Engine::new(store, Duration::from_secs(30), "t".into()).expect("an engine");
+        let start = DateTime::parse_from_rfc3339("2027-01-04T10:00:00.5Z")
+            .unwrap()
+            .to_utc();
+        let clock = Arc::new(StoppedClock::at(start));
+        let (_down, shutdown) = watch::channel(false);
+        let mut service =
+            Service::on(path.into(), config, engine, shutdown).with_clock(clock.clone());
+        // Sighted three seconds after the timer started: it owes its
+        // fires from 10:00:03.
+        service
+            .owed
+            .insert("k".into(), start + TimeDelta::milliseconds(2_500));
+        clock.advance(TimeDelta::seconds(5));
+        service.fire();
+        let fired: Vec<String> = service
+            .pending
+            .iter()
+            .map(|(job, due)| format!("{}:{}", job.name, due.period.label))
+            .collect();
+        assert_eq!(
+            fired,
+            [
+                "k:2027-01-04T10:00:03Z",
+                "k:2027-01-04T10:00:04Z",
+                "k:2027-01-04T10:00:05Z"
+            ]
+        );
+    }
 }

@@ -429,6 +429,12 @@ impl Service {
             if at <= dispatched {
                 return true;
             }
+            // A fire from before the job owes its fires (the timer started
+            // before start-up sighted the job) is no period of the job's,
+            // as every view has it (adversarial review).
+            if self.owed_since(job).is_some_and(|owed| due.fire < owed) {
+                return false;
+            }
             if !self.admits(job, due, now) {
                 return false;
             }
