@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use super::owed::SIGHTED_AT_ONCE;
 use crate::config::{Job, Missed};
 use crate::error::Error;
 use crate::fires::Fire;
@@ -278,9 +279,13 @@ pub(crate) fn fires_since(
 /// A period found succeeded is not looked up again until the next full
 /// count, an hour after the last: a forced rerun by hand that
 /// then fails shows by then.
+///
+/// What it keeps is a list in the order of the jobs it is given, looked up
+/// by position: a job at another position than at the count before (a
+/// reload) is listed afresh, as at a full count.
 #[derive(Default)]
 pub struct OverdueCount {
-    jobs: HashMap<Arc<str>, Open>,
+    jobs: Vec<Option<Open>>,
     /// When every period of the window was last listed.
     listed: Option<DateTime<Utc>>,
 }
@@ -336,14 +341,15 @@ impl OverdueCount {
     pub fn late(&self, now: DateTime<Utc>) -> HashMap<Arc<str>, usize> {
         self.jobs
             .iter()
-            .filter_map(|(name, open)| {
+            .flatten()
+            .filter_map(|open| {
                 let deadline = TimeDelta::from_std(open.job.policy.deadline?).ok()?;
                 let after = (
                     now - deadline + TimeDelta::nanoseconds(1),
                     DateTime::<Utc>::MIN_UTC,
                 );
                 let late = open.fires.partition_point(|fire| *fire < after);
-                Some((name.clone(), late))
+                Some((open.job.name.clone(), late))
             })
             .collect()
     }
@@ -356,70 +362,89 @@ impl OverdueCount {
         now: DateTime<Utc>,
     ) -> Result<HashMap<Arc<str>, usize>, Error> {
         let window = now - TimeDelta::from_std(catch_up).unwrap_or_default();
-        let owing = super::owed::owing(store, jobs.iter().map(|job| &**job), now).await?;
-        self.jobs.retain(|name, _| owing.owed_from(name).is_some());
         if self.listed.is_none_or(|at| now - at >= RECOUNT_EVERY) {
             self.jobs.clear();
             self.listed = Some(now);
         }
+        self.jobs.resize_with(jobs.len(), || None);
         let mut counted: HashMap<Arc<str>, usize> = HashMap::new();
         // Periods to look up, a statement's worth at a time: the new fires
         // of a minute (60 of an every-second job) are never all held.
         let mut asked: Vec<Looked> = Vec::new();
-        for job in jobs {
-            let Some(owed) = owing.owed_from(&job.name) else {
-                continue;
-            };
-            let since = window.max(owed);
-            let open = self.jobs.entry(job.name.clone()).or_insert_with(|| Open {
-                job: job.clone(),
-                upto: since,
-                next: None,
-                fires: Vec::new(),
-            });
-            let same = Arc::ptr_eq(&open.job, job);
-            // No fire since the last count: what was open is all there is.
-            let quiet = same && open.next.is_some_and(|next| next > now);
-            // Only `missed = "all"` keeps what was due before: with the
-            // others only the latest fire is due, listed afresh each time.
-            let from = if same && (quiet || job.policy.missed == Missed::All) {
-                open.upto.max(since)
-            } else {
-                open.fires.clear();
-                since
-            };
-            open.job = job.clone();
-            open.upto = now + TimeDelta::nanoseconds(1);
-            if !quiet {
-                open.next = job.timing().next(now).map(|fire| fire.at);
-            }
-            let mut kept = std::mem::take(&mut open.fires);
-            kept.drain(..kept.partition_point(|fire| *fire < (since, DateTime::<Utc>::MIN_UTC)));
-            let kept = kept.into_iter();
-            let new = match quiet {
-                true => Vec::new(),
-                false => due(job, now, from, true),
-            };
-            let new = new
-                .into_iter()
-                .filter(|d| d.fire >= from && d.first_of_period())
-                .filter_map(|d| Some((d.fire, job.period.fire_for(&job.schedule, &d.period)?)));
-            for (fire, nominal) in kept.chain(new) {
-                let period = job.period.period_of(&job.schedule, nominal);
-                let key = PeriodKey::new(&job.name, &period.label).to_string();
-                asked.push(Looked {
-                    job: job.clone(),
-                    fire: (fire, nominal),
-                    key,
-                    period,
-                });
-                if asked.len() == LOOKUP_CHUNK {
-                    self.look_up(store, &mut asked, &mut counted).await?;
+        // The jobs' sightings are read a chunk at a time too: 100,000 jobs'
+        // at once were 5 MiB made and freed each minute.
+        for (chunk, jobs) in jobs.chunks(SIGHTED_AT_ONCE).enumerate() {
+            let owing = super::owed::owing(store, jobs.iter().map(|job| &**job), now).await?;
+            for (at, job) in (chunk * SIGHTED_AT_ONCE..).zip(jobs) {
+                let Some(owed) = owing.owed_from(&job.name) else {
+                    // Not seen (any more): nothing is owed.
+                    self.jobs[at] = None;
+                    continue;
+                };
+                let since = window.max(owed);
+                for (fire, nominal) in self.open_fires(at, job, since, now) {
+                    let period = job.period.period_of(&job.schedule, nominal);
+                    let key = PeriodKey::new(&job.name, &period.label).to_string();
+                    asked.push(Looked {
+                        at,
+                        job: job.clone(),
+                        fire: (fire, nominal),
+                        key,
+                        period,
+                    });
+                    if asked.len() == LOOKUP_CHUNK {
+                        self.look_up(store, &mut asked, &mut counted).await?;
+                    }
                 }
             }
         }
         self.look_up(store, &mut asked, &mut counted).await?;
         Ok(counted)
+    }
+
+    /// The fires of job number `at` to look up, owed from `since`: those
+    /// left open by the count before and those new since it, as `missed`
+    /// has them. Its entry is made ready for what the look-up finds.
+    fn open_fires(
+        &mut self,
+        at: usize,
+        job: &Arc<Job>,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Vec<OpenFire> {
+        let open = self.jobs[at].get_or_insert_with(|| Open {
+            job: job.clone(),
+            upto: since,
+            next: None,
+            fires: Vec::new(),
+        });
+        let same = Arc::ptr_eq(&open.job, job);
+        // No fire since the last count: what was open is all there is.
+        let quiet = same && open.next.is_some_and(|next| next > now);
+        // Only `missed = "all"` keeps what was due before: with the
+        // others only the latest fire is due, listed afresh each time.
+        let from = if same && (quiet || job.policy.missed == Missed::All) {
+            open.upto.max(since)
+        } else {
+            open.fires.clear();
+            since
+        };
+        open.job = job.clone();
+        open.upto = now + TimeDelta::nanoseconds(1);
+        if !quiet {
+            open.next = job.timing().next(now).map(|fire| fire.at);
+        }
+        let mut kept = std::mem::take(&mut open.fires);
+        kept.drain(..kept.partition_point(|fire| *fire < (since, DateTime::<Utc>::MIN_UTC)));
+        if quiet {
+            return kept;
+        }
+        let new = due(job, now, from, true)
+            .into_iter()
+            .filter(|d| d.fire >= from && d.first_of_period())
+            .filter_map(|d| Some((d.fire, job.period.fire_for(&job.schedule, &d.period)?)));
+        kept.extend(new);
+        kept
     }
 
     /// Looks `asked` up, emptying it: a period found succeeded is done
@@ -439,13 +464,15 @@ impl OverdueCount {
             .map(|a| (a.job.name.as_ref(), &a.period, a.job.policy.shards))
             .collect();
         let claims = super::shards::read(store, &periods).await?;
-        let waiting = waiting_among(store, &keys, |name| {
-            self.jobs.get(name).is_some_and(|open| open.job.after.any())
-        })
-        .await?;
+        let waits = asked.iter().any(|a| a.job.after.any());
+        let waiting = match waits {
+            true => store.waits(&keys).await?,
+            false => HashMap::new(),
+        };
         for (looked, claims) in asked.drain(..).zip(claims) {
-            let Looked { job, fire, key, .. } = looked;
-            let name = &job.name;
+            let Looked {
+                at, job, fire, key, ..
+            } = looked;
             let claim = claims.row.as_ref().map(ClaimRow::as_claim);
             // Not looked up again until the next full count.
             if matches!(claim, Some(Claim::Succeeded { .. })) {
@@ -454,9 +481,9 @@ impl OverdueCount {
             // A period waiting for its upstream periods is not overdue:
             // it is claimed once they are done.
             if !matches!(claim, Some(Claim::Held { .. })) && !waiting.contains_key(&key) {
-                *counted.entry(name.clone()).or_default() += 1;
+                *counted.entry(job.name.clone()).or_default() += 1;
             }
-            if let Some(open) = self.jobs.get_mut(&**name)
+            if let Some(open) = self.jobs[at].as_mut()
                 && let Err(at) = open.fires.binary_search(&fire)
             {
                 open.fires.insert(at, fire);
@@ -471,26 +498,12 @@ const LOOKUP_CHUNK: usize = 1_000;
 
 /// A period the overdue count looks up.
 struct Looked {
+    /// The job's position in the list counted.
+    at: usize,
     job: Arc<Job>,
     fire: OpenFire,
     key: String,
     period: Period,
-}
-
-/// Of `keys`, those noted as waiting for upstream periods, if a job
-/// `waits` says may have such periods; none looked up otherwise.
-async fn waiting_among(
-    store: &Store,
-    keys: &[String],
-    waits: impl Fn(&str) -> bool,
-) -> Result<HashMap<String, String>, Error> {
-    let jobs = keys
-        .iter()
-        .map(|key| key.split_once(':').map_or("", |(job, _)| job));
-    match jobs.into_iter().any(waits) {
-        true => store.waits(keys).await,
-        false => Ok(HashMap::new()),
-    }
 }
 
 /// The periods of each of `jobs` that has a `deadline` that were late at

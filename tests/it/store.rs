@@ -348,6 +348,26 @@ async fn a_job_is_first_seen_once_and_pause_is_shared(store: Store) {
     );
 }
 
+/// More jobs than one statement sights (SQLite sights a thousand a
+/// statement, in one transaction): each is seen once, all at one instant,
+/// and sighted again none is new.
+async fn more_jobs_than_a_statement_sights_are_each_seen_once_at_one_instant(store: Store) {
+    let names: Vec<String> = (0..2_500).map(|i| format!("job-{i}")).collect();
+    let first = store.see_jobs(&names).await.unwrap();
+    assert_eq!(first.len(), names.len());
+    assert!(first.values().all(|record| record.new));
+    let at = first["job-0"].first_seen;
+    assert!(first.values().all(|record| record.first_seen == at));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = store.see_jobs(&names).await.unwrap();
+    assert_eq!(again.len(), names.len());
+    assert!(
+        again
+            .values()
+            .all(|record| !record.new && record.first_seen == at)
+    );
+}
+
 async fn the_instants_jobs_owe_from_are_recorded_at_once_and_move_only_with_their_timing(
     store: Store,
 ) {
@@ -1642,6 +1662,7 @@ conformance!(
     an_sql_action_commits_with_the_outcome_or_not_at_all,
     rows_reads_many_keys_in_one_call,
     a_job_is_first_seen_once_and_pause_is_shared,
+    more_jobs_than_a_statement_sights_are_each_seen_once_at_one_instant,
     the_instants_jobs_owe_from_are_recorded_at_once_and_move_only_with_their_timing,
     prune_deletes_only_old_finished_claims,
     reclaimable_lists_expired_released_and_due_retries_only,

@@ -531,6 +531,16 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
             .await
             .expect("a count");
         assert_eq!(again, counted, "step {step}, no fire since");
+        // The jobs in another order (a reload): each is listed afresh
+        // where another stood, and the answer is the same, both ways.
+        let reversed: Vec<Arc<Job>> = jobs.iter().rev().cloned().collect();
+        for (order, jobs) in [("reversed", &reversed), ("back", &jobs)] {
+            let moved = kept
+                .count(&store, jobs, catch_up, now)
+                .await
+                .expect("a count");
+            assert_eq!(moved, counted, "step {step}, {order}");
+        }
         seen.push(counted);
     }
     // A succeeded period of `ok` rerun by hand with `--force` fails
@@ -571,6 +581,45 @@ async fn the_gauge_counted_on_from_the_last_count_agrees_with_a_count_afresh() {
     assert_eq!(seen[2].get("ok"), None, "{seen:?}");
     assert!(seen[2].get("bad").copied().unwrap_or(0) >= 3, "{seen:?}");
     assert_eq!(seen[3].get("latest"), Some(&1), "{seen:?}");
+}
+
+/// The gauge reads its jobs' sightings a chunk at a time: a job past the
+/// first chunk is counted as one in it is, and one never seen (not
+/// sighted yet) owes nothing.
+#[tokio::test]
+async fn the_gauge_counts_the_jobs_past_its_first_chunk() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    let store = Store::connect(&url).await.expect("a SQLite store");
+    store.migrate().await.expect("migrated");
+    let count = SIGHTED_AT_ONCE + 2;
+    let text: String = (0..count)
+        .map(|i| format!("[[job]]\nname = \"j-{i}\"\nschedule = \"* * * * * *\"\nsql = {{ statement = \"SELECT 1\" }}\n\n"))
+        .collect();
+    let jobs = Config::parse(std::path::Path::new("jobs.toml"), &text, &|_| None)
+        .expect("valid jobs")
+        .jobs;
+    // All but the last are seen.
+    let names: Vec<String> = jobs[..count - 1]
+        .iter()
+        .map(|j| j.name.to_string())
+        .collect();
+    store.see_jobs(&names).await.expect("jobs seen");
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let now = Utc::now();
+    let catch_up = std::time::Duration::from_secs(3600);
+    let counted = OverdueCount::default()
+        .count(&store, &jobs, catch_up, now)
+        .await
+        .expect("a count");
+    assert_eq!(counted.len(), count - 1, "every job seen is overdue");
+    for name in ["j-0", &format!("j-{SIGHTED_AT_ONCE}")] {
+        assert!(
+            counted.get(name).is_some_and(|n| *n >= 1),
+            "{name}: {counted:?}"
+        );
+    }
+    assert_eq!(counted.get(&*format!("j-{}", count - 1)), None);
 }
 
 /// A change of timing owes the new timing's fires after the newest one

@@ -14,7 +14,7 @@ impl PgStore {
         &self,
         jobs: &[String],
     ) -> Result<HashMap<String, JobRecord>, sqlx::Error> {
-        let rows = sqlx::query(
+        let mut rows = sqlx::query(
             "INSERT INTO scheduler_jobs (name, first_seen)
              SELECT name, now() FROM unnest($1::text[]) AS name
              ON CONFLICT (name) DO UPDATE
@@ -22,21 +22,21 @@ impl PgStore {
              RETURNING name, first_seen, owed_from, timing, owed_period, paused, first_seen = now() AS new",
         )
         .bind(jobs)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let record = JobRecord {
-                    first_seen: row.try_get("first_seen")?,
-                    owed_from: row.try_get("owed_from")?,
-                    timing: row.try_get("timing")?,
-                    owed_period: row.try_get("owed_period")?,
-                    paused: row.try_get("paused")?,
-                    new: row.try_get("new")?,
-                };
-                Ok((row.try_get("name")?, record))
-            })
-            .collect()
+        .fetch(&self.pool);
+        // Row by row, as `first_seen` reads them.
+        let mut seen = HashMap::with_capacity(jobs.len());
+        while let Some(row) = rows.try_next().await? {
+            let record = JobRecord {
+                first_seen: row.try_get("first_seen")?,
+                owed_from: row.try_get("owed_from")?,
+                timing: row.try_get("timing")?,
+                owed_period: row.try_get("owed_period")?,
+                paused: row.try_get("paused")?,
+                new: row.try_get("new")?,
+            };
+            seen.insert(row.try_get("name")?, record);
+        }
+        Ok(seen)
     }
 
     pub(in crate::store) async fn first_seen(
