@@ -109,6 +109,11 @@ pub struct Service {
     /// Paused jobs, with the instant from which their fires were skipped
     /// here: caught up from there when they are resumed.
     paused: HashMap<String, DateTime<Utc>>,
+    /// Jobs a reload brought that the database has not been shown (it did
+    /// not answer): none of them runs, as none is known to have been seen,
+    /// until a scan's sighting of them is recorded
+    /// ([`Service::sight_unsighted`]).
+    unsighted: HashSet<Arc<str>>,
     /// From when each job owes its fires, as its first sighting fixed it
     /// ([`crate::engine::due::owed_from`]), whatever finds them (the timer
     /// resumed by a reload, a catch-up, a resume).
@@ -223,6 +228,7 @@ impl Service {
             by_name: Index::new(&jobs),
             jobs,
             paused: HashMap::new(),
+            unsighted: HashSet::new(),
             owed: HashMap::new(),
             engine,
             waiting: HashMap::new(),
@@ -360,6 +366,9 @@ impl Service {
             self.fire();
             let at = Instant::now();
             if at >= next_scan || (self.scan_now && !self.scanning) {
+                if !self.unsighted.is_empty() {
+                    self.sight_unsighted().await;
+                }
                 self.scan();
                 next_scan = at + self.settings.scan_interval;
             }
@@ -435,7 +444,7 @@ impl Service {
             if self.owed_since(job).is_some_and(|owed| due.fire < owed) {
                 return false;
             }
-            if !self.admits(job, due, now) {
+            if self.unsighted.contains(&job.name) || !self.admits(job, due, now) {
                 return false;
             }
             if self.waiting.contains_key(&*job.name) {

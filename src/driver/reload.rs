@@ -74,8 +74,25 @@ impl Service {
         // Without the database's answer a retimed job goes on as the
         // timer has it; the next sighting records the change.
         let (first_sighted, paused, retimed) = match self.see_jobs_again(&jobs).await {
-            Some((first_sighted, paused)) => (first_sighted, paused, self.retimed(&jobs)),
-            None => (Vec::new(), HashSet::new(), Vec::new()),
+            Some((first_sighted, paused)) => {
+                self.unsighted.clear();
+                (first_sighted, paused, self.retimed(&jobs))
+            }
+            None => {
+                // The jobs the loop does not have (or had unsighted) are
+                // not known to have been seen: run as returning, they ran
+                // the whole catch-up window, from before they existed
+                // (adversarial review). They wait for a scan's sighting.
+                self.unsighted = jobs
+                    .iter()
+                    .filter(|job| {
+                        self.unsighted.contains(&job.name)
+                            || self.by_name.find(&self.jobs, &job.name).is_none()
+                    })
+                    .map(|job| job.name.clone())
+                    .collect();
+                (Vec::new(), HashSet::new(), Vec::new())
+            }
         };
         if settings.database_url != self.settings.database_url {
             tracing::warn!("reload: a new database_url takes effect at the next start");
@@ -136,6 +153,7 @@ impl Service {
         jobs.iter()
             .filter(|job| {
                 self.by_name.find(&self.jobs, &job.name).is_none()
+                    && !self.unsighted.contains(&job.name)
                     && !first_sighted.iter().any(|new| new.name == job.name)
                     && !paused.contains(&*job.name)
                     && !self.paused.contains_key(&*job.name)
@@ -218,6 +236,49 @@ impl Service {
             }
         }
         Some((first_sighted, paused))
+    }
+
+    /// Shows the database the jobs a reload could not, now: each then owes
+    /// what that reload's sighting would have given it (a job seen for the
+    /// first time its latest fire within `catch_up`, one it knew what it
+    /// missed since it owes its fires), and runs. Tried again at the next
+    /// scan if the database does not answer.
+    pub(super) async fn sight_unsighted(&mut self) {
+        let jobs: Vec<Arc<Job>> = (self.jobs.iter())
+            .filter(|job| self.unsighted.contains(&job.name))
+            .cloned()
+            .collect();
+        let names: Vec<String> = jobs.iter().map(|j| j.name.to_string()).collect();
+        let store = self.engine.store().clone();
+        let records = match store.see_jobs(&names).await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!("cannot record new jobs yet: {e}");
+                return;
+            }
+        };
+        let now = self.clock.now();
+        let sighted = jobs
+            .iter()
+            .filter_map(|job| Some((&**job, records.get(&*job.name)?)));
+        self.owed
+            .extend(crate::engine::owed::owed_from_all(&store, sighted, now).await);
+        self.unsighted.clear();
+        let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
+        for job in jobs {
+            let (Some(record), Some(owed)) = (records.get(&*job.name), self.owed_since(&job))
+            else {
+                continue;
+            };
+            if record.new {
+                crate::engine::due::log_first_sighting(&job, owed);
+            }
+            if record.paused {
+                self.paused.insert(job.name.to_string(), window.max(owed));
+                continue;
+            }
+            self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now, Vec::new());
+        }
     }
 
     /// Puts the reloaded settings in force, and logs what was reloaded.
@@ -409,5 +470,77 @@ mod tests {
             .flat_map(|q| q.values())
             .collect();
         assert_eq!(waiting, [&recovery]);
+    }
+
+    /// A reload whose sighting the database refuses runs none of the jobs
+    /// it brought: run as jobs coming back, they ran every period of the
+    /// catch-up window, from before they existed (adversarial review: 5
+    /// hours each). The next scan's sighting gives a new job its latest
+    /// fire, as a reload's would have.
+    #[tokio::test]
+    async fn jobs_a_reload_could_not_sight_run_only_once_sighted() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("jobs.toml");
+        let text = |names: &[&str]| -> String {
+            let jobs: String = names
+                .iter()
+                .map(|n| format!("[[job]]\nname = \"{n}\"\nschedule = \"0 * * * *\"\ncommand = [\"true\"]\n\n"))
+                .collect();
+            format!("[scheduler]\ncatch_up = \"6h\"\n\n{jobs}")
+        };
+        std::fs::write(&path, text(&["k"])).expect("jobs.toml written");
+        let config = Config::parse(&path, &text(&["k"]), &|_| None).expect("valid jobs");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("a SQLite store");
+        store.migrate().await.expect("migrated");
+        let engine =
+            Engine::new(store.clone(), Duration::from_secs(30), "t".into()).expect("an engine");
+        let (_down, shutdown) = watch::channel(false);
+        let mut service = Service::on(path.clone(), config, engine, shutdown);
+        service.catch_up().await.expect("k sighted");
+        service.pending.clear();
+        let refuse = "CREATE TRIGGER refuse BEFORE INSERT ON scheduler_jobs \
+                      WHEN NEW.name = 'n' BEGIN SELECT RAISE(ABORT, 'refused'); END";
+        let other = sqlx::SqlitePool::connect(&url).await.expect("a connection");
+        sqlx::query(refuse)
+            .execute(&other)
+            .await
+            .expect("a trigger");
+        std::fs::write(&path, text(&["k", "n"])).expect("jobs.toml written");
+        service.reload().await;
+        // Dispatched, queued for a slot, or waiting for the job's own.
+        let queued = |service: &Service| -> Vec<String> {
+            let waiting = service
+                .waiting
+                .get("n")
+                .into_iter()
+                .flat_map(|q| q.values());
+            (service.pending.iter().chain(service.backlog.iter()))
+                .filter(|(job, _)| &*job.name == "n")
+                .map(|(_, due)| due)
+                .chain(waiting)
+                .map(|due| due.period.label.clone())
+                .collect()
+        };
+        assert_eq!(queued(&service), Vec::<String>::new(), "run unsighted");
+        assert!(service.unsighted.contains("n"));
+        // Refused again: still waiting.
+        service.sight_unsighted().await;
+        assert_eq!(queued(&service), Vec::<String>::new(), "run unsighted");
+        sqlx::query("DROP TRIGGER refuse")
+            .execute(&other)
+            .await
+            .expect("the trigger dropped");
+        let hour = || Utc::now().format("%Y-%m-%dT%H:00:00Z").to_string();
+        let before = hour();
+        service.sight_unsighted().await;
+        assert!(service.unsighted.is_empty());
+        let queued = queued(&service);
+        // The hour may turn in between.
+        let latest = [before, hour()];
+        assert!(
+            queued.len() == 1 && latest.contains(&queued[0]),
+            "its latest fire, once: {queued:?}"
+        );
     }
 }

@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -63,11 +64,37 @@ impl Recorder {
 }
 
 impl Metrics {
-    /// The text exposition of every series.
+    /// The text exposition of every series, in one string.
+    #[cfg(test)]
     pub(super) fn render(&self) -> String {
         let mut text = self.exporter.render();
-        self.jobs.render(&mut text);
+        let mut at = Resume::default();
+        while !self.jobs.render_part(&mut at, &mut text, usize::MAX) {}
         text
+    }
+
+    /// The text exposition of every series, in parts of about [`PART`]
+    /// bytes, each written when the one before has been sent: 100,000 jobs
+    /// that have run have 2.3 million series, 140 MB of text, and a scrape
+    /// written whole raised the process's peak from 124 to 250 MB. No lock
+    /// is held between parts: a series recorded meanwhile shows in this
+    /// scrape or the next.
+    pub(super) fn render_parts(
+        &self,
+    ) -> impl futures_util::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static
+    {
+        let jobs = self.jobs.clone();
+        let first = self.exporter.render();
+        let rest = futures_util::stream::unfold(Some(Resume::default()), move |at| {
+            let jobs = jobs.clone();
+            async move {
+                let mut at = at?;
+                let mut text = String::with_capacity(PART + PART / 8);
+                let done = jobs.render_part(&mut at, &mut text, PART);
+                Some((Ok(text), (!done).then_some(at)))
+            }
+        });
+        futures_util::StreamExt::chain(futures_util::stream::iter([Ok(first)]), rest)
     }
 
     /// Numbers the jobs named `names` now, each under that name itself:
@@ -298,14 +325,20 @@ impl Cells {
         self.get(n).expect("recorded just now")
     }
 
-    /// Every recorded series' values, with its job's number.
-    fn values(&self) -> impl Iterator<Item = (usize, Value<'_>)> + '_ {
+    /// The recorded series' values from job number `from` on, with their
+    /// jobs' numbers.
+    fn values_from(&self, from: usize) -> impl Iterator<Item = (usize, Value<'_>)> + '_ {
         let width = self.width();
         self.recorded
             .iter()
             .enumerate()
+            .skip(from / 64)
             .flat_map(move |(word, bits)| {
-                let mut left = *bits;
+                let below = match word == from / 64 {
+                    true => (1u64 << (from % 64)) - 1,
+                    false => 0,
+                };
+                let mut left = *bits & !below;
                 std::iter::from_fn(move || {
                     let n = word * 64 + left.trailing_zeros() as usize;
                     left &= left.checked_sub(1)?;
@@ -442,42 +475,80 @@ impl JobSeries {
         Some(family.series[at].1.make(n))
     }
 
-    /// Appends every family with a series, in name order, as the text
-    /// exposition has it.
-    fn render(&self, text: &mut String) {
+    /// Appends the families with a series, in name order, as the text
+    /// exposition has it, from `at` on until `text` holds `limit` bytes or
+    /// more; `at` is then where the next part goes on. True once every
+    /// family is written.
+    fn render_part(&self, at: &mut Resume, text: &mut String, limit: usize) -> bool {
         let names = self.names.read().unwrap_or_else(|e| e.into_inner());
         let families = self.families.read().unwrap_or_else(|e| e.into_inner());
-        for (name, family) in families.iter() {
-            let mut cells = family
-                .series
-                .iter()
-                .flat_map(|(extra, cells)| cells.values().map(move |(n, value)| (extra, n, value)));
-            let Some(first) = cells.next() else {
-                continue;
-            };
-            if let Some(help) = &family.help {
-                let _ = writeln!(text, "# HELP {name} {help}");
-            }
-            let _ = writeln!(text, "# TYPE {name} {}", family.kind.as_str());
-            for (extra, n, cell) in std::iter::once(first).chain(cells) {
-                let labels = Labels {
-                    job: &names.labels[n],
-                    extra: extra.as_ref(),
+        let from = match &at.family {
+            Some(name) => Bound::Included(name.as_str()),
+            None => Bound::Unbounded,
+        };
+        for (name, family) in families.range::<str, _>((from, Bound::Unbounded)) {
+            if at.family.as_ref() != Some(name) {
+                *at = Resume {
+                    family: Some(name.clone()),
+                    ..Resume::default()
                 };
-                match (family.kind, cell) {
-                    (Kind::Counter, Value::Number(v)) => {
-                        let _ = writeln!(text, "{name}{{{labels}}} {}", v.load(Ordering::Relaxed));
+            }
+            while let Some((extra, cells)) = family.series.get(at.series) {
+                for (n, cell) in cells.values_from(at.job) {
+                    if !at.headed {
+                        if let Some(help) = &family.help {
+                            let _ = writeln!(text, "# HELP {name} {help}");
+                        }
+                        let _ = writeln!(text, "# TYPE {name} {}", family.kind.as_str());
+                        at.headed = true;
                     }
-                    (_, Value::Number(v)) => {
-                        let value = f64::from_bits(v.load(Ordering::Relaxed));
-                        let _ = writeln!(text, "{name}{{{labels}}} {value}");
-                    }
-                    (_, Value::Histogram(values, bounds)) => {
-                        render_histogram(text, name, &labels, values, bounds);
+                    let labels = Labels {
+                        job: &names.labels[n],
+                        extra: extra.as_ref(),
+                    };
+                    render_value(text, name, family.kind, &labels, cell);
+                    at.job = n + 1;
+                    if text.len() >= limit {
+                        return false;
                     }
                 }
+                at.series += 1;
+                at.job = 0;
             }
-            text.push('\n');
+            if at.headed {
+                text.push('\n');
+                at.headed = false;
+            }
+        }
+        true
+    }
+}
+
+/// Where the next part of a scrape goes on: the family, its series, the
+/// job's number, and whether the family's head is written.
+#[derive(Default)]
+struct Resume {
+    family: Option<String>,
+    series: usize,
+    job: usize,
+    headed: bool,
+}
+
+/// How many bytes of `/metrics`' text are written at a time.
+const PART: usize = 256 * 1024;
+
+/// Writes one job's series of family `name`.
+fn render_value(text: &mut String, name: &str, kind: Kind, labels: &Labels<'_>, cell: Value<'_>) {
+    match (kind, cell) {
+        (Kind::Counter, Value::Number(v)) => {
+            let _ = writeln!(text, "{name}{{{labels}}} {}", v.load(Ordering::Relaxed));
+        }
+        (_, Value::Number(v)) => {
+            let value = f64::from_bits(v.load(Ordering::Relaxed));
+            let _ = writeln!(text, "{name}{{{labels}}} {value}");
+        }
+        (_, Value::Histogram(values, bounds)) => {
+            render_histogram(text, name, labels, values, bounds);
         }
     }
 }
@@ -552,153 +623,4 @@ fn render_histogram(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use metrics::Recorder as _;
-
-    fn recorder() -> Recorder {
-        let exporter = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        Recorder::new(exporter, &[("late_seconds", &[0.1, 1.0])])
-    }
-
-    #[test]
-    fn a_jobs_series_render_from_the_table_and_the_rest_from_the_exporter() {
-        let recorder = recorder();
-        let metadata = Metadata::new("t", metrics::Level::INFO, None);
-        recorder.describe_gauge("paused".into(), None, "1 while \"paused\"".into());
-        let key = |name: &'static str, labels: &[(&'static str, &str)]| {
-            let labels: Vec<metrics::Label> = labels
-                .iter()
-                .map(|(k, v)| metrics::Label::new(*k, v.to_string()))
-                .collect();
-            Key::from_parts(name, labels)
-        };
-        recorder
-            .register_gauge(&key("paused", &[("job", "a")]), &metadata)
-            .set(1.0);
-        recorder
-            .register_gauge(&key("paused", &[("job", "b")]), &metadata)
-            .set(0.5);
-        let runs = key("runs_total", &[("job", "a"), ("outcome", "failed")]);
-        recorder.register_counter(&runs, &metadata).increment(2);
-        recorder.register_counter(&runs, &metadata).increment(1);
-        let late = recorder.register_histogram(&key("late_seconds", &[("job", "b")]), &metadata);
-        for value in [0.0625, 0.125, 0.5, 7.0] {
-            late.record(value);
-        }
-        let odd = key("runs_total", &[("job", "b"), ("outcome", "x\"y")]);
-        recorder.register_counter(&odd, &metadata).increment(1);
-        recorder.register_counter(&odd, &metadata).increment(1);
-        recorder
-            .register_counter(&key("wakeups_total", &[]), &metadata)
-            .increment(4);
-        recorder
-            .register_counter(&key("errors_total", &[("kind", "x")]), &metadata)
-            .increment(1);
-        let text = recorder.metrics().render();
-        for line in [
-            "# HELP paused 1 while \"paused\"\n# TYPE paused gauge\npaused{job=\"a\"} 1\npaused{job=\"b\"} 0.5\n",
-            "# TYPE runs_total counter\nruns_total{job=\"a\",outcome=\"failed\"} 3\n",
-            "late_seconds_bucket{job=\"b\",le=\"0.1\"} 1\nlate_seconds_bucket{job=\"b\",le=\"1\"} 3\nlate_seconds_bucket{job=\"b\",le=\"+Inf\"} 4\nlate_seconds_sum{job=\"b\"} 7.6875\nlate_seconds_count{job=\"b\"} 4\n",
-            "runs_total{job=\"b\",outcome=\"x\\\"y\"} 2\n",
-            "wakeups_total 4\n",
-            "errors_total{kind=\"x\"} 1\n",
-        ] {
-            assert!(text.contains(line), "{line} in:\n{text}");
-        }
-        assert_eq!(text.matches("# TYPE paused").count(), 1, "{text}");
-    }
-
-    /// The jobs numbered up front hold their names, not copies, and a
-    /// series recorded for one renders under it; a name first seen when
-    /// recorded is numbered then, after them.
-    #[test]
-    fn jobs_numbered_up_front_share_their_names() {
-        let recorder = recorder();
-        let metadata = Metadata::new("t", metrics::Level::INFO, None);
-        let names: Vec<Arc<str>> = vec!["b".into(), "a\"q".into()];
-        let metrics = recorder.metrics();
-        metrics.number_jobs(names.iter().cloned());
-        let key =
-            |job: &str| Key::from_parts("next", vec![metrics::Label::new("job", job.to_owned())]);
-        recorder.register_gauge(&key("c"), &metadata).set(3.0);
-        recorder.register_gauge(&key("b"), &metadata).set(1.0);
-        recorder.register_gauge(&key("a\"q"), &metadata).set(2.0);
-        let table = metrics.jobs.names.read().unwrap();
-        assert!(Arc::ptr_eq(&table.labels[0], &names[0]));
-        let (numbered, _) = table.numbers.get_key_value("a\"q").unwrap();
-        assert!(Arc::ptr_eq(numbered, &names[1]));
-        assert_eq!(table.numbers["c"], 2);
-        drop(table);
-        assert!(
-            metrics
-                .render()
-                .contains("next{job=\"b\"} 1\nnext{job=\"a\\\"q\"} 2\nnext{job=\"c\"} 3\n"),
-            "{}",
-            metrics.render()
-        );
-    }
-
-    /// Values in several blocks (counters, gauges and histograms) render
-    /// each under its own job, and a family renders only the jobs recorded
-    /// in it (the numbers are shared by every family).
-    #[test]
-    fn a_familys_values_across_blocks_render_each_once_under_its_job() {
-        let recorder = recorder();
-        let metadata = Metadata::new("t", metrics::Level::INFO, None);
-        let key = |name: &'static str, job: usize| {
-            Key::from_parts(name, vec![metrics::Label::new("job", format!("j{job}"))])
-        };
-        let jobs = 3 * BLOCK + 5;
-        for job in 0..jobs {
-            let gauge = recorder.register_gauge(&key("next", job), &metadata);
-            gauge.set(job as f64 + 0.5);
-            if job % 3 == 0 {
-                let counter = recorder.register_counter(&key("runs_total", job), &metadata);
-                counter.increment(job as u64);
-                counter.increment(1);
-            }
-            if job % 5 == 0 {
-                let late = recorder.register_histogram(&key("late_seconds", job), &metadata);
-                late.record(0.0625);
-                late.record(job as f64);
-            }
-        }
-        let text = recorder.metrics().render();
-        for job in 0..jobs {
-            let next = format!("next{{job=\"j{job}\"}} {}\n", job as f64 + 0.5);
-            assert_eq!(text.matches(&next).count(), 1, "{next}");
-            let runs = format!("runs_total{{job=\"j{job}\"}} {}\n", job + 1);
-            assert_eq!(
-                text.matches(&runs).count(),
-                usize::from(job % 3 == 0),
-                "{runs}"
-            );
-        }
-        assert_eq!(text.matches("runs_total{").count(), jobs.div_ceil(3));
-        for job in (0..jobs).step_by(5) {
-            let below = |bound: f64| 1 + usize::from(job as f64 <= bound);
-            let series = format!(
-                "late_seconds_bucket{{job=\"j{job}\",le=\"0.1\"}} {}\n\
-                 late_seconds_bucket{{job=\"j{job}\",le=\"1\"}} {}\n\
-                 late_seconds_bucket{{job=\"j{job}\",le=\"+Inf\"}} 2\n\
-                 late_seconds_sum{{job=\"j{job}\"}} {}\n\
-                 late_seconds_count{{job=\"j{job}\"}} 2\n",
-                below(0.1),
-                below(1.0),
-                job as f64 + 0.0625
-            );
-            assert_eq!(text.matches(&series).count(), 1, "{series}");
-        }
-        assert_eq!(
-            text.matches("late_seconds_count{").count(),
-            jobs.div_ceil(5)
-        );
-    }
-
-    #[test]
-    fn label_values_and_help_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd", true), "a\\\"b\\\\c\\nd");
-        assert_eq!(escape("say \"x\"\n", false), "say \"x\"\\n");
-    }
-}
+mod tests;

@@ -237,7 +237,7 @@ fn router(metrics: Metrics, api: Arc<Api>, health: Arc<Health>) -> Router {
         .route(
             "/metrics",
             get(move || {
-                let body = metrics.render();
+                let body = axum::body::Body::from_stream(metrics.render_parts());
                 async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
             }),
         )
