@@ -77,6 +77,9 @@ enum Event {
     /// the library): this loop follows at once, other processes at their
     /// next scan.
     Paused(String, bool),
+    /// The database's sighting of jobs a reload could not show it; `None`:
+    /// it did not answer.
+    Sighted(Option<Box<reload::Sighting>>),
 }
 
 /// What runs periods on the loop's engine beside it (the HTTP API): it is
@@ -114,6 +117,8 @@ pub struct Service {
     /// until a scan's sighting of them is recorded
     /// ([`Service::sight_unsighted`]).
     unsighted: HashSet<Arc<str>>,
+    /// A sighting of the unsighted jobs is under way.
+    sighting: bool,
     /// From when each job owes its fires, as its first sighting fixed it
     /// ([`crate::engine::due::owed_from`]), whatever finds them (the timer
     /// resumed by a reload, a catch-up, a resume).
@@ -229,6 +234,7 @@ impl Service {
             jobs,
             paused: HashMap::new(),
             unsighted: HashSet::new(),
+            sighting: false,
             owed: HashMap::new(),
             engine,
             waiting: HashMap::new(),
@@ -366,9 +372,7 @@ impl Service {
             self.fire();
             let at = Instant::now();
             if at >= next_scan || (self.scan_now && !self.scanning) {
-                if !self.unsighted.is_empty() {
-                    self.sight_unsighted().await;
-                }
+                self.sight_unsighted();
                 self.scan();
                 next_scan = at + self.settings.scan_interval;
             }
@@ -472,6 +476,12 @@ impl Service {
     fn handle(&mut self, event: Event) {
         match event {
             Event::Scanned(scanned) => self.scanned(*scanned),
+            Event::Sighted(sighting) => {
+                self.sighting = false;
+                if let Some(sighting) = sighting {
+                    self.sighted(*sighting);
+                }
+            }
             // An answer that comes after a reload changed the job's timing
             // may be of a period the job no longer has: it goes.
             Event::Again(name, due) => {

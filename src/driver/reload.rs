@@ -1,7 +1,7 @@
 //! The driver's reload (SIGHUP): jobs.toml read again and applied whole,
 //! jobs and settings alike, the timer going on from where it was.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -10,6 +10,14 @@ use super::gauges::retire_gauges;
 use super::timer::Timer;
 use super::{Index, Service, upstream_jobs};
 use crate::config::{Config, Job, Settings};
+use crate::store::JobRecord;
+
+/// What the database answered to a sighting of unsighted jobs.
+pub(super) struct Sighting {
+    jobs: Vec<Arc<Job>>,
+    records: HashMap<String, JobRecord>,
+    owed: HashMap<Arc<str>, DateTime<Utc>>,
+}
 
 impl Service {
     /// Puts the jobs of a reloaded jobs.toml in place: the timer goes on
@@ -238,43 +246,75 @@ impl Service {
         Some((first_sighted, paused))
     }
 
-    /// Shows the database the jobs a reload could not, now: each then owes
+    /// Shows the database the jobs a reload could not, beside the loop (a
+    /// database that does not answer holds up no fire): each then owes
     /// what that reload's sighting would have given it (a job seen for the
     /// first time its latest fire within `catch_up`, one it knew what it
-    /// missed since it owes its fires), and runs. Tried again at the next
-    /// scan if the database does not answer.
-    pub(super) async fn sight_unsighted(&mut self) {
+    /// missed since it owes its fires), and runs ([`Service::sighted`]).
+    /// Tried again at the next scan if the database does not answer.
+    pub(super) fn sight_unsighted(&mut self) {
+        if self.unsighted.is_empty() || self.sighting {
+            return;
+        }
+        self.sighting = true;
         let jobs: Vec<Arc<Job>> = (self.jobs.iter())
             .filter(|job| self.unsighted.contains(&job.name))
             .cloned()
             .collect();
-        let names: Vec<String> = jobs.iter().map(|j| j.name.to_string()).collect();
         let store = self.engine.store().clone();
-        let records = match store.see_jobs(&names).await {
-            Ok(records) => records,
-            Err(e) => {
-                tracing::warn!("cannot record new jobs yet: {e}");
-                return;
-            }
-        };
+        let events = self.events.0.clone();
         let now = self.clock.now();
-        let sighted = jobs
-            .iter()
-            .filter_map(|job| Some((&**job, records.get(&*job.name)?)));
-        self.owed
-            .extend(crate::engine::owed::owed_from_all(&store, sighted, now).await);
-        self.unsighted.clear();
+        tokio::spawn(async move {
+            let names: Vec<String> = jobs.iter().map(|j| j.name.to_string()).collect();
+            let sighting = match store.see_jobs(&names).await {
+                Ok(records) => {
+                    let sighted = jobs
+                        .iter()
+                        .filter_map(|job| Some((&**job, records.get(&*job.name)?)));
+                    let owed = crate::engine::owed::owed_from_all(&store, sighted, now).await;
+                    Some(Box::new(Sighting {
+                        jobs,
+                        records,
+                        owed,
+                    }))
+                }
+                Err(e) => {
+                    tracing::warn!("cannot record new jobs yet: {e}");
+                    None
+                }
+            };
+            let _ = events.send(super::Event::Sighted(sighting));
+        });
+    }
+
+    /// Takes up the jobs `sighting` recorded that are still unsighted here
+    /// under the same definition (a reload meanwhile sighted them, or made
+    /// them anew: then the next scan's sighting shows them as they are).
+    pub(super) fn sighted(&mut self, sighting: Sighting) {
+        let Sighting {
+            jobs,
+            records,
+            owed,
+        } = sighting;
+        let now = self.clock.now();
         let window = now - TimeDelta::from_std(self.settings.catch_up).unwrap_or_default();
         for job in jobs {
-            let (Some(record), Some(owed)) = (records.get(&*job.name), self.owed_since(&job))
+            let same = self
+                .job(&job.name)
+                .is_some_and(|now| Arc::ptr_eq(&now, &job));
+            let (Some(record), Some(&from)) = (records.get(&*job.name), owed.get(&*job.name))
             else {
                 continue;
             };
+            if !same || !self.unsighted.remove(&job.name) {
+                continue;
+            }
+            self.owed.insert(job.name.clone(), from);
             if record.new {
-                crate::engine::due::log_first_sighting(&job, owed);
+                crate::engine::due::log_first_sighting(&job, from);
             }
             if record.paused {
-                self.paused.insert(job.name.to_string(), window.max(owed));
+                self.paused.insert(job.name.to_string(), window.max(from));
                 continue;
             }
             self.catch_up_job(job, DateTime::<Utc>::MIN_UTC, now, Vec::new());
@@ -524,8 +564,18 @@ mod tests {
         };
         assert_eq!(queued(&service), Vec::<String>::new(), "run unsighted");
         assert!(service.unsighted.contains("n"));
+        let sight = async |service: &mut Service| {
+            service.sight_unsighted();
+            let event = service
+                .events
+                .1
+                .recv()
+                .await
+                .expect("the sighting's answer");
+            service.handle(event);
+        };
         // Refused again: still waiting.
-        service.sight_unsighted().await;
+        sight(&mut service).await;
         assert_eq!(queued(&service), Vec::<String>::new(), "run unsighted");
         sqlx::query("DROP TRIGGER refuse")
             .execute(&other)
@@ -533,7 +583,7 @@ mod tests {
             .expect("the trigger dropped");
         let hour = || Utc::now().format("%Y-%m-%dT%H:00:00Z").to_string();
         let before = hour();
-        service.sight_unsighted().await;
+        sight(&mut service).await;
         assert!(service.unsighted.is_empty());
         let queued = queued(&service);
         // The hour may turn in between.
